@@ -1,0 +1,71 @@
+"""dumbwaiter: background jobs and events for Python.
+
+    import dumbwaiter as dw
+
+    app = dw.App()                       # sqlite:///dumbwaiter.db, or $DUMBWAITER_URL
+
+    @app.task(retry=dw.Retry(attempts=4))
+    def send_welcome(user_id: int) -> None: ...
+
+    send_welcome.enqueue(42)
+
+Nothing here starts a thread or opens a connection on import.
+"""
+
+from .app import App
+from .context import Context
+from .errors import (
+    ConfigurationError,
+    DumbwaiterError,
+    InvalidArguments,
+    InvalidURL,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    JobTimeout,
+    MissingDependency,
+    PayloadTooLarge,
+    ResultNotKept,
+    ResultTimeout,
+    SerializationError,
+    UnknownTask,
+)
+from .job import Job
+from .message import Message
+from .middleware import Middleware
+from .retry import Reject, Retry, RetryLater
+from .state import State
+from .task import Task
+from .worker import Worker, WorkerConfig
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "App",
+    "ConfigurationError",
+    "Context",
+    "DumbwaiterError",
+    "InvalidArguments",
+    "InvalidURL",
+    "Job",
+    "JobCancelled",
+    "JobFailed",
+    "JobNotFound",
+    "JobTimeout",
+    "Message",
+    "Middleware",
+    "MissingDependency",
+    "PayloadTooLarge",
+    "Reject",
+    "ResultNotKept",
+    "ResultTimeout",
+    "Retry",
+    "RetryLater",
+    "SerializationError",
+    "State",
+    "Task",
+    "UnknownTask",
+    "Worker",
+    "WorkerConfig",
+    "__version__",
+]

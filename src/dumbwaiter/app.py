@@ -1,0 +1,213 @@
+"""``App``: the registry of tasks, the configuration and the broker.
+
+An App is plain data plus the producer API.  Creating one checks the broker
+URL (an unknown scheme or a missing extra fails here, with the fix in the
+message) but opens no connection and starts no thread: that happens on the
+first enqueue or when a worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar, overload
+
+from .brokers import DEFAULT_URL, from_url
+from .brokers.base import Broker
+from .errors import ConfigurationError
+from .job import Job
+from .message import DEFAULT_MAX_MESSAGE_SIZE, Message
+from .middleware import Chain, Middleware
+from .portal import Portal
+from .retry import Retry
+from .task import DEFAULT_RESULT_TTL, Task
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: environment variable read when ``App()`` gets no URL
+URL_ENV = "DUMBWAITER_URL"
+
+_TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "keep_result"})
+
+
+class App:
+    """``dw.App("sqlite:///jobs.db")``; with no URL, ``$DUMBWAITER_URL`` or
+    ``sqlite:///dumbwaiter.db``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        default_queue: str = "default",
+        retry: Retry | None = None,
+        timeout: float | timedelta | None = None,
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
+        middleware: Sequence[Middleware] = (),
+    ) -> None:
+        self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
+        self.broker: Broker = from_url(self.url)
+        self.default_queue = default_queue
+        self.retry = retry if retry is not None else Retry()
+        self.timeout = _timeout(timeout)
+        limit = self.broker.capabilities.max_message_size
+        if max_message_size is not None and limit is not None:
+            max_message_size = min(max_message_size, limit)
+        self.max_message_size = max_message_size
+        self.middleware = Chain(middleware)
+        self.tasks: dict[str, Task] = {}
+        self._portal = Portal()
+
+    def __repr__(self) -> str:
+        return f"<dumbwaiter.App {self.url} tasks={len(self.tasks)}>"
+
+    # -- registry ------------------------------------------------------------
+
+    @overload
+    def task(self, fn: F, /) -> Task: ...
+
+    @overload
+    def task(self, fn: None = None, /, **options: Any) -> Callable[[F], Task]: ...
+
+    def task(self, fn: F | None = None, /, **options: Any) -> Task | Callable[[F], Task]:
+        """Register a function (sync or async) as a task.
+
+        ``@app.task`` or ``@app.task(queue=, retry=, timeout=, priority=,
+        keep_result=, name=)``; middleware may accept more options.
+        """
+        known = _TASK_KEYWORDS.union(*(m.task_options for m in self.middleware.middleware))
+        unknown = set(options) - known
+        if unknown:
+            raise ConfigurationError(
+                f"unknown task option(s) {sorted(unknown)}; known: {sorted(known)} "
+                "(is a middleware that accepts them missing from App(middleware=...)?)"
+            )
+
+        def register(f: F) -> Task:
+            return self._register(f, options)
+
+        return register(fn) if fn is not None else register
+
+    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task:
+        if not callable(fn):
+            raise ConfigurationError(f"@app.task needs a function, got {fn!r}")
+        opts = dict(options)
+        name = opts.pop("name", None) or _default_name(fn)
+        queue = opts.pop("queue", None) or self.default_queue
+        retry = opts.pop("retry", None)
+        if retry is None:
+            retry = self.retry
+        elif retry is False:
+            retry = Retry.never()
+        elif not isinstance(retry, Retry):
+            raise ConfigurationError(f"task {name}: retry= takes a dw.Retry, got {retry!r}")
+        timeout = _timeout(opts.pop("timeout", None)) or self.timeout
+        priority = opts.pop("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigurationError(f"task {name}: priority must be an integer")
+        keep = opts.pop("keep_result", False)
+        keep_result: float | None
+        if keep is True:
+            keep_result = DEFAULT_RESULT_TTL
+        elif keep is False or keep is None:
+            keep_result = None
+        else:
+            keep_result = _timeout(keep)
+        existing = self.tasks.get(name)
+        if existing is not None and existing.fn is not fn and _qualname(existing.fn) != _qualname(
+            fn
+        ):
+            raise ConfigurationError(
+                f"two tasks are named {name!r} ({_qualname(existing.fn)} and {_qualname(fn)}); "
+                "give one of them name="
+            )
+        task = Task(
+            self,
+            fn,
+            name=name,
+            queue=queue,
+            retry=retry,
+            timeout=timeout,
+            priority=priority,
+            keep_result=keep_result,
+            options=opts,
+        )
+        self.tasks[name] = task
+        return task
+
+    def job(self, id: str) -> Job:
+        """A handle for a job enqueued elsewhere."""
+        return Job(self, id)
+
+    # -- producing -----------------------------------------------------------
+
+    def _send_sync(self, msgs: list[Message]) -> list[Job]:
+        mw = self.middleware
+        if mw.has("before_enqueue"):
+            for m in msgs:
+                mw.call("before_enqueue", m)
+        if self.broker.capabilities.sync_enqueue:
+            ids = self.broker.enqueue_sync(msgs)
+        else:
+            ids = self._call(self.broker.enqueue(msgs))
+        return self._sent(msgs, ids)
+
+    async def _send(self, msgs: list[Message]) -> list[Job]:
+        mw = self.middleware
+        if mw.has("before_enqueue"):
+            for m in msgs:
+                mw.call("before_enqueue", m)
+        ids = await self.broker.enqueue(msgs)
+        return self._sent(msgs, ids)
+
+    def _sent(self, msgs: list[Message], ids: list[str]) -> list[Job]:
+        if self.middleware.has("after_enqueue"):
+            for m, i in zip(msgs, ids, strict=True):
+                self.middleware.call("after_enqueue", m, i)
+        return [Job(self, i) for i in ids]
+
+    # -- sync bridge -----------------------------------------------------------
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a broker coroutine from sync code (see portal.py)."""
+        return self._portal.call(coro)
+
+    def close(self) -> None:
+        """Close connections opened by sync calls (the portal and sync producers)."""
+        try:
+            self._portal.call(self.broker.close())
+        finally:
+            self._portal.close()
+
+    async def aclose(self) -> None:
+        await self.broker.close()
+        self._portal.close()
+
+
+def _timeout(value: float | timedelta | None) -> float | None:
+    if value is None:
+        return None
+    s = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if s <= 0:
+        raise ConfigurationError(f"a timeout must be positive, got {value!r}")
+    return s
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _default_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname``; for a script run as ``__main__``, the name the
+    module would have when a worker imports it (its file name)."""
+    module = getattr(fn, "__module__", None) or "?"
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif main is not None and getattr(main, "__file__", None):
+            module = os.path.splitext(os.path.basename(main.__file__ or ""))[0]
+    return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"

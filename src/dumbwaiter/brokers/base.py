@@ -1,0 +1,338 @@
+"""The broker seam: the one boundary between dumbwaiter and a storage engine.
+
+It is small, async and batch-first: every call takes or returns many
+messages, so an engine can do a batch in one round trip.  It has three parts:
+
+* **transport** (required): ``open``, ``close``, ``declare``, ``enqueue``,
+  ``publish``, ``fetch``, ``ack``, ``retry``, ``dead``, ``requeue``,
+  ``extend``, ``rescue``;
+* **admin** (CLI, dashboard): ``stats``, ``list``, ``get``, ``replay``,
+  ``purge``, ``pause``, ``resume``, ``cancel``;
+* **coordination** (scheduler, limits): ``acquire``, ``renew``, ``release``,
+  ``limit``.
+
+The rules each engine must keep are written on the methods below and checked
+by ``tests/conformance``, which every broker runs.  Code above the seam
+branches on ``capabilities``, never on the broker's class.
+
+A worker holds a ``Delivery``: the message plus its lease.  The worker writes
+the outcome onto the delivery (``result``, ``error``, ``retry_at``) before it
+hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..message import ErrorRecord, Message
+from ..state import State
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an engine offers; the layers above branch on these flags only."""
+
+    #: ``eta``/``delay`` kept by the engine (not by a worker's memory)
+    native_delay: bool = True
+    #: ``priority`` orders ready jobs within a queue
+    priorities: bool = True
+    #: idle ``fetch`` blocks on the engine and wakes on enqueue (no busy polling)
+    blocking_fetch: bool = True
+    #: jobs can be written inside the caller's own database transaction
+    transactional_outbox: bool = False
+    #: ``enqueue_sync`` exists: sync producers need no event loop or thread hop
+    sync_enqueue: bool = False
+    #: several worker processes may share the broker safely
+    multi_process: bool = True
+    #: results of tasks with ``keep_result`` can be stored
+    results: bool = True
+    #: largest message the engine accepts (None: no limit of its own)
+    max_message_size: int | None = None
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A fetched message and the lease that makes this worker its owner.
+
+    ``message`` is None when the stored body could not be decoded; then
+    ``decode_error`` says why and ``raw`` holds the body, so the worker can
+    dead-letter it with its reason instead of crashing.
+    """
+
+    id: str
+    message: Message | None
+    token: Any
+    lease_until: float
+    queue: str = ""
+    raw: bytes | None = None
+    decode_error: str | None = None
+    # outcome, written by the worker before ack / retry / dead
+    result: bytes | None = None
+    result_ttl: float | None = None
+    error: ErrorRecord | None = None
+    retry_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """Event type ``pattern`` delivered to ``queue`` (a subscriber group's queue)."""
+
+    pattern: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    dead: int = 0
+    succeeded: int = 0
+    cancelled: int = 0
+    #: age in seconds of the oldest ready job (0 when none is ready)
+    lag: float = 0.0
+    paused: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "running": self.running,
+            "dead": self.dead,
+            "succeeded": self.succeeded,
+            "cancelled": self.cancelled,
+            "lag": self.lag,
+            "paused": self.paused,
+        }
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """A stored job as the admin part sees it: the envelope plus where it is."""
+
+    message: Message
+    state: State
+    #: when it becomes (or became) ready: eta, or the time of its next retry
+    run_at: float | None = None
+    #: when it entered its current state
+    updated_at: float | None = None
+    worker: str | None = None
+    lease_until: float | None = None
+    #: JSON bytes of the kept result, if any
+    result: bytes | None = None
+    #: times it was replayed from the dead-letter queue
+    replays: int = 0
+    raw: bytes | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from ..message import loads
+
+        d = self.message.to_dict()
+        d.update(
+            state=str(self.state),
+            run_at=self.run_at,
+            updated_at=self.updated_at,
+            worker=self.worker,
+            lease_until=self.lease_until,
+            replays=self.replays,
+        )
+        if self.result is not None:
+            d["result"] = loads(self.result)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs an admin call addresses.  Every field narrows; empty = all.
+
+    ``since``/``until`` bound ``updated_at`` (for dead letters: when they
+    died).  ``error_type`` matches the exception type of the last error, by
+    its short name (``TimeoutError``) or qualified name.
+    """
+
+    queue: str | None = None
+    name: str | None = None
+    state: State | None = None
+    error_type: str | None = None
+    since: float | None = None
+    until: float | None = None
+    ids: tuple[str, ...] | None = None
+
+    def matches(self, info: JobInfo) -> bool:
+        """The reference semantics, used by the memory broker and by tests."""
+        m = info.message
+        if self.queue is not None and m.queue != self.queue:
+            return False
+        if self.name is not None and m.name != self.name:
+            return False
+        if self.state is not None and info.state != self.state:
+            return False
+        if self.ids is not None and m.id not in self.ids:
+            return False
+        t = info.updated_at or 0.0
+        if self.since is not None and t < self.since:
+            return False
+        if self.until is not None and t > self.until:
+            return False
+        if self.error_type is not None:
+            if not m.errors:
+                return False
+            return error_type_matches(m.errors[-1].type, self.error_type)
+        return True
+
+
+def error_type_matches(recorded: str, wanted: str) -> bool:
+    """``builtins.TimeoutError`` matches ``TimeoutError``; qualified names match exactly."""
+    return recorded == wanted or recorded.rsplit(".", 1)[-1] == wanted
+
+
+@dataclass(slots=True)
+class Page:
+    """One page of a listing; pass ``cursor`` back to get the next one."""
+
+    items: list[JobInfo] = field(default_factory=list)
+    cursor: str | None = None
+
+
+class Broker(abc.ABC):
+    """Base class of every engine.  Subclasses implement the abstract methods."""
+
+    #: what this engine offers (override in each subclass)
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: URL schemes this class serves
+    schemes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- transport -------------------------------------------------------
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect.  Idempotent; the other methods call it when needed."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Disconnect.  Idempotent; safe without ``open``."""
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        """Create queues and event bindings if missing.  Idempotent."""
+
+    @abc.abstractmethod
+    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+        """Store jobs; return their ids in order.
+
+        A message whose ``id`` is already stored, or whose task ``key`` is held
+        by a stored job, is not stored again: its slot in the result holds the
+        id of the job already there.  ``eta`` in the future makes a
+        ``scheduled`` job; otherwise it is ``ready`` at once.
+        """
+
+    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+        """``enqueue`` for sync callers, where ``capabilities.sync_enqueue``."""
+        raise NotImplementedError(f"{type(self).__name__} has no sync enqueue path")
+
+    async def publish(self, msgs: Sequence[Message]) -> int:
+        """Deliver events to every queue bound to their type; return the deliveries."""
+        raise NotImplementedError(f"{type(self).__name__} does not support events yet")
+
+    @abc.abstractmethod
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` ready jobs from ``queues``.
+
+        Each fetched job becomes ``running`` with its ``attempt`` counted up and
+        a lease until now + ``lease``; no other fetch returns it while the lease
+        holds.  Higher ``priority`` first, then oldest first, within a queue.
+        Paused queues are skipped.  With nothing ready, block up to ``wait``
+        seconds and return as soon as something is.
+        """
+
+    @abc.abstractmethod
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        """Mark succeeded (keeping ``d.result`` for ``d.result_ttl`` s).  Safe to repeat;
+        a delivery whose lease was lost is ignored."""
+
+    @abc.abstractmethod
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        """Record ``d.error`` and make each job ready again at ``d.retry_at``."""
+
+    @abc.abstractmethod
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        """Record ``d.error`` (if any) and move each job to the dead-letter queue,
+        keeping every attempt's error."""
+
+    @abc.abstractmethod
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        """Give jobs back without charging the attempt (graceful shutdown)."""
+
+    @abc.abstractmethod
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        """Heartbeat: push each lease to now + ``lease``; return the deliveries
+        whose lease was already lost (rescued or taken by another worker)."""
+
+    @abc.abstractmethod
+    async def rescue(self) -> int:
+        """Return jobs whose lease expired to ``ready`` (recording a
+        ``LeaseExpired`` error), or dead-letter those out of attempts.  Returns
+        how many were handled.  A no-op where the engine redelivers by itself."""
+
+    # -- admin -----------------------------------------------------------
+
+    @abc.abstractmethod
+    async def stats(self) -> list[QueueStats]:
+        """One row per known queue."""
+
+    @abc.abstractmethod
+    async def list(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        """Jobs matching ``filter``, newest first, one page at a time."""
+
+    @abc.abstractmethod
+    async def get(self, id: str) -> JobInfo | None:
+        """One job, or None if it is not stored (never was, or pruned)."""
+
+    @abc.abstractmethod
+    async def replay(self, filter: JobFilter) -> int:
+        """Make dead jobs matching ``filter`` ready with fresh attempts, keeping
+        their error history.  Only ``dead`` jobs are touched.  Returns the count."""
+
+    @abc.abstractmethod
+    async def purge(self, filter: JobFilter) -> int:
+        """Delete jobs matching ``filter`` that are not running.  Returns the count."""
+
+    @abc.abstractmethod
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        """Cancel jobs that have not started; return the ids that were cancelled."""
+
+    @abc.abstractmethod
+    async def pause(self, queue: str) -> None:
+        """Stop handing out jobs of ``queue`` (enqueue still works)."""
+
+    @abc.abstractmethod
+    async def resume(self, queue: str) -> None:
+        """Undo ``pause``."""
+
+    # -- coordination ------------------------------------------------------
+
+    @abc.abstractmethod
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """Take the lock ``name`` for ``ttl`` s if free or expired (or already ours).
+
+        Returns a fencing token that grows with every change of owner, or None
+        when another owner holds it."""
+
+    @abc.abstractmethod
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        """Extend a held lock; False if it was lost (expired and taken)."""
+
+    @abc.abstractmethod
+    async def release(self, name: str, owner: str, token: int) -> None:
+        """Give up a held lock (no-op if not held)."""

@@ -1,0 +1,496 @@
+"""``memory://``: the reference broker, kept in one process's memory.
+
+It is the executable statement of the seam's rules (tests/conformance runs
+it like every other broker) and the fast broker for unit tests of the layers
+above the seam.  Nothing survives the process, so it is never a production
+choice.  It is thread-safe: sync producers in other threads may enqueue while
+a worker's event loop fetches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..errors import LeaseExpired
+from ..message import ErrorRecord, Message
+from ..state import CANCELLABLE_STATES, State
+from .base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
+
+#: finished jobs without a kept result stay visible this long (seconds)
+DEFAULT_RETENTION = 3600.0
+
+
+@dataclass(slots=True)
+class _Row:
+    msg: Message
+    state: State
+    run_at: float
+    updated_at: float
+    token: int = 0
+    gen: int = 0
+    lease_until: float = 0.0
+    worker: str | None = None
+    result: bytes | None = None
+    expires_at: float | None = None
+    replays: int = 0
+
+    def info(self) -> JobInfo:
+        state = self.state
+        if state is State.SCHEDULED and self.msg.attempt > 0:
+            state = State.RETRYING
+        return JobInfo(
+            message=_copy(self.msg),
+            state=state,
+            run_at=self.run_at,
+            updated_at=self.updated_at,
+            worker=self.worker,
+            lease_until=self.lease_until if self.state is State.RUNNING else None,
+            result=self.result,
+            replays=self.replays,
+        )
+
+
+def _copy(m: Message) -> Message:
+    return Message(
+        id=m.id,
+        kind=m.kind,
+        name=m.name,
+        queue=m.queue,
+        args=list(m.args),
+        kwargs=dict(m.kwargs),
+        payload=m.payload,
+        headers=dict(m.headers),
+        attempt=m.attempt,
+        max_attempts=m.max_attempts,
+        created_at=m.created_at,
+        eta=m.eta,
+        priority=m.priority,
+        key=m.key,
+        errors=list(m.errors),
+    )
+
+
+@dataclass(slots=True)
+class _Lock:
+    owner: str
+    token: int
+    expires: float
+
+
+@dataclass
+class _Store:
+    """Everything a ``memory://NAME`` URL names; shared by brokers with the same name."""
+
+    rows: dict[str, _Row] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    ready: dict[str, list[tuple[int, float, int, str, int]]] = field(default_factory=dict)
+    scheduled: list[tuple[float, int, str, int]] = field(default_factory=list)
+    queues: set[str] = field(default_factory=set)
+    paused: set[str] = field(default_factory=set)
+    locks: dict[str, _Lock] = field(default_factory=dict)
+    fence: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
+        default_factory=set
+    )
+
+
+class MemoryBroker(Broker):
+    """In-process broker.  ``memory://`` is private to one broker object;
+    ``memory://NAME`` is shared by every broker of that name in the process."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(sync_enqueue=True, multi_process=False)
+    schemes: ClassVar[tuple[str, ...]] = ("memory",)
+    _named: ClassVar[dict[str, _Store]] = {}
+    _named_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, url: str = "memory://", retention: float = DEFAULT_RETENTION) -> None:
+        super().__init__(url)
+        name = url.split("://", 1)[1] if "://" in url else ""
+        if name:
+            with self._named_lock:
+                self._s = self._named.setdefault(name, _Store())
+        else:
+            self._s = _Store()
+        self.retention = retention
+        self._seq = itertools.count()
+        self._tokens = itertools.count(1)
+
+    # -- transport -------------------------------------------------------
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+        return self.enqueue_sync(msgs)
+
+    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+        now = time.time()
+        ids: list[str] = []
+        woke = False
+        s = self._s
+        with s.lock:
+            for m in msgs:
+                if m.id in s.rows:
+                    ids.append(m.id)
+                    continue
+                if m.key is not None and m.kind == "task" and m.key in s.keys:
+                    ids.append(s.keys[m.key])
+                    continue
+                m = _copy(m)
+                s.queues.add(m.queue)
+                row = _Row(msg=m, state=State.READY, run_at=now, updated_at=now)
+                s.rows[m.id] = row
+                if m.key is not None and m.kind == "task":
+                    s.keys[m.key] = m.id
+                if m.eta is not None and m.eta > now:
+                    row.run_at = m.eta
+                    self._schedule(row)
+                else:
+                    self._make_ready(row, now)
+                    woke = True
+                ids.append(m.id)
+            if woke:
+                self._wake()
+        return ids
+
+    def _make_ready(self, row: _Row, at: float) -> None:
+        row.state = State.READY
+        row.run_at = at
+        row.gen += 1
+        heap = self._s.ready.setdefault(row.msg.queue, [])
+        heapq.heappush(heap, (-row.msg.priority, at, next(self._seq), row.msg.id, row.gen))
+
+    def _schedule(self, row: _Row) -> None:
+        row.state = State.SCHEDULED
+        row.gen += 1
+        heapq.heappush(self._s.scheduled, (row.run_at, next(self._seq), row.msg.id, row.gen))
+
+    def _wake(self) -> None:
+        for loop, fut in list(self._s.waiters):
+            loop.call_soon_threadsafe(_set_done, fut)
+        self._s.waiters.clear()
+
+    def _promote(self, now: float) -> None:
+        s = self._s
+        while s.scheduled and s.scheduled[0][0] <= now:
+            _, _, id_, gen = heapq.heappop(s.scheduled)
+            row = s.rows.get(id_)
+            if row is not None and row.gen == gen and row.state is State.SCHEDULED:
+                self._make_ready(row, row.run_at)
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        deadline = time.monotonic() + wait
+        loop = asyncio.get_running_loop()
+        while True:
+            s = self._s
+            with s.lock:
+                out = self._claim(queues, limit, lease, worker)
+                if out or wait <= 0:
+                    return out
+                fut: asyncio.Future[None] = loop.create_future()
+                entry = (loop, fut)
+                s.waiters.add(entry)
+                next_due = s.scheduled[0][0] - time.time() if s.scheduled else None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                with s.lock:
+                    s.waiters.discard(entry)
+                return []
+            timeout = remaining if next_due is None else max(0.0, min(remaining, next_due))
+            try:
+                await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                pass
+            finally:
+                with s.lock:
+                    s.waiters.discard(entry)
+
+    def _claim(
+        self, queues: Sequence[str], limit: int, lease: float, worker: str
+    ) -> list[Delivery]:
+        now = time.time()
+        s = self._s
+        self._promote(now)
+        out: list[Delivery] = []
+        for q in queues:
+            if q in s.paused:
+                continue
+            heap = s.ready.get(q)
+            while heap and len(out) < limit:
+                _, _, _, id_, gen = heapq.heappop(heap)
+                row = s.rows.get(id_)
+                if row is None or row.gen != gen or row.state is not State.READY:
+                    continue
+                row.state = State.RUNNING
+                row.msg.attempt += 1
+                row.token = next(self._tokens)
+                row.lease_until = now + lease
+                row.worker = worker
+                row.updated_at = now
+                out.append(
+                    Delivery(
+                        id=id_,
+                        message=_copy(row.msg),
+                        token=row.token,
+                        lease_until=row.lease_until,
+                        queue=q,
+                    )
+                )
+            if len(out) >= limit:
+                break
+        return out
+
+    def _held(self, d: Delivery) -> _Row | None:
+        row = self._s.rows.get(d.id)
+        if row is None or row.state is not State.RUNNING or row.token != d.token:
+            return None
+        return row
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        with self._s.lock:
+            for d in ds:
+                row = self._held(d)
+                if row is None:
+                    continue
+                row.state = State.SUCCEEDED
+                row.updated_at = now
+                row.result = d.result
+                ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
+                row.expires_at = now + max(ttl, self.retention)
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        with self._s.lock:
+            woke = False
+            for d in ds:
+                row = self._held(d)
+                if row is None:
+                    continue
+                if d.error is not None:
+                    row.msg.errors.append(d.error)
+                row.updated_at = now
+                row.run_at = max(d.retry_at, now)
+                if d.retry_at > now:
+                    self._schedule(row)
+                else:
+                    self._make_ready(row, now)
+                    woke = True
+            if woke:
+                self._wake()
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        with self._s.lock:
+            for d in ds:
+                row = self._held(d)
+                if row is None:
+                    continue
+                if d.error is not None:
+                    row.msg.errors.append(d.error)
+                row.state = State.DEAD
+                row.updated_at = now
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        with self._s.lock:
+            for d in ds:
+                row = self._held(d)
+                if row is None:
+                    continue
+                row.msg.attempt = max(0, row.msg.attempt - 1)
+                row.updated_at = now
+                self._make_ready(row, now)
+            self._wake()
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        now = time.time()
+        lost: list[Delivery] = []
+        with self._s.lock:
+            for d in ds:
+                row = self._held(d)
+                if row is None:
+                    lost.append(d)
+                    continue
+                row.lease_until = now + lease
+                d.lease_until = row.lease_until
+        return lost
+
+    async def rescue(self) -> int:
+        now = time.time()
+        n = 0
+        with self._s.lock:
+            for id_, row in list(self._s.rows.items()):
+                if row.expires_at is not None and row.expires_at <= now:
+                    self._forget(id_, row)
+                    continue
+                if row.state is not State.RUNNING or row.lease_until > now:
+                    continue
+                n += 1
+                row.msg.errors.append(
+                    ErrorRecord(
+                        time=now,
+                        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
+                        message=f"lease expired: worker {row.worker or '?'} stopped "
+                        f"heartbeating during attempt {row.msg.attempt}",
+                        worker=row.worker or "",
+                        attempt=row.msg.attempt,
+                    )
+                )
+                row.updated_at = now
+                if row.msg.attempt >= row.msg.max_attempts:
+                    row.state = State.DEAD
+                else:
+                    self._make_ready(row, now)
+            if n:
+                self._wake()
+        return n
+
+    def _forget(self, id_: str, row: _Row) -> None:
+        del self._s.rows[id_]
+        if row.msg.key is not None and self._s.keys.get(row.msg.key) == id_:
+            del self._s.keys[row.msg.key]
+
+    # -- admin -----------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        now = time.time()
+        with self._s.lock:
+            counts: dict[str, dict[str, float]] = {q: {} for q in self._s.queues}
+            for row in self._s.rows.values():
+                c = counts.setdefault(row.msg.queue, {})
+                c[row.state.value] = c.get(row.state.value, 0) + 1
+                if row.state is State.READY:
+                    c["lag"] = max(c.get("lag", 0.0), now - row.run_at)
+            paused = set(self._s.paused)
+        return [
+            QueueStats(
+                queue=q,
+                ready=int(c.get("ready", 0)),
+                scheduled=int(c.get("scheduled", 0)),
+                running=int(c.get("running", 0)),
+                dead=int(c.get("dead", 0)),
+                succeeded=int(c.get("succeeded", 0)),
+                cancelled=int(c.get("cancelled", 0)),
+                lag=max(0.0, c.get("lag", 0.0)),
+                paused=q in paused,
+            )
+            for q, c in sorted(counts.items())
+        ]
+
+    def _matching(self, filter: JobFilter) -> list[tuple[str, _Row]]:
+        return [(i, r) for i, r in self._s.rows.items() if filter.matches(r.info())]
+
+    async def list(self, filter: JobFilter, cursor: str | None = None, limit: int = 50) -> Page:
+        with self._s.lock:
+            rows = sorted(self._matching(filter), key=lambda ir: ir[0], reverse=True)
+            if cursor is not None:
+                rows = [ir for ir in rows if ir[0] < cursor]
+            page = [r.info() for _, r in rows[:limit]]
+        more = len(rows) > limit
+        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        with self._s.lock:
+            row = self._s.rows.get(id)
+            return None if row is None else row.info()
+
+    async def replay(self, filter: JobFilter) -> int:
+        now = time.time()
+        n = 0
+        with self._s.lock:
+            for _, row in self._matching(filter):
+                if row.state is not State.DEAD:
+                    continue
+                row.msg.attempt = 0
+                row.replays += 1
+                row.updated_at = now
+                self._make_ready(row, now)
+                n += 1
+            if n:
+                self._wake()
+        return n
+
+    async def purge(self, filter: JobFilter) -> int:
+        n = 0
+        with self._s.lock:
+            for id_, row in self._matching(filter):
+                if row.state is State.RUNNING:
+                    continue
+                self._forget(id_, row)
+                n += 1
+        return n
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        now = time.time()
+        out: list[str] = []
+        with self._s.lock:
+            for id_ in ids:
+                row = self._s.rows.get(id_)
+                if row is None or row.info().state not in CANCELLABLE_STATES:
+                    continue
+                row.state = State.CANCELLED
+                row.gen += 1
+                row.updated_at = now
+                row.expires_at = now + self.retention
+                out.append(id_)
+        return out
+
+    async def pause(self, queue: str) -> None:
+        with self._s.lock:
+            self._s.paused.add(queue)
+            self._s.queues.add(queue)
+
+    async def resume(self, queue: str) -> None:
+        with self._s.lock:
+            self._s.paused.discard(queue)
+            self._wake()
+
+    # -- coordination ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        now = time.time()
+        with self._s.lock:
+            held = self._s.locks.get(name)
+            if held is not None and held.expires > now and held.owner != owner:
+                return None
+            if held is None or held.owner != owner or held.expires <= now:
+                self._s.fence += 1
+                held = _Lock(owner=owner, token=self._s.fence, expires=now + ttl)
+                self._s.locks[name] = held
+            else:
+                held.expires = now + ttl
+            return held.token
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        now = time.time()
+        with self._s.lock:
+            held = self._s.locks.get(name)
+            if held is None or held.owner != owner or held.token != token or held.expires <= now:
+                return False
+            held.expires = now + ttl
+            return True
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        with self._s.lock:
+            held = self._s.locks.get(name)
+            if held is not None and held.owner == owner and held.token == token:
+                del self._s.locks[name]
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,5 @@
+"""The embedded SQLite broker (``sqlite:///PATH``), the default."""
+
+from .broker import SQLiteBroker
+
+__all__ = ["SQLiteBroker"]

@@ -1,0 +1,778 @@
+"""``sqlite:///PATH``: the embedded default broker.
+
+One database file in WAL mode serves any number of producer and worker
+processes on one machine.  SQLite lets one writer commit at a time, so every
+state change is a short ``BEGIN IMMEDIATE`` transaction: a claim is one
+``UPDATE ... RETURNING`` over the ready index, and no job is handed to two
+workers while its lease holds (each lease carries a fencing token that every
+later change of that job must present).
+
+Durability: producer connections commit with ``synchronous=FULL`` (the WAL is
+fsynced, so an enqueued job survives power loss); worker connections use
+``NORMAL``.  Losing a worker's last commits to a power cut can only make a
+job run again (its claim or ack is rolled back), never lose it.
+
+Calls from async code run on one thread owned by the broker (sqlite3 blocks);
+sync producers use a connection of their own thread, with no hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+import orjson
+
+from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...message import Message, encode
+from ...message import from_dict as message_from_dict
+from ...state import State
+from ..base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
+from .wake import FileWaker
+
+T = TypeVar("T")
+
+#: finished jobs (without a kept result) are pruned after this many seconds
+DEFAULT_RETENTION = 3600.0
+SCHEMA_VERSION = 1
+_LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
+_SYNC = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
+
+
+def _schema() -> str:
+    return resources.files(__package__).joinpath("schema.sql").read_text()
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///rel.db`` is relative, ``sqlite:////abs.db`` absolute."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise InvalidURL(f"not a sqlite URL: {url!r}")
+    if parts.netloc:
+        raise InvalidURL(
+            f"sqlite URL {url!r} has a host part ({parts.netloc!r}); "
+            "write sqlite:///relative.db or sqlite:////absolute/path.db"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path or path == ":memory:":
+        raise InvalidURL(
+            f"sqlite URL {url!r} names no database file (an in-memory database cannot be "
+            "shared by workers; use memory:// for tests)"
+        )
+    return path, dict(parse_qsl(parts.query))
+
+
+class SQLiteBroker(Broker):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        sync_enqueue=True, transactional_outbox=True, multi_process=True
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.path, opts = parse_url(url)
+        try:
+            self.retention = float(opts.pop("retention", DEFAULT_RETENTION))
+            self.busy_timeout = float(opts.pop("busy_timeout", 30.0))
+            self.producer_sync = _SYNC[opts.pop("synchronous", "full").lower()]
+        except (ValueError, KeyError) as exc:
+            raise InvalidURL(f"bad option in sqlite URL {url!r}: {exc}") from None
+        if opts:
+            raise InvalidURL(
+                f"unknown option(s) {sorted(opts)} in sqlite URL {url!r}; "
+                "known: retention, busy_timeout, synchronous"
+            )
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._aconn: sqlite3.Connection | None = None
+        self._wakers: dict[asyncio.AbstractEventLoop, FileWaker] = {}
+        self._known_queues: set[str] = set()
+        self._ready = False
+
+    # -- connections -------------------------------------------------------
+
+    def _connect(self, synchronous: str) -> sqlite3.Connection:
+        d = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(d):
+            raise ConfigurationError(f"directory {d!r} of sqlite database does not exist")
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=256,
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.execute("PRAGMA cache_size=-32000")
+        if not self._ready:
+            self._ensure_schema(conn)
+        with self._conns_lock:
+            self._conns.append(conn)
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        row = None
+        try:
+            row = conn.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()
+        except sqlite3.OperationalError:
+            pass
+        if row is None:
+            try:
+                conn.executescript(f"BEGIN IMMEDIATE;\n{_schema()}\nCOMMIT;")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"{self.path} has dumbwaiter schema {row[0]}, newer than this version "
+                f"({SCHEMA_VERSION}) understands; upgrade dumbwaiter"
+            )
+        self._ready = True
+
+    def _sync_conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(self.producer_sync)
+            self._local.conn = conn
+        return conn
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            await self.open()
+        assert self._executor is not None
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _worker_conn(self) -> sqlite3.Connection:
+        if self._aconn is None:
+            self._aconn = self._connect("NORMAL")
+        return self._aconn
+
+    def _tx(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return out
+
+    def _wtx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A write transaction on the broker thread's connection."""
+        return self._tx(self._worker_conn(), fn)
+
+    # -- transport -------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="dumbwaiter-sqlite")
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._worker_conn)
+
+    async def close(self) -> None:
+        for waker in self._wakers.values():
+            waker.close()
+        self._wakers.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._aconn = None
+        with self._conns_lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except sqlite3.ProgrammingError:
+                pass
+        self._local = threading.local()
+
+    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+        return await self._run(self._enqueue_worker_conn, msgs)
+
+    def _enqueue_worker_conn(self, msgs: Sequence[Message]) -> list[str]:
+        # Enqueues from async producers share the broker thread's connection;
+        # they must be as durable as sync ones, so FULL for this transaction.
+        conn = self._worker_conn()
+        conn.execute(f"PRAGMA synchronous={self.producer_sync}")
+        try:
+            return self._tx(conn, lambda c: self._insert(c, msgs))
+        finally:
+            conn.execute("PRAGMA synchronous=NORMAL")
+
+    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+        return self._tx(self._sync_conn(), lambda c: self._insert(c, msgs))
+
+    def _insert(self, conn: sqlite3.Connection, msgs: Sequence[Message]) -> list[str]:
+        now = time.time()
+        rows = []
+        keyed = False
+        for m in msgs:
+            scheduled = m.eta is not None and m.eta > now
+            key = m.key if m.kind == "task" else None
+            keyed = keyed or key is not None
+            rows.append(
+                (
+                    m.id,
+                    m.queue,
+                    m.name,
+                    m.kind,
+                    "scheduled" if scheduled else "ready",
+                    m.priority,
+                    m.eta if scheduled else now,
+                    now,
+                    m.max_attempts,
+                    key,
+                    encode(m),
+                )
+            )
+        before = conn.total_changes
+        conn.executemany(
+            "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority, run_at,"
+            " updated_at, max_attempts, key, body) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        new_queues = {m.queue for m in msgs} - self._known_queues
+        if new_queues:
+            conn.executemany(
+                "INSERT OR IGNORE INTO dw_queues (name) VALUES (?)", [(q,) for q in new_queues]
+            )
+            self._known_queues |= new_queues
+        ids = [m.id for m in msgs]
+        if keyed and conn.total_changes - before < len(msgs) + len(new_queues):
+            # some were duplicates: report the id of the job that holds each key
+            keys = [m.key for m in msgs if m.key is not None and m.kind == "task"]
+            found = dict(
+                conn.execute(
+                    "SELECT key, id FROM dw_jobs WHERE key IN (SELECT value FROM json_each(?))",
+                    (orjson.dumps(keys),),
+                ).fetchall()
+            )
+            ids = [
+                found.get(m.key, m.id) if m.key is not None and m.kind == "task" else m.id
+                for m in msgs
+            ]
+        return ids
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        if limit <= 0:
+            return []
+        deadline = time.monotonic() + wait
+        waker = self._waker() if wait > 0 else None
+        while True:
+            if waker is not None:
+                waker.arm()
+            out, next_due = await self._run(self._claim, list(queues), limit, lease, worker)
+            remaining = deadline - time.monotonic()
+            if out or waker is None or remaining <= 0:
+                return out
+            if next_due is not None:
+                remaining = min(remaining, max(0.0, next_due - time.time()))
+            await waker.wait(remaining)
+
+    def _waker(self) -> FileWaker:
+        loop = asyncio.get_running_loop()
+        waker = self._wakers.get(loop)
+        if waker is None:
+            waker = self._wakers[loop] = FileWaker(self.path + "-wal")
+        return waker
+
+    def _claim(
+        self, queues: list[str], limit: int, lease: float, worker: str
+    ) -> tuple[list[Delivery], float | None]:
+        def run(c: sqlite3.Connection) -> tuple[list[Delivery], float | None]:
+            now = time.time()
+            c.execute(
+                "UPDATE dw_jobs SET state='ready' WHERE state='scheduled' AND run_at<=?", (now,)
+            )
+            paused = {r[0] for r in c.execute("SELECT name FROM dw_queues WHERE paused=1")}
+            token = secrets.randbits(62)
+            until = now + lease
+            rows: list[Any] = []
+            for q in queues:
+                if q in paused:
+                    continue
+                rows += c.execute(
+                    "UPDATE dw_jobs SET state='running', attempt=attempt+1, token=?,"
+                    " lease_until=?, worker=?, updated_at=? WHERE rowid IN (SELECT rowid"
+                    " FROM dw_jobs WHERE state='ready' AND queue=?"
+                    " ORDER BY priority DESC, run_at LIMIT ?)"
+                    " RETURNING id, queue, attempt, body, errors, priority, run_at",
+                    (token, until, worker, now, q, limit - len(rows)),
+                ).fetchall()
+                if len(rows) >= limit:
+                    break
+            next_due = None
+            if not rows:
+                r = c.execute("SELECT min(run_at) FROM dw_jobs WHERE state='scheduled'").fetchone()
+                next_due = r[0]
+            rows.sort(key=lambda r: (-r[5], r[6]))
+            return [_delivery(r, token, until) for r in rows], next_due
+
+        return self._wtx(run)
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        if ds:
+            await self._run(self._ack, ds)
+
+    def _ack(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        rows = [
+            (
+                now,
+                d.result,
+                now + max(self.retention, d.result_ttl or 0.0),
+                d.id,
+                d.token,
+            )
+            for d in ds
+        ]
+        self._wtx(
+            lambda c: c.executemany(
+                "UPDATE dw_jobs SET state='succeeded', updated_at=?, result=?, expires_at=?,"
+                " lease_until=NULL, token=NULL WHERE id=? AND token=? AND state='running'",
+                rows,
+            )
+        )
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        if ds:
+            await self._run(self._retry, ds)
+
+    def _retry(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        rows = [
+            (
+                "scheduled" if d.retry_at > now else "ready",
+                max(d.retry_at, now),
+                _err_json(d),
+                _err_type(d),
+                now,
+                d.id,
+                d.token,
+            )
+            for d in ds
+        ]
+        self._wtx(
+            lambda c: c.executemany(
+                "UPDATE dw_jobs SET state=?, run_at=?,"
+                " errors=CASE WHEN ?3 IS NULL THEN errors"
+                " ELSE json_insert(coalesce(errors, '[]'), '$[#]', json(?3)) END,"
+                " last_error_type=coalesce(?4, last_error_type), updated_at=?,"
+                " lease_until=NULL, token=NULL WHERE id=? AND token=? AND state='running'",
+                rows,
+            )
+        )
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        if ds:
+            await self._run(self._dead, ds)
+
+    def _dead(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        rows = [(_err_json(d), _err_type(d), now, d.id, d.token) for d in ds]
+        self._wtx(
+            lambda c: c.executemany(
+                "UPDATE dw_jobs SET state='dead',"
+                " errors=CASE WHEN ?1 IS NULL THEN errors"
+                " ELSE json_insert(coalesce(errors, '[]'), '$[#]', json(?1)) END,"
+                " last_error_type=coalesce(?2, last_error_type), updated_at=?,"
+                " lease_until=NULL, token=NULL WHERE id=? AND token=? AND state='running'",
+                rows,
+            )
+        )
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        if ds:
+            await self._run(self._requeue, ds)
+
+    def _requeue(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        rows = [(now, now, d.id, d.token) for d in ds]
+        self._wtx(
+            lambda c: c.executemany(
+                "UPDATE dw_jobs SET state='ready', attempt=max(attempt-1, 0), run_at=?,"
+                " updated_at=?, lease_until=NULL, token=NULL"
+                " WHERE id=? AND token=? AND state='running'",
+                rows,
+            )
+        )
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        if not ds:
+            return []
+        return await self._run(self._extend, ds, lease)
+
+    def _extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        def run(c: sqlite3.Connection) -> list[Delivery]:
+            until = time.time() + lease
+            lost = []
+            for d in ds:
+                cur = c.execute(
+                    "UPDATE dw_jobs SET lease_until=? WHERE id=? AND token=? AND state='running'",
+                    (until, d.id, d.token),
+                )
+                if cur.rowcount == 1:
+                    d.lease_until = until
+                else:
+                    lost.append(d)
+            return lost
+
+        return self._wtx(run)
+
+    async def rescue(self) -> int:
+        return await self._run(self._rescue)
+
+    def _rescue(self) -> int:
+        now = time.time()
+        conn = self._worker_conn()
+        # cheap read first: most calls find nothing and need no write lock
+        expired = conn.execute(
+            "SELECT 1 FROM dw_jobs WHERE state='running' AND lease_until<? LIMIT 1", (now,)
+        ).fetchone()
+        prunable = conn.execute(
+            "SELECT 1 FROM dw_jobs WHERE expires_at<? LIMIT 1", (now,)
+        ).fetchone()
+        if not expired and not prunable:
+            return 0
+
+        def run(c: sqlite3.Connection) -> int:
+            rows = c.execute(
+                "SELECT id, attempt, max_attempts, coalesce(worker, '') FROM dw_jobs"
+                " WHERE state='running' AND lease_until<?",
+                (now,),
+            ).fetchall()
+            for id_, attempt, max_attempts, worker in rows:
+                err = orjson.dumps(
+                    {
+                        "time": now,
+                        "type": _LEASE_EXPIRED,
+                        "message": f"lease expired: worker {worker or '?'} stopped heartbeating"
+                        f" during attempt {attempt}",
+                        "traceback": "",
+                        "worker": worker,
+                        "attempt": attempt,
+                    }
+                ).decode()
+                c.execute(
+                    "UPDATE dw_jobs SET state=?, run_at=?, updated_at=?, lease_until=NULL,"
+                    " token=NULL, errors=json_insert(coalesce(errors,'[]'),'$[#]',json(?)),"
+                    " last_error_type=? WHERE id=? AND state='running'",
+                    (
+                        "dead" if attempt >= max_attempts else "ready",
+                        now,
+                        now,
+                        err,
+                        _LEASE_EXPIRED,
+                        id_,
+                    ),
+                )
+            c.execute(
+                "DELETE FROM dw_jobs WHERE rowid IN (SELECT rowid FROM dw_jobs"
+                " WHERE expires_at<? LIMIT 5000)",
+                (now,),
+            )
+            return len(rows)
+
+        return self._tx(conn, run)
+
+    # -- admin -----------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        return await self._run(self._stats)
+
+    def _stats(self) -> list[QueueStats]:
+        c = self._worker_conn()
+        now = time.time()
+        counts: dict[str, dict[str, int]] = {}
+        paused: set[str] = set()
+        for name, is_paused in c.execute("SELECT name, paused FROM dw_queues"):
+            counts[name] = {}
+            if is_paused:
+                paused.add(name)
+        for queue, state, n in c.execute(
+            "SELECT queue, state, count(*) FROM dw_jobs GROUP BY queue, state"
+        ):
+            counts.setdefault(queue, {})[state] = n
+        lags = dict(
+            c.execute(
+                "SELECT queue, min(run_at) FROM dw_jobs WHERE state='ready' GROUP BY queue"
+            ).fetchall()
+        )
+        return [
+            QueueStats(
+                queue=q,
+                ready=n.get("ready", 0),
+                scheduled=n.get("scheduled", 0),
+                running=n.get("running", 0),
+                dead=n.get("dead", 0),
+                succeeded=n.get("succeeded", 0),
+                cancelled=n.get("cancelled", 0),
+                lag=max(0.0, now - lags[q]) if q in lags else 0.0,
+                paused=q in paused,
+            )
+            for q, n in sorted(counts.items())
+        ]
+
+    async def list(self, filter: JobFilter, cursor: str | None = None, limit: int = 50) -> Page:
+        return await self._run(self._list, filter, cursor, limit)
+
+    def _list(self, filter: JobFilter, cursor: str | None, limit: int) -> Page:
+        where, params = _where(filter)
+        if cursor is not None:
+            where += " AND id < ?"
+            params.append(cursor)
+        rows = (
+            self._worker_conn()
+            .execute(
+                f"SELECT {_INFO_COLS} FROM dw_jobs WHERE {where} ORDER BY id DESC LIMIT ?",
+                [*params, limit + 1],
+            )
+            .fetchall()
+        )
+        items = [_info(r) for r in rows[:limit]]
+        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        return await self._run(self._get, id)
+
+    def _get(self, id: str) -> JobInfo | None:
+        row = (
+            self._worker_conn()
+            .execute(f"SELECT {_INFO_COLS} FROM dw_jobs WHERE id=?", (id,))
+            .fetchone()
+        )
+        return None if row is None else _info(row)
+
+    def get_sync(self, id: str) -> JobInfo | None:
+        """``get`` for sync callers (``Job.status()`` from a request handler)."""
+        row = self._sync_conn().execute(f"SELECT {_INFO_COLS} FROM dw_jobs WHERE id=?", (id,))
+        r = row.fetchone()
+        return None if r is None else _info(r)
+
+    async def replay(self, filter: JobFilter) -> int:
+        return await self._run(self._replay, filter)
+
+    def _replay(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        now = time.time()
+        return self._wtx(
+            lambda c: c.execute(
+                "UPDATE dw_jobs SET state='ready', attempt=0, run_at=?, updated_at=?,"
+                f" replays=replays+1, expires_at=NULL WHERE state='dead' AND {where}",
+                [now, now, *params],
+            ).rowcount
+        )
+
+    async def purge(self, filter: JobFilter) -> int:
+        return await self._run(self._purge, filter)
+
+    def _purge(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        return self._wtx(
+            lambda c: c.execute(
+                f"DELETE FROM dw_jobs WHERE state!='running' AND {where}", params
+            ).rowcount
+        )
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        return await self._run(self._cancel, list(ids))
+
+    def _cancel(self, ids: list[str]) -> list[str]:
+        now = time.time()
+        return self._wtx(
+            lambda c: [
+                r[0]
+                for r in c.execute(
+                    "UPDATE dw_jobs SET state='cancelled', updated_at=?, expires_at=?"
+                    " WHERE id IN (SELECT value FROM json_each(?))"
+                    " AND state IN ('scheduled', 'ready') RETURNING id",
+                    (now, now + self.retention, orjson.dumps(ids)),
+                ).fetchall()
+            ]
+        )
+
+    async def pause(self, queue: str) -> None:
+        await self._run(self._set_paused, queue, 1)
+
+    async def resume(self, queue: str) -> None:
+        await self._run(self._set_paused, queue, 0)
+
+    def _set_paused(self, queue: str, paused: int) -> None:
+        self._wtx(
+            lambda c: c.execute(
+                "INSERT INTO dw_queues (name, paused) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET paused=excluded.paused",
+                (queue, paused),
+            )
+        )
+
+    # -- coordination ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        return await self._run(self._acquire, name, owner, ttl)
+
+    def _acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        def run(c: sqlite3.Connection) -> int | None:
+            now = time.time()
+            row = c.execute(
+                "SELECT owner, token, expires FROM dw_locks WHERE name=?", (name,)
+            ).fetchone()
+            if row is not None and row[2] > now:
+                if row[0] != owner:
+                    return None
+                c.execute("UPDATE dw_locks SET expires=? WHERE name=?", (now + ttl, name))
+                return int(row[1])
+            token = int(
+                c.execute(
+                    "UPDATE dw_meta SET v=v+1 WHERE k='fence' RETURNING v"
+                ).fetchone()[0]
+            )
+            c.execute(
+                "INSERT INTO dw_locks (name, owner, token, expires) VALUES (?,?,?,?)"
+                " ON CONFLICT (name) DO UPDATE SET owner=excluded.owner,"
+                " token=excluded.token, expires=excluded.expires",
+                (name, owner, token, now + ttl),
+            )
+            return token
+
+        return self._wtx(run)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        return await self._run(self._renew, name, owner, token, ttl)
+
+    def _renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        now = time.time()
+        return bool(
+            self._wtx(
+                lambda c: c.execute(
+                    "UPDATE dw_locks SET expires=? WHERE name=? AND owner=? AND token=?"
+                    " AND expires>?",
+                    (now + ttl, name, owner, token, now),
+                ).rowcount
+            )
+        )
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        await self._run(
+            lambda: self._wtx(
+                lambda c: c.execute(
+                    "DELETE FROM dw_locks WHERE name=? AND owner=? AND token=?",
+                    (name, owner, token),
+                )
+            )
+        )
+
+
+# -- row mapping -------------------------------------------------------------
+
+_INFO_COLS = (
+    "id, queue, state, attempt, body, errors, run_at, updated_at, worker,"
+    " lease_until, result, replays"
+)
+
+
+def _message(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
+    d = orjson.loads(body)
+    d["queue"] = queue
+    d["attempt"] = attempt
+    d["errors"] = orjson.loads(errors) if errors else []
+    return message_from_dict(d)
+
+
+def _delivery(row: Any, token: int, until: float) -> Delivery:
+    id_, queue, attempt, body, errors = row[:5]
+    try:
+        msg: Message | None = _message(body, queue, attempt, errors)
+        problem = None
+    except (orjson.JSONDecodeError, MessageDecodeError) as exc:
+        msg, problem = None, str(exc)
+    return Delivery(
+        id=id_,
+        message=msg,
+        token=token,
+        lease_until=until,
+        queue=queue,
+        raw=None if msg is not None else bytes(body),
+        decode_error=problem,
+    )
+
+
+def _info(row: Any) -> JobInfo:
+    (id_, queue, state, attempt, body, errors, run_at, updated_at, worker, lease, result,
+     replays) = row
+    raw = None
+    try:
+        msg = _message(body, queue, attempt, errors)
+    except (orjson.JSONDecodeError, MessageDecodeError):
+        raw = bytes(body)
+        msg = Message(id=id_, kind="task", name="?", queue=queue, attempt=attempt)
+    st = State(state)
+    if st is State.SCHEDULED and attempt > 0:
+        st = State.RETRYING
+    return JobInfo(
+        message=msg,
+        state=st,
+        run_at=run_at,
+        updated_at=updated_at,
+        worker=worker,
+        lease_until=lease,
+        result=result,
+        replays=replays,
+        raw=raw,
+    )
+
+
+def _err_json(d: Delivery) -> str | None:
+    return None if d.error is None else orjson.dumps(d.error.to_dict()).decode()
+
+
+def _err_type(d: Delivery) -> str | None:
+    return None if d.error is None else d.error.type
+
+
+def _where(f: JobFilter) -> tuple[str, list[Any]]:
+    clauses = ["1=1"]
+    params: list[Any] = []
+    if f.queue is not None:
+        clauses.append("queue=?")
+        params.append(f.queue)
+    if f.name is not None:
+        clauses.append("name=?")
+        params.append(f.name)
+    if f.state is not None:
+        if f.state is State.RETRYING:
+            clauses.append("state='scheduled' AND attempt>0")
+        elif f.state is State.SCHEDULED:
+            clauses.append("state='scheduled' AND attempt=0")
+        else:
+            clauses.append("state=?")
+            params.append(str(f.state))
+    if f.ids is not None:
+        clauses.append("id IN (SELECT value FROM json_each(?))")
+        params.append(orjson.dumps(list(f.ids)))
+    if f.since is not None:
+        clauses.append("updated_at>=?")
+        params.append(f.since)
+    if f.until is not None:
+        clauses.append("updated_at<=?")
+        params.append(f.until)
+    if f.error_type is not None:
+        clauses.append("(last_error_type=? OR substr(last_error_type, -length(?)) = ?)")
+        params += [f.error_type, "." + f.error_type, "." + f.error_type]
+    return " AND ".join(clauses), params
+

@@ -1,0 +1,53 @@
+-- dumbwaiter SQLite schema, version 1.
+-- One table of jobs; each state the worker polls has a small partial index,
+-- so the rows a fetch looks at stay few however many finished jobs are kept.
+
+CREATE TABLE IF NOT EXISTS dw_jobs (
+    id              TEXT PRIMARY KEY,          -- UUIDv7, time-ordered
+    queue           TEXT NOT NULL,
+    name            TEXT NOT NULL,
+    kind            TEXT NOT NULL,             -- task | event
+    state           TEXT NOT NULL,             -- scheduled | ready | running | succeeded | dead | cancelled
+    priority        INTEGER NOT NULL DEFAULT 0,
+    run_at          REAL NOT NULL,             -- ready since / ready at (eta, next retry)
+    updated_at      REAL NOT NULL,             -- when it entered its state
+    attempt         INTEGER NOT NULL DEFAULT 0,
+    max_attempts    INTEGER NOT NULL,
+    key             TEXT,                      -- task uniqueness key (NULL for events)
+    lease_until     REAL,
+    token           INTEGER,                   -- lease fencing token of the current holder
+    worker          TEXT,
+    body            BLOB NOT NULL,             -- the envelope JSON as enqueued
+    errors          TEXT,                      -- JSON array, one entry per failed attempt
+    last_error_type TEXT,
+    result          BLOB,
+    expires_at      REAL,                      -- finished rows are pruned after this
+    replays         INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE INDEX IF NOT EXISTS dw_jobs_ready ON dw_jobs (queue, priority DESC, run_at) WHERE state = 'ready';
+CREATE INDEX IF NOT EXISTS dw_jobs_scheduled ON dw_jobs (run_at) WHERE state = 'scheduled';
+CREATE INDEX IF NOT EXISTS dw_jobs_running ON dw_jobs (lease_until) WHERE state = 'running';
+CREATE UNIQUE INDEX IF NOT EXISTS dw_jobs_key ON dw_jobs (key) WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dw_jobs_expires ON dw_jobs (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS dw_jobs_queue_state ON dw_jobs (queue, state, id);
+
+CREATE TABLE IF NOT EXISTS dw_queues (
+    name   TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE IF NOT EXISTS dw_locks (
+    name    TEXT PRIMARY KEY,
+    owner   TEXT NOT NULL,
+    token   INTEGER NOT NULL,
+    expires REAL NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS dw_meta (
+    k TEXT PRIMARY KEY,
+    v
+);
+
+INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('schema_version', 1);
+INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('fence', 0);

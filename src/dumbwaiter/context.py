@@ -1,0 +1,78 @@
+"""What a running job knows about itself.
+
+A task receives a ``Context`` when it declares a parameter annotated with
+``dw.Context``; any code running inside a job can also reach it with
+``dw.Context.current()``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .message import Message
+
+if TYPE_CHECKING:
+    from .app import App
+
+_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "dumbwaiter_context", default=None
+)
+
+
+@dataclass(slots=True)
+class Context:
+    """One attempt of one job, as seen from inside the handler."""
+
+    message: Message
+    app: App
+    worker_id: str
+    #: the task's timeout, as a ``time.monotonic()`` deadline (None: no timeout)
+    deadline: float | None = None
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("dumbwaiter.job"))
+    #: free-form state middleware can share between its hooks for this attempt
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        return self.message.id
+
+    @property
+    def name(self) -> str:
+        return self.message.name
+
+    @property
+    def queue(self) -> str:
+        return self.message.queue
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, starting at 1."""
+        return self.message.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.message.max_attempts
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.message.attempt >= self.message.max_attempts
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.message.headers
+
+    @classmethod
+    def current(cls) -> Context | None:
+        """The context of the job running in this task or thread, if any."""
+        return _current.get()
+
+
+def set_current(ctx: Context | None) -> contextvars.Token[Context | None]:
+    return _current.set(ctx)
+
+
+def reset_current(token: contextvars.Token[Context | None]) -> None:
+    _current.reset(token)

@@ -1,0 +1,109 @@
+"""``Job``: the handle ``enqueue`` returns.
+
+It is only an id and the app: cheap to create, safe to keep, and any process
+that knows the id can build one (``app.job(id)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobCancelled, JobFailed, JobNotFound, ResultNotKept, ResultTimeout
+from .message import loads
+from .state import FINAL_STATES, State
+
+if TYPE_CHECKING:
+    from .app import App
+    from .brokers.base import JobInfo
+
+
+class Job:
+    __slots__ = ("app", "id")
+
+    def __init__(self, app: App, id: str) -> None:
+        self.app = app
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other.id == self.id and other.app is self.app
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # -- sync ----------------------------------------------------------------
+
+    def info(self) -> JobInfo | None:
+        """Everything stored about the job, or None if it is not stored."""
+        return self.app._call(self.app.broker.get(self.id))
+
+    def status(self) -> State:
+        """``scheduled``, ``ready``, ``running``, ``retrying``, ``succeeded``,
+        ``dead`` or ``cancelled``; raises ``JobNotFound`` if not stored."""
+        return _status(self.id, self.info())
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds (None: for ever) for the job to finish
+        and return what the task returned.
+
+        Raises ``JobFailed`` if it was dead-lettered, ``JobCancelled``,
+        ``ResultNotKept`` if its task does not keep results, ``ResultTimeout``."""
+        return self.app._call(self.aresult(timeout))
+
+    def cancel(self) -> bool:
+        """Cancel the job if it has not started; True if it was cancelled."""
+        return bool(self.app._call(self.app.broker.cancel([self.id])))
+
+    # -- async ---------------------------------------------------------------
+
+    async def ainfo(self) -> JobInfo | None:
+        return await self.app.broker.get(self.id)
+
+    async def astatus(self) -> State:
+        return _status(self.id, await self.ainfo())
+
+    async def acancel(self) -> bool:
+        return bool(await self.app.broker.cancel([self.id]))
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.002
+        while True:
+            info = await self.ainfo()
+            state = _status(self.id, info)
+            if state in FINAL_STATES:
+                assert info is not None
+                return _outcome(self.id, state, info)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"job {self.id} is still {state} after {timeout} s")
+            wait = pause if deadline is None else min(pause, deadline - time.monotonic())
+            await asyncio.sleep(max(wait, 0))
+            pause = min(pause * 2, 0.1)
+
+
+def _status(id: str, info: JobInfo | None) -> State:
+    if info is None:
+        raise JobNotFound(f"no job {id} is stored (never enqueued, or pruned after retention)")
+    return info.state
+
+
+def _outcome(id: str, state: State, info: JobInfo) -> Any:
+    if state is State.DEAD:
+        last = info.message.errors[-1] if info.message.errors else None
+        why = f"{last.type}: {last.message}" if last else "no error recorded"
+        raise JobFailed(f"job {id} ({info.message.name}) is dead: {why}")
+    if state is State.CANCELLED:
+        raise JobCancelled(f"job {id} was cancelled")
+    if info.result is None:
+        raise ResultNotKept(
+            f"job {id} succeeded but its task {info.message.name} does not keep results "
+            "(@app.task(keep_result=...))"
+        )
+    value = loads(info.result)
+    if isinstance(value, dict) and "error" in value and "value" not in value:
+        raise ResultNotKept(f"job {id} succeeded but its result was not stored: {value['error']}")
+    return value.get("value") if isinstance(value, dict) else value

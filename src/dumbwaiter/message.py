@@ -1,0 +1,278 @@
+"""The message envelope every job and event travels in, and its JSON codec.
+
+The envelope is DESIGN §2: ``id`` (UUIDv7), ``kind``, ``name``, ``queue``,
+``args``/``kwargs`` (tasks) or ``payload`` (events), ``headers``, ``attempt``,
+``max_attempts``, ``created_at``, ``eta``, ``priority``, ``key`` and
+``errors``.  Times are Unix epoch seconds (floats) so every engine can compare
+them without parsing.
+
+Only JSON travels: ``check_json`` walks a value before it is encoded and names
+the first part JSON cannot carry (a ``datetime``, a ``set``, a NaN, a
+non-string key...), because silently turning a ``datetime`` into a string or a
+NaN into ``null`` would hand the task something else than the caller passed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import MessageDecodeError, PayloadTooLarge, SerializationError
+
+TASK = "task"
+EVENT = "event"
+KINDS = (TASK, EVENT)
+
+#: default maximum size of one encoded message (1 MiB)
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+# -- ids -------------------------------------------------------------------
+
+_uuid_lock = threading.Lock()
+_last_ms = 0
+_seq = 0
+
+
+def uuid7() -> str:
+    """A UUIDv7 string (RFC 9562): 48-bit milliseconds, then randomness.
+
+    Within one process ids are strictly increasing: the 12 ``rand_a`` bits
+    hold a counter that starts at a random value each millisecond, so ids sort
+    by creation time even when many are made in the same millisecond.
+    """
+    global _last_ms, _seq
+    rand = int.from_bytes(os.urandom(8), "big")
+    with _uuid_lock:
+        ms = time.time_ns() // 1_000_000
+        if ms > _last_ms:
+            _last_ms = ms
+            _seq = rand >> 54  # 10 random bits: leaves room to count up
+        else:
+            _seq += 1
+            if _seq > 0xFFF:  # counter exhausted: borrow the next millisecond
+                _last_ms += 1
+                _seq = 0
+            ms = _last_ms
+        seq = _seq
+    value = (ms << 80) | (0x7 << 76) | (seq << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# -- the envelope ------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ErrorRecord:
+    """One failed attempt, as kept in a message's ``errors`` list."""
+
+    time: float
+    type: str
+    message: str
+    traceback: str = ""
+    worker: str = ""
+    attempt: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time": self.time,
+            "type": self.type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "worker": self.worker,
+            "attempt": self.attempt,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ErrorRecord:
+        return cls(
+            time=float(d.get("time", 0.0)),
+            type=str(d.get("type", "")),
+            message=str(d.get("message", "")),
+            traceback=str(d.get("traceback", "")),
+            worker=str(d.get("worker", "")),
+            attempt=int(d.get("attempt", 0)),
+        )
+
+
+@dataclass(slots=True)
+class Message:
+    """One job or event.  Mutable only in ``attempt``, ``eta``, ``queue`` and
+    ``errors``, which brokers update as the message moves."""
+
+    id: str
+    kind: str
+    name: str
+    queue: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0
+    max_attempts: int = 1
+    created_at: float = 0.0
+    eta: float | None = None
+    priority: int = 0
+    key: str | None = None
+    errors: list[ErrorRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "kind": self.kind,
+            "name": self.name,
+            "queue": self.queue,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "headers": self.headers,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "created_at": self.created_at,
+            "eta": self.eta,
+            "priority": self.priority,
+            "key": self.key,
+            "errors": [e.to_dict() for e in self.errors],
+        }
+        if self.payload is not None:
+            d["payload"] = self.payload
+        return d
+
+
+def encode(msg: Message) -> bytes:
+    """The envelope as compact JSON bytes (the values were checked at enqueue)."""
+    return orjson.dumps(msg.to_dict())
+
+
+def decode(raw: bytes | str) -> Message:
+    """Parse an envelope; raise ``MessageDecodeError`` naming what is wrong."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise MessageDecodeError(f"message body is not JSON: {exc}") from None
+    return from_dict(d)
+
+
+def from_dict(d: Any) -> Message:
+    """Build a Message from a decoded envelope, checking the fields that matter."""
+    if not isinstance(d, dict):
+        raise MessageDecodeError(f"message body is a JSON {type(d).__name__}, not an object")
+    try:
+        msg = Message(
+            id=_req_str(d, "id"),
+            kind=_req_str(d, "kind"),
+            name=_req_str(d, "name"),
+            queue=_req_str(d, "queue"),
+            args=list(d.get("args") or []),
+            kwargs=dict(d.get("kwargs") or {}),
+            payload=d.get("payload"),
+            headers=dict(d.get("headers") or {}),
+            attempt=int(d.get("attempt", 0)),
+            max_attempts=int(d.get("max_attempts", 1)),
+            created_at=float(d.get("created_at", 0.0)),
+            eta=None if d.get("eta") is None else float(d["eta"]),
+            priority=int(d.get("priority", 0)),
+            key=d.get("key"),
+            errors=[ErrorRecord.from_dict(e) for e in d.get("errors") or []],
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise MessageDecodeError(f"message envelope has a field of the wrong type: {exc}") from None
+    if msg.kind not in KINDS:
+        raise MessageDecodeError(f"message kind {msg.kind!r} is not one of {KINDS}")
+    return msg
+
+
+def _req_str(d: dict[str, Any], name: str) -> str:
+    value = d.get(name)
+    if not isinstance(value, str) or not value:
+        raise MessageDecodeError(f"message envelope has no {name!r} string")
+    return value
+
+
+# -- JSON-only arguments -----------------------------------------------------
+
+
+def check_json(value: Any, where: str) -> None:
+    """Raise ``SerializationError`` if ``value`` holds anything JSON cannot carry.
+
+    ``where`` names the value in the error (``"argument 'when' of send_mail"``),
+    so the caller sees which argument to fix.  Tuples are allowed and arrive as
+    lists, as in every JSON queue.
+    """
+    problem = _first_problem(value, "")
+    if problem is not None:
+        path, what = problem
+        at = f" at {path}" if path else ""
+        raise SerializationError(f"{where}{at} cannot be sent as JSON: {what}")
+
+
+_PLAIN = frozenset({str, bool, type(None)})
+
+
+def _first_problem(value: Any, path: str) -> tuple[str, str] | None:  # noqa: C901
+    t = type(value)
+    if t in _PLAIN:
+        return None
+    if t is int:
+        if _INT_MIN <= value <= _INT_MAX:
+            return None
+        return path, f"the integer {value} does not fit in 64 bits; pass it as a string"
+    if t is float:
+        if math.isfinite(value):
+            return None
+        return path, f"{value!r} is not a JSON number"
+    if t is list or t is tuple:
+        for i, item in enumerate(value):
+            p = _first_problem(item, f"{path}[{i}]")
+            if p is not None:
+                return p
+        return None
+    if t is dict:
+        for k, item in value.items():
+            if type(k) is not str:
+                return path, f"the key {k!r} is a {type(k).__name__}; JSON object keys are strings"
+            p = _first_problem(item, f"{path}[{k!r}]")
+            if p is not None:
+                return p
+        return None
+    hint = _HINTS.get(t.__name__, "")
+    if not hint and isinstance(value, str | int | float):
+        hint = f" (a subclass of {type(value).__mro__[-2].__name__}; pass a plain value)"
+    return path, f"a {t.__module__}.{t.__qualname__} is not JSON{hint}"
+
+
+_HINTS = {
+    "datetime": " (pass .isoformat() or a timestamp)",
+    "date": " (pass .isoformat())",
+    "UUID": " (pass str(value))",
+    "Decimal": " (pass str(value))",
+    "bytes": " (pass base64 text)",
+    "set": " (pass a list)",
+    "frozenset": " (pass a list)",
+}
+
+
+def check_size(size: int, limit: int, what: str) -> None:
+    """Raise ``PayloadTooLarge`` when an encoded message is over ``limit`` bytes."""
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{what} is {size:,} bytes encoded, over the maximum of {limit:,} bytes; "
+            "store large data elsewhere and pass a reference (or raise max_message_size)"
+        )
+
+
+def dumps(value: Any) -> bytes:
+    """JSON bytes of an already checked value (results, headers)."""
+    return orjson.dumps(value)
+
+
+def loads(raw: bytes | str) -> Any:
+    return orjson.loads(raw)

@@ -1,0 +1,132 @@
+"""Middleware: the extension point for metrics, tracing, logging and policy.
+
+A middleware is a class whose hook methods default to no-ops; override the
+ones you need.  The first middleware in the list is the outermost:
+``before_*`` hooks run in list order, ``after_*`` hooks in reverse.  A hook
+that raises is logged and counted, never allowed to lose a message; only
+``RetryLater`` and ``Reject`` raised by ``before_process`` or
+``around_process`` change a job's outcome, exactly as if the task had raised
+them.
+
+Retries, leases and the dead-letter queue are core, not middleware: turning
+a middleware off can never make jobs disappear.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .message import ErrorRecord, Message
+from .retry import JobControl
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .worker import Worker
+
+log = logging.getLogger("dumbwaiter.middleware")
+
+CallNext = Callable[[], Awaitable[Any]]
+
+
+class Middleware:
+    """Base class; every hook is a no-op."""
+
+    #: extra keyword options this middleware lets ``@app.task`` accept
+    task_options: ClassVar[frozenset[str]] = frozenset()
+
+    def before_enqueue(self, message: Message) -> None:
+        """A message is about to be sent (headers may still be changed)."""
+
+    def after_enqueue(self, message: Message, id: str) -> None:
+        """A message was stored under ``id`` (the existing id for a duplicate key)."""
+
+    def before_process(self, ctx: Context) -> None:
+        """An attempt is about to run."""
+
+    async def around_process(self, ctx: Context, call_next: CallNext) -> Any:
+        """Wrap an attempt (spans, contextvars); must return ``await call_next()``."""
+        return await call_next()
+
+    def after_process(self, ctx: Context, result: Any, exc: BaseException | None) -> None:
+        """An attempt finished, with its result or the exception it raised."""
+
+    def on_retry(self, ctx: Context, error: ErrorRecord, at: float) -> None:
+        """A failed attempt will be tried again at ``at`` (epoch seconds)."""
+
+    def on_dead(self, ctx: Context | None, error: ErrorRecord) -> None:
+        """A job went to the dead-letter queue (``ctx`` is None if its body did not decode)."""
+
+    def on_worker_start(self, worker: Worker) -> None:
+        """A worker started (before its first fetch)."""
+
+    def on_worker_stop(self, worker: Worker) -> None:
+        """A worker stopped (after its last ack)."""
+
+
+_HOOKS = (
+    "before_enqueue",
+    "after_enqueue",
+    "before_process",
+    "around_process",
+    "after_process",
+    "on_retry",
+    "on_dead",
+    "on_worker_start",
+    "on_worker_stop",
+)
+
+
+class Chain:
+    """The app's middleware list, with each hook's overriders found once, so
+    the hot path skips hooks nobody uses."""
+
+    def __init__(self, middleware: Sequence[Middleware]) -> None:
+        self.middleware = list(middleware)
+        self.errors = 0
+        self._by_hook: dict[str, list[Middleware]] = {
+            hook: [
+                m
+                for m in self.middleware
+                if getattr(type(m), hook) is not getattr(Middleware, hook)
+            ]
+            for hook in _HOOKS
+        }
+
+    def has(self, hook: str) -> bool:
+        return bool(self._by_hook[hook])
+
+    def call(self, hook: str, *args: Any) -> None:
+        """Run a plain hook on every middleware that overrides it (after_* reversed)."""
+        ms = self._by_hook[hook]
+        if not ms:
+            return
+        if hook.startswith("after_") or hook == "on_worker_stop":
+            ms = ms[::-1]
+        for m in ms:
+            try:
+                getattr(m, hook)(*args)
+            except JobControl:
+                if hook == "before_process":
+                    raise  # RetryLater / Reject from before_process decide the outcome
+                self.errors += 1
+                log.warning("middleware %s.%s raised a job control exception, ignored",
+                            type(m).__name__, hook)
+            except Exception:
+                self.errors += 1
+                log.exception("middleware %s.%s failed", type(m).__name__, hook)
+
+    async def around(self, ctx: Context, innermost: CallNext) -> Any:
+        """Run ``innermost`` wrapped by every ``around_process`` (first = outermost)."""
+        call = innermost
+        for m in reversed(self._by_hook["around_process"]):
+            call = _wrap(m, ctx, call)
+        return await call()
+
+
+def _wrap(m: Middleware, ctx: Context, call_next: CallNext) -> CallNext:
+    async def call() -> Any:
+        return await m.around_process(ctx, call_next)
+
+    return call

@@ -1,0 +1,254 @@
+"""Tasks: functions registered with ``@app.task``, and the ways to enqueue them.
+
+Everything a caller can get wrong is checked here, at the call that made the
+mistake: arguments that do not fit the function's signature, arguments JSON
+cannot carry, a message over the size limit, a bad ``eta``.  The worker
+checks the signature again, because the code it runs may be newer than the
+producer's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .context import Context
+from .errors import ConfigurationError, InvalidArguments
+from .message import TASK, Message, check_json, check_size, encode, uuid7
+from .retry import Retry
+
+if TYPE_CHECKING:
+    from .app import App
+    from .job import Job
+
+#: ``keep_result=True`` keeps results this long (seconds)
+DEFAULT_RESULT_TTL = 86400.0
+
+
+def _epoch(value: datetime | float | int, what: str) -> float:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ConfigurationError(
+                f"{what} is a naive datetime; pass a timezone-aware one "
+                "(datetime.now(timezone.utc) + ...), so no server clock setting can shift it"
+            )
+        return value.timestamp()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigurationError(f"{what} must be an aware datetime or epoch seconds, got {value!r}")
+
+
+def _seconds(value: float | timedelta, what: str) -> float:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigurationError(f"{what} must be seconds or a timedelta, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SendOptions:
+    """Per-call options: ``task.options(delay=..., priority=...)``."""
+
+    delay: float | None = None
+    eta: float | None = None
+    priority: int | None = None
+    key: str | None = None
+    queue: str | None = None
+    headers: dict[str, Any] | None = None
+
+    @classmethod
+    def make(
+        cls,
+        delay: float | timedelta | None = None,
+        eta: datetime | float | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        queue: str | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> SendOptions:
+        if delay is not None and eta is not None:
+            raise ConfigurationError("give delay= or eta=, not both")
+        d = None if delay is None else _seconds(delay, "delay")
+        if d is not None and d < 0:
+            raise ConfigurationError(f"delay must not be negative, got {delay!r}")
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise ConfigurationError(f"priority must be an integer, got {priority!r}")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ConfigurationError(f"key must be a non-empty string, got {key!r}")
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
+        if headers is not None:
+            check_json(headers, "headers")
+        return cls(
+            delay=d,
+            eta=None if eta is None else _epoch(eta, "eta"),
+            priority=priority,
+            key=key,
+            queue=queue,
+            headers=headers,
+        )
+
+
+_NO_OPTIONS = SendOptions()
+
+
+class Task:
+    """A registered function.  Calling it runs it here and now; ``enqueue`` runs it
+    on a worker."""
+
+    def __init__(
+        self,
+        app: App,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        queue: str,
+        retry: Retry,
+        timeout: float | None,
+        priority: int,
+        keep_result: float | None,
+        options: dict[str, Any],
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.queue = queue
+        self.retry = retry
+        self.timeout = timeout
+        self.priority = priority
+        self.keep_result = keep_result
+        self.extra = options
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.context_param, self.signature = _split_signature(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    # -- producing ---------------------------------------------------------
+
+    def options(self, **kw: Any) -> BoundTask:
+        """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``."""
+        return BoundTask(self, SendOptions.make(**kw))
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Run on a worker: store the job and return its handle (sync callers)."""
+        return self.app._send_sync([self.message(args, kwargs, _NO_OPTIONS)])[0]
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """``enqueue`` for async callers."""
+        return (await self.app._send([self.message(args, kwargs, _NO_OPTIONS)]))[0]
+
+    def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+        """Enqueue many jobs in one round trip.
+
+        Each item is a tuple of positional arguments, a dict of keyword
+        arguments, or any other value as the single argument:
+        ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
+        """
+        return self.app._send_sync(self.messages(calls, _NO_OPTIONS))
+
+    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+        return await self.app._send(self.messages(calls, _NO_OPTIONS))
+
+    def messages(self, calls: Iterable[Any], opts: SendOptions) -> list[Message]:
+        now = time.time()
+        out = []
+        for call in calls:
+            if type(call) is tuple:
+                out.append(self.message(call, {}, opts, now))
+            elif type(call) is dict:
+                out.append(self.message((), call, opts, now))
+            else:
+                out.append(self.message((call,), {}, opts, now))
+        return out
+
+    def message(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        opts: SendOptions,
+        now: float | None = None,
+    ) -> Message:
+        """Check the arguments and build the envelope (raises at the caller)."""
+        self.check_arguments(args, kwargs)
+        if now is None:
+            now = time.time()
+        eta = opts.eta if opts.eta is not None else (now + opts.delay if opts.delay else None)
+        msg = Message(
+            id=uuid7(),
+            kind=TASK,
+            name=self.name,
+            queue=opts.queue or self.queue,
+            args=list(args),
+            kwargs=kwargs,
+            headers=dict(opts.headers) if opts.headers else {},
+            max_attempts=self.retry.attempts,
+            created_at=now,
+            eta=eta,
+            priority=self.priority if opts.priority is None else opts.priority,
+            key=opts.key,
+        )
+        limit = self.app.max_message_size
+        if limit is not None:
+            check_size(len(encode(msg)), limit, f"a message of task {self.name}")
+        return msg
+
+    def check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArguments(f"{self.name}(): {exc}") from None
+        for pname, value in bound.arguments.items():
+            check_json(value, f"argument {pname!r} of {self.name}()")
+
+
+class BoundTask:
+    """A task with per-call options bound (``task.options(...)``)."""
+
+    def __init__(self, task: Task, opts: SendOptions) -> None:
+        self.task = task
+        self.opts = opts
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        return self.task.app._send_sync([self.task.message(args, kwargs, self.opts)])[0]
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+        return (await self.task.app._send([self.task.message(args, kwargs, self.opts)]))[0]
+
+    def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+        return self.task.app._send_sync(self.task.messages(calls, self.opts))
+
+    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+        return await self.task.app._send(self.task.messages(calls, self.opts))
+
+
+def _split_signature(fn: Callable[..., Any]) -> tuple[str | None, inspect.Signature]:
+    """The name of the parameter that takes a ``Context`` (if any), and the
+    signature a caller must match (without that parameter)."""
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: fall back to their text
+        hints = {}
+    ctx_param = None
+    for p in sig.parameters.values():
+        ann = hints.get(p.name, p.annotation)
+        if ann is Context or (isinstance(ann, str) and ann.split(".")[-1] == "Context"):
+            ctx_param = p.name
+            break
+    if ctx_param is None:
+        return None, sig
+    params = [p for p in sig.parameters.values() if p.name != ctx_param]
+    return ctx_param, sig.replace(parameters=params)

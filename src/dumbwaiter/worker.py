@@ -1,0 +1,464 @@
+"""The worker: one asyncio loop that fetches, runs and settles jobs.
+
+* It fetches in batches, never more than its free slots (bounded in-flight
+  work is the back-pressure), and an idle fetch blocks on the broker.
+* Async handlers run on the loop; sync handlers in a thread pool.
+* Every fetched job holds a lease; one heartbeat per worker extends all of
+  them in one call, so a killed worker's jobs come back within one lease.
+* Outcomes are settled in batches: while one batch is being written, the
+  next collects (group commit), so a busy worker makes few broker calls and
+  an idle one adds no delay.
+* On ``stop()`` (SIGTERM/SIGINT) it stops fetching, lets in-flight jobs finish
+  within the grace period, then gives the rest back without charging an
+  attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import secrets
+import socket
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .context import Context, reset_current, set_current
+from .errors import (
+    InvalidArguments,
+    JobTimeout,
+    MessageDecodeError,
+    SerializationError,
+    UnknownTask,
+)
+from .message import ErrorRecord, check_json, dumps
+from .retry import Reject, RetryLater
+
+if TYPE_CHECKING:
+    from .app import App
+    from .brokers.base import Delivery
+    from .task import Task
+
+log = logging.getLogger("dumbwaiter.worker")
+
+ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process runs (``DUMBWAITER_*`` variables map onto these)."""
+
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 32
+    #: seconds a fetched job is ours without a heartbeat
+    lease: float = 15.0
+    #: seconds between heartbeats (well under ``lease``)
+    heartbeat: float = 5.0
+    #: seconds in-flight jobs get to finish after ``stop()``
+    grace: float = 25.0
+    #: longest a fetch blocks before the worker looks around again
+    fetch_wait: float = 1.0
+    #: seconds between rescues of expired leases
+    rescue_interval: float = 1.0
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not self.queues:
+            raise ValueError("a worker needs at least one queue")
+        if self.heartbeat >= self.lease:
+            raise ValueError(
+                f"heartbeat ({self.heartbeat} s) must be shorter than the lease ({self.lease} s)"
+            )
+
+
+class Worker:
+    def __init__(self, app: App, config: WorkerConfig | None = None, **kw: Any) -> None:
+        self.app = app
+        self.config = config or WorkerConfig(**kw)
+        self.id = self.config.worker_id
+        self.broker = app.broker
+        self._inflight: dict[str, Delivery] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._slot = asyncio.Event()
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._immediate = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._stuck = 0  # threads of timed-out sync jobs that still run
+        self._settler = _Settler(self)
+        self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0}
+
+    # -- control ---------------------------------------------------------------
+
+    def stop(self, immediate: bool = False) -> None:
+        """Ask the worker to stop (thread- and signal-safe).  ``immediate``
+        skips the grace period: running jobs are given back at once."""
+        loop = self._loop
+        if loop is None:
+            self._stopping = True
+            self._immediate = self._immediate or immediate
+            return
+        loop.call_soon_threadsafe(self._request_stop, immediate)
+
+    def _request_stop(self, immediate: bool) -> None:
+        if self._stopping and not immediate:
+            return
+        self._stopping = True
+        self._immediate = self._immediate or immediate
+        self._slot.set()
+        if immediate:
+            self._stopped.set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # -- main loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work until ``stop()``; returns after in-flight work is settled."""
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="dumbwaiter-job")
+        await self.broker.open()
+        await self.broker.declare(list(cfg.queues))
+        self.app.middleware.call("on_worker_start", self)
+        services = [
+            asyncio.create_task(self._settler.run(), name="dumbwaiter-settler"),
+            asyncio.create_task(self._service(self._heartbeat, cfg.heartbeat), name="heartbeat"),
+            asyncio.create_task(self._service(self._rescue, cfg.rescue_interval), name="rescuer"),
+        ]
+        log.info(
+            "worker %s started: queues %s, concurrency %d",
+            self.id, ",".join(cfg.queues), cfg.concurrency,
+            extra={"action": "worker_start"},
+        )
+        try:
+            await self._fetch_loop()
+            await self._drain()
+        finally:
+            for s in services[1:]:
+                s.cancel()
+            await asyncio.gather(*services[1:], return_exceptions=True)
+            await self._settler.close()
+            await asyncio.gather(services[0], return_exceptions=True)
+            self.app.middleware.call("on_worker_stop", self)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            log.info(
+                "worker %s stopped: %s", self.id, self.counts, extra={"action": "worker_stop"}
+            )
+
+    async def _fetch_loop(self) -> None:
+        cfg = self.config
+        # Fetch in batches: with work in flight, wait until a quarter of the
+        # slots are free, so a busy worker makes few large claims.
+        batch = max(1, min(cfg.concurrency // 4, 32))
+        backoff = 0.05
+        while not self._stopping:
+            free = cfg.concurrency - len(self._inflight) - self._stuck
+            if free <= 0 or (self._inflight and free < batch):
+                self._slot.clear()
+                await self._slot.wait()
+                continue
+            try:
+                ds = await self.broker.fetch(cfg.queues, free, cfg.lease, cfg.fetch_wait, self.id)
+            except Exception:
+                log.exception("fetch failed; retrying in %.2f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.05
+            if self._stopping:
+                await self.broker.requeue(ds)
+                break
+            for d in ds:
+                self._start(d)
+
+    def _start(self, d: Delivery) -> None:
+        self._inflight[d.id] = d
+        self._tasks[d.id] = asyncio.create_task(self._process(d))
+
+    async def _drain(self) -> None:
+        """After stop: wait for in-flight jobs (grace period), then give back the rest."""
+        if self._tasks and not self._immediate:
+            log.info(
+                "stopping: waiting up to %.0f s for %d running job(s)",
+                self.config.grace, len(self._tasks),
+            )
+            waiter = asyncio.ensure_future(asyncio.wait(list(self._tasks.values())))
+            stop = asyncio.ensure_future(self._stopped.wait())
+            await asyncio.wait({waiter, stop}, timeout=self.config.grace,
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stop.cancel()
+        left = [self._inflight[i] for i in list(self._tasks) if i in self._inflight]
+        for t in list(self._tasks.values()):
+            t.cancel()
+        if left:
+            log.warning("giving back %d unfinished job(s) without charging an attempt", len(left))
+            for d in left:
+                self._inflight.pop(d.id, None)
+                self._settler.add(REQUEUE, d)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    # -- side services -----------------------------------------------------------
+
+    async def _service(self, fn: Callable[[], Awaitable[None]], every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await fn()
+            except Exception:
+                log.exception("%s failed; will try again", getattr(fn, "__name__", fn))
+
+    async def _heartbeat(self) -> None:
+        ds = list(self._inflight.values())
+        if not ds:
+            return
+        lost = await self.broker.extend(ds, self.config.lease)
+        for d in lost:
+            log.warning(
+                "lost the lease of job %s (it may run again elsewhere)", d.id,
+                extra={"action": "lease_lost", "job_id": d.id},
+            )
+
+    async def _rescue(self) -> None:
+        n = await self.broker.rescue()
+        if n:
+            log.warning(
+                "rescued %d job(s) whose worker stopped heartbeating", n,
+                extra={"action": "rescue"},
+            )
+
+    # -- one job -----------------------------------------------------------------
+
+    async def _process(self, d: Delivery) -> None:
+        try:
+            kind = await self._execute(d)
+        except asyncio.CancelledError:
+            kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
+        finally:
+            self._tasks.pop(d.id, None)
+        if self._inflight.pop(d.id, None) is not None:
+            self._settler.add(kind, d)
+        self._slot.set()
+
+    async def _execute(self, d: Delivery) -> str:
+        msg = d.message
+        if msg is None:
+            return self._dead(d, None, MessageDecodeError(d.decode_error or "undecodable body"))
+        task = self.app.tasks.get(msg.name)
+        if task is None:
+            return self._dead(
+                d, None,
+                UnknownTask(
+                    f"no task named {msg.name!r} is registered in this worker "
+                    f"(app {self.app.url}); replay it once a worker knows it"
+                ),
+            )
+        try:
+            bound = task.signature.bind(*msg.args, **msg.kwargs)
+        except TypeError as exc:
+            return self._dead(d, None, InvalidArguments(f"{task.name}(): {exc}"))
+        ctx = Context(
+            message=msg,
+            app=self.app,
+            worker_id=self.id,
+            deadline=None if task.timeout is None else time.monotonic() + task.timeout,
+        )
+        kwargs = bound.kwargs
+        if task.context_param is not None:
+            kwargs[task.context_param] = ctx
+        mw = self.app.middleware
+        result: Any = None
+        try:
+            if mw.has("before_process"):
+                mw.call("before_process", ctx)
+            if mw.has("around_process"):
+                result = await mw.around(ctx, lambda: self._call(task, bound.args, kwargs, ctx))
+            else:
+                result = await self._call(task, bound.args, kwargs, ctx)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure is recorded
+            if mw.has("after_process"):
+                mw.call("after_process", ctx, None, exc)
+            return self._failed(d, ctx, task, exc)
+        if mw.has("after_process"):
+            mw.call("after_process", ctx, result, None)
+        if task.keep_result is not None:
+            d.result = _encode_result(result, task)
+            d.result_ttl = task.keep_result
+        return ACK
+
+    async def _call(
+        self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Context
+    ) -> Any:
+        timeout = task.timeout
+        if task.is_async:
+            token = set_current(ctx)
+            try:
+                if timeout is None:
+                    return await task.fn(*args, **kwargs)
+                try:
+                    async with asyncio.timeout(timeout):
+                        return await task.fn(*args, **kwargs)
+                except TimeoutError:
+                    raise JobTimeout(f"{task.name} ran longer than its timeout of {timeout:g} s")
+            finally:
+                reset_current(token)
+        assert self._loop is not None and self._pool is not None
+        cv = contextvars.copy_context()
+        cv.run(set_current, ctx)
+        fut = self._loop.run_in_executor(self._pool, _call_kw, cv, task.fn, args, kwargs)
+        if timeout is None:
+            return await fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            # A thread cannot be interrupted: the job is failed now, but its
+            # thread runs on and keeps its slot until it returns.
+            self._stuck += 1
+            fut.add_done_callback(self._unstick)
+            raise JobTimeout(
+                f"{task.name} ran longer than its timeout of {timeout:g} s "
+                "(a sync task's thread cannot be stopped; it runs to its end)"
+            ) from None
+
+    def _unstick(self, _fut: object) -> None:
+        self._stuck -= 1
+        self._slot.set()
+
+    def _failed(self, d: Delivery, ctx: Context, task: Task, exc: BaseException) -> str:
+        msg = ctx.message
+        if isinstance(exc, Reject):
+            return self._dead(d, ctx, exc)
+        if isinstance(exc, RetryLater):
+            if msg.attempt >= msg.max_attempts:
+                return self._dead(d, ctx, exc)
+            return self._retry(d, ctx, exc, time.time() + exc.after)
+        if task.retry.should_retry(exc, msg.attempt, msg.max_attempts):
+            return self._retry(d, ctx, exc, time.time() + task.retry.wait(msg.attempt))
+        return self._dead(d, ctx, exc)
+
+    def _retry(self, d: Delivery, ctx: Context, exc: BaseException, at: float) -> str:
+        d.error = _record(exc, d, self.id)
+        d.retry_at = at
+        self.app.middleware.call("on_retry", ctx, d.error, at)
+        log.info(
+            "job %s (%s) attempt %d failed with %s; retry in %.1f s",
+            d.id, ctx.name, ctx.attempt, d.error.type, at - time.time(),
+            extra={"action": "retry", "job_id": d.id},
+        )
+        return RETRY
+
+    def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
+        d.error = _record(exc, d, self.id)
+        self.app.middleware.call("on_dead", ctx, d.error)
+        log.warning(
+            "job %s (%s) dead-lettered: %s: %s",
+            d.id, ctx.name if ctx else "?", d.error.type, d.error.message,
+            extra={"action": "dead", "job_id": d.id},
+        )
+        return DEAD
+
+
+def _call_kw(cv: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+    return cv.run(fn, *args, **kwargs)
+
+
+def _record(exc: BaseException, d: Delivery, worker: str) -> ErrorRecord:
+    t = type(exc)
+    module = t.__module__
+    name = t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
+    tb = "".join(traceback.format_exception(exc)) if exc.__traceback__ is not None else ""
+    return ErrorRecord(
+        time=time.time(),
+        type=name,
+        message=str(exc),
+        traceback=tb[-8000:],
+        worker=worker,
+        attempt=d.message.attempt if d.message is not None else 0,
+    )
+
+
+def _encode_result(result: Any, task: Task) -> bytes:
+    try:
+        check_json(result, f"the result of {task.name}()")
+    except SerializationError as exc:
+        log.error("%s; it is not stored", exc)
+        return dumps({"error": str(exc)})
+    return dumps({"value": result})
+
+
+class _Settler:
+    """Writes outcomes to the broker in batches (group commit)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.pending: dict[str, list[Delivery]] = {ACK: [], RETRY: [], DEAD: [], REQUEUE: []}
+        self._wake = asyncio.Event()
+        self._closing = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def add(self, kind: str, d: Delivery) -> None:
+        self.pending[kind].append(d)
+        self.idle.clear()
+        self._wake.set()
+
+    async def run(self) -> None:
+        w = self.worker
+        calls: dict[str, Callable[[Sequence[Delivery]], Awaitable[None]]] = {
+            ACK: w.broker.ack,
+            RETRY: w.broker.retry,
+            DEAD: w.broker.dead,
+            REQUEUE: w.broker.requeue,
+        }
+        counter = {ACK: "succeeded", RETRY: "retried", DEAD: "dead", REQUEUE: "requeued"}
+        backoff = 0.05
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            for kind, call in calls.items():
+                batch = self.pending[kind]
+                if not batch:
+                    continue
+                self.pending[kind] = []
+                try:
+                    await call(batch)
+                    backoff = 0.05
+                except Exception:
+                    # keep them: the broker may be back in a moment; if not,
+                    # their leases expire and they run again elsewhere
+                    log.exception("could not record %d %s outcome(s); retrying", len(batch), kind)
+                    self.pending[kind] = batch + self.pending[kind]
+                    self._wake.set()
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                w.counts[counter[kind]] += len(batch)
+            if not any(self.pending.values()):
+                self.idle.set()
+                if self._closing:
+                    return
+
+    async def close(self) -> None:
+        self._closing = True
+        self._wake.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), timeout=30)
