@@ -116,8 +116,10 @@ class App:
         else:
             keep_result = _timeout(keep)
         existing = self.tasks.get(name)
-        if existing is not None and existing.fn is not fn and _qualname(existing.fn) != _qualname(
-            fn
+        if (
+            existing is not None
+            and existing.fn is not fn
+            and _qualname(existing.fn) != _qualname(fn)
         ):
             raise ConfigurationError(
                 f"two tasks are named {name!r} ({_qualname(existing.fn)} and {_qualname(fn)}); "

@@ -111,8 +111,11 @@ class Chain:
                 if hook == "before_process":
                     raise  # RetryLater / Reject from before_process decide the outcome
                 self.errors += 1
-                log.warning("middleware %s.%s raised a job control exception, ignored",
-                            type(m).__name__, hook)
+                log.warning(
+                    "middleware %s.%s raised a job control exception, ignored",
+                    type(m).__name__,
+                    hook,
+                )
             except Exception:
                 self.errors += 1
                 log.exception("middleware %s.%s failed", type(m).__name__, hook)

@@ -53,9 +53,7 @@ class Retry:
     ) -> None:
         if not isinstance(attempts, int) or attempts < 1:
             raise ConfigurationError(f"Retry(attempts=) must be an integer >= 1, got {attempts!r}")
-        waits = (
-            (backoff,) if isinstance(backoff, int | float | timedelta) else tuple(backoff)
-        )
+        waits = (backoff,) if isinstance(backoff, int | float | timedelta) else tuple(backoff)
         if not waits:
             raise ConfigurationError("Retry(backoff=) needs at least one wait")
         if not 0.0 <= float(jitter) <= 1.0:
@@ -95,7 +93,7 @@ def _exc_tuple(value: object, what: str) -> ExcTypes:
     return items
 
 
-class JobControl(Exception):  # noqa: N818 - a control-flow signal, not an error
+class JobControl(Exception):
     """Base of the exceptions a task raises to choose its own outcome."""
 
 

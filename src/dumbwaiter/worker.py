@@ -123,6 +123,10 @@ class Worker:
             self._stopped.set()
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
     def inflight(self) -> int:
         return len(self._inflight)
 
@@ -143,7 +147,9 @@ class Worker:
         ]
         log.info(
             "worker %s started: queues %s, concurrency %d",
-            self.id, ",".join(cfg.queues), cfg.concurrency,
+            self.id,
+            ",".join(cfg.queues),
+            cfg.concurrency,
             extra={"action": "worker_start"},
         )
         try:
@@ -157,9 +163,7 @@ class Worker:
             await asyncio.gather(services[0], return_exceptions=True)
             self.app.middleware.call("on_worker_stop", self)
             self._pool.shutdown(wait=False, cancel_futures=True)
-            log.info(
-                "worker %s stopped: %s", self.id, self.counts, extra={"action": "worker_stop"}
-            )
+            log.info("worker %s stopped: %s", self.id, self.counts, extra={"action": "worker_stop"})
 
     async def _fetch_loop(self) -> None:
         cfg = self.config
@@ -181,7 +185,7 @@ class Worker:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.05
-            if self._stopping:
+            if self.stopping:  # stop() came while we waited: give the batch back
                 await self.broker.requeue(ds)
                 break
             for d in ds:
@@ -196,12 +200,14 @@ class Worker:
         if self._tasks and not self._immediate:
             log.info(
                 "stopping: waiting up to %.0f s for %d running job(s)",
-                self.config.grace, len(self._tasks),
+                self.config.grace,
+                len(self._tasks),
             )
             waiter = asyncio.ensure_future(asyncio.wait(list(self._tasks.values())))
             stop = asyncio.ensure_future(self._stopped.wait())
-            await asyncio.wait({waiter, stop}, timeout=self.config.grace,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {waiter, stop}, timeout=self.config.grace, return_when=asyncio.FIRST_COMPLETED
+            )
             waiter.cancel()
             stop.cancel()
         left = [self._inflight[i] for i in list(self._tasks) if i in self._inflight]
@@ -231,7 +237,8 @@ class Worker:
         lost = await self.broker.extend(ds, self.config.lease)
         for d in lost:
             log.warning(
-                "lost the lease of job %s (it may run again elsewhere)", d.id,
+                "lost the lease of job %s (it may run again elsewhere)",
+                d.id,
                 extra={"action": "lease_lost", "job_id": d.id},
             )
 
@@ -239,7 +246,8 @@ class Worker:
         n = await self.broker.rescue()
         if n:
             log.warning(
-                "rescued %d job(s) whose worker stopped heartbeating", n,
+                "rescued %d job(s) whose worker stopped heartbeating",
+                n,
                 extra={"action": "rescue"},
             )
 
@@ -263,7 +271,8 @@ class Worker:
         task = self.app.tasks.get(msg.name)
         if task is None:
             return self._dead(
-                d, None,
+                d,
+                None,
                 UnknownTask(
                     f"no task named {msg.name!r} is registered in this worker "
                     f"(app {self.app.url}); replay it once a worker knows it"
@@ -293,7 +302,7 @@ class Worker:
                 result = await self._call(task, bound.args, kwargs, ctx)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - every failure is recorded
+        except BaseException as exc:  # every failure is recorded
             if mw.has("after_process"):
                 mw.call("after_process", ctx, None, exc)
             return self._failed(d, ctx, task, exc)
@@ -317,7 +326,9 @@ class Worker:
                     async with asyncio.timeout(timeout):
                         return await task.fn(*args, **kwargs)
                 except TimeoutError:
-                    raise JobTimeout(f"{task.name} ran longer than its timeout of {timeout:g} s")
+                    raise JobTimeout(
+                        f"{task.name} ran longer than its timeout of {timeout:g} s"
+                    ) from None
             finally:
                 reset_current(token)
         assert self._loop is not None and self._pool is not None
@@ -360,7 +371,11 @@ class Worker:
         self.app.middleware.call("on_retry", ctx, d.error, at)
         log.info(
             "job %s (%s) attempt %d failed with %s; retry in %.1f s",
-            d.id, ctx.name, ctx.attempt, d.error.type, at - time.time(),
+            d.id,
+            ctx.name,
+            ctx.attempt,
+            d.error.type,
+            at - time.time(),
             extra={"action": "retry", "job_id": d.id},
         )
         return RETRY
@@ -370,14 +385,18 @@ class Worker:
         self.app.middleware.call("on_dead", ctx, d.error)
         log.warning(
             "job %s (%s) dead-lettered: %s: %s",
-            d.id, ctx.name if ctx else "?", d.error.type, d.error.message,
+            d.id,
+            ctx.name if ctx else "?",
+            d.error.type,
+            d.error.message,
             extra={"action": "dead", "job_id": d.id},
         )
         return DEAD
 
 
-def _call_kw(cv: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any]) -> Any:
+def _call_kw(
+    cv: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     return cv.run(fn, *args, **kwargs)
 
 

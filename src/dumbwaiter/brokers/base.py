@@ -6,7 +6,7 @@ messages, so an engine can do a batch in one round trip.  It has three parts:
 * **transport** (required): ``open``, ``close``, ``declare``, ``enqueue``,
   ``publish``, ``fetch``, ``ack``, ``retry``, ``dead``, ``requeue``,
   ``extend``, ``rescue``;
-* **admin** (CLI, dashboard): ``stats``, ``list``, ``get``, ``replay``,
+* **admin** (CLI, dashboard): ``stats``, ``list_jobs``, ``get``, ``replay``,
   ``purge``, ``pause``, ``resume``, ``cancel``;
 * **coordination** (scheduler, limits): ``acquire``, ``renew``, ``release``,
   ``limit``.
@@ -222,6 +222,7 @@ class Broker(abc.ABC):
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
         """Create queues and event bindings if missing.  Idempotent."""
+        return None
 
     @abc.abstractmethod
     async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
@@ -290,7 +291,7 @@ class Broker(abc.ABC):
         """One row per known queue."""
 
     @abc.abstractmethod
-    async def list(
+    async def list_jobs(
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
         """Jobs matching ``filter``, newest first, one page at a time."""

@@ -394,7 +394,9 @@ class MemoryBroker(Broker):
     def _matching(self, filter: JobFilter) -> list[tuple[str, _Row]]:
         return [(i, r) for i, r in self._s.rows.items() if filter.matches(r.info())]
 
-    async def list(self, filter: JobFilter, cursor: str | None = None, limit: int = 50) -> Page:
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
         with self._s.lock:
             rows = sorted(self._matching(filter), key=lambda ir: ir[0], reverse=True)
             if cursor is not None:

@@ -528,7 +528,9 @@ class SQLiteBroker(Broker):
             for q, n in sorted(counts.items())
         ]
 
-    async def list(self, filter: JobFilter, cursor: str | None = None, limit: int = 50) -> Page:
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
         return await self._run(self._list, filter, cursor, limit)
 
     def _list(self, filter: JobFilter, cursor: str | None, limit: int) -> Page:
@@ -571,11 +573,13 @@ class SQLiteBroker(Broker):
         where, params = _where(filter)
         now = time.time()
         return self._wtx(
-            lambda c: c.execute(
-                "UPDATE dw_jobs SET state='ready', attempt=0, run_at=?, updated_at=?,"
-                f" replays=replays+1, expires_at=NULL WHERE state='dead' AND {where}",
-                [now, now, *params],
-            ).rowcount
+            lambda c: (
+                c.execute(
+                    "UPDATE dw_jobs SET state='ready', attempt=0, run_at=?, updated_at=?,"
+                    f" replays=replays+1, expires_at=NULL WHERE state='dead' AND {where}",
+                    [now, now, *params],
+                ).rowcount
+            )
         )
 
     async def purge(self, filter: JobFilter) -> int:
@@ -584,9 +588,11 @@ class SQLiteBroker(Broker):
     def _purge(self, filter: JobFilter) -> int:
         where, params = _where(filter)
         return self._wtx(
-            lambda c: c.execute(
-                f"DELETE FROM dw_jobs WHERE state!='running' AND {where}", params
-            ).rowcount
+            lambda c: (
+                c.execute(
+                    f"DELETE FROM dw_jobs WHERE state!='running' AND {where}", params
+                ).rowcount
+            )
         )
 
     async def cancel(self, ids: Sequence[str]) -> list[str]:
@@ -638,9 +644,7 @@ class SQLiteBroker(Broker):
                 c.execute("UPDATE dw_locks SET expires=? WHERE name=?", (now + ttl, name))
                 return int(row[1])
             token = int(
-                c.execute(
-                    "UPDATE dw_meta SET v=v+1 WHERE k='fence' RETURNING v"
-                ).fetchone()[0]
+                c.execute("UPDATE dw_meta SET v=v+1 WHERE k='fence' RETURNING v").fetchone()[0]
             )
             c.execute(
                 "INSERT INTO dw_locks (name, owner, token, expires) VALUES (?,?,?,?)"
@@ -659,11 +663,13 @@ class SQLiteBroker(Broker):
         now = time.time()
         return bool(
             self._wtx(
-                lambda c: c.execute(
-                    "UPDATE dw_locks SET expires=? WHERE name=? AND owner=? AND token=?"
-                    " AND expires>?",
-                    (now + ttl, name, owner, token, now),
-                ).rowcount
+                lambda c: (
+                    c.execute(
+                        "UPDATE dw_locks SET expires=? WHERE name=? AND owner=? AND token=?"
+                        " AND expires>?",
+                        (now + ttl, name, owner, token, now),
+                    ).rowcount
+                )
             )
         )
 
@@ -713,8 +719,20 @@ def _delivery(row: Any, token: int, until: float) -> Delivery:
 
 
 def _info(row: Any) -> JobInfo:
-    (id_, queue, state, attempt, body, errors, run_at, updated_at, worker, lease, result,
-     replays) = row
+    (
+        id_,
+        queue,
+        state,
+        attempt,
+        body,
+        errors,
+        run_at,
+        updated_at,
+        worker,
+        lease,
+        result,
+        replays,
+    ) = row
     raw = None
     try:
         msg = _message(body, queue, attempt, errors)
@@ -775,4 +793,3 @@ def _where(f: JobFilter) -> tuple[str, list[Any]]:
         clauses.append("(last_error_type=? OR substr(last_error_type, -length(?)) = ?)")
         params += [f.error_type, "." + f.error_type, "." + f.error_type]
     return " AND ".join(clauses), params
-

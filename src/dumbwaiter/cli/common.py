@@ -1,0 +1,83 @@
+"""What every command shares: finding the app, running coroutines, output."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from ..app import URL_ENV, App
+from ..errors import ConfigurationError
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+APP_ENV = "DUMBWAITER_APP"
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def load_app(spec: str) -> App:
+    """Import ``module:attr`` (the current directory is on the path, as for
+    ``python -m``) and return the App it names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise click.UsageError(
+            f"--app {spec!r}: expected module:attribute, e.g. myproject.jobs:app"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.UsageError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in (attr or "app").split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise click.UsageError(
+                f"--app {spec!r}: module {module_name!r} has no attribute {attr or 'app'!r}"
+            ) from None
+    if callable(obj) and not isinstance(obj, App):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise click.UsageError(f"--app {spec!r} names a {type(obj).__name__}, not a dumbwaiter.App")
+    return obj
+
+
+def app_options(fn: F) -> F:
+    """``--app`` and ``--url`` on a command; the command receives ``app``."""
+    fn = click.option(
+        "--url",
+        envvar=URL_ENV,
+        help=f"Broker URL, when no --app is given [env {URL_ENV}].",
+    )(fn)
+    fn = click.option(
+        "--app",
+        "app_spec",
+        envvar=APP_ENV,
+        metavar="MODULE:ATTR",
+        help=f"The dumbwaiter.App to use [env {APP_ENV}].",
+    )(fn)
+    return fn
+
+
+def resolve_app(app_spec: str | None, url: str | None, *, need_tasks: bool = False) -> App:
+    if app_spec:
+        return load_app(app_spec)
+    if need_tasks:
+        raise click.UsageError(f"this command needs --app MODULE:ATTR (or ${APP_ENV})")
+    try:
+        return App(url)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    import asyncio
+
+    return asyncio.run(coro)

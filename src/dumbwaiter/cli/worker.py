@@ -1,0 +1,153 @@
+"""``dumbwaiter worker``: run jobs until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import click
+
+from ..worker import Worker, WorkerConfig
+from .common import app_options, resolve_app
+
+log = logging.getLogger("dumbwaiter.cli")
+
+
+@click.command()
+@app_options
+@click.option(
+    "-q",
+    "--queues",
+    default="default",
+    show_default=True,
+    help="Comma-separated queues to work on (earlier ones first each round).",
+)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Jobs in flight at once in this process.",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes to run (each with --concurrency slots).",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.5),
+    default=15.0,
+    show_default=True,
+    help="Seconds a job stays ours without a heartbeat.",
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="Seconds between heartbeats [default: lease / 3].",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=25.0,
+    show_default=True,
+    help="Seconds running jobs get to finish after SIGTERM.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def worker(
+    app_spec: str | None,
+    url: str | None,
+    queues: str,
+    concurrency: int,
+    processes: int,
+    lease: float,
+    heartbeat: float | None,
+    grace: float,
+    log_level: str,
+) -> None:
+    """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
+    )
+    if processes > 1:
+        sys.exit(_supervise(processes))
+    app = resolve_app(app_spec, url, need_tasks=True)
+    config = WorkerConfig(
+        queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
+        concurrency=concurrency,
+        lease=lease,
+        heartbeat=heartbeat if heartbeat is not None else lease / 3,
+        grace=grace,
+    )
+    w = Worker(app, config)
+    asyncio.run(_serve(w))
+    # A timed-out sync job's thread may still run; it must not hold the exit.
+    if any(t.name.startswith("dumbwaiter-job") and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        os._exit(0)
+
+
+async def _serve(w: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    signals = {"n": 0}
+
+    def on_signal(signame: str) -> None:
+        signals["n"] += 1
+        if signals["n"] == 1:
+            log.info("%s: finishing running jobs (again to stop at once)", signame)
+            w.stop()
+        else:
+            log.warning("%s again: giving running jobs back now", signame)
+            w.stop(immediate=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    await w.run()
+
+
+def _supervise(n: int) -> int:
+    """Run ``n`` single-process workers with the same arguments; forward signals."""
+    args = list(sys.argv[1:])
+    cmd = [sys.executable, "-m", "dumbwaiter", *_without_processes(args), "--processes", "1"]
+    children = [subprocess.Popen(cmd) for _ in range(n)]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)
+
+
+def _without_processes(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--processes":
+            skip = True
+            continue
+        if a.startswith("--processes="):
+            continue
+        out.append(a)
+    return out
