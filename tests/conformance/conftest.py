@@ -1,0 +1,83 @@
+"""The ``broker`` fixture, parametrized over every broker.
+
+Each test gets a fresh namespace (a private memory store, a new SQLite file),
+so tests never see each other's jobs.  ``make_broker`` makes more brokers on
+the same namespace: two of them behave like two processes sharing the engine.
+A broker joins the suite by adding one entry to ``BROKERS``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.message import TASK, Message, uuid7
+
+_names = itertools.count()
+
+
+def _memory_url(tmp_path: Path) -> str:
+    return f"memory://conformance-{next(_names)}"
+
+
+def _sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/conformance.db"
+
+
+BROKERS: dict[str, Callable[[Path], str]] = {
+    "memory": _memory_url,
+    "sqlite": _sqlite_url,
+}
+
+
+@pytest.fixture(params=sorted(BROKERS))
+def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return BROKERS[request.param](tmp_path)
+
+
+@pytest.fixture
+async def make_broker(broker_url: str) -> AsyncIterator[Callable[[], Broker]]:
+    made: list[Broker] = []
+
+    def make() -> Broker:
+        b = from_url(broker_url)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        await b.close()
+
+
+@pytest.fixture
+async def broker(make_broker: Callable[[], Broker]) -> Broker:
+    b = make_broker()
+    await b.open()
+    return b
+
+
+def msg(
+    name: str = "t.job",
+    queue: str = "default",
+    *,
+    args: list[Any] | None = None,
+    **kw: Any,
+) -> Message:
+    """A task message as a producer would make it."""
+    kw.setdefault("max_attempts", 4)
+    return Message(
+        id=uuid7(),
+        kind=TASK,
+        name=name,
+        queue=queue,
+        args=args if args is not None else [],
+        created_at=time.time(),
+        **kw,
+    )

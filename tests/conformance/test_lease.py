@@ -1,0 +1,70 @@
+"""Leases: they expire and the job comes back; heartbeats keep them; fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.state import State
+
+from .conftest import msg
+from .helpers import eventually
+
+
+async def _rescued(broker: Broker) -> int:
+    return await eventually(broker.rescue, lambda n: n > 0)
+
+
+async def test_expired_lease_is_redelivered_with_an_error(broker: Broker) -> None:
+    m = msg()
+    await broker.enqueue([m])
+    [d] = await broker.fetch(["default"], 1, 0.2, 0, "w-dead")
+    assert await broker.fetch(["default"], 1, 30.0, 0) == []  # held while the lease holds
+    assert await _rescued(broker) == 1
+    [again] = await broker.fetch(["default"], 1, 30.0, 0, "w-new")
+    assert again.id == m.id
+    assert again.message is not None and again.message.attempt == 2
+    [err] = again.message.errors
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-dead" and err.attempt == 1
+    # the first worker wakes up late: its ack must not count (fencing)
+    await broker.ack([d])
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-new"
+
+
+async def test_extend_keeps_the_lease(broker: Broker) -> None:
+    m = msg()
+    await broker.enqueue([m])
+    [d] = await broker.fetch(["default"], 1, 0.3, 0)
+    first = d.lease_until
+    assert await broker.extend([d], 60.0) == []
+    assert d.lease_until > first + 30
+    info = await broker.get(m.id)
+    assert info is not None and info.lease_until is not None and info.lease_until > first + 30
+    await asyncio.sleep(max(0.0, first - time.time()) + 0.1)  # the old lease runs out
+    assert await broker.rescue() == 0
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.RUNNING
+
+
+async def test_extend_reports_lost_leases(broker: Broker) -> None:
+    await broker.enqueue([msg(), msg()])
+    ds = await broker.fetch(["default"], 2, 0.2, 0)
+    kept = ds[0]
+    assert await broker.extend([kept], 60.0) == []
+    assert await _rescued(broker) == 1  # the other one expired
+    lost = await broker.extend(ds, 60.0)
+    assert [d.id for d in lost] == [ds[1].id]
+
+
+async def test_job_that_keeps_losing_its_worker_goes_dead(broker: Broker) -> None:
+    m = msg(max_attempts=2)
+    await broker.enqueue([m])
+    for _ in range(2):
+        await broker.fetch(["default"], 1, 0.1, 0, "w-crashy")
+        assert await _rescued(broker) == 1
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.DEAD
+    assert [e.type.rsplit(".", 1)[-1] for e in info.message.errors] == ["LeaseExpired"] * 2
+    assert await broker.fetch(["default"], 1, 30.0, 0) == []
