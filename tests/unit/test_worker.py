@@ -1,0 +1,329 @@
+"""The worker over the memory broker: outcomes, retries, timeouts, middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import dumbwaiter as dw
+from dumbwaiter.state import State
+from dumbwaiter.testing import drain
+
+FAST = dw.Retry(attempts=3, backoff=(0.01, 0.02), jitter=0)
+
+
+@pytest.fixture
+def app() -> dw.App:
+    return dw.App("memory://", retry=FAST)
+
+
+async def test_sync_and_async_tasks_run_and_keep_results(app: dw.App) -> None:
+    calls: list[str] = []
+
+    @app.task(keep_result=True)
+    def add(a: int, b: int) -> int:
+        calls.append(threading.current_thread().name)
+        return a + b
+
+    @app.task(keep_result=60)
+    async def greet(name: str, *, punct: str = "!") -> str:
+        return f"hi {name}{punct}"
+
+    j1 = await add.aenqueue(2, 3)
+    j2 = await greet.aenqueue("ana", punct="?")
+    w = await drain(app)
+    assert await j1.aresult(timeout=5) == 5
+    assert await j2.aresult(timeout=5) == "hi ana?"
+    assert calls and calls[0].startswith("dumbwaiter-job")  # sync tasks run in the pool
+    assert w.counts["succeeded"] == 2
+
+
+async def test_failures_retry_then_go_dead_with_every_error(app: dw.App) -> None:
+    attempts: list[int] = []
+
+    @app.task
+    def flaky(ctx: dw.Context) -> None:
+        attempts.append(ctx.attempt)
+        raise ValueError(f"fail {ctx.attempt}")
+
+    job = await flaky.aenqueue()
+    w = await drain(app)
+    assert attempts == [1, 2, 3]
+    assert w.counts == {"succeeded": 0, "retried": 2, "dead": 1, "requeued": 0}
+    info = await job.ainfo()
+    assert info is not None and info.state is State.DEAD
+    assert [e.message for e in info.message.errors] == ["fail 1", "fail 2", "fail 3"]
+    assert all(e.type == "ValueError" and "Traceback" in e.traceback for e in info.message.errors)
+    assert all(e.worker == w.id for e in info.message.errors)
+    with pytest.raises(dw.JobFailed, match="ValueError: fail 3"):
+        await job.aresult(timeout=1)
+
+
+async def test_success_after_a_retry(app: dw.App) -> None:
+    seen: list[int] = []
+
+    @app.task(keep_result=True)
+    def once_broken(ctx: dw.Context) -> str:
+        seen.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("partner down")
+        return "ok"
+
+    job = await once_broken.aenqueue()
+    await drain(app)
+    assert await job.aresult(timeout=1) == "ok"
+    info = await job.ainfo()
+    assert info is not None and [e.type for e in info.message.errors] == ["ConnectionError"]
+
+
+async def test_retry_on_and_dead_on_choose_by_exception_type(app: dw.App) -> None:
+    runs: dict[str, int] = {"retry_on": 0, "dead_on": 0}
+
+    @app.task(retry=dw.Retry(attempts=5, backoff=0.01, retry_on=(ConnectionError,)))
+    def only_conn(kind: str) -> None:
+        runs["retry_on"] += 1
+        raise (ConnectionError if runs["retry_on"] < 2 else KeyError)(kind)
+
+    @app.task(retry=dw.Retry(attempts=5, backoff=0.01, dead_on=KeyError))
+    def dead_on_key() -> None:
+        runs["dead_on"] += 1
+        raise KeyError("missing")
+
+    a = await only_conn.aenqueue("x")
+    b = await dead_on_key.aenqueue()
+    await drain(app)
+    assert runs == {"retry_on": 2, "dead_on": 1}
+    assert await a.astatus() == State.DEAD and await b.astatus() == State.DEAD
+
+
+async def test_retry_later_and_reject(app: dw.App) -> None:
+    times: list[float] = []
+
+    @app.task(keep_result=True)
+    def later(ctx: dw.Context) -> int:
+        times.append(time.time())
+        if ctx.attempt == 1:
+            raise dw.RetryLater(after=0.2, reason="not yet")
+        return ctx.attempt
+
+    @app.task
+    def refuse() -> None:
+        raise dw.Reject("order o-1 does not exist")
+
+    a = await later.aenqueue()
+    b = await refuse.aenqueue()
+    await drain(app)
+    assert await a.aresult(timeout=1) == 2
+    assert times[1] - times[0] >= 0.19
+    info = await b.ainfo()
+    assert info is not None and info.state is State.DEAD and info.message.attempt == 1
+    [err] = info.message.errors
+    assert err.type == "dumbwaiter.retry.Reject" and err.message == "order o-1 does not exist"
+
+
+async def test_async_timeout_is_a_retryable_failure(app: dw.App) -> None:
+    @app.task(timeout=0.05, retry=dw.Retry.never())
+    async def slow() -> None:
+        await asyncio.sleep(30)
+
+    job = await slow.aenqueue()
+    await drain(app)
+    info = await job.ainfo()
+    assert info is not None and info.state is State.DEAD
+    assert info.message.errors[0].type == "dumbwaiter.errors.JobTimeout"
+
+
+async def test_sync_timeout_fails_the_job_and_holds_the_slot(app: dw.App) -> None:
+    release = threading.Event()
+
+    @app.task(timeout=0.05, retry=dw.Retry.never())
+    def stuck() -> None:
+        release.wait(10)
+
+    job = await stuck.aenqueue()
+    worker = dw.Worker(app, concurrency=1, fetch_wait=0.05)
+    run = asyncio.create_task(worker.run())
+    info = None
+    for _ in range(500):
+        info = await job.ainfo()
+        if info is not None and info.state is State.DEAD:
+            break
+        await asyncio.sleep(0.01)
+    assert info is not None and info.state is State.DEAD
+    assert "cannot be stopped" in info.message.errors[0].message
+    # its thread still runs, so the only slot stays taken: a new job waits
+    other = await stuck.aenqueue()
+    await asyncio.sleep(0.2)
+    assert await other.astatus() == State.READY
+    release.set()
+    for _ in range(500):
+        if await other.astatus() != State.READY:
+            break
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await run
+
+
+async def test_bad_messages_are_dead_lettered_with_the_reason(app: dw.App) -> None:
+    @app.task
+    def takes_one(x: int) -> None: ...
+
+    from dumbwaiter.message import TASK, Message, uuid7
+
+    unknown = Message(id=uuid7(), kind=TASK, name="no.such.task", queue="default", max_attempts=3)
+    wrong_args = Message(
+        id=uuid7(), kind=TASK, name=takes_one.name, queue="default", args=[1, 2], max_attempts=3
+    )
+    await app.broker.enqueue([unknown, wrong_args])
+    w = await drain(app)
+    assert w.counts["dead"] == 2
+    u, a = await app.job(unknown.id).ainfo(), await app.job(wrong_args.id).ainfo()
+    assert u is not None and a is not None
+    assert u.message.errors[0].type == "dumbwaiter.errors.UnknownTask"
+    assert "no.such.task" in u.message.errors[0].message
+    assert u.message.attempt == 1  # not retried: it cannot work until code changes
+    assert a.message.errors[0].type == "dumbwaiter.errors.InvalidArguments"
+    assert "too many positional arguments" in a.message.errors[0].message
+
+
+async def test_context_is_injected_and_reachable(app: dw.App) -> None:
+    seen: dict[str, Any] = {}
+
+    @app.task(queue="email")
+    def with_ctx(user_id: int, ctx: dw.Context) -> None:
+        seen.update(
+            job_id=ctx.job_id, attempt=ctx.attempt, queue=ctx.queue, current=dw.Context.current()
+        )
+
+    @app.task(queue="email")
+    async def async_ctx(c: dw.Context) -> None:
+        seen["async_current"] = dw.Context.current() is c
+
+    job = await with_ctx.aenqueue(7)
+    await async_ctx.aenqueue()
+    await drain(app, queues=("email",))
+    assert seen["job_id"] == job.id and seen["attempt"] == 1 and seen["queue"] == "email"
+    assert seen["current"] is not None and seen["current"].job_id == job.id
+    assert seen["async_current"] is True
+
+
+async def test_middleware_hooks_in_order_and_failures_contained() -> None:
+    events: list[str] = []
+
+    class Recorder(dw.Middleware):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        def before_enqueue(self, message: dw.Message) -> None:
+            message.headers[self.tag] = "seen"
+            events.append(f"{self.tag}.before_enqueue")
+
+        def before_process(self, ctx: dw.Context) -> None:
+            events.append(f"{self.tag}.before_process")
+
+        async def around_process(self, ctx: dw.Context, call_next: Any) -> Any:
+            events.append(f"{self.tag}.around_in")
+            try:
+                return await call_next()
+            finally:
+                events.append(f"{self.tag}.around_out")
+
+        def after_process(self, ctx: dw.Context, result: Any, exc: BaseException | None) -> None:
+            events.append(f"{self.tag}.after_process")
+            raise RuntimeError("a broken hook must not lose the job")
+
+        def on_dead(self, ctx: dw.Context | None, error: Any) -> None:
+            events.append(f"{self.tag}.on_dead")
+
+    app = dw.App("memory://", middleware=[Recorder("outer"), Recorder("inner")])
+
+    @app.task(keep_result=True, retry=False)
+    def job(ctx: dw.Context) -> dict[str, Any]:
+        events.append("task")
+        return dict(ctx.headers)
+
+    j = await job.aenqueue()
+    await drain(app)
+    assert await j.aresult(timeout=1) == {"outer": "seen", "inner": "seen"}
+    assert events == [
+        "outer.before_enqueue",
+        "inner.before_enqueue",
+        "outer.before_process",
+        "inner.before_process",
+        "outer.around_in",
+        "inner.around_in",
+        "task",
+        "inner.around_out",
+        "outer.around_out",
+        "inner.after_process",
+        "outer.after_process",
+    ]
+    assert app.middleware.errors == 2
+
+
+async def test_reject_from_middleware_dead_letters() -> None:
+    class Gate(dw.Middleware):
+        def before_process(self, ctx: dw.Context) -> None:
+            raise dw.Reject("tenant suspended")
+
+    app = dw.App("memory://", middleware=[Gate()])
+    ran: list[int] = []
+
+    @app.task
+    def job() -> None:
+        ran.append(1)
+
+    j = await job.aenqueue()
+    await drain(app)
+    assert ran == []
+    info = await j.ainfo()
+    assert info is not None and info.message.errors[0].message == "tenant suspended"
+
+
+async def test_unknown_task_option_fails_at_declaration(app: dw.App) -> None:
+    with pytest.raises(dw.ConfigurationError, match="unknown task option"):
+
+        @app.task(retries=3)
+        def f() -> None: ...
+
+
+async def test_graceful_stop_gives_unfinished_jobs_back_uncharged(app: dw.App) -> None:
+    started = asyncio.Event()
+
+    @app.task
+    async def long() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    job = await long.aenqueue()
+    worker = dw.Worker(app, concurrency=2, grace=0.1)
+    run = asyncio.create_task(worker.run())
+    await started.wait()
+    worker.stop()
+    await run
+    info = await job.ainfo()
+    assert info is not None and info.state is State.READY
+    assert info.message.attempt == 0 and info.message.errors == []
+    assert worker.counts["requeued"] == 1
+
+
+async def test_graceful_stop_lets_running_jobs_finish(app: dw.App) -> None:
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @app.task
+    async def short() -> None:
+        started.set()
+        await finish.wait()
+
+    job = await short.aenqueue()
+    worker = dw.Worker(app, concurrency=2, grace=30)
+    run = asyncio.create_task(worker.run())
+    await started.wait()
+    worker.stop()
+    finish.set()
+    await run
+    assert await job.astatus() == State.SUCCEEDED
