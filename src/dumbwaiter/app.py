@@ -56,6 +56,7 @@ class App:
         if max_message_size is not None and limit is not None:
             max_message_size = min(max_message_size, limit)
         self.max_message_size = max_message_size
+        self.broker.max_message_size = max_message_size
         self.middleware = Chain(middleware)
         self.tasks: dict[str, Task] = {}
         self._portal = Portal()

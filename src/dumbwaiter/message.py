@@ -15,7 +15,7 @@ NaN into ``null`` would hand the task something else than the caller passed.
 from __future__ import annotations
 
 import math
-import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +50,9 @@ def uuid7() -> str:
     by creation time even when many are made in the same millisecond.
     """
     global _last_ms, _seq
-    rand = int.from_bytes(os.urandom(8), "big")
+    # random (reseeded from os.urandom at start and after fork) is enough: the
+    # bits make ids unique, they are not secrets.
+    rand = random.getrandbits(64)
     with _uuid_lock:
         ms = time.time_ns() // 1_000_000
         if ms > _last_ms:
@@ -140,7 +142,7 @@ class Message:
             "eta": self.eta,
             "priority": self.priority,
             "key": self.key,
-            "errors": [e.to_dict() for e in self.errors],
+            "errors": [e.to_dict() for e in self.errors] if self.errors else [],
         }
         if self.payload is not None:
             d["payload"] = self.payload
@@ -150,6 +152,19 @@ class Message:
 def encode(msg: Message) -> bytes:
     """The envelope as compact JSON bytes (the values were checked at enqueue)."""
     return orjson.dumps(msg.to_dict())
+
+
+def encode_checked(msg: Message, limit: int | None) -> bytes:
+    """``encode``, raising ``PayloadTooLarge`` if the result is over ``limit`` bytes.
+
+    Brokers call this once per message at enqueue, so the size check costs no
+    second encoding and still fails the caller's call, before anything is stored.
+    """
+    raw = orjson.dumps(msg.to_dict())
+    if limit is not None and len(raw) > limit:
+        what = "a message of task" if msg.kind == TASK else "an event of type"
+        check_size(len(raw), limit, f"{what} {msg.name}")
+    return raw
 
 
 def decode(raw: bytes | str) -> Message:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .context import Context
 from .errors import ConfigurationError, InvalidArguments
-from .message import TASK, Message, check_json, check_size, encode, uuid7
+from .message import TASK, Message, check_json, uuid7
 from .retry import Retry
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ class Task:
         self.extra = options
         self.is_async = inspect.iscoroutinefunction(fn)
         self.context_param, self.signature = _split_signature(fn)
+        self._positional = _positional_shape(self.signature)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -200,12 +201,16 @@ class Task:
             priority=self.priority if opts.priority is None else opts.priority,
             key=opts.key,
         )
-        limit = self.app.max_message_size
-        if limit is not None:
-            check_size(len(encode(msg)), limit, f"a message of task {self.name}")
         return msg
 
     def check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise unless ``args``/``kwargs`` fit the signature and are JSON."""
+        fast = self._positional
+        if not kwargs and fast is not None and fast[0] <= len(args) <= len(fast[1]):
+            # the common call, f(1, "x"), without inspect's general (slow) bind
+            for pname, value in zip(fast[1], args, strict=False):
+                check_json(value, f"argument {pname!r} of {self.name}()")
+            return
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -232,6 +237,18 @@ class BoundTask:
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
         return await self.task.app._send(self.task.messages(calls, self.opts))
+
+
+def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:
+    """(required count, names) when every parameter is plain positional-or-keyword
+    (no ``*args``, ``**kwargs`` or keyword-only ones), else None."""
+    params = list(sig.parameters.values())
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+    if any(p.default is inspect.Parameter.empty for p in params[required:]):
+        return None
+    return required, tuple(p.name for p in params)
 
 
 def _split_signature(fn: Callable[..., Any]) -> tuple[str | None, inspect.Signature]:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..message import ErrorRecord, Message
+from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 from ..state import State
 
 
@@ -209,6 +209,8 @@ class Broker(abc.ABC):
 
     def __init__(self, url: str) -> None:
         self.url = url
+        #: largest encoded message ``enqueue``/``publish`` accept (the App sets it)
+        self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
 
     # -- transport -------------------------------------------------------
 
@@ -230,7 +232,9 @@ class Broker(abc.ABC):
 
         A message whose ``id`` is already stored, or whose task ``key`` is held
         by a stored job, is not stored again: its slot in the result holds the
-        id of the job already there.  ``eta`` in the future makes a
+        id of the job already there.  A message encoded larger than
+        ``max_message_size`` raises ``PayloadTooLarge`` and nothing of the
+        batch is stored (use ``message.encode_checked``).  ``eta`` in the future makes a
         ``scheduled`` job; otherwise it is ``ready`` at once.
         """
 

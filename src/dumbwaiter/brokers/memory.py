@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import LeaseExpired
-from ..message import ErrorRecord, Message
+from ..message import ErrorRecord, Message, encode_checked
 from ..state import CANCELLABLE_STATES, State
 from .base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
 
@@ -139,6 +139,8 @@ class MemoryBroker(Broker):
         ids: list[str] = []
         woke = False
         s = self._s
+        for m in msgs:  # the size check every broker makes, before storing any
+            encode_checked(m, self.max_message_size)
         with s.lock:
             for m in msgs:
                 if m.id in s.rows:

@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
-from ...message import Message, encode
+from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
@@ -205,24 +205,24 @@ class SQLiteBroker(Broker):
     def _enqueue_worker_conn(self, msgs: Sequence[Message]) -> list[str]:
         # Enqueues from async producers share the broker thread's connection;
         # they must be as durable as sync ones, so FULL for this transaction.
+        rows = self._rows(msgs)
         conn = self._worker_conn()
         conn.execute(f"PRAGMA synchronous={self.producer_sync}")
         try:
-            return self._tx(conn, lambda c: self._insert(c, msgs))
+            return self._tx(conn, lambda c: self._insert(c, msgs, rows))
         finally:
             conn.execute("PRAGMA synchronous=NORMAL")
 
     def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
-        return self._tx(self._sync_conn(), lambda c: self._insert(c, msgs))
+        rows = self._rows(msgs)
+        return self._tx(self._sync_conn(), lambda c: self._insert(c, msgs, rows))
 
-    def _insert(self, conn: sqlite3.Connection, msgs: Sequence[Message]) -> list[str]:
+    def _rows(self, msgs: Sequence[Message]) -> list[tuple[Any, ...]]:
+        """Encode (and size-check) before taking the write lock."""
         now = time.time()
         rows = []
-        keyed = False
         for m in msgs:
             scheduled = m.eta is not None and m.eta > now
-            key = m.key if m.kind == "task" else None
-            keyed = keyed or key is not None
             rows.append(
                 (
                     m.id,
@@ -234,10 +234,15 @@ class SQLiteBroker(Broker):
                     m.eta if scheduled else now,
                     now,
                     m.max_attempts,
-                    key,
-                    encode(m),
+                    m.key if m.kind == "task" else None,
+                    encode_checked(m, self.max_message_size),
                 )
             )
+        return rows
+
+    def _insert(
+        self, conn: sqlite3.Connection, msgs: Sequence[Message], rows: list[tuple[Any, ...]]
+    ) -> list[str]:
         before = conn.total_changes
         conn.executemany(
             "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority, run_at,"
@@ -251,19 +256,17 @@ class SQLiteBroker(Broker):
             )
             self._known_queues |= new_queues
         ids = [m.id for m in msgs]
+        keyed = any(r[9] is not None for r in rows)
         if keyed and conn.total_changes - before < len(msgs) + len(new_queues):
             # some were duplicates: report the id of the job that holds each key
-            keys = [m.key for m in msgs if m.key is not None and m.kind == "task"]
+            keys = [r[9] for r in rows if r[9] is not None]
             found = dict(
                 conn.execute(
                     "SELECT key, id FROM dw_jobs WHERE key IN (SELECT value FROM json_each(?))",
                     (orjson.dumps(keys),),
                 ).fetchall()
             )
-            ids = [
-                found.get(m.key, m.id) if m.key is not None and m.kind == "task" else m.id
-                for m in msgs
-            ]
+            ids = [found.get(r[9], r[0]) if r[9] is not None else r[0] for r in rows]
         return ids
 
     async def fetch(
