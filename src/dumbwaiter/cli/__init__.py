@@ -23,8 +23,8 @@ main.add_command(worker)
 
 for _module, _name in (
     ("admin", "stats"),
-    ("admin", "jobs"),
-    ("admin", "dlq"),
+    ("jobs", "jobs"),
+    ("dlq", "dlq"),
     ("admin", "enqueue"),
     ("demo", "demo"),
 ):

@@ -1,0 +1,213 @@
+"""``dumbwaiter jobs ls|show|cancel``: look at jobs in any state, cancel those not started."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.text import Text
+
+from ..brokers.base import Broker, JobFilter, JobInfo, Page
+from ..state import CANCELLABLE_STATES, State
+from .admin import call
+from .common import app_options, resolve_app
+from .output import (
+    console,
+    error_label,
+    job_dict,
+    note,
+    plural,
+    print_json,
+    relative,
+    render_job,
+    table,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: most rows one page may ask for; more would only make one slow call
+MAX_LIMIT = 1000
+
+
+@click.group()
+def jobs() -> None:
+    """List, inspect and cancel jobs."""
+
+
+def limit_option(fn: F) -> F:
+    return click.option(
+        "-n",
+        "--limit",
+        type=click.IntRange(1, MAX_LIMIT),
+        default=50,
+        show_default=True,
+        help="Rows per page.",
+    )(fn)
+
+
+def cursor_option(fn: F) -> F:
+    return click.option(
+        "--cursor", metavar="CURSOR", help="Continue after the page that printed this cursor."
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(fn)
+
+
+def print_page(page: Page, *, as_json: bool, dead_letters: bool, empty: str) -> None:
+    """A page of jobs as a table (or ``{"items": [...], "cursor": ...}``), newest first,
+    with the cursor of the next page when there is one."""
+    if as_json:
+        print_json({"items": [job_dict(i) for i in page.items], "cursor": page.cursor})
+        return
+    if not page.items:
+        click.echo(empty)
+        return
+    now = time.time()
+    if dead_letters:
+        t = table("id", "task", "queue", "died", "attempts", "replays", "last error")
+        for info in page.items:
+            m = info.message
+            last = m.errors[-1] if m.errors else None
+            t.add_row(
+                Text(m.id),
+                Text(m.name),
+                Text(m.queue),
+                relative(info.updated_at, now),
+                str(len(m.errors)),
+                str(info.replays),
+                Text(error_label(last) if last else "-", style="red"),
+            )
+    else:
+        t = table("id", "task", "queue", "state", "attempt", "created", "updated", "last error")
+        for info in page.items:
+            m = info.message
+            last = m.errors[-1] if m.errors else None
+            t.add_row(
+                Text(m.id),
+                Text(m.name),
+                Text(m.queue),
+                Text(str(info.state), style=_STATE_STYLE.get(info.state, "")),
+                f"{m.attempt}/{m.max_attempts}",
+                relative(m.created_at or None, now),
+                relative(info.updated_at, now),
+                Text(error_label(last) if last else "", style="red"),
+            )
+    console().print(t)
+    if page.cursor is not None:
+        click.echo(f"more: add --cursor {page.cursor} for the next page")
+
+
+_STATE_STYLE = {
+    State.SUCCEEDED: "green",
+    State.DEAD: "red",
+    State.RETRYING: "yellow",
+    State.RUNNING: "cyan",
+    State.CANCELLED: "dim",
+}
+
+
+@jobs.command("ls")
+@app_options
+@click.option("-q", "--queue", help="Only jobs of this queue.")
+@click.option(
+    "-s",
+    "--state",
+    type=click.Choice([s.value for s in State]),
+    help="Only jobs in this state.",
+)
+@click.option("-t", "--task", "task_name", metavar="NAME", help="Only jobs of this task.")
+@limit_option
+@cursor_option
+@json_option
+def ls(
+    app_spec: str | None,
+    url: str | None,
+    queue: str | None,
+    state: str | None,
+    task_name: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    app = resolve_app(app_spec, url)
+    f = JobFilter(queue=queue, name=task_name, state=State(state) if state else None)
+    page = call(app, lambda b: b.list_jobs(f, cursor, limit))
+    print_page(page, as_json=as_json, dead_letters=False, empty="no jobs match")
+
+
+def get_job(app_spec: str | None, url: str | None, job_id: str) -> JobInfo:
+    """The stored job, or a clear error when there is none."""
+    app = resolve_app(app_spec, url)
+    info = call(app, lambda b: b.get(job_id))
+    if info is None:
+        raise click.ClickException(
+            f"no job {job_id} is stored (never enqueued, or pruned after its retention)"
+        )
+    return info
+
+
+@jobs.command("show")
+@app_options
+@click.argument("job_id", metavar="ID")
+@json_option
+def show(app_spec: str | None, url: str | None, job_id: str, as_json: bool) -> None:
+    """Show one job: envelope, state, result, and every error.
+
+    Each error comes with its time, exception type, message, worker and
+    traceback.
+    """
+    info = get_job(app_spec, url, job_id)
+    if as_json:
+        print_json(job_dict(info))
+    else:
+        render_job(info)
+
+
+@jobs.command("cancel")
+@app_options
+@click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
+def cancel(app_spec: str | None, url: str | None, job_ids: tuple[str, ...]) -> None:
+    """Cancel jobs that have not started yet.
+
+    Scheduled, ready and retrying jobs can be cancelled; running and finished
+    ones cannot.  Says which were cancelled and why the others were not;
+    exits 1 when none could be cancelled, so scripts notice.
+    """
+    ids = list(dict.fromkeys(job_ids))  # unique, in the order given
+    app = resolve_app(app_spec, url)
+
+    async def run(b: Broker) -> tuple[list[str], dict[str, JobInfo | None]]:
+        done = await b.cancel(ids)
+        cancelled = set(done)
+        # ask about the others only now: their state explains the refusal
+        others = {i: await b.get(i) for i in ids if i not in cancelled}
+        return done, others
+
+    done, others = call(app, run)
+    for i in ids:
+        if i not in others:
+            click.echo(f"cancelled {i}")
+    for i, info in others.items():
+        click.echo(f"not cancelled {i}: {_why_not(info)}", err=True)
+    if done and others:
+        note(f"cancelled {len(done)} of {plural(len(ids), 'job')}")
+    if not done:
+        sys.exit(1)
+
+
+def _why_not(info: JobInfo | None) -> str:
+    if info is None:
+        return "not found"
+    if info.state is State.RUNNING:
+        return "already running"
+    if info.state is State.CANCELLED:
+        return "already cancelled"
+    if info.state in CANCELLABLE_STATES:  # started and given back in between
+        return f"it is {info.state}, but changed while cancelling; try again"
+    return f"already finished ({info.state})"

@@ -1,0 +1,554 @@
+"""The admin command line against a real SQLite database: stats, jobs, dlq, enqueue.
+
+Each test gets its own database file under ``tmp_path``; the CLI reaches it
+with ``--url`` or with ``--app tests.apps.cliapp:create_app`` (which reads
+``$CLIAPP_URL``).  Setup talks to the broker directly: dead letters are made
+by fetching jobs and dead-lettering them with a chosen error, so every
+assertion is about what the CLI shows or changed, not about timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+
+import dumbwaiter as dw
+from dumbwaiter.brokers.base import JobFilter, JobInfo
+from dumbwaiter.cli import dlq as dlq_module
+from dumbwaiter.cli import main
+from dumbwaiter.cli.output import duration, parse_time
+from dumbwaiter.message import ErrorRecord, dumps
+from tests.apps import cliapp
+
+T = TypeVar("T")
+
+APP = "tests.apps.cliapp:create_app"
+FAIL = "tests.apps.cliapp.fail"
+ADD = "tests.apps.cliapp.add"
+NOTIFY = "tests.apps.cliapp.notify"
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    u = f"sqlite:///{tmp_path / 'jobs.db'}"
+    monkeypatch.setenv(cliapp.URL_ENV, u)
+    monkeypatch.delenv("DUMBWAITER_URL", raising=False)
+    monkeypatch.delenv("DUMBWAITER_APP", raising=False)
+    return u
+
+
+def cli(url: str, *args: str, input: str | None = None) -> Result:
+    """Run ``dumbwaiter ARGS --url URL`` in-process."""
+    return CliRunner().invoke(main, [*args, "--url", url], input=input, catch_exceptions=False)
+
+
+def cli_app(*args: str) -> Result:
+    return CliRunner().invoke(main, [*args, "--app", APP], catch_exceptions=False)
+
+
+def js(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.stdout)
+
+
+def with_app(fn: Callable[[dw.App], Awaitable[T]]) -> T:
+    """Run ``fn`` against a fresh app on the test's database, closing it after."""
+
+    async def go() -> T:
+        app = cliapp.create_app()
+        try:
+            return await fn(app)
+        finally:
+            await app.broker.close()
+
+    return asyncio.run(go())
+
+
+def enqueue(task: str, *calls: Any, **options: Any) -> list[str]:
+    async def go(app: dw.App) -> list[str]:
+        t = app.tasks[task].options(**options)
+        return [(await t.aenqueue(*c)).id for c in calls]
+
+    return with_app(go)
+
+
+def kill(
+    n: int,
+    *,
+    queue: str = "default",
+    error: str = "ValueError",
+    message: str = "boom",
+    traceback: str = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom',
+) -> list[str]:
+    """Enqueue ``n`` jobs of the failing task on ``queue`` and dead-letter them with
+    one recorded error each; returns their ids, oldest first."""
+
+    async def go(app: dw.App) -> list[str]:
+        task = app.tasks[FAIL].options(queue=queue)
+        ids = [(await task.aenqueue(i)).id for i in range(n)]
+        fetched = await app.broker.fetch([queue], 1000, 30.0, 0)
+        ds = [d for d in fetched if d.id in ids]
+        assert len(ds) == n
+        await app.broker.requeue([d for d in fetched if d.id not in ids])  # others stay ready
+        for d in ds:
+            d.error = ErrorRecord(
+                time=time.time(),
+                type=error,
+                message=message,
+                traceback=traceback,
+                worker="w1",
+                attempt=1,
+            )
+        await app.broker.dead(ds)
+        return ids
+
+    return with_app(go)
+
+
+def get(job_id: str) -> JobInfo | None:
+    return with_app(lambda app: app.broker.get(job_id))
+
+
+def dead_ids() -> set[str]:
+    async def go(app: dw.App) -> set[str]:
+        page = await app.broker.list_jobs(JobFilter(state=dw.State.DEAD), None, 1000)
+        return {i.message.id for i in page.items}
+
+    return with_app(go)
+
+
+# -- pure helpers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0.0s"),
+        (3.24, "3.2s"),
+        (42.9, "42s"),
+        (250, "4m10s"),
+        (7500, "2h05m"),
+        (273600, "3d04h"),
+    ],
+)
+def test_duration_reads_like_a_person_would_say_it(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_parse_time_relative_and_iso() -> None:
+    now = 1_700_000_000.0
+    assert parse_time("30m", now) == now - 1800
+    assert parse_time("2h", now) == now - 7200
+    assert parse_time("1d", now) == now - 86400
+    assert parse_time("1h30m ago", now) == now - 5400
+    assert parse_time("2023-11-14T22:13:20Z") == 1_700_000_000.0
+    assert parse_time("2023-11-14T22:13:20+00:00") == 1_700_000_000.0
+    with pytest.raises(ValueError, match="neither a relative time"):
+        parse_time("yesterday")
+
+
+# -- stats -------------------------------------------------------------------------
+
+
+def test_stats_counts_each_queue(url: str) -> None:
+    enqueue(ADD, (1, 2), (3, 4))
+    enqueue(NOTIFY, (7,), delay=3600)
+    kill(1)
+    with_app(lambda app: app.broker.pause("email"))
+
+    rows = {r["queue"]: r for r in js(cli(url, "stats", "--json"))["queues"]}
+    assert rows["default"]["ready"] == 2
+    assert rows["default"]["dead"] == 1
+    assert rows["default"]["lag"] >= 0
+    assert rows["email"]["scheduled"] == 1
+    assert rows["email"]["paused"] is True
+    assert rows["default"]["paused"] is False
+
+    out = cli(url, "stats")
+    assert out.exit_code == 0
+    lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    assert lines["default"].split()[1:6] == ["2", "0", "0", "1", "0"]
+    assert lines["default"].split()[6].endswith("s")  # the lag, e.g. 0.1s
+    assert "paused" in lines["email"]
+
+
+def test_stats_on_an_empty_broker(url: str) -> None:
+    assert js(cli(url, "stats", "--json")) == {"queues": []}
+    assert "no queues" in cli(url, "stats").stdout
+
+
+# -- jobs --------------------------------------------------------------------------
+
+
+def test_jobs_ls_pages_newest_first(url: str) -> None:
+    ids = enqueue(ADD, *[(i, i) for i in range(5)])
+    seen: list[str] = []
+    cursor: str | None = None
+    for expected in (2, 2, 1):
+        args = ["jobs", "ls", "--limit", "2", "--json"]
+        if cursor is not None:
+            args += ["--cursor", cursor]
+        page = js(cli(url, *args))
+        assert len(page["items"]) == expected
+        seen += [item["id"] for item in page["items"]]
+        cursor = page["cursor"]
+    assert cursor is None
+    assert seen == ids[::-1]
+
+    table = cli(url, "jobs", "ls", "--limit", "2")
+    assert table.exit_code == 0
+    assert ids[4] in table.stdout and ids[2] not in table.stdout
+    assert f"--cursor {ids[3]}" in table.stdout
+
+
+def test_jobs_ls_filters(url: str) -> None:
+    [ready] = enqueue(ADD, (1, 2))
+    [later] = enqueue(NOTIFY, (1,), delay=3600)
+    [dead] = kill(1)
+
+    def listed(*args: str) -> list[str]:
+        return [i["id"] for i in js(cli(url, "jobs", "ls", "--json", *args))["items"]]
+
+    assert listed("--queue", "email") == [later]
+    assert listed("--state", "scheduled") == [later]
+    assert listed("--state", "dead") == [dead]
+    assert listed("--task", ADD) == [ready]
+    assert listed("--queue", "default", "--state", "ready") == [ready]
+    assert "no jobs match" in cli(url, "jobs", "ls", "--queue", "nope").stdout
+    bad = cli(url, "jobs", "ls", "--state", "asleep")
+    assert bad.exit_code == 2 and "asleep" in bad.output
+
+
+def test_jobs_show_envelope_result_and_errors(url: str) -> None:
+    [job] = enqueue(ADD, (2, 3), priority=7, key="sum:2+3")
+
+    async def succeed(app: dw.App) -> None:
+        [d] = await app.broker.fetch(["default"], 1, 30.0, 0, worker="w9")
+        d.result = dumps({"value": 5})
+        d.result_ttl = 60
+        await app.broker.ack([d])
+
+    with_app(succeed)
+    shown = js(cli(url, "jobs", "show", job, "--json"))
+    assert shown["id"] == job
+    assert shown["args"] == [2, 3]
+    assert shown["state"] == "succeeded"
+    assert shown["priority"] == 7
+    assert shown["key"] == "sum:2+3"
+    assert shown["worker"] == "w9"
+    assert shown["result"] == 5
+    assert shown["replays"] == 0
+
+    text = cli(url, "jobs", "show", job)
+    assert text.exit_code == 0
+    for expected in (job, ADD, "succeeded", "1 of 4", "sum:2+3", "[2,3]", "w9", "no errors"):
+        assert expected in text.stdout
+    assert any(line.split()[:2] == ["result", "5"] for line in text.stdout.splitlines())
+
+    [dead] = kill(1, traceback="Traceback (most recent call last):\nValueError: boom at line 9")
+    text = cli(url, "jobs", "show", dead)
+    assert "Errors (1)" in text.stdout
+    assert "boom at line 9" in text.stdout and "ValueError" in text.stdout
+
+
+def test_jobs_show_unknown_id_is_a_clear_error(url: str) -> None:
+    result = cli(url, "jobs", "show", "no-such-id", "--json")
+    assert result.exit_code == 1
+    assert "no job no-such-id" in result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+
+
+def test_jobs_cancel_says_what_it_did_and_why_not(url: str) -> None:
+    ready, later, running = enqueue(ADD, (1, 1), (2, 2), (3, 3))
+
+    async def start_one(app: dw.App) -> str:
+        ds = await app.broker.fetch(["default"], 3, 30.0, 0)
+        # give back all but one, so exactly one job is running
+        keep = next(d for d in ds if d.id == running)
+        await app.broker.requeue([d for d in ds if d is not keep])
+        return keep.id
+
+    with_app(start_one)
+    result = cli(url, "jobs", "cancel", ready, later, running, "missing")
+    assert result.exit_code == 0
+    assert f"cancelled {ready}" in result.stdout and f"cancelled {later}" in result.stdout
+    assert f"not cancelled {running}: already running" in result.stderr
+    assert "not cancelled missing: not found" in result.stderr
+    for i in (ready, later):
+        info = get(i)
+        assert info is not None and info.state is dw.State.CANCELLED
+    assert get(running).state is dw.State.RUNNING  # type: ignore[union-attr]
+
+    again = cli(url, "jobs", "cancel", ready)
+    assert again.exit_code == 1
+    assert "already cancelled" in again.stderr
+    [dead] = kill(1)
+    finished = cli(url, "jobs", "cancel", dead)
+    assert finished.exit_code == 1 and "already finished (dead)" in finished.stderr
+
+
+# -- dlq ----------------------------------------------------------------------------
+
+
+def test_dlq_ls_filters_by_queue_task_and_error_type(url: str) -> None:
+    values = kill(2, error="ValueError")
+    declined = kill(1, queue="email", error="myapp.errors.PaymentDeclined", message="card")
+    enqueue(ADD, (1, 1))  # alive: never listed
+
+    def listed(*args: str) -> set[str]:
+        return {i["id"] for i in js(cli(url, "dlq", "ls", "--json", *args))["items"]}
+
+    assert listed() == {*values, *declined}
+    assert listed("--queue", "email") == set(declined)
+    assert listed("--error", "PaymentDeclined") == set(declined)
+    assert listed("--error", "myapp.errors.PaymentDeclined") == set(declined)
+    # the worker records built-ins by bare name; the qualified name finds them too
+    assert listed("--error", "builtins.ValueError") == set(values)
+    assert listed("--task", FAIL, "--queue", "default") == set(values)
+    assert listed(values[0]) == {values[0]}
+
+    table = cli(url, "dlq", "ls")
+    assert table.exit_code == 0
+    assert "PaymentDeclined: card" in table.stdout
+    assert all(i in table.stdout for i in (*values, *declined))
+
+
+def test_dlq_time_filters(url: str) -> None:
+    [old] = kill(1)
+    cut = datetime.fromtimestamp(time.time(), UTC).isoformat()
+    [new] = kill(1)
+
+    def listed(*args: str) -> set[str]:
+        return {i["id"] for i in js(cli(url, "dlq", "ls", "--json", *args))["items"]}
+
+    assert listed("--until", cut) == {old}
+    assert listed("--since", cut) == {new}
+    assert listed("--since", "1h") == {old, new}
+    assert listed("--until", "1h") == set()
+
+    bad = cli(url, "dlq", "ls", "--since", "last tuesday")
+    assert bad.exit_code == 2
+    assert "--since" in bad.stderr and "ISO 8601" in bad.stderr
+    backwards = cli(url, "dlq", "replay", "--since", "1h", "--until", "2h")
+    assert backwards.exit_code == 2 and "later than --until" in backwards.stderr
+
+
+def test_dlq_show_puts_the_attempts_first(url: str) -> None:
+    [dead] = kill(1, error="TimeoutError", message="took [bold]too[/] long", traceback="TB-LINE")
+    text = cli(url, "dlq", "show", dead)
+    assert text.exit_code == 0
+    out = text.stdout
+    assert out.index("Attempts (1)") < out.index("Envelope")
+    for expected in ("TimeoutError", "took [bold]too[/] long", "w1", "TB-LINE", "attempt 1"):
+        assert expected in out  # user text printed as written, never as markup
+    shown = js(cli(url, "dlq", "show", dead, "--json"))
+    assert shown["state"] == "dead"
+    assert shown["errors"][0]["type"] == "TimeoutError"
+    assert shown["errors"][0]["traceback"] == "TB-LINE"
+
+    [alive] = enqueue(ADD, (1, 1))
+    refused = cli(url, "dlq", "show", alive)
+    assert refused.exit_code == 1
+    assert "not a dead letter (it is ready)" in refused.stderr
+
+
+def test_dlq_replay_makes_ready_and_keeps_errors(url: str) -> None:
+    first, second = kill(2)
+    result = cli(url, "dlq", "replay", first)
+    assert result.exit_code == 0
+    assert "replayed 1 dead letter" in result.stdout
+
+    info = get(first)
+    assert info is not None
+    assert info.state is dw.State.READY
+    assert info.replays == 1
+    assert [e.message for e in info.message.errors] == ["boom"]
+    assert get(second).state is dw.State.DEAD  # type: ignore[union-attr]
+
+    # an id that is no dead letter is counted out, and said so
+    again = cli(url, "dlq", "replay", first)
+    assert again.exit_code == 0
+    assert "replayed 0 dead letters" in again.stdout
+    assert "1 of the 1 id given matched no dead letter" in again.stderr
+
+    everything = cli(url, "dlq", "replay", "--all")
+    assert "replayed 1 dead letter" in everything.stdout
+    assert dead_ids() == set()
+
+
+@pytest.mark.parametrize("verb", ["replay", "purge"])
+def test_replay_and_purge_refuse_without_a_selection(url: str, verb: str) -> None:
+    dead = set(kill(2))
+    result = cli(url, "dlq", verb, "--yes") if verb == "purge" else cli(url, "dlq", verb)
+    assert result.exit_code == 2
+    assert f"refusing to {verb} every dead letter" in result.stderr
+    assert "--all" in result.stderr
+    assert dead_ids() == dead
+
+
+def test_dlq_purge_deletes_only_what_the_filter_says(url: str) -> None:
+    keep = kill(2, queue="default")
+    gone = kill(2, queue="email")
+    [alive] = enqueue(NOTIFY, (5,))  # in the same queue, but not dead
+
+    result = cli(url, "dlq", "purge", "--queue", "email", "--yes")
+    assert result.exit_code == 0
+    assert "purged 2 dead letters" in result.stdout
+    assert dead_ids() == set(keep)
+    assert all(get(i) is None for i in gone)
+    assert get(alive) is not None
+
+    by_error = kill(1, error="KeyError")
+    result = cli(url, "dlq", "purge", "--error", "KeyError")  # not a TTY: no prompt
+    assert "purged 1 dead letter" in result.stdout
+    assert get(by_error[0]) is None and dead_ids() == set(keep)
+
+
+def test_dlq_purge_asks_a_person_first(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dlq_module, "interactive", lambda: True)
+    dead = kill(2)
+
+    no = cli(url, "dlq", "purge", "--all", input="n\n")
+    assert no.exit_code == 1
+    assert "Delete 2 dead letters for good?" in no.output
+    assert dead_ids() == set(dead)
+
+    yes = cli(url, "dlq", "purge", "--all", input="y\n")
+    assert yes.exit_code == 0
+    assert "purged 2 dead letters" in yes.stdout
+    assert dead_ids() == set()
+
+    nothing = cli(url, "dlq", "purge", "--all")
+    assert "nothing purged" in nothing.stdout
+
+
+def test_dlq_export_writes_one_json_line_per_dead_letter(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dlq_module, "PAGE", 2)  # several pages, so paging is exercised
+    dead = kill(5)
+    email = kill(1, queue="email")
+    enqueue(ADD, (1, 1))
+
+    target = tmp_path / "dlq.jsonl"
+    result = cli(url, "dlq", "export", "-o", str(target))
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "exported 6 dead letters" in result.stderr
+    lines = target.read_bytes().splitlines()
+    assert len(lines) == 6
+    rows = [orjson.loads(line) for line in lines]
+    assert {r["id"] for r in rows} == {*dead, *email}
+    for r in rows:
+        assert r["state"] == "dead"
+        assert r["errors"][0]["type"] == "ValueError"
+        assert r["errors"][0]["traceback"].startswith("Traceback")
+        assert r["name"] == FAIL and isinstance(r["args"], list)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+
+    piped = cli(url, "dlq", "export", "--queue", "email")
+    assert piped.exit_code == 0
+    assert [orjson.loads(line)["id"] for line in piped.stdout.splitlines()] == email
+
+
+# -- enqueue ---------------------------------------------------------------------------
+
+
+def test_enqueue_with_app_uses_the_task(url: str) -> None:
+    result = cli_app("enqueue", "notify", "--args", "[7]", "--kwargs", '{"channel": "sms"}')
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    info = get(job_id)
+    assert info is not None
+    m = info.message
+    assert (m.name, m.queue, m.args, m.kwargs) == (NOTIFY, "email", [7], {"channel": "sms"})
+
+    out = js(
+        cli_app("enqueue", ADD, "--args", "[1, 2]", "--priority", "3", "--key", "k1", "--json")
+    )
+    info = get(out["id"])
+    assert info is not None
+    assert (info.message.priority, info.message.key) == (3, "k1")
+    assert info.message.max_attempts == 4
+
+    later = js(cli_app("enqueue", ADD, "--args", "[1, 2]", "--delay", "600", "--json"))
+    assert get(later["id"]).state is dw.State.SCHEDULED  # type: ignore[union-attr]
+
+
+def test_enqueue_with_app_checks_name_and_signature(url: str) -> None:
+    unknown = cli_app("enqueue", "nope")
+    assert unknown.exit_code == 2
+    assert "no task 'nope'" in unknown.stderr
+    assert ADD in unknown.stderr and FAIL in unknown.stderr
+
+    wrong = cli_app("enqueue", ADD, "--args", "[1]")
+    assert wrong.exit_code == 2
+    assert "missing a required argument: 'b'" in wrong.stderr
+    assert js(cli(url, "jobs", "ls", "--json"))["items"] == []
+
+
+def test_enqueue_with_only_a_url_builds_the_message(url: str) -> None:
+    out = js(cli(url, "enqueue", "elsewhere.task", "--args", '["x"]', "--json"))
+    info = get(out["id"])
+    assert info is not None
+    m = info.message
+    assert (m.kind, m.name, m.queue, m.args, m.max_attempts) == (
+        "task",
+        "elsewhere.task",
+        "default",
+        ["x"],
+        4,
+    )
+    assert info.state is dw.State.READY
+
+    plain = cli(url, "enqueue", "elsewhere.task", "--queue", "q2", "--delay", "60")
+    info = get(plain.stdout.strip())
+    assert info is not None
+    assert info.message.queue == "q2" and info.state is dw.State.SCHEDULED
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--args", "[1,"], "not valid JSON"),
+        (["--args", '{"a": 1}'], "must be a JSON array"),
+        (["--kwargs", "[1]"], "must be a JSON object"),
+        (["--args", "[NaN]"], "not valid JSON"),
+    ],
+)
+def test_enqueue_bad_json_is_a_usage_error(url: str, args: Sequence[str], message: str) -> None:
+    result = cli(url, "enqueue", "t", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+    assert js(cli(url, "jobs", "ls", "--json"))["items"] == []
+
+
+# -- end to end with a real worker -----------------------------------------------------
+
+
+def test_a_real_worker_dead_letter_shows_its_traceback(url: str) -> None:
+    [job] = enqueue(FAIL, (3,))
+
+    async def work(app: dw.App) -> None:
+        w = dw.Worker(app, queues=("default",), concurrency=4)
+        running = asyncio.create_task(w.run())
+        while sum(s.dead for s in await app.broker.stats()) < 1:
+            assert not running.done()
+        w.stop()
+        await running
+
+    with_app(work)
+    shown = cli(url, "dlq", "show", job)
+    assert shown.exit_code == 0
+    assert "ValueError" in shown.stdout and "boom 3" in shown.stdout
+    assert 'raise ValueError(f"boom {n}")' in shown.stdout  # the task's own line
