@@ -17,6 +17,7 @@ from .message import Message
 if TYPE_CHECKING:
     from .app import App
 
+_job_log = logging.getLogger("dumbwaiter.job")
 _current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
     "dumbwaiter_context", default=None
 )
@@ -31,9 +32,12 @@ class Context:
     worker_id: str
     #: the task's timeout, as a ``time.monotonic()`` deadline (None: no timeout)
     deadline: float | None = None
-    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("dumbwaiter.job"))
     #: free-form state middleware can share between its hooks for this attempt
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def logger(self) -> logging.Logger:
+        return _job_log
 
     @property
     def job_id(self) -> str:

@@ -203,6 +203,17 @@ class Task:
         )
         return msg
 
+    def bind(
+        self, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call a worker makes from a message's args (raises ``TypeError`` if
+        they no longer fit the signature, e.g. after a deploy changed it)."""
+        fast = self._positional
+        if not kwargs and fast is not None and fast[0] <= len(args) <= len(fast[1]):
+            return tuple(args), {}
+        bound = self.signature.bind(*args, **kwargs)
+        return bound.args, dict(bound.kwargs)
+
     def check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise unless ``args``/``kwargs`` fit the signature and are JSON."""
         fast = self._positional

@@ -24,6 +24,7 @@ import secrets
 import socket
 import time
 import traceback
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._stuck = 0  # threads of timed-out sync jobs that still run
+        self._buffer: deque[Delivery] = deque()  # fetched, not started (prefetch)
+        self._batch = 1
+        self._job_time = 0.0  # moving averages (seconds) that size the prefetch
+        self._fetch_time = 0.0
         self._settler = _Settler(self)
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0}
 
@@ -169,16 +174,18 @@ class Worker:
         cfg = self.config
         # Fetch in batches: with work in flight, wait until a quarter of the
         # slots are free, so a busy worker makes few large claims.
-        batch = max(1, min(cfg.concurrency // 4, 32))
+        batch = self._batch = max(1, min(cfg.concurrency // 4, 32))
         backoff = 0.05
         while not self._stopping:
-            free = cfg.concurrency - len(self._inflight) - self._stuck
-            if free <= 0 or (self._inflight and free < batch):
+            held = len(self._inflight) + len(self._buffer) + self._stuck
+            room = cfg.concurrency + self._prefetch() - held
+            if room <= 0 or (held and room < batch):
                 self._slot.clear()
                 await self._slot.wait()
                 continue
+            started = time.monotonic()
             try:
-                ds = await self.broker.fetch(cfg.queues, free, cfg.lease, cfg.fetch_wait, self.id)
+                ds = await self.broker.fetch(cfg.queues, room, cfg.lease, cfg.fetch_wait, self.id)
             except Exception:
                 log.exception("fetch failed; retrying in %.2f s", backoff)
                 await asyncio.sleep(backoff)
@@ -188,12 +195,36 @@ class Worker:
             if self.stopping:  # stop() came while we waited: give the batch back
                 await self.broker.requeue(ds)
                 break
-            for d in ds:
-                self._start(d)
+            if ds and held:
+                # a busy worker's fetch returns at once; cap it in case it waited
+                took = min(time.monotonic() - started, 0.05)
+                self._fetch_time += (took - self._fetch_time) * 0.2
+            self._buffer.extend(ds)
+            self._fill()
 
-    def _start(self, d: Delivery) -> None:
-        self._inflight[d.id] = d
-        self._tasks[d.id] = asyncio.create_task(self._process(d))
+    def _prefetch(self) -> int:
+        """How many jobs to hold beyond the free slots.
+
+        Enough to cover the jobs expected to finish while one fetch is on its
+        way (running x fetch time / job time), so short jobs never wait for a
+        round trip; about none for long jobs, so a worker never sits on jobs
+        that an idle worker could start (Celery's prefetch starvation).
+        """
+        if self._job_time <= 0.0:
+            return 0
+        n = int(len(self._inflight) * self._fetch_time / self._job_time + 0.5)
+        if n == 0:
+            return 0
+        # two batches at least, so the next fetch leaves while one is still buffered
+        return min(self.config.concurrency, max(n, 2 * self._batch))
+
+    def _fill(self) -> None:
+        """Start buffered jobs while slots are free."""
+        limit = self.config.concurrency - self._stuck
+        while self._buffer and len(self._inflight) < limit:
+            d = self._buffer.popleft()
+            self._inflight[d.id] = d
+            self._tasks[d.id] = asyncio.create_task(self._process(d))
 
     async def _drain(self) -> None:
         """After stop: wait for in-flight jobs (grace period), then give back the rest."""
@@ -210,6 +241,10 @@ class Worker:
             )
             waiter.cancel()
             stop.cancel()
+        buffered = list(self._buffer)
+        self._buffer.clear()
+        for d in buffered:
+            self._settler.add(REQUEUE, d)
         left = [self._inflight[i] for i in list(self._tasks) if i in self._inflight]
         for t in list(self._tasks.values()):
             t.cancel()
@@ -231,10 +266,13 @@ class Worker:
                 log.exception("%s failed; will try again", getattr(fn, "__name__", fn))
 
     async def _heartbeat(self) -> None:
-        ds = list(self._inflight.values())
+        ds = [*self._inflight.values(), *self._buffer]
         if not ds:
             return
         lost = await self.broker.extend(ds, self.config.lease)
+        if lost and self._buffer:
+            gone = {d.id for d in lost}
+            self._buffer = deque(d for d in self._buffer if d.id not in gone)
         for d in lost:
             log.warning(
                 "lost the lease of job %s (it may run again elsewhere)",
@@ -254,14 +292,18 @@ class Worker:
     # -- one job -----------------------------------------------------------------
 
     async def _process(self, d: Delivery) -> None:
+        started = time.monotonic()
         try:
             kind = await self._execute(d)
         except asyncio.CancelledError:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
             self._tasks.pop(d.id, None)
+        self._job_time += (time.monotonic() - started - self._job_time) * 0.1
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
+        if not self._stopping:
+            self._fill()
         self._slot.set()
 
     async def _execute(self, d: Delivery) -> str:
@@ -279,7 +321,7 @@ class Worker:
                 ),
             )
         try:
-            bound = task.signature.bind(*msg.args, **msg.kwargs)
+            args, kwargs = task.bind(msg.args, msg.kwargs)
         except TypeError as exc:
             return self._dead(d, None, InvalidArguments(f"{task.name}(): {exc}"))
         ctx = Context(
@@ -288,7 +330,6 @@ class Worker:
             worker_id=self.id,
             deadline=None if task.timeout is None else time.monotonic() + task.timeout,
         )
-        kwargs = bound.kwargs
         if task.context_param is not None:
             kwargs[task.context_param] = ctx
         mw = self.app.middleware
@@ -297,9 +338,9 @@ class Worker:
             if mw.has("before_process"):
                 mw.call("before_process", ctx)
             if mw.has("around_process"):
-                result = await mw.around(ctx, lambda: self._call(task, bound.args, kwargs, ctx))
+                result = await mw.around(ctx, lambda: self._call(task, args, kwargs, ctx))
             else:
-                result = await self._call(task, bound.args, kwargs, ctx)
+                result = await self._call(task, args, kwargs, ctx)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # every failure is recorded

@@ -146,3 +146,10 @@ async def test_pause_and_resume_a_queue(broker: Broker) -> None:
     await broker.enqueue([msg()])  # enqueue still works while paused
     await broker.resume("default")
     assert len(await fetch_all(broker)) == 2
+
+
+async def test_builtin_error_types_match_with_or_without_module(broker: Broker) -> None:
+    await _dead(broker, 1, kind="ValueError")  # how the worker records built-ins
+    assert len((await broker.list_jobs(JobFilter(error_type="builtins.ValueError"))).items) == 1
+    assert len((await broker.list_jobs(JobFilter(error_type="ValueError"))).items) == 1
+    assert (await broker.list_jobs(JobFilter(error_type="KeyError"))).items == []

@@ -142,7 +142,11 @@ class JobInfo:
             replays=self.replays,
         )
         if self.result is not None:
-            d["result"] = loads(self.result)
+            stored = loads(self.result)  # {"value": v} or {"error": why}
+            if isinstance(stored, dict) and "value" in stored:
+                d["result"] = stored["value"]
+            elif isinstance(stored, dict):
+                d["result_error"] = stored.get("error")
         return d
 
 
@@ -187,8 +191,15 @@ class JobFilter:
 
 
 def error_type_matches(recorded: str, wanted: str) -> bool:
-    """``builtins.TimeoutError`` matches ``TimeoutError``; qualified names match exactly."""
+    """A short name (``TimeoutError``) matches any module's class of that name; a
+    qualified one matches exactly.  Built-ins are recorded by their bare name,
+    so ``builtins.ValueError`` is read as ``ValueError``."""
+    wanted = normalize_error_type(wanted)
     return recorded == wanted or recorded.rsplit(".", 1)[-1] == wanted
+
+
+def normalize_error_type(name: str) -> str:
+    return name.removeprefix("builtins.")
 
 
 @dataclass(slots=True)

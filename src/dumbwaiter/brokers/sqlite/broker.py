@@ -36,7 +36,16 @@ from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecod
 from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
 from ...state import State
-from ..base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
+from ..base import (
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    normalize_error_type,
+)
 from .wake import FileWaker
 
 T = TypeVar("T")
@@ -274,14 +283,19 @@ class SQLiteBroker(Broker):
     ) -> list[Delivery]:
         if limit <= 0:
             return []
+        args = (list(queues), limit, lease, worker)
+        out, next_due = await self._run(self._claim, *args)
+        if out or wait <= 0:
+            return out
+        # Nothing ready: watch the WAL, check once more (a commit may have
+        # landed before the watch), then sleep until a write or the next eta.
         deadline = time.monotonic() + wait
-        waker = self._waker() if wait > 0 else None
+        waker = self._waker()
         while True:
-            if waker is not None:
-                waker.arm()
-            out, next_due = await self._run(self._claim, list(queues), limit, lease, worker)
+            waker.arm()
+            out, next_due = await self._run(self._claim, *args)
             remaining = deadline - time.monotonic()
-            if out or waker is None or remaining <= 0:
+            if out or remaining <= 0:
                 return out
             if next_due is not None:
                 remaining = min(remaining, max(0.0, next_due - time.time()))
@@ -793,6 +807,7 @@ def _where(f: JobFilter) -> tuple[str, list[Any]]:
         clauses.append("updated_at<=?")
         params.append(f.until)
     if f.error_type is not None:
+        wanted = normalize_error_type(f.error_type)
         clauses.append("(last_error_type=? OR substr(last_error_type, -length(?)) = ?)")
-        params += [f.error_type, "." + f.error_type, "." + f.error_type]
+        params += [wanted, "." + wanted, "." + wanted]
     return " AND ".join(clauses), params

@@ -64,7 +64,6 @@ class FileWaker:
             os.close(fd)
             return
         self._fd = fd
-        self._loop.add_reader(fd, self._on_readable)
 
     @property
     def native(self) -> bool:
@@ -101,17 +100,25 @@ class FileWaker:
         self._event.clear()
 
     async def wait(self, timeout: float) -> None:
-        """Return when the file was modified since ``arm`` or after ``timeout`` s."""
+        """Return when the file was modified since ``arm`` or after ``timeout`` s.
+
+        The fd is watched only while someone waits: a busy worker's own
+        commits then cost no wake-ups (the kernel queues their events, and the
+        next ``arm`` reads them all in one call)."""
         if self._fd < 0:
             timeout = min(timeout, FALLBACK_POLL)
         if timeout <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+        if self._fd >= 0:
+            self._loop.add_reader(self._fd, self._on_readable)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout)
+        finally:
+            if self._fd >= 0:
+                self._loop.remove_reader(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self._fd)
             os.close(self._fd)
             self._fd = -1
