@@ -101,6 +101,7 @@ class Worker:
         self._stuck = 0  # threads of timed-out sync jobs that still run
         self._buffer: deque[Delivery] = deque()  # fetched, not started (prefetch)
         self._batch = 1
+        self._round = 0
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
         self._fetch_time = 0.0
         self._settler = _Settler(self)
@@ -184,8 +185,13 @@ class Worker:
                 await self._slot.wait()
                 continue
             started = time.monotonic()
+            # Start each fetch at the next queue, so a busy queue cannot starve
+            # the others; priority orders jobs within a queue.
+            k = self._round % len(cfg.queues)
+            self._round += 1
+            queues = cfg.queues[k:] + cfg.queues[:k]
             try:
-                ds = await self.broker.fetch(cfg.queues, room, cfg.lease, cfg.fetch_wait, self.id)
+                ds = await self.broker.fetch(queues, room, cfg.lease, cfg.fetch_wait, self.id)
             except Exception:
                 log.exception("fetch failed; retrying in %.2f s", backoff)
                 await asyncio.sleep(backoff)

@@ -327,3 +327,47 @@ async def test_graceful_stop_lets_running_jobs_finish(app: dw.App) -> None:
     finish.set()
     await run
     assert await job.astatus() == State.SUCCEEDED
+
+
+async def test_undecodable_body_is_dead_lettered_and_others_still_run(tmp_path: Any) -> None:
+    import sqlite3
+
+    app = dw.App(f"sqlite:///{tmp_path}/bad.db")
+
+    @app.task
+    def fine(i: int) -> None: ...
+
+    good = await fine.aenqueue(1)
+    conn = sqlite3.connect(f"{tmp_path}/bad.db")
+    conn.execute(
+        "INSERT INTO dw_jobs (id, queue, name, kind, state, run_at, updated_at, max_attempts,"
+        " body) VALUES ('garbage-1', 'default', '?', 'task', 'ready', 0, 0, 3, x'7b6e6f7420')"
+    )
+    conn.commit()
+    conn.close()
+    w = await drain(app)
+    assert w.counts == {"succeeded": 1, "retried": 0, "dead": 1, "requeued": 0}
+    assert await good.astatus() == State.SUCCEEDED
+    bad = await app.job("garbage-1").ainfo()
+    assert bad is not None and bad.state is State.DEAD
+    assert bad.message.errors[0].type == "dumbwaiter.errors.MessageDecodeError"
+    assert bad.raw == b"{not "
+    await app.aclose()
+
+
+async def test_queues_are_taken_in_turn(app: dw.App) -> None:
+    order: list[str] = []
+
+    @app.task(queue="a")
+    async def in_a() -> None:
+        order.append("a")
+
+    @app.task(queue="b")
+    async def in_b() -> None:
+        order.append("b")
+
+    await in_a.aenqueue_many([() for _ in range(50)])
+    await in_b.aenqueue_many([() for _ in range(50)])
+    await drain(app, queues=("a", "b"), concurrency=4)
+    assert order[:4] == ["a"] * 4  # the first fetch starts with "a"
+    assert "b" in order[:12]  # but "b" is not starved until "a" is empty

@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
-from ...message import Message, encode_checked
+from ...message import ErrorRecord, Message, encode_checked
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import (
@@ -754,8 +754,16 @@ def _info(row: Any) -> JobInfo:
     try:
         msg = _message(body, queue, attempt, errors)
     except (orjson.JSONDecodeError, MessageDecodeError):
+        # keep what the row itself says, so the dead letter shows why it died
         raw = bytes(body)
-        msg = Message(id=id_, kind="task", name="?", queue=queue, attempt=attempt)
+        msg = Message(
+            id=id_,
+            kind="task",
+            name="?",
+            queue=queue,
+            attempt=attempt,
+            errors=[ErrorRecord.from_dict(e) for e in orjson.loads(errors)] if errors else [],
+        )
     st = State(state)
     if st is State.SCHEDULED and attempt > 0:
         st = State.RETRYING
