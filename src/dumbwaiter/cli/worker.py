@@ -25,7 +25,7 @@ log = logging.getLogger("dumbwaiter.cli")
     "--queues",
     default="default",
     show_default=True,
-    help="Comma-separated queues to work on (earlier ones first each round).",
+    help="Comma-separated queues to work on, taken in turn so none starves.",
 )
 @click.option(
     "-c",
