@@ -1,0 +1,55 @@
+"""``dumbwaiter demo`` end to end: real worker processes on one SQLite file, a
+webhook server on 127.0.0.1, an outage, dead letters and their replay."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT = 150
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_demo_delivers_every_order(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUMBWAITER_")}
+    env["PYTHONWARNINGS"] = "error"  # the demo and its workers run warning-free
+    cmd = [sys.executable, "-m", "dumbwaiter", "demo", "--orders", "60", "--dir", str(tmp_path)]
+    # its own session: on a timeout, the demo and its workers are killed together
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the demo did not finish in {TIMEOUT} s:\n{out}")
+
+    assert proc.returncode == 0, out
+    assert re.search(r"orders accepted\s+60 in", out), out
+    assert re.search(r"dead letters after replay\s+0\b", out), out
+    assert re.search(r"missing deliveries\s+0\b", out), out
+    assert "all 60 orders delivered" in out, out
+    assert "Traceback" not in out, out
+
+    # the workers were stopped, not left behind
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
+    # --dir keeps the files; the workers logged no errors (dead letters are warnings)
+    assert (tmp_path / "jobs.db").exists() and (tmp_path / "shop.db").exists()
+    logs = sorted(tmp_path.glob("worker-*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text()
+        assert "Traceback" not in text and " ERROR " not in text, text
