@@ -54,6 +54,6 @@ async def _empty(app: App, queues: Sequence[str], scheduled: bool) -> bool:
     for s in await app.broker.stats():
         if s.queue not in queues:
             continue
-        if s.ready or s.running or (scheduled and s.scheduled):
+        if s.ready or s.running or (scheduled and (s.scheduled or s.retrying)):
             return False
     return True

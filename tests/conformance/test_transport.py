@@ -170,7 +170,8 @@ async def test_batch_calls_settle_many(broker: Broker) -> None:
     await broker.retry(retries)
     await broker.dead(deads)
     [stats] = await broker.stats()
-    assert (stats.succeeded, stats.scheduled, stats.dead, stats.running) == (10, 10, 10, 0)
+    assert (stats.succeeded, stats.retrying, stats.dead, stats.running) == (10, 10, 10, 0)
+    assert stats.scheduled == 0  # a retry is counted as retrying, not as scheduled
 
 
 async def test_no_job_is_fetched_twice_by_concurrent_fetchers(

@@ -175,8 +175,8 @@ def test_stats_counts_each_queue(url: str) -> None:
     out = cli(url, "stats")
     assert out.exit_code == 0
     lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
-    assert lines["default"].split()[1:6] == ["2", "0", "0", "1", "0"]
-    assert lines["default"].split()[6].endswith("s")  # the lag, e.g. 0.1s
+    assert lines["default"].split()[1:7] == ["2", "0", "0", "0", "1", "0"]
+    assert lines["default"].split()[7].endswith("s")  # the lag, e.g. 0.1s
     assert "paused" in lines["email"]
 
 

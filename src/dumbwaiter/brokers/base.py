@@ -88,7 +88,10 @@ class Binding:
 class QueueStats:
     queue: str
     ready: int = 0
+    #: waiting for an eta (retries not included)
     scheduled: int = 0
+    #: failed at least once, waiting for the next attempt
+    retrying: int = 0
     running: int = 0
     dead: int = 0
     succeeded: int = 0
@@ -102,6 +105,7 @@ class QueueStats:
             "queue": self.queue,
             "ready": self.ready,
             "scheduled": self.scheduled,
+            "retrying": self.retrying,
             "running": self.running,
             "dead": self.dead,
             "succeeded": self.succeeded,

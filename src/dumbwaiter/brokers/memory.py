@@ -374,7 +374,8 @@ class MemoryBroker(Broker):
             counts: dict[str, dict[str, float]] = {q: {} for q in self._s.queues}
             for row in self._s.rows.values():
                 c = counts.setdefault(row.msg.queue, {})
-                c[row.state.value] = c.get(row.state.value, 0) + 1
+                state = row.info().state if row.state is State.SCHEDULED else row.state
+                c[state.value] = c.get(state.value, 0) + 1
                 if row.state is State.READY:
                     c["lag"] = max(c.get("lag", 0.0), now - row.run_at)
             paused = set(self._s.paused)
@@ -383,6 +384,7 @@ class MemoryBroker(Broker):
                 queue=q,
                 ready=int(c.get("ready", 0)),
                 scheduled=int(c.get("scheduled", 0)),
+                retrying=int(c.get("retrying", 0)),
                 running=int(c.get("running", 0)),
                 dead=int(c.get("dead", 0)),
                 succeeded=int(c.get("succeeded", 0)),

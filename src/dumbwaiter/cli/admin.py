@@ -63,7 +63,7 @@ def call(app: App, fn: Callable[[Broker], Awaitable[T]]) -> T:
 def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
     """Queues at a glance: depth by state, lag, paused.
 
-    One row per queue: ready, scheduled, running, dead, succeeded, lag, paused.
+    One row per queue: ready, scheduled, retrying, running, dead, succeeded, lag, paused.
 
     Lag is the age of the oldest ready job: how far behind the workers are.
     """
@@ -75,13 +75,14 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
     if not rows:
         click.echo("no queues yet (nothing was enqueued on this broker)")
         return
-    numbers = ("ready", "scheduled", "running", "dead", "succeeded", "lag")
+    numbers = ("ready", "scheduled", "retrying", "running", "dead", "succeeded", "lag")
     t = table("queue", *numbers, "paused", right=numbers)
     for r in rows:
         t.add_row(
             Text(r.queue),
             str(r.ready),
             str(r.scheduled),
+            str(r.retrying),
             str(r.running),
             Text(str(r.dead), style="red" if r.dead else ""),
             str(r.succeeded),

@@ -38,8 +38,7 @@ def queue_table(
             task,
             str(s.ready),
             str(s.running),
-            # the demo enqueues nothing for later, so every scheduled job is a retry
-            str(s.scheduled),
+            str(s.retrying),
             str(s.succeeded),
             f"[red]{s.dead}[/]" if s.dead else "0",
         )

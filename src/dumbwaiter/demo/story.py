@@ -393,7 +393,8 @@ def _settled(stats: Mapping[str, QueueStats], queue: str, expected: int) -> bool
     """Every job of ``queue`` is finished (succeeded or dead), none is pending."""
     s = stats.get(queue) or QueueStats(queue=queue)
     return (
-        s.ready == s.scheduled == s.running == 0 and s.succeeded + s.dead + s.cancelled == expected
+        s.ready == s.scheduled == s.retrying == s.running == 0
+        and s.succeeded + s.dead + s.cancelled == expected
     )
 
 

@@ -525,6 +525,12 @@ class SQLiteBroker(Broker):
             "SELECT queue, state, count(*) FROM dw_jobs GROUP BY queue, state"
         ):
             counts.setdefault(queue, {})[state] = n
+        retrying = dict(
+            c.execute(
+                "SELECT queue, count(*) FROM dw_jobs WHERE state='scheduled' AND attempt>0"
+                " GROUP BY queue"
+            ).fetchall()
+        )
         lags = dict(
             c.execute(
                 "SELECT queue, min(run_at) FROM dw_jobs WHERE state='ready' GROUP BY queue"
@@ -534,7 +540,8 @@ class SQLiteBroker(Broker):
             QueueStats(
                 queue=q,
                 ready=n.get("ready", 0),
-                scheduled=n.get("scheduled", 0),
+                scheduled=n.get("scheduled", 0) - retrying.get(q, 0),
+                retrying=retrying.get(q, 0),
                 running=n.get("running", 0),
                 dead=n.get("dead", 0),
                 succeeded=n.get("succeeded", 0),
