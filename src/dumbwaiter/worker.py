@@ -102,6 +102,7 @@ class Worker:
         self._buffer: deque[Delivery] = deque()  # fetched, not started (prefetch)
         self._batch = 1
         self._round = 0
+        self._fetching: asyncio.Future[list[Delivery]] | None = None
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
         self._fetch_time = 0.0
         self._settler = _Settler(self)
@@ -125,6 +126,8 @@ class Worker:
         self._stopping = True
         self._immediate = self._immediate or immediate
         self._slot.set()
+        if self._fetching is not None and not self._fetching.done():
+            self._fetching.cancel()
         if immediate:
             self._stopped.set()
 
@@ -190,8 +193,15 @@ class Worker:
             k = self._round % len(cfg.queues)
             self._round += 1
             queues = cfg.queues[k:] + cfg.queues[:k]
+            self._fetching = asyncio.ensure_future(
+                self.broker.fetch(queues, room, cfg.lease, cfg.fetch_wait, self.id)
+            )
             try:
-                ds = await self.broker.fetch(queues, room, cfg.lease, cfg.fetch_wait, self.id)
+                ds = await self._fetching
+            except asyncio.CancelledError:
+                if self._fetching.cancelled() and self.stopping:
+                    break  # stop() interrupted an idle fetch; nothing was leased
+                raise
             except Exception:
                 log.exception("fetch failed; retrying in %.2f s", backoff)
                 await asyncio.sleep(backoff)

@@ -194,3 +194,17 @@ async def test_no_job_is_fetched_twice_by_concurrent_fetchers(
     results = await asyncio.gather(*(drain(b) for b in brokers))
     every = [i for r in results for i in r]
     assert len(every) == len(set(every)) == 400
+
+
+async def test_cancelled_fetch_leaves_nothing_leased(make_broker: Callable[[], Broker]) -> None:
+    consumer, producer = make_broker(), make_broker()
+    await consumer.open()
+    await producer.open()
+    waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0))
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    m = msg()
+    await producer.enqueue([m])
+    [d] = await consumer.fetch(["default"], 10, 30.0, 0)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1

@@ -371,3 +371,20 @@ async def test_queues_are_taken_in_turn(app: dw.App) -> None:
     await drain(app, queues=("a", "b"), concurrency=4)
     assert order[:4] == ["a"] * 4  # the first fetch starts with "a"
     assert "b" in order[:12]  # but "b" is not starved until "a" is empty
+
+
+async def test_stopping_an_idle_worker_does_not_wait_for_its_fetch(app: dw.App) -> None:
+    fetching = asyncio.Event()
+    real_fetch = app.broker.fetch
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        fetching.set()
+        return await real_fetch(*args, **kwargs)
+
+    app.broker.fetch = spy  # type: ignore[method-assign]
+    worker = dw.Worker(app, concurrency=2, fetch_wait=3600)
+    run = asyncio.create_task(worker.run())
+    await fetching.wait()  # the first fetch is waiting on an empty queue
+    await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(run, 10)  # not the fetch's hour

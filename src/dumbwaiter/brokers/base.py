@@ -271,7 +271,8 @@ class Broker(abc.ABC):
         a lease until now + ``lease``; no other fetch returns it while the lease
         holds.  Higher ``priority`` first, then oldest first, within a queue.
         Paused queues are skipped.  With nothing ready, block up to ``wait``
-        seconds and return as soon as something is.
+        seconds and return as soon as something is.  Cancelling a fetch leaves
+        no job leased (a worker cancels its idle fetch when it stops).
         """
 
     @abc.abstractmethod

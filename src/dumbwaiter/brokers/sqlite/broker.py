@@ -19,6 +19,7 @@ sync producers use a connection of their own thread, with no hop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import sqlite3
@@ -284,7 +285,7 @@ class SQLiteBroker(Broker):
         if limit <= 0:
             return []
         args = (list(queues), limit, lease, worker)
-        out, next_due = await self._run(self._claim, *args)
+        out, next_due = await self._claim_safely(*args)
         if out or wait <= 0:
             return out
         # Nothing ready: watch the WAL, check once more (a commit may have
@@ -293,13 +294,38 @@ class SQLiteBroker(Broker):
         waker = self._waker()
         while True:
             waker.arm()
-            out, next_due = await self._run(self._claim, *args)
+            out, next_due = await self._claim_safely(*args)
             remaining = deadline - time.monotonic()
             if out or remaining <= 0:
                 return out
             if next_due is not None:
                 remaining = min(remaining, max(0.0, next_due - time.time()))
             await waker.wait(remaining)
+
+    async def _claim_safely(
+        self, queues: list[str], limit: int, lease: float, worker: str
+    ) -> tuple[list[Delivery], float | None]:
+        """A claim that can be cancelled: if the caller gives up while the claim
+        runs on the broker thread, what it claimed is given back (uncharged)."""
+        if self._executor is None:
+            await self.open()
+        assert self._executor is not None
+        executor = self._executor
+        fut = asyncio.get_running_loop().run_in_executor(
+            executor, self._claim, queues, limit, lease, worker
+        )
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+
+            def give_back(f: asyncio.Future[tuple[list[Delivery], float | None]]) -> None:
+                if f.cancelled() or f.exception() is not None or not f.result()[0]:
+                    return
+                with contextlib.suppress(RuntimeError):  # the broker was closed meanwhile
+                    executor.submit(self._requeue, f.result()[0])
+
+            fut.add_done_callback(give_back)
+            raise
 
     def _waker(self) -> FileWaker:
         loop = asyncio.get_running_loop()
