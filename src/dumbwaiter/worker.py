@@ -50,6 +50,9 @@ log = logging.getLogger("dumbwaiter.worker")
 
 ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
 
+#: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
+PREFETCH_HORIZON = 0.05
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
@@ -221,18 +224,18 @@ class Worker:
     def _prefetch(self) -> int:
         """How many jobs to hold beyond the free slots.
 
-        Enough to cover the jobs expected to finish while one fetch is on its
-        way (running x fetch time / job time), so short jobs never wait for a
-        round trip; about none for long jobs, so a worker never sits on jobs
-        that an idle worker could start (Celery's prefetch starvation).
+        The jobs this worker will finish within ``PREFETCH_HORIZON`` (or two
+        fetch round trips, if longer): running x horizon / job time.  Short
+        jobs then never wait for a round trip (even when a whole batch ends at
+        once), while a worker never holds more than a few tens of
+        milliseconds of work that an idle worker could have started: for
+        jobs of a second or more it holds none (Celery's prefetch starvation).
         """
         if self._job_time <= 0.0:
             return 0
-        n = int(len(self._inflight) * self._fetch_time / self._job_time + 0.5)
-        if n == 0:
-            return 0
-        # two batches at least, so the next fetch leaves while one is still buffered
-        return min(self.config.concurrency, max(n, 2 * self._batch))
+        horizon = max(PREFETCH_HORIZON, 2 * self._fetch_time)
+        n = int(len(self._inflight) * horizon / self._job_time + 0.5)
+        return min(self.config.concurrency, n)
 
     def _fill(self) -> None:
         """Start buffered jobs while slots are free."""
