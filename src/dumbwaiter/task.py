@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import time
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -163,17 +163,17 @@ class Task:
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
         return await self.app._send(self.messages(calls, _NO_OPTIONS))
 
-    def messages(self, calls: Iterable[Any], opts: SendOptions) -> list[Message]:
+    def messages(self, calls: Iterable[Any], opts: SendOptions) -> Iterator[Message]:
+        """The envelopes of ``enqueue_many``, made one at a time as the broker
+        takes them (a bad item raises before anything is stored)."""
         now = time.time()
-        out = []
         for call in calls:
             if type(call) is tuple:
-                out.append(self.message(call, {}, opts, now))
+                yield self.message(call, {}, opts, now)
             elif type(call) is dict:
-                out.append(self.message((), call, opts, now))
+                yield self.message((), call, opts, now)
             else:
-                out.append(self.message((call,), {}, opts, now))
-        return out
+                yield self.message((call,), {}, opts, now)
 
     def message(
         self,

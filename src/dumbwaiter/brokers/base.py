@@ -23,7 +23,7 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -242,18 +242,20 @@ class Broker(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         """Store jobs; return their ids in order.
 
         A message whose ``id`` is already stored, or whose task ``key`` is held
         by a stored job, is not stored again: its slot in the result holds the
         id of the job already there.  A message encoded larger than
         ``max_message_size`` raises ``PayloadTooLarge`` and nothing of the
-        batch is stored (use ``message.encode_checked``).  ``eta`` in the future makes a
+        batch is stored (use ``message.encode_checked``).  ``msgs`` may be a
+        one-pass iterator that raises while it is consumed: then nothing of
+        the batch is stored either.  ``eta`` in the future makes a
         ``scheduled`` job; otherwise it is ``ready`` at once.
         """
 
-    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+    def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         """``enqueue`` for sync callers, where ``capabilities.sync_enqueue``."""
         raise NotImplementedError(f"{type(self).__name__} has no sync enqueue path")
 

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -131,10 +131,11 @@ class MemoryBroker(Broker):
     async def close(self) -> None:
         return None
 
-    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         return self.enqueue_sync(msgs)
 
-    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+    def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        msgs = list(msgs)
         now = time.time()
         ids: list[str] = []
         woke = False

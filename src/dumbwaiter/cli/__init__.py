@@ -3,35 +3,48 @@
 Every command finds the app with ``--app module:attr`` (or
 ``$DUMBWAITER_APP``); admin commands can also work from a bare broker URL
 (``--url`` or ``$DUMBWAITER_URL``), since they need no task code.
+
+Command modules are imported only when their command runs, so ``dumbwaiter
+worker`` does not pay (in start-up time and memory) for the tables and
+progress bars of the admin commands.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .common import CONTEXT_SETTINGS
-from .worker import worker
+
+#: command name -> "module:attribute" inside this package
+COMMANDS = {
+    "worker": "worker:worker",
+    "stats": "admin:stats",
+    "enqueue": "admin:enqueue",
+    "jobs": "jobs:jobs",
+    "dlq": "dlq:dlq",
+    "demo": "demo:demo",
+}
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, _, attr = target.partition(":")
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        command: click.Command = getattr(module, attr)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(package_name="dumbwaiter")
 def main() -> None:
     """Background jobs and events: workers, queues, dead letters."""
-
-
-main.add_command(worker)
-
-for _module, _name in (
-    ("admin", "stats"),
-    ("jobs", "jobs"),
-    ("dlq", "dlq"),
-    ("admin", "enqueue"),
-    ("demo", "demo"),
-):
-    try:
-        _mod = __import__(f"{__name__}.{_module}", fromlist=[_name])
-    except ModuleNotFoundError as _exc:  # a command module not written yet
-        if _exc.name != f"{__name__}.{_module}":
-            raise
-        continue
-    main.add_command(getattr(_mod, _name))

@@ -25,7 +25,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any, ClassVar, TypeVar
@@ -209,28 +209,29 @@ class SQLiteBroker(Broker):
                 pass
         self._local = threading.local()
 
-    async def enqueue(self, msgs: Sequence[Message]) -> list[str]:
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         return await self._run(self._enqueue_worker_conn, msgs)
 
-    def _enqueue_worker_conn(self, msgs: Sequence[Message]) -> list[str]:
+    def _enqueue_worker_conn(self, msgs: Iterable[Message]) -> list[str]:
         # Enqueues from async producers share the broker thread's connection;
         # they must be as durable as sync ones, so FULL for this transaction.
         rows = self._rows(msgs)
         conn = self._worker_conn()
         conn.execute(f"PRAGMA synchronous={self.producer_sync}")
         try:
-            return self._tx(conn, lambda c: self._insert(c, msgs, rows))
+            return self._tx(conn, lambda c: self._insert(c, rows))
         finally:
             conn.execute("PRAGMA synchronous=NORMAL")
 
-    def enqueue_sync(self, msgs: Sequence[Message]) -> list[str]:
+    def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         rows = self._rows(msgs)
-        return self._tx(self._sync_conn(), lambda c: self._insert(c, msgs, rows))
+        return self._tx(self._sync_conn(), lambda c: self._insert(c, rows))
 
-    def _rows(self, msgs: Sequence[Message]) -> list[tuple[Any, ...]]:
-        """Encode (and size-check) before taking the write lock."""
+    def _rows(self, msgs: Iterable[Message]) -> list[tuple[Any, ...]]:
+        """Encode (and size-check) before taking the write lock; keep only rows."""
         now = time.time()
         rows = []
+        limit = self.max_message_size
         for m in msgs:
             scheduled = m.eta is not None and m.eta > now
             rows.append(
@@ -245,29 +246,27 @@ class SQLiteBroker(Broker):
                     now,
                     m.max_attempts,
                     m.key if m.kind == "task" else None,
-                    encode_checked(m, self.max_message_size),
+                    encode_checked(m, limit),
                 )
             )
         return rows
 
-    def _insert(
-        self, conn: sqlite3.Connection, msgs: Sequence[Message], rows: list[tuple[Any, ...]]
-    ) -> list[str]:
+    def _insert(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[str]:
         before = conn.total_changes
         conn.executemany(
             "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority, run_at,"
             " updated_at, max_attempts, key, body) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             rows,
         )
-        new_queues = {m.queue for m in msgs} - self._known_queues
+        new_queues = {r[1] for r in rows} - self._known_queues
         if new_queues:
             conn.executemany(
                 "INSERT OR IGNORE INTO dw_queues (name) VALUES (?)", [(q,) for q in new_queues]
             )
             self._known_queues |= new_queues
-        ids = [m.id for m in msgs]
+        ids = [r[0] for r in rows]
         keyed = any(r[9] is not None for r in rows)
-        if keyed and conn.total_changes - before < len(msgs) + len(new_queues):
+        if keyed and conn.total_changes - before < len(rows) + len(new_queues):
             # some were duplicates: report the id of the job that holds each key
             keys = [r[9] for r in rows if r[9] is not None]
             found = dict(
