@@ -3,12 +3,11 @@
 Each test gets a fresh namespace (a private memory store, a new SQLite file),
 so tests never see each other's jobs.  ``make_broker`` makes more brokers on
 the same namespace: two of them behave like two processes sharing the engine.
-A broker joins the suite by adding one entry to ``BROKERS``.
+A broker joins the suite by adding one entry to ``tests/brokers.py``.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,26 +18,12 @@ import pytest
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
 from dumbwaiter.message import TASK, Message, uuid7
-
-_names = itertools.count()
-
-
-def _memory_url(tmp_path: Path) -> str:
-    return f"memory://conformance-{next(_names)}"
-
-
-def _sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/conformance.db"
-
-
-BROKERS: dict[str, Callable[[Path], str]] = {
-    "memory": _memory_url,
-    "sqlite": _sqlite_url,
-}
+from tests.brokers import BROKERS
 
 
 @pytest.fixture(params=sorted(BROKERS))
 def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh namespace on one broker; every ``make_broker()`` shares it."""
     return BROKERS[request.param](tmp_path)
 
 

@@ -23,6 +23,7 @@ import pytest
 import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.state import State
+from tests.brokers import BROKERS, CROSS_PROCESS
 from tests.crash import crashapp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +57,11 @@ def _running_ids(app: dw.App) -> set[str]:
     return asyncio.run(go())
 
 
-def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/crash.db"
+@pytest.mark.parametrize("broker", CROSS_PROCESS)
+def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
+    broker: str, tmp_path: Path
+) -> None:
+    url = BROKERS[broker](tmp_path)
     log = tmp_path / "started.log"
     env = {**os.environ, "DW_CRASH_URL": url, "DW_CRASH_LOG": str(log), "PYTHONPATH": str(ROOT)}
     app = dw.App(url)

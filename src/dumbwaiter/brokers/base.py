@@ -8,8 +8,9 @@ messages, so an engine can do a batch in one round trip.  It has three parts:
   ``extend``, ``rescue``;
 * **admin** (CLI, dashboard): ``stats``, ``list_jobs``, ``get``, ``replay``,
   ``purge``, ``pause``, ``resume``, ``cancel``;
-* **coordination** (scheduler, limits): ``acquire``, ``renew``, ``release``,
-  ``limit``.
+* **coordination** (scheduler, workflows, limits): ``acquire``, ``renew``,
+  ``release`` (leases with fencing tokens) and a small key-value store
+  (``kv_get``, ``kv_set``, ``kv_add``, ``kv_incr``, ``kv_delete``, ``kv_scan``).
 
 The rules each engine must keep are written on the methods below and checked
 by ``tests/conformance``, which every broker runs.  Code above the seam
@@ -23,7 +24,7 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -359,3 +360,32 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def release(self, name: str, owner: str, token: int) -> None:
         """Give up a held lock (no-op if not held)."""
+
+    # Small shared state (schedules' pause flags and last runs, workflow and
+    # batch counters, kept results).  Keys are strings, values bytes; a ``ttl``
+    # (seconds) makes the entry disappear after that long.
+
+    @abc.abstractmethod
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The values of those ``keys`` that exist (and have not expired)."""
+
+    @abc.abstractmethod
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        """Store (overwrite) every item."""
+
+    @abc.abstractmethod
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        """Store ``value`` only if ``key`` is absent; True if it was stored."""
+
+    @abc.abstractmethod
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        """Add ``amount`` to the integer at ``key`` (absent: 0) atomically; return
+        the new value.  ``ttl`` is set when the key is created."""
+
+    @abc.abstractmethod
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        """Delete ``keys``; return how many existed."""
+
+    @abc.abstractmethod
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        """Every live entry whose key starts with ``prefix``."""

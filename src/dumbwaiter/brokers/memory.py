@@ -14,7 +14,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -95,6 +95,7 @@ class _Store:
     queues: set[str] = field(default_factory=set)
     paused: set[str] = field(default_factory=set)
     locks: dict[str, _Lock] = field(default_factory=dict)
+    kv: dict[str, tuple[bytes, float | None]] = field(default_factory=dict)
     fence: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
@@ -496,6 +497,65 @@ class MemoryBroker(Broker):
             held = self._s.locks.get(name)
             if held is not None and held.owner == owner and held.token == token:
                 del self._s.locks[name]
+
+    # -- key-value ---------------------------------------------------------------
+
+    def _kv_live(self, key: str, now: float) -> bytes | None:
+        entry = self._s.kv.get(key)
+        if entry is None:
+            return None
+        if entry[1] is not None and entry[1] <= now:
+            del self._s.kv[key]
+            return None
+        return entry[0]
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        now = time.time()
+        with self._s.lock:
+            found = {k: self._kv_live(k, now) for k in keys}
+        return {k: v for k, v in found.items() if v is not None}
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        expires = None if ttl is None else time.time() + ttl
+        with self._s.lock:
+            for k, v in items.items():
+                self._s.kv[k] = (bytes(v), expires)
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        now = time.time()
+        with self._s.lock:
+            if self._kv_live(key, now) is not None:
+                return False
+            self._s.kv[key] = (bytes(value), None if ttl is None else now + ttl)
+            return True
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        now = time.time()
+        with self._s.lock:
+            current = self._kv_live(key, now)
+            expires = (
+                self._s.kv[key][1] if current is not None else (None if ttl is None else now + ttl)
+            )
+            value = (int(current) if current is not None else 0) + amount
+            self._s.kv[key] = (str(value).encode(), expires)
+            return value
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        now = time.time()
+        with self._s.lock:
+            n = 0
+            for k in keys:
+                if self._kv_live(k, now) is not None:
+                    del self._s.kv[k]
+                    n += 1
+            return n
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        now = time.time()
+        with self._s.lock:
+            keys = [k for k in self._s.kv if k.startswith(prefix)]
+            found = {k: self._kv_live(k, now) for k in keys}
+        return {k: v for k, v in found.items() if v is not None}
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

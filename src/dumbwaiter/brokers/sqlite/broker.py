@@ -25,7 +25,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any, ClassVar, TypeVar
@@ -134,23 +134,24 @@ class SQLiteBroker(Broker):
         return conn
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        """Create what is missing (every statement is IF NOT EXISTS), once per
+        broker; refuse a database written by a newer schema."""
         row = None
         try:
             row = conn.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()
         except sqlite3.OperationalError:
             pass
-        if row is None:
-            try:
-                conn.executescript(f"BEGIN IMMEDIATE;\n{_schema()}\nCOMMIT;")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        elif int(row[0]) > SCHEMA_VERSION:
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
             raise ConfigurationError(
                 f"{self.path} has dumbwaiter schema {row[0]}, newer than this version "
                 f"({SCHEMA_VERSION}) understands; upgrade dumbwaiter"
             )
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_schema()}\nCOMMIT;")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
         self._ready = True
 
     def _sync_conn(self) -> sqlite3.Connection:
@@ -487,7 +488,9 @@ class SQLiteBroker(Broker):
             "SELECT 1 FROM dw_jobs WHERE state='running' AND lease_until<? LIMIT 1", (now,)
         ).fetchone()
         prunable = conn.execute(
-            "SELECT 1 FROM dw_jobs WHERE expires_at<? LIMIT 1", (now,)
+            "SELECT 1 FROM dw_jobs WHERE expires_at<? UNION ALL"
+            " SELECT 1 FROM dw_kv WHERE expires<? LIMIT 1",
+            (now, now),
         ).fetchone()
         if not expired and not prunable:
             return 0
@@ -528,6 +531,7 @@ class SQLiteBroker(Broker):
                 " WHERE expires_at<? LIMIT 5000)",
                 (now,),
             )
+            c.execute("DELETE FROM dw_kv WHERE expires<?", (now,))
             return len(rows)
 
         return self._tx(conn, run)
@@ -731,6 +735,83 @@ class SQLiteBroker(Broker):
                 )
             )
         )
+
+    # -- key-value ---------------------------------------------------------------
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        return await self._run(self._kv_get, list(keys))
+
+    def _kv_get(self, keys: list[str]) -> dict[str, bytes]:
+        rows = self._worker_conn().execute(
+            "SELECT key, value FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
+            " AND (expires IS NULL OR expires > ?)",
+            (orjson.dumps(keys), time.time()),
+        )
+        return {k: bytes(v) for k, v in rows}
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        expires = None if ttl is None else time.time() + ttl
+        rows = [(k, bytes(v), expires) for k, v in items.items()]
+        await self._run(
+            self._wtx,
+            lambda c: c.executemany(
+                "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
+                " DO UPDATE SET value=excluded.value, expires=excluded.expires",
+                rows,
+            ),
+        )
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        def run(c: sqlite3.Connection) -> bool:
+            now = time.time()
+            c.execute("DELETE FROM dw_kv WHERE key=? AND expires<=?", (key, now))
+            cur = c.execute(
+                "INSERT OR IGNORE INTO dw_kv (key, value, expires) VALUES (?,?,?)",
+                (key, bytes(value), None if ttl is None else now + ttl),
+            )
+            return cur.rowcount == 1
+
+        return await self._run(self._wtx, run)
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        def run(c: sqlite3.Connection) -> int:
+            now = time.time()
+            c.execute("DELETE FROM dw_kv WHERE key=? AND expires<=?", (key, now))
+            row = c.execute(
+                "INSERT INTO dw_kv (key, value, expires)"
+                " VALUES (?, CAST(CAST(? AS TEXT) AS BLOB), ?) ON CONFLICT (key) DO UPDATE"
+                " SET value=CAST(CAST(CAST(value AS INTEGER) + ? AS TEXT) AS BLOB)"
+                " RETURNING value",
+                (key, amount, None if ttl is None else now + ttl, amount),
+            ).fetchone()
+            return int(row[0])
+
+        return await self._run(self._wtx, run)
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        now = time.time()
+        payload = orjson.dumps(list(keys))
+        return await self._run(
+            self._wtx,
+            lambda c: (
+                c.execute(
+                    "DELETE FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
+                    " AND (expires IS NULL OR expires > ?)",
+                    (payload, now),
+                ).rowcount
+            ),
+        )
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        def run() -> dict[str, bytes]:
+            rows = self._worker_conn().execute(
+                "SELECT key, value FROM dw_kv WHERE substr(key, 1, length(?)) = ?"
+                " AND (expires IS NULL OR expires > ?)",
+                (prefix, prefix, time.time()),
+            )
+            return {k: bytes(v) for k, v in rows}
+
+        return await self._run(run)
 
 
 # -- row mapping -------------------------------------------------------------

@@ -44,6 +44,13 @@ CREATE TABLE IF NOT EXISTS dw_locks (
     expires REAL NOT NULL
 );
 
+CREATE TABLE IF NOT EXISTS dw_kv (
+    key     TEXT PRIMARY KEY,
+    value   BLOB NOT NULL,
+    expires REAL
+);
+CREATE INDEX IF NOT EXISTS dw_kv_expires ON dw_kv (expires) WHERE expires IS NOT NULL;
+
 CREATE TABLE IF NOT EXISTS dw_meta (
     k TEXT PRIMARY KEY,
     v

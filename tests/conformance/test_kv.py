@@ -1,0 +1,48 @@
+"""Coordination: the small key-value store (schedules, workflows, batches)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from dumbwaiter.brokers.base import Broker
+
+from .helpers import eventually
+
+
+async def test_set_get_delete(broker: Broker) -> None:
+    await broker.kv_set({"a": b"1", "b": b"\x00\xff"})
+    assert await broker.kv_get(["a", "b", "c"]) == {"a": b"1", "b": b"\x00\xff"}
+    await broker.kv_set({"a": b"2"})
+    assert await broker.kv_get(["a"]) == {"a": b"2"}
+    assert await broker.kv_delete(["a", "c"]) == 1
+    assert await broker.kv_get(["a"]) == {}
+
+
+async def test_add_only_if_absent(broker: Broker) -> None:
+    assert await broker.kv_add("tick:1", b"x")
+    assert not await broker.kv_add("tick:1", b"y")
+    assert await broker.kv_get(["tick:1"]) == {"tick:1": b"x"}
+
+
+async def test_ttl_expires(broker: Broker) -> None:
+    await broker.kv_set({"short": b"1"}, ttl=0.2)
+    assert await broker.kv_add("lease", b"1", ttl=0.2)
+    await eventually(lambda: broker.kv_get(["short", "lease"]), lambda d: d == {})
+    assert await broker.kv_add("lease", b"2")  # free again once expired
+
+
+async def test_incr_is_atomic(make_broker: Callable[[], Broker]) -> None:
+    brokers = [make_broker() for _ in range(4)]
+    for b in brokers:
+        await b.open()
+    results = await asyncio.gather(*(b.kv_incr("chord:x") for b in brokers for _ in range(25)))
+    assert sorted(results) == list(range(1, 101))  # every increment seen once
+    assert await brokers[0].kv_incr("chord:x", -100) == 0
+    assert await brokers[0].kv_get(["chord:x"]) == {"chord:x": b"0"}
+
+
+async def test_scan_by_prefix(broker: Broker) -> None:
+    await broker.kv_set({"sched:a": b"1", "sched:b": b"2", "other": b"3"})
+    assert await broker.kv_scan("sched:") == {"sched:a": b"1", "sched:b": b"2"}
+    assert await broker.kv_scan("none:") == {}
