@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dumbwaiter.worker")
 
+#: a side service: ``await service(worker)`` runs until cancelled
+Service = Callable[["Worker"], Awaitable[None]]
+
 ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
 
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
@@ -88,9 +91,20 @@ class WorkerConfig:
 
 
 class Worker:
-    def __init__(self, app: App, config: WorkerConfig | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        app: App,
+        config: WorkerConfig | None = None,
+        *,
+        services: Sequence[Service] = (),
+        **kw: Any,
+    ) -> None:
         self.app = app
         self.config = config or WorkerConfig(**kw)
+        #: side services started with the worker and stopped with it (the
+        #: scheduler, the outbox relay...): ``await service(worker)`` runs one
+        #: until it is cancelled.
+        self.services = list(services)
         self.id = self.config.worker_id
         self.broker = app.broker
         self._inflight: dict[str, Delivery] = {}
@@ -156,6 +170,10 @@ class Worker:
             asyncio.create_task(self._settler.run(), name="dumbwaiter-settler"),
             asyncio.create_task(self._service(self._heartbeat, cfg.heartbeat), name="heartbeat"),
             asyncio.create_task(self._service(self._rescue, cfg.rescue_interval), name="rescuer"),
+            *(
+                asyncio.create_task(self._guard(s), name=getattr(s, "__name__", "service"))
+                for s in self.services
+            ),
         ]
         log.info(
             "worker %s started: queues %s, concurrency %d",
@@ -283,6 +301,17 @@ class Worker:
                 await fn()
             except Exception:
                 log.exception("%s failed; will try again", getattr(fn, "__name__", fn))
+
+    async def _guard(self, service: Service) -> None:
+        """Run a side service; if it crashes, log it and stop the worker, so a
+        replica without its scheduler or relay does not look healthy."""
+        try:
+            await service(self)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("service %s crashed; stopping the worker", service)
+            self._request_stop(False)
 
     async def _heartbeat(self) -> None:
         ds = [*self._inflight.values(), *self._buffer]

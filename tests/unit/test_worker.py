@@ -388,3 +388,23 @@ async def test_stopping_an_idle_worker_does_not_wait_for_its_fetch(app: dw.App) 
     await asyncio.sleep(0.01)
     worker.stop()
     await asyncio.wait_for(run, 10)  # not the fetch's hour
+
+
+async def test_side_services_run_with_the_worker_and_a_crash_stops_it(app: dw.App) -> None:
+    ran = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def steady(worker: dw.Worker) -> None:
+        ran.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    async def broken(worker: dw.Worker) -> None:
+        await ran.wait()
+        raise RuntimeError("relay lost its database")
+
+    worker = dw.Worker(app, concurrency=1, services=[steady, broken])
+    await asyncio.wait_for(worker.run(), 10)  # the crash stops the worker
+    assert ran.is_set() and cancelled.is_set()
