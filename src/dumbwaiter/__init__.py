@@ -30,6 +30,7 @@ from .errors import (
     SerializationError,
     UnknownTask,
 )
+from .event import Event, Subscription
 from .job import Job
 from .message import Message
 from .middleware import Middleware
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigurationError",
     "Context",
     "DumbwaiterError",
+    "Event",
     "InvalidArguments",
     "InvalidURL",
     "Job",
@@ -63,6 +65,7 @@ __all__ = [
     "RetryLater",
     "SerializationError",
     "State",
+    "Subscription",
     "Task",
     "UnknownTask",
     "Worker",

@@ -15,10 +15,11 @@ from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from .brokers import DEFAULT_URL, from_url
-from .brokers.base import Broker
-from .errors import ConfigurationError
+from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
+from .errors import ConfigurationError, InvalidArguments
+from .event import Event, Subscription, Upcaster, event_message
 from .job import Job
-from .message import DEFAULT_MAX_MESSAGE_SIZE, Message
+from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
 from .middleware import Chain, Middleware
 from .portal import Portal
 from .retry import Retry
@@ -46,6 +47,7 @@ class App:
         timeout: float | timedelta | None = None,
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         middleware: Sequence[Middleware] = (),
+        event_retention: float | timedelta = DEFAULT_EVENT_RETENTION,
     ) -> None:
         self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.broker: Broker = from_url(self.url)
@@ -59,6 +61,14 @@ class App:
         self.broker.max_message_size = max_message_size
         self.middleware = Chain(middleware)
         self.tasks: dict[str, Task] = {}
+        #: (group queue, event type) -> its handler
+        self.subscriptions: dict[tuple[str, str], Subscription] = {}
+        #: (event type, from version) -> function upgrading a payload one version
+        self.upcasters: dict[tuple[str, int], Upcaster] = {}
+        #: seconds events stay in the log (replay) and consumers' inbox marks
+        self.event_retention = _timeout(event_retention) or DEFAULT_EVENT_RETENTION
+        self.broker.event_retention = self.event_retention
+        self._declared = False
         self._portal = Portal()
 
     def __repr__(self) -> str:
@@ -97,13 +107,7 @@ class App:
         opts = dict(options)
         name = opts.pop("name", None) or _default_name(fn)
         queue = opts.pop("queue", None) or self.default_queue
-        retry = opts.pop("retry", None)
-        if retry is None:
-            retry = self.retry
-        elif retry is False:
-            retry = Retry.never()
-        elif not isinstance(retry, Retry):
-            raise ConfigurationError(f"task {name}: retry= takes a dw.Retry, got {retry!r}")
+        retry = self._retry(opts.pop("retry", None), f"task {name}")
         timeout = _timeout(opts.pop("timeout", None)) or self.timeout
         priority = opts.pop("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -143,6 +147,139 @@ class App:
     def job(self, id: str) -> Job:
         """A handle for a job enqueued elsewhere."""
         return Job(self, id)
+
+    def subscribe(
+        self,
+        event: type[Event],
+        *,
+        group: str,
+        retry: Retry | bool | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> Callable[[F], Subscription]:
+        """Register a handler of ``event`` in subscriber ``group``:
+        ``@app.subscribe(OrderCreated, group="email")``.
+
+        Every group gets every event; workers inside a group share them.  The
+        handler takes the event (the newest version of ``event``, older
+        payloads upgraded) and optionally a ``dw.Context``."""
+
+        def register(fn: F) -> Subscription:
+            sub = Subscription(
+                self,
+                event,
+                group,
+                fn,
+                retry=self._retry(retry, f"subscription {group}"),
+                timeout=_timeout(timeout) or self.timeout,
+            )
+            key = (sub.queue, event.event_type)
+            existing = self.subscriptions.get(key)
+            if existing is not None and _qualname(existing.fn) != _qualname(fn):
+                raise ConfigurationError(
+                    f"group {group!r} already handles {event.event_type} with "
+                    f"{_qualname(existing.fn)}; one handler per event type and group"
+                )
+            self.subscriptions[key] = sub
+            return sub
+
+        return register
+
+    def upcast(self, event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+        """Register a function that upgrades a payload of ``event_type`` from
+        ``from_version`` to ``from_version + 1`` (a dict in, a dict out)."""
+
+        def register(fn: Upcaster) -> Upcaster:
+            self.upcasters[(event_type, from_version)] = fn
+            return fn
+
+        return register
+
+    def upgrade(
+        self, event_type: str, version: int, target: int, payload: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run the upcasters from ``version`` up to ``target``."""
+        while version < target:
+            fn = self.upcasters.get((event_type, version))
+            if fn is None:
+                raise InvalidArguments(
+                    f"event {event_type} version {version} cannot be upgraded to {target}: "
+                    f'no @app.upcast("{event_type}", from_version={version})'
+                )
+            try:
+                payload = fn(dict(payload))
+            except Exception as exc:
+                raise InvalidArguments(
+                    f"upcaster of {event_type} from version {version} failed: {exc!r}"
+                ) from exc
+            version += 1
+        return payload
+
+    def queues(self) -> list[str]:
+        """Every queue this app's code handles: its tasks' and its groups'."""
+        found = {t.queue for t in self.tasks.values()} | {q for q, _ in self.subscriptions}
+        return sorted(found) or [self.default_queue]
+
+    def bindings(self) -> list[Binding]:
+        """The event bindings of this app's subscriptions."""
+        return [
+            Binding(event_type, queue, sub.retry.attempts)
+            for (queue, event_type), sub in sorted(self.subscriptions.items())
+        ]
+
+    def handler(self, msg: Message) -> Task | Subscription | None:
+        """What runs ``msg``: its task, or its group's subscription."""
+        if msg.kind == TASK:
+            return self.tasks.get(msg.name)
+        return self.subscriptions.get((msg.queue, msg.name))
+
+    def _retry(self, retry: Retry | bool | None, what: str) -> Retry:
+        if retry is None or retry is True:
+            return self.retry
+        if retry is False:
+            return Retry.never()
+        if not isinstance(retry, Retry):
+            raise ConfigurationError(f"{what}: retry= takes a dw.Retry, got {retry!r}")
+        return retry
+
+    # -- publishing ------------------------------------------------------------
+
+    def publish(
+        self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
+    ) -> str:
+        """Publish ``event`` to every subscriber group; return its id.
+
+        The payload was validated when the event was built; it is checked for
+        JSON and size here, before anything is sent.  ``key`` orders events
+        of one entity where the broker promises order."""
+        msg = event_message(event, key, headers)
+        self._before([msg])
+        if not self._declared:
+            self._call(self._declare())
+        if self.broker.capabilities.sync_enqueue:
+            self.broker.publish_sync([msg])
+        else:
+            self._call(self.broker.publish([msg]))
+        self._sent([msg], [msg.id])
+        return msg.id
+
+    async def apublish(
+        self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
+    ) -> str:
+        """``publish`` for async callers."""
+        msg = event_message(event, key, headers)
+        self._before([msg])
+        if not self._declared:
+            await self._declare()
+        await self.broker.publish([msg])
+        self._sent([msg], [msg.id])
+        return msg.id
+
+    async def _declare(self) -> None:
+        """Bind this app's groups before its first publish, so a monolith's own
+        subscribers never miss an event published before a worker started."""
+        if self.subscriptions:
+            await self.broker.declare(sorted({b.queue for b in self.bindings()}), self.bindings())
+        self._declared = True
 
     # -- producing -----------------------------------------------------------
 
@@ -196,7 +333,6 @@ class App:
     async def aclose(self) -> None:
         await self.broker.close()
         self._portal.close()
-
 
 def _timeout(value: float | timedelta | None) -> float | None:
     if value is None:

@@ -8,7 +8,10 @@ A task receives a ``Context`` when it declares a parameter annotated with
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -68,10 +71,52 @@ class Context:
     def headers(self) -> dict[str, Any]:
         return self.message.headers
 
+    @property
+    def event_id(self) -> str:
+        """The event's id for an event delivery (the same in every group), else
+        the job's id."""
+        return str(self.message.headers.get("event_id") or self.message.id)
+
+    @property
+    def correlation_id(self) -> str | None:
+        value = self.message.headers.get("correlation_id")
+        return None if value is None else str(value)
+
+    @property
+    def causation_id(self) -> str | None:
+        value = self.message.headers.get("causation_id")
+        return None if value is None else str(value)
+
     @classmethod
     def current(cls) -> Context | None:
         """The context of the job running in this task or thread, if any."""
         return _current.get()
+
+
+def context_param(fn: Callable[..., Any]) -> str | None:
+    """The parameter of ``fn`` annotated ``dw.Context`` (it receives the context)."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations: fall back to their text
+        hints = {}
+    for p in inspect.signature(fn).parameters.values():
+        ann = hints.get(p.name, p.annotation)
+        if ann is Context or (isinstance(ann, str) and ann.split(".")[-1] == "Context"):
+            return p.name
+    return None
+
+
+def caused_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
+    """Headers for a message sent now: inside a running job, the new message
+    inherits its ``correlation_id`` and names it as its ``causation_id``, so a
+    chain of jobs and events can be followed end to end."""
+    out = dict(headers) if headers else {}
+    ctx = _current.get()
+    if ctx is not None:
+        cause = ctx.event_id
+        out.setdefault("correlation_id", ctx.headers.get("correlation_id") or cause)
+        out.setdefault("causation_id", cause)
+    return out
 
 
 def set_current(ctx: Context | None) -> contextvars.Token[Context | None]:

@@ -185,7 +185,7 @@ def from_dict(d: Any) -> Message:
             id=_req_str(d, "id"),
             kind=_req_str(d, "kind"),
             name=_req_str(d, "name"),
-            queue=_req_str(d, "queue"),
+            queue=_queue(d),
             args=list(d.get("args") or []),
             kwargs=dict(d.get("kwargs") or {}),
             payload=d.get("payload"),
@@ -203,6 +203,14 @@ def from_dict(d: Any) -> Message:
     if msg.kind not in KINDS:
         raise MessageDecodeError(f"message kind {msg.kind!r} is not one of {KINDS}")
     return msg
+
+
+def _queue(d: dict[str, Any]) -> str:
+    """A job's queue; empty for a published event (the broker fans it out)."""
+    value = d.get("queue", "")
+    if not isinstance(value, str) or (not value and d.get("kind") != EVENT):
+        raise MessageDecodeError("message envelope has no 'queue' string")
+    return value
 
 
 def _req_str(d: dict[str, Any], name: str) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import inspect
 import time
-import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .context import Context
+from .context import caused_headers, context_param
 from .errors import ConfigurationError, InvalidArguments
 from .message import TASK, Message, check_json, uuid7
 from .retry import Retry
@@ -194,7 +193,7 @@ class Task:
             queue=opts.queue or self.queue,
             args=list(args),
             kwargs=kwargs,
-            headers=dict(opts.headers) if opts.headers else {},
+            headers=caused_headers(opts.headers),
             max_attempts=self.retry.attempts,
             created_at=now,
             eta=eta,
@@ -203,15 +202,17 @@ class Task:
         )
         return msg
 
-    def bind(
-        self, args: list[Any], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call a worker makes from a message's args (raises ``TypeError`` if
-        they no longer fit the signature, e.g. after a deploy changed it)."""
+    def bind(self, msg: Message) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call a worker makes from a message (``InvalidArguments`` if its
+        arguments no longer fit the signature, e.g. after a deploy changed it)."""
+        args, kwargs = msg.args, msg.kwargs
         fast = self._positional
         if not kwargs and fast is not None and fast[0] <= len(args) <= len(fast[1]):
             return tuple(args), {}
-        bound = self.signature.bind(*args, **kwargs)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InvalidArguments(f"{self.name}(): {exc}") from None
         return bound.args, dict(bound.kwargs)
 
     def check_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -266,16 +267,7 @@ def _split_signature(fn: Callable[..., Any]) -> tuple[str | None, inspect.Signat
     """The name of the parameter that takes a ``Context`` (if any), and the
     signature a caller must match (without that parameter)."""
     sig = inspect.signature(fn)
-    try:
-        hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable annotations: fall back to their text
-        hints = {}
-    ctx_param = None
-    for p in sig.parameters.values():
-        ann = hints.get(p.name, p.annotation)
-        if ann is Context or (isinstance(ann, str) and ann.split(".")[-1] == "Context"):
-            ctx_param = p.name
-            break
+    ctx_param = context_param(fn)
     if ctx_param is None:
         return None, sig
     params = [p for p in sig.parameters.values() if p.name != ctx_param]

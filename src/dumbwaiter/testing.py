@@ -18,20 +18,22 @@ from .worker import Worker, WorkerConfig
 
 async def drain(
     app: App,
-    queues: Sequence[str] = ("default",),
+    queues: Sequence[str] | None = None,
     *,
     scheduled: bool = True,
     timeout: float = 30.0,
     **config: Any,
 ) -> Worker:
-    """Run a worker on ``queues`` until nothing is ready or running there (and,
+    """Run a worker on ``queues`` (default: every queue of the app's tasks and
+    groups) until nothing is ready or running there (and,
     with ``scheduled``, nothing is waiting for its eta or retry either).
 
     Raises ``TimeoutError`` if that does not happen within ``timeout`` s.
     """
     config.setdefault("concurrency", 8)
     config.setdefault("fetch_wait", 0.1)
-    worker = Worker(app, WorkerConfig(queues=tuple(queues), **config))
+    worker = Worker(app, WorkerConfig(queues=tuple(queues or ()), **config))
+    queues = worker.queues
     run = asyncio.create_task(worker.run())
     deadline = time.monotonic() + timeout
     try:

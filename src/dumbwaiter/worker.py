@@ -42,9 +42,15 @@ from .message import ErrorRecord, check_json, dumps
 from .retry import Reject, RetryLater
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from .app import App
     from .brokers.base import Delivery
+    from .event import Subscription
     from .task import Task
+
+    #: what runs a message: a task, or a group's event handler
+    Handler: TypeAlias = Task | Subscription
 
 log = logging.getLogger("dumbwaiter.worker")
 
@@ -65,7 +71,8 @@ def default_worker_id() -> str:
 class WorkerConfig:
     """How one worker process runs (``DUMBWAITER_*`` variables map onto these)."""
 
-    queues: tuple[str, ...] = ("default",)
+    #: queues to work on; empty: every queue of the app's tasks and groups
+    queues: tuple[str, ...] = ()
     concurrency: int = 32
     #: seconds a fetched job is ours without a heartbeat
     lease: float = 15.0
@@ -82,8 +89,6 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if not self.queues:
-            raise ValueError("a worker needs at least one queue")
         if self.heartbeat >= self.lease:
             raise ValueError(
                 f"heartbeat ({self.heartbeat} s) must be shorter than the lease ({self.lease} s)"
@@ -106,6 +111,7 @@ class Worker:
         #: until it is cancelled.
         self.services = list(services)
         self.id = self.config.worker_id
+        self.queues: tuple[str, ...] = self.config.queues or tuple(app.queues())
         self.broker = app.broker
         self._inflight: dict[str, Delivery] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -123,7 +129,7 @@ class Worker:
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
         self._fetch_time = 0.0
         self._settler = _Settler(self)
-        self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0}
+        self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
 
     # -- control ---------------------------------------------------------------
 
@@ -164,7 +170,8 @@ class Worker:
         cfg = self.config
         self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="dumbwaiter-job")
         await self.broker.open()
-        await self.broker.declare(list(cfg.queues))
+        bindings = self.app.bindings() if self.broker.capabilities.events else []
+        await self.broker.declare(list(self.queues), bindings)
         self.app.middleware.call("on_worker_start", self)
         services = [
             asyncio.create_task(self._settler.run(), name="dumbwaiter-settler"),
@@ -178,7 +185,7 @@ class Worker:
         log.info(
             "worker %s started: queues %s, concurrency %d",
             self.id,
-            ",".join(cfg.queues),
+            ",".join(self.queues),
             cfg.concurrency,
             extra={"action": "worker_start"},
         )
@@ -211,9 +218,9 @@ class Worker:
             started = time.monotonic()
             # Start each fetch at the next queue, so a busy queue cannot starve
             # the others; priority orders jobs within a queue.
-            k = self._round % len(cfg.queues)
+            k = self._round % len(self.queues)
             self._round += 1
-            queues = cfg.queues[k:] + cfg.queues[:k]
+            queues = self.queues[k:] + self.queues[:k]
             self._fetching = asyncio.ensure_future(
                 self.broker.fetch(queues, room, cfg.lease, cfg.fetch_wait, self.id)
             )
@@ -236,8 +243,23 @@ class Worker:
                 # a busy worker's fetch returns at once; cap it in case it waited
                 took = min(time.monotonic() - started, 0.05)
                 self._fetch_time += (took - self._fetch_time) * 0.2
+            await self._check_inbox(ds)
             self._buffer.extend(ds)
             self._fill()
+
+    async def _check_inbox(self, ds: list[Delivery]) -> None:
+        """Mark event deliveries this group already handled (the broker-side
+        inbox), so a redelivered or replayed duplicate is acked, not run."""
+        keys = {k: d for d in ds if (k := inbox_key(d)) is not None}
+        if not keys:
+            return
+        try:
+            seen = await self.broker.kv_get(list(keys))
+        except Exception:
+            log.exception("inbox check failed; running the events (at-least-once)")
+            return
+        for k in seen:
+            keys[k].duplicate = True
 
     def _prefetch(self) -> int:
         """How many jobs to hold beyond the free slots.
@@ -358,20 +380,24 @@ class Worker:
         msg = d.message
         if msg is None:
             return self._dead(d, None, MessageDecodeError(d.decode_error or "undecodable body"))
-        task = self.app.tasks.get(msg.name)
+        if d.duplicate:
+            log.debug("event %s already handled by %s: acked", msg.id, msg.queue)
+            self.counts["duplicates"] += 1
+            return ACK
+        task = self.app.handler(msg)
         if task is None:
+            what = (
+                f"no task named {msg.name!r} is registered in this worker"
+                if msg.kind == "task"
+                else f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
+            )
             return self._dead(
-                d,
-                None,
-                UnknownTask(
-                    f"no task named {msg.name!r} is registered in this worker "
-                    f"(app {self.app.url}); replay it once a worker knows it"
-                ),
+                d, None, UnknownTask(f"{what} (app {self.app.url}); replay it once one is")
             )
         try:
-            args, kwargs = task.bind(msg.args, msg.kwargs)
-        except TypeError as exc:
-            return self._dead(d, None, InvalidArguments(f"{task.name}(): {exc}"))
+            args, kwargs = task.bind(msg)
+        except InvalidArguments as exc:
+            return self._dead(d, None, exc)
         ctx = Context(
             message=msg,
             app=self.app,
@@ -403,7 +429,7 @@ class Worker:
         return ACK
 
     async def _call(
-        self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Context
+        self, task: Handler, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Context
     ) -> Any:
         timeout = task.timeout
         if task.is_async:
@@ -442,7 +468,7 @@ class Worker:
         self._stuck -= 1
         self._slot.set()
 
-    def _failed(self, d: Delivery, ctx: Context, task: Task, exc: BaseException) -> str:
+    def _failed(self, d: Delivery, ctx: Context, task: Handler, exc: BaseException) -> str:
         msg = ctx.message
         if isinstance(exc, Reject):
             return self._dead(d, ctx, exc)
@@ -483,6 +509,15 @@ class Worker:
         return DEAD
 
 
+def inbox_key(d: Delivery) -> str | None:
+    """The broker-side inbox entry of an event delivery: its group's queue and
+    the event's id (None for tasks, and for replays forced past the inbox)."""
+    m = d.message
+    if m is None or m.kind != "event" or m.headers.get("inbox") == "skip":
+        return None
+    return f"inbox:{m.queue}:{m.headers.get('event_id') or m.id}"
+
+
 def _call_kw(
     cv: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -504,7 +539,7 @@ def _record(exc: BaseException, d: Delivery, worker: str) -> ErrorRecord:
     )
 
 
-def _encode_result(result: Any, task: Task) -> bytes:
+def _encode_result(result: Any, task: Handler) -> bytes:
     try:
         check_json(result, f"the result of {task.name}()")
     except SerializationError as exc:
@@ -548,6 +583,8 @@ class _Settler:
                     continue
                 self.pending[kind] = []
                 try:
+                    if kind == ACK:
+                        await self._mark_inbox(batch)
                     await call(batch)
                     backoff = 0.05
                 except Exception:
@@ -564,6 +601,13 @@ class _Settler:
                 self.idle.set()
                 if self._closing:
                     return
+
+    async def _mark_inbox(self, batch: list[Delivery]) -> None:
+        """Record handled events before their ack: if we die between the two,
+        the redelivery is recognised as a duplicate."""
+        marks = {k: b"1" for d in batch if not d.duplicate and (k := inbox_key(d)) is not None}
+        if marks:
+            await self.worker.broker.kv_set(marks, ttl=self.worker.app.event_retention)
 
     async def close(self) -> None:
         self._closing = True

@@ -31,6 +31,9 @@ from typing import Any, ClassVar
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 from ..state import State
 
+#: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
+DEFAULT_EVENT_RETENTION = 7 * 86400.0
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
@@ -52,6 +55,10 @@ class Capabilities:
     results: bool = True
     #: largest message the engine accepts (None: no limit of its own)
     max_message_size: int | None = None
+    #: ``publish`` fans events out to bound queues and keeps them for replay
+    events: bool = False
+    #: events with the same ``key`` reach a group's handler one at a time, in order
+    ordered_keys: bool = False
 
 
 @dataclass(slots=True)
@@ -70,6 +77,8 @@ class Delivery:
     queue: str = ""
     raw: bytes | None = None
     decode_error: str | None = None
+    #: the worker found this event already handled by its group (inbox): ack only
+    duplicate: bool = False
     # outcome, written by the worker before ack / retry / dead
     result: bytes | None = None
     result_ttl: float | None = None
@@ -79,10 +88,13 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """Event type ``pattern`` delivered to ``queue`` (a subscriber group's queue)."""
+    """Events of type ``pattern`` are delivered to ``queue`` (a subscriber
+    group's queue), each delivery with ``max_attempts`` (the group's retry
+    policy).  Patterns are exact event types for now."""
 
     pattern: str
     queue: str
+    max_attempts: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +207,23 @@ class JobFilter:
         return True
 
 
+def delivery_of(event: Message, binding: Binding, id: str) -> Message:
+    """The job that delivers ``event`` to one bound queue (see ``Broker.publish``)."""
+    return Message(
+        id=id,
+        kind=event.kind,
+        name=event.name,
+        queue=binding.queue,
+        payload=event.payload,
+        headers={**event.headers, "event_id": event.id},
+        max_attempts=binding.max_attempts,
+        created_at=event.created_at,
+        eta=event.eta,
+        priority=event.priority,
+        key=event.key,
+    )
+
+
 def error_type_matches(recorded: str, wanted: str) -> bool:
     """A short name (``TimeoutError``) matches any module's class of that name; a
     qualified one matches exactly.  Built-ins are recorded by their bare name,
@@ -227,6 +256,8 @@ class Broker(abc.ABC):
         self.url = url
         #: largest encoded message ``enqueue``/``publish`` accept (the App sets it)
         self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
+        #: seconds published events stay in the log for replay (the App sets it)
+        self.event_retention: float = DEFAULT_EVENT_RETENTION
 
     # -- transport -------------------------------------------------------
 
@@ -239,7 +270,8 @@ class Broker(abc.ABC):
         """Disconnect.  Idempotent; safe without ``open``."""
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
-        """Create queues and event bindings if missing.  Idempotent."""
+        """Create queues and event bindings if missing; a binding declared again
+        takes its new ``max_attempts``.  Idempotent."""
         return None
 
     @abc.abstractmethod
@@ -260,9 +292,35 @@ class Broker(abc.ABC):
         """``enqueue`` for sync callers, where ``capabilities.sync_enqueue``."""
         raise NotImplementedError(f"{type(self).__name__} has no sync enqueue path")
 
-    async def publish(self, msgs: Sequence[Message]) -> int:
-        """Deliver events to every queue bound to their type; return the deliveries."""
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        """Keep each event (kind ``event``) in the event log and deliver it to
+        every queue bound to its type; return the number of deliveries.
+
+        An event whose ``id`` is already in the log is not delivered again
+        (the outbox relay may publish twice).  Each delivery is a job of its
+        own: a copy of the event with a new ``id``, the bound ``queue``, the
+        binding's ``max_attempts``, and ``headers["event_id"]`` = the event's
+        id.  Events published while no queue is bound are kept in the log only
+        (``list_events`` + ``enqueue`` replays them).  Where
+        ``capabilities.events`` is False this raises ``NotImplementedError``.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not support events yet")
+
+    def publish_sync(self, msgs: Iterable[Message]) -> int:
+        """``publish`` for sync callers, where ``capabilities.sync_enqueue``."""
+        raise NotImplementedError(f"{type(self).__name__} has no sync publish path")
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        """Events of ``event_type`` kept in the log, published in ``[since, until]``,
+        oldest first, one page at a time (pass the returned cursor back)."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep events")
 
     @abc.abstractmethod
     async def fetch(

@@ -19,9 +19,19 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import LeaseExpired
-from ..message import ErrorRecord, Message, encode_checked
+from ..message import ErrorRecord, Message, encode_checked, uuid7
 from ..state import CANCELLABLE_STATES, State
-from .base import Broker, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats
+from .base import (
+    Binding,
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    delivery_of,
+)
 
 #: finished jobs without a kept result stay visible this long (seconds)
 DEFAULT_RETENTION = 3600.0
@@ -96,6 +106,8 @@ class _Store:
     paused: set[str] = field(default_factory=set)
     locks: dict[str, _Lock] = field(default_factory=dict)
     kv: dict[str, tuple[bytes, float | None]] = field(default_factory=dict)
+    bindings: dict[tuple[str, str], Binding] = field(default_factory=dict)
+    events: dict[str, tuple[Message, float]] = field(default_factory=dict)
     fence: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = field(
@@ -107,7 +119,9 @@ class MemoryBroker(Broker):
     """In-process broker.  ``memory://`` is private to one broker object;
     ``memory://NAME`` is shared by every broker of that name in the process."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities(sync_enqueue=True, multi_process=False)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        sync_enqueue=True, multi_process=False, events=True
+    )
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
     _named: ClassVar[dict[str, _Store]] = {}
     _named_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -137,36 +151,88 @@ class MemoryBroker(Broker):
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         msgs = list(msgs)
-        now = time.time()
-        ids: list[str] = []
-        woke = False
-        s = self._s
         for m in msgs:  # the size check every broker makes, before storing any
             encode_checked(m, self.max_message_size)
-        with s.lock:
-            for m in msgs:
-                if m.id in s.rows:
-                    ids.append(m.id)
-                    continue
-                if m.key is not None and m.kind == "task" and m.key in s.keys:
-                    ids.append(s.keys[m.key])
-                    continue
-                m = _copy(m)
-                s.queues.add(m.queue)
-                row = _Row(msg=m, state=State.READY, run_at=now, updated_at=now)
-                s.rows[m.id] = row
-                if m.key is not None and m.kind == "task":
-                    s.keys[m.key] = m.id
-                if m.eta is not None and m.eta > now:
-                    row.run_at = m.eta
-                    self._schedule(row)
-                else:
-                    self._make_ready(row, now)
-                    woke = True
+        with self._s.lock:
+            return self._store(msgs, time.time())
+
+    def _store(self, msgs: list[Message], now: float) -> list[str]:
+        """Store jobs (lock held); the ids, the existing one for a duplicate."""
+        s = self._s
+        ids: list[str] = []
+        woke = False
+        for m in msgs:
+            if m.id in s.rows:
                 ids.append(m.id)
-            if woke:
-                self._wake()
+                continue
+            if m.key is not None and m.kind == "task" and m.key in s.keys:
+                ids.append(s.keys[m.key])
+                continue
+            m = _copy(m)
+            s.queues.add(m.queue)
+            row = _Row(msg=m, state=State.READY, run_at=now, updated_at=now)
+            s.rows[m.id] = row
+            if m.key is not None and m.kind == "task":
+                s.keys[m.key] = m.id
+            if m.eta is not None and m.eta > now:
+                row.run_at = m.eta
+                self._schedule(row)
+            else:
+                self._make_ready(row, now)
+                woke = True
+            ids.append(m.id)
+        if woke:
+            self._wake()
         return ids
+
+    # -- events ------------------------------------------------------------------
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        with self._s.lock:
+            self._s.queues.update(queues)
+            for b in bindings:
+                self._s.bindings[(b.pattern, b.queue)] = b
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        return self.publish_sync(msgs)
+
+    def publish_sync(self, msgs: Iterable[Message]) -> int:
+        msgs = list(msgs)
+        for m in msgs:
+            encode_checked(m, self.max_message_size)
+        now = time.time()
+        s = self._s
+        with s.lock:
+            deliveries: list[Message] = []
+            for m in msgs:
+                if m.id in s.events:
+                    continue
+                s.events[m.id] = (_copy(m), now)
+                deliveries += [
+                    delivery_of(m, b, uuid7()) for b in s.bindings.values() if b.pattern == m.name
+                ]
+            self._store(deliveries, now)
+            return len(deliveries)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        with self._s.lock:
+            found = sorted(
+                (m for m, at in self._s.events.values()
+                 if m.name == event_type
+                 and (since is None or at >= since)
+                 and (until is None or at <= until)
+                 and (cursor is None or m.id > cursor)),
+                key=lambda m: m.id,
+            )  # fmt: skip
+        page = [_copy(m) for m in found[:limit]]
+        return page, (page[-1].id if len(found) > limit else None)
 
     def _make_ready(self, row: _Row, at: float) -> None:
         row.state = State.READY
@@ -337,6 +403,9 @@ class MemoryBroker(Broker):
         now = time.time()
         n = 0
         with self._s.lock:
+            old = now - self.event_retention
+            for eid in [e for e, (_, at) in self._s.events.items() if at < old]:
+                del self._s.events[eid]
             for id_, row in list(self._s.rows.items()):
                 if row.expires_at is not None and row.expires_at <= now:
                     self._forget(id_, row)

@@ -23,9 +23,9 @@ log = logging.getLogger("dumbwaiter.cli")
 @click.option(
     "-q",
     "--queues",
-    default="default",
-    show_default=True,
-    help="Comma-separated queues to work on, taken in turn so none starves.",
+    default="",
+    help="Comma-separated queues to work on, taken in turn so none starves "
+    "[default: every queue of the app's tasks and subscriber groups].",
 )
 @click.option(
     "-c",

@@ -34,10 +34,11 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
-from ...message import ErrorRecord, Message, encode_checked
+from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import (
+    Binding,
     Broker,
     Capabilities,
     Delivery,
@@ -45,6 +46,7 @@ from ..base import (
     JobInfo,
     Page,
     QueueStats,
+    delivery_of,
     normalize_error_type,
 )
 from .wake import FileWaker
@@ -83,7 +85,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 class SQLiteBroker(Broker):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True
+        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
 
@@ -278,6 +280,92 @@ class SQLiteBroker(Broker):
             )
             ids = [found.get(r[9], r[0]) if r[9] is not None else r[0] for r in rows]
         return ids
+
+    # -- events ------------------------------------------------------------------
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        qs, bs = list(queues), list(bindings)
+        await self._run(self._wtx, lambda c: self._declare(c, qs, bs))
+
+    def _declare(self, c: sqlite3.Connection, queues: list[str], bindings: list[Binding]) -> None:
+        c.executemany(
+            "INSERT OR IGNORE INTO dw_queues (name) VALUES (?)",
+            [(q,) for q in {*queues, *(b.queue for b in bindings)}],
+        )
+        c.executemany(
+            "INSERT INTO dw_bindings (pattern, queue, max_attempts) VALUES (?,?,?)"
+            " ON CONFLICT (pattern, queue) DO UPDATE SET max_attempts=excluded.max_attempts",
+            [(b.pattern, b.queue, b.max_attempts) for b in bindings],
+        )
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        return await self._run(self._publish_worker_conn, msgs)
+
+    def _publish_worker_conn(self, msgs: Iterable[Message]) -> int:
+        events = self._event_rows(msgs)
+        conn = self._worker_conn()
+        conn.execute(f"PRAGMA synchronous={self.producer_sync}")
+        try:
+            return self._tx(conn, lambda c: self._fan_out(c, events))
+        finally:
+            conn.execute("PRAGMA synchronous=NORMAL")
+
+    def publish_sync(self, msgs: Iterable[Message]) -> int:
+        events = self._event_rows(msgs)
+        return self._tx(self._sync_conn(), lambda c: self._fan_out(c, events))
+
+    def _event_rows(self, msgs: Iterable[Message]) -> list[tuple[Message, bytes]]:
+        limit = self.max_message_size
+        return [(m, encode_checked(m, limit)) for m in msgs]
+
+    def _fan_out(self, c: sqlite3.Connection, events: list[tuple[Message, bytes]]) -> int:
+        """Log each new event, then one job per bound queue, in one transaction."""
+        now = time.time()
+        bindings: dict[str, list[Binding]] = {}
+        for pattern, queue, attempts in c.execute(
+            "SELECT pattern, queue, max_attempts FROM dw_bindings"
+        ):
+            bindings.setdefault(pattern, []).append(Binding(pattern, queue, attempts))
+        deliveries: list[Message] = []
+        for m, body in events:
+            cur = c.execute(
+                "INSERT OR IGNORE INTO dw_events (id, type, published_at, body) VALUES (?,?,?,?)",
+                (m.id, m.name, now, body),
+            )
+            if cur.rowcount == 1:  # a duplicate publish is not delivered again
+                deliveries += [delivery_of(m, b, uuid7()) for b in bindings.get(m.name, ())]
+        if deliveries:
+            self._insert(c, self._rows(deliveries))
+        return len(deliveries)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        def run() -> tuple[list[Message], str | None]:
+            rows = (
+                self._worker_conn()
+                .execute(
+                    "SELECT id, body FROM dw_events WHERE type=? AND id>?"
+                    " AND published_at>=? AND published_at<=? ORDER BY id LIMIT ?",
+                    (
+                        event_type,
+                        cursor or "",
+                        since if since is not None else float("-inf"),
+                        until if until is not None else float("inf"),
+                        limit + 1,
+                    ),
+                )
+                .fetchall()
+            )
+            page = [decode(bytes(body)) for _, body in rows[:limit]]
+            return page, (page[-1].id if len(rows) > limit else None)
+
+        return await self._run(run)
 
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
@@ -489,8 +577,9 @@ class SQLiteBroker(Broker):
         ).fetchone()
         prunable = conn.execute(
             "SELECT 1 FROM dw_jobs WHERE expires_at<? UNION ALL"
-            " SELECT 1 FROM dw_kv WHERE expires<? LIMIT 1",
-            (now, now),
+            " SELECT 1 FROM dw_kv WHERE expires<? UNION ALL"
+            " SELECT 1 FROM dw_events WHERE published_at<? LIMIT 1",
+            (now, now, now - self.event_retention),
         ).fetchone()
         if not expired and not prunable:
             return 0
@@ -532,6 +621,7 @@ class SQLiteBroker(Broker):
                 (now,),
             )
             c.execute("DELETE FROM dw_kv WHERE expires<?", (now,))
+            c.execute("DELETE FROM dw_events WHERE published_at<?", (now - self.event_retention,))
             return len(rows)
 
         return self._tx(conn, run)

@@ -44,6 +44,24 @@ CREATE TABLE IF NOT EXISTS dw_locks (
     expires REAL NOT NULL
 );
 
+-- Events: the log (kept for event_retention, for replay) and the bindings
+-- of subscriber groups' queues to event types.
+CREATE TABLE IF NOT EXISTS dw_events (
+    id           TEXT PRIMARY KEY,
+    type         TEXT NOT NULL,
+    published_at REAL NOT NULL,
+    body         BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dw_events_type ON dw_events (type, id);
+CREATE INDEX IF NOT EXISTS dw_events_age ON dw_events (published_at);
+
+CREATE TABLE IF NOT EXISTS dw_bindings (
+    pattern      TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    PRIMARY KEY (pattern, queue)
+);
+
 CREATE TABLE IF NOT EXISTS dw_kv (
     key     TEXT PRIMARY KEY,
     value   BLOB NOT NULL,

@@ -1,0 +1,124 @@
+"""Events at the seam: fan-out to bound queues, the event log, de-duplication."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from dumbwaiter.brokers.base import Binding, Broker
+from dumbwaiter.message import EVENT, Message, uuid7
+
+from .helpers import fetch_all
+
+
+@pytest.fixture(autouse=True)
+def _needs_events(broker: Broker) -> None:
+    if not broker.capabilities.events:
+        pytest.skip(f"{type(broker).__name__} does not support events (capabilities.events)")
+
+
+def event(type_: str = "order.created", key: str | None = None, **payload: Any) -> Message:
+    id_ = uuid7()
+    return Message(
+        id=id_,
+        kind=EVENT,
+        name=type_,
+        queue="",
+        payload=payload or {"order_id": "o-1"},
+        headers={"schema_version": 1, "correlation_id": id_},
+        created_at=time.time(),
+        key=key,
+    )
+
+
+async def test_every_bound_group_gets_every_event(broker: Broker) -> None:
+    await broker.declare(
+        ["group:email", "group:billing"],
+        [
+            Binding("order.created", "group:email", 3),
+            Binding("order.created", "group:billing", 7),
+            Binding("order.paid", "group:billing", 7),
+        ],
+    )
+    created, paid = event(order_id="o-1"), event("order.paid", order_id="o-1")
+    assert await broker.publish([created, paid]) == 3
+    email = await fetch_all(broker, "group:email")
+    billing = await fetch_all(broker, "group:billing")
+    assert [d.message.name for d in email if d.message] == ["order.created"]
+    assert sorted(d.message.name for d in billing if d.message) == ["order.created", "order.paid"]
+    got = email[0].message
+    assert got is not None
+    assert got.kind == EVENT and got.payload == {"order_id": "o-1"}
+    assert got.headers["event_id"] == created.id and got.id != created.id  # a delivery of its own
+    assert got.headers["schema_version"] == 1 and got.headers["correlation_id"] == created.id
+    assert got.max_attempts == 3  # the group's retry policy
+    assert {d.message.max_attempts for d in billing if d.message} == {7}
+
+
+async def test_groups_fail_and_die_apart(broker: Broker) -> None:
+    await broker.declare(
+        ["group:a", "group:b"],
+        [Binding("order.created", "group:a"), Binding("order.created", "group:b")],
+    )
+    await broker.publish([event()])
+    [a] = await broker.fetch(["group:a"], 10, 30.0, 0)
+    await broker.dead([a])
+    [b] = await broker.fetch(["group:b"], 10, 30.0, 0)
+    await broker.ack([b])
+    stats = {s.queue: s for s in await broker.stats()}
+    assert (stats["group:a"].dead, stats["group:b"].succeeded) == (1, 1)
+
+
+async def test_a_duplicate_publish_is_not_delivered_again(broker: Broker) -> None:
+    await broker.declare(["group:email"], [Binding("order.created", "group:email")])
+    e = event()
+    assert await broker.publish([e]) == 1
+    assert await broker.publish([e]) == 0  # the relay published it twice
+    assert len(await fetch_all(broker, "group:email")) == 1
+
+
+async def test_unbound_events_are_kept_in_the_log(broker: Broker) -> None:
+    e = event("invoice.sent")
+    assert await broker.publish([e]) == 0
+    page, cursor = await broker.list_events("invoice.sent")
+    assert [m.id for m in page] == [e.id] and cursor is None
+    assert page[0].payload == e.payload and page[0].headers["schema_version"] == 1
+
+
+async def test_list_events_by_type_and_time_paged(broker: Broker) -> None:
+    first = [event(n=i) for i in range(5)]
+    await broker.publish(first)
+    cut = time.time()
+    later = [event(n=i) for i in range(5, 8)]
+    await broker.publish([*later, event("order.paid")])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = await broker.list_events("order.created", cursor=cursor, limit=3)
+        seen += [m.id for m in page]
+        if cursor is None:
+            break
+    assert seen == [m.id for m in first + later]  # oldest first, each once
+    recent, _ = await broker.list_events("order.created", since=cut)
+    assert [m.id for m in recent] == [m.id for m in later]
+    old, _ = await broker.list_events("order.created", until=cut)
+    assert [m.id for m in old] == [m.id for m in first]
+
+
+async def test_binding_declared_again_takes_its_new_attempts(broker: Broker) -> None:
+    await broker.declare(["group:g"], [Binding("order.created", "group:g", 2)])
+    await broker.declare(["group:g"], [Binding("order.created", "group:g", 9)])
+    await broker.publish([event()])
+    [d] = await broker.fetch(["group:g"], 1, 30.0, 0)
+    assert d.message is not None and d.message.max_attempts == 9
+
+
+async def test_ordering_per_key(broker: Broker) -> None:
+    if not broker.capabilities.ordered_keys:
+        pytest.skip(
+            f"{type(broker).__name__} does not promise order per key "
+            "(capabilities.ordered_keys): workers in a group run events concurrently"
+        )
+    raise AssertionError("a broker that promises order per key must test it here")
