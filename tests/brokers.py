@@ -15,6 +15,8 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.integration.postgres.server import postgres_url
+
 _names = itertools.count()
 
 
@@ -29,6 +31,7 @@ def _sqlite_url(tmp_path: Path) -> str:
 BROKERS: dict[str, Callable[[Path], str]] = {
     "memory": _memory_url,
     "sqlite": _sqlite_url,
+    "postgres": postgres_url,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres"]

@@ -1,0 +1,878 @@
+"""``postgresql://`` (or ``postgres://``): the PostgreSQL broker.
+
+* **Claims** are one ``UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED
+  LIMIT n)``: any number of workers claim disjoint batches without waiting
+  for each other.  Due scheduled jobs (eta, retries) are promoted to ready in
+  the same round trip (a pipeline), just before the claim.
+* **Leases** carry a fencing token; every later change of a running job
+  (ack, retry, dead, requeue, extend) presents it, so a worker that lost its
+  lease cannot settle a job someone else now holds.
+* **Idle fetches** wait on ``LISTEN``; whatever makes a job ready sends
+  ``NOTIFY`` in its own transaction.  While LISTEN is down they poll.
+* **Completions** are one statement per batch (``UPDATE ... FROM unnest``).
+* **Finished rows** stay in ``dw_jobs`` for the retention window (results,
+  ``job.status()``, unique keys) and are then pruned; the states a worker
+  polls each have a partial index, so a claim reads live rows only.
+* **Maintenance**: every worker calls ``rescue`` each second (an index probe
+  when nothing expired); pruning runs on one elected leader (``acquire``).
+
+Enqueue is idempotent (a stored id or a held key is not stored again), so a
+producer whose connection dies mid-call retries with backoff and can never
+store a job twice.  See docs/postgres.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import orjson
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ...errors import MessageDecodeError
+from ...message import ErrorRecord, Message, encode_checked
+from ...message import from_dict as message_from_dict
+from ...state import State
+from ..base import (
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    normalize_error_type,
+)
+from . import migrations
+from .connection import LoopPool, Options, check_sync, looks_closed, parse_url
+from .listen import Listener
+from .queries import LEASE_EXPIRED, Queries
+
+T = TypeVar("T")
+
+#: name of the lock whose holder prunes finished jobs (one leader at a time)
+MAINTENANCE_LOCK = "dumbwaiter:maintenance"
+#: rows one prune statement deletes (several statements per prune, if needed)
+PRUNE_BATCH = 5000
+#: how long a producer keeps retrying an enqueue while the server is unreachable
+RECONNECT_FOR = 15.0
+
+
+class _LoopState:
+    """The async connections of one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: LoopPool, listener: Listener):
+        self.loop = loop
+        self.pool = pool
+        self.listener = listener
+        #: claims whose fetch was cancelled mid-flight, being given back
+        self.giving_back: set[asyncio.Task[None]] = set()
+
+
+class PostgresBroker(Broker):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        sync_enqueue=True, transactional_outbox=True, multi_process=True
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.opts: Options = parse_url(url)
+        self.schema = self.opts.schema
+        self.retention = self.opts.retention
+        self.q = Queries(self.schema)
+        self._lock = threading.Lock()
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pid = os.getpid()
+        self._schema_ok = False
+        self._known_queues: set[str] = set()
+        #: this broker's name as a candidate maintenance leader
+        self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
+        self._next_prune = 0.0
+
+    def __repr__(self) -> str:
+        return f"<PostgresBroker schema={self.schema!r}>"
+
+    # -- connections -------------------------------------------------------
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, "prepare_threshold": self.opts.prepare_threshold}
+
+    async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self.opts.conninfo, **self._conn_kwargs())
+        if not self._schema_ok:
+            try:
+                await self._acheck_schema(conn)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def _acheck_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._judge_schema(await migrations.acurrent_version(conn, self.schema))
+        if not self._schema_ok:  # migrate=auto and behind
+            await asyncio.to_thread(self.migrate)
+            self._schema_ok = True
+
+    def _check_schema_sync(self, conn: psycopg.Connection[Any]) -> None:
+        self._judge_schema(migrations.current_version(conn, self.schema))
+        if not self._schema_ok:
+            self.migrate()
+            self._schema_ok = True
+
+    def _judge_schema(self, found: int) -> None:
+        if found > migrations.SCHEMA_VERSION:
+            raise migrations.too_new(self.schema, found)
+        if found == migrations.SCHEMA_VERSION:
+            self._schema_ok = True
+        elif self.opts.migrate != "auto":
+            raise migrations.too_old(self.schema, found)
+
+    def migrate(self, dry_run: bool = False) -> list[migrations.Migration]:
+        """Apply the pending migrations in one transaction; return them.
+
+        Concurrent migrators of the same schema wait for each other (an
+        advisory lock), so many workers started with ``?migrate=auto`` at once
+        apply each migration once."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn, conn.transaction():
+            conn.execute(migrations.lock_query(self.schema))
+            current = migrations.current_version(conn, self.schema)
+            if current > migrations.SCHEMA_VERSION:
+                raise migrations.too_new(self.schema, current)
+            pending = [m for m in migrations.migrations() if m.version > current]
+            if dry_run:
+                return pending
+            for m in pending:
+                conn.execute(migrations.prelude(self.schema))
+                conn.execute(m.sql.encode())
+        self._schema_ok = True
+        return pending
+
+    def schema_version(self) -> int:
+        """The version recorded in the database (0: no dumbwaiter tables)."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn:
+            return migrations.current_version(conn, self.schema)
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        st = self._states.get(loop)
+        if st is not None:
+            return st
+        with self._lock:
+            self._after_fork()
+            for other in [s for lp, s in self._states.items() if lp.is_closed()]:
+                # asyncio.run() ended that loop (and cancelled its tasks)
+                other.pool.abandon()
+                other.listener.abandon()
+                del self._states[other.loop]
+            st = _LoopState(
+                loop,
+                LoopPool(self._aconnect, self.opts.pool_max),
+                Listener(self.q.channel, self._aconnect),
+            )
+            self._states[loop] = st
+        return st
+
+    def _after_fork(self) -> None:
+        """A forked child must not use (or close) its parent's connections."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._states = {}
+            self._sync_pool = None
+
+    async def _run(
+        self,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        retry: bool = True,
+    ) -> T:
+        """``fn`` on a pooled connection.  If the connection turns out dead
+        (the server restarted, or ended our session), an idempotent ``fn`` is
+        run once more on a fresh one."""
+        st = self._state()
+        try:
+            async with st.pool.connection() as conn:
+                return await fn(conn)
+        except psycopg.OperationalError:
+            if not retry:
+                raise
+        async with st.pool.connection() as conn:
+            return await fn(conn)
+
+    def _sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool = self._sync_pool
+        if pool is not None and os.getpid() == self._pid:
+            return pool
+        with self._lock:
+            self._after_fork()
+            if self._sync_pool is None:
+                pool = ConnectionPool(
+                    self.opts.conninfo,
+                    min_size=1,
+                    max_size=self.opts.sync_pool_max,
+                    kwargs=self._conn_kwargs(),
+                    check=check_sync,
+                    configure=self._configure_sync,
+                    open=False,
+                    name=f"dumbwaiter-{self.schema}",
+                )
+                pool.open(wait=False)
+                self._sync_pool = pool
+            return self._sync_pool
+
+    def _configure_sync(self, conn: psycopg.Connection[Any]) -> None:
+        if not self._schema_ok:
+            self._check_schema_sync(conn)
+
+    # -- transport -------------------------------------------------------
+
+    async def open(self) -> None:
+        self._state()
+        await self._run(_noop)
+
+    async def close(self) -> None:
+        with self._lock:
+            states, self._states = self._states, {}
+            pool, self._sync_pool = self._sync_pool, None
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, st in states.items():
+            if loop is current:
+                await st.listener.close()
+                await asyncio.gather(*st.giving_back, return_exceptions=True)
+                await st.pool.close()
+            elif loop.is_closed() or not loop.is_running():
+                st.listener.abandon()
+                st.pool.abandon()
+            else:  # another thread's running loop: let it close its own
+                loop.call_soon_threadsafe(_close_later, st)
+        if pool is not None:
+            if current is not None:
+                await asyncio.to_thread(pool.close)
+            else:
+                pool.close()
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Any] = ()) -> None:
+        new = sorted(set(queues) - self._known_queues)
+        if new:
+            await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
+            self._known_queues.update(new)
+
+    def _rows(self, msgs: Iterable[Message]) -> dict[str, Any]:
+        """The batch as arrays, encoded and size-checked before any I/O."""
+        ids: list[str] = []
+        queue: list[str] = []
+        name: list[str] = []
+        kind: list[str] = []
+        priority: list[int] = []
+        eta: list[float | None] = []
+        max_attempts: list[int] = []
+        key: list[str | None] = []
+        body: list[bytes] = []
+        limit = self.max_message_size
+        for m in msgs:
+            ids.append(m.id)
+            queue.append(m.queue)
+            name.append(m.name)
+            kind.append(m.kind)
+            priority.append(m.priority)
+            eta.append(m.eta)
+            max_attempts.append(m.max_attempts)
+            key.append(m.key if m.kind == "task" else None)
+            body.append(encode_checked(m, limit))
+        return {
+            "id": ids,
+            "queue": queue,
+            "name": name,
+            "kind": kind,
+            "priority": priority,
+            "eta": eta,
+            "max_attempts": max_attempts,
+            "key": key,
+            "body": body,
+            "channel": self.q.channel,
+        }
+
+    def _ids(self, rows: dict[str, Any], inserted: int, holders: dict[str, str]) -> list[str]:
+        ids: list[str] = rows["id"]
+        if inserted == len(ids) or not holders:
+            return list(ids)
+        return [
+            holders.get(k, i) if k is not None else i for i, k in zip(ids, rows["key"], strict=True)
+        ]
+
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        rows = self._rows(msgs)
+        if not rows["id"]:
+            return []
+        new_queues = sorted(set(rows["queue"]) - self._known_queues)
+        deadline = time.monotonic() + RECONNECT_FOR
+        backoff = 0.05
+        while True:
+            try:
+                return await self._run(lambda c: self.aenqueue_in(c, rows, new_queues))
+            except psycopg.OperationalError:
+                if time.monotonic() + backoff > deadline:
+                    raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def aenqueue_in(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        msgs: Iterable[Message] | dict[str, Any],
+        new_queues: Sequence[str] | None = None,
+    ) -> list[str]:
+        """Enqueue on the caller's connection, inside its transaction if it has
+        one (the transactional outbox); the NOTIFY is delivered at its commit."""
+        rows = msgs if isinstance(msgs, dict) else self._rows(msgs)
+        if new_queues is None:
+            new_queues = sorted(set(rows["queue"]) - self._known_queues)
+        if new_queues:
+            await conn.execute(self.q.add_queues, (list(new_queues),))
+        cur = await conn.execute(self.q.enqueue, rows)
+        row = await cur.fetchone()
+        inserted = int(row[0]) if row else 0
+        holders: dict[str, str] = {}
+        if inserted < len(rows["id"]):
+            keys = [k for k in rows["key"] if k is not None]
+            if keys:
+                cur = await conn.execute(self.q.holders, (keys,))
+                holders = dict(await cur.fetchall())
+        self._known_queues.update(new_queues)
+        return self._ids(rows, inserted, holders)
+
+    def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        rows = self._rows(msgs)
+        if not rows["id"]:
+            return []
+        pool = self._sync()
+        deadline = time.monotonic() + RECONNECT_FOR
+        backoff = 0.05
+        while True:
+            try:
+                with pool.connection() as conn:
+                    return self.enqueue_in(conn, rows)
+            except psycopg.OperationalError:
+                if time.monotonic() + backoff > deadline:
+                    raise
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def enqueue_in(
+        self, conn: psycopg.Connection[Any], msgs: Iterable[Message] | dict[str, Any]
+    ) -> list[str]:
+        """``aenqueue_in`` for a sync psycopg connection."""
+        rows = msgs if isinstance(msgs, dict) else self._rows(msgs)
+        if not self._schema_ok:
+            self._check_schema_sync(conn)
+        new_queues = sorted(set(rows["queue"]) - self._known_queues)
+        if new_queues:
+            conn.execute(self.q.add_queues, (new_queues,))
+        row = conn.execute(self.q.enqueue, rows).fetchone()
+        inserted = int(row[0]) if row else 0
+        holders: dict[str, str] = {}
+        if inserted < len(rows["id"]):
+            keys = [k for k in rows["key"] if k is not None]
+            if keys:
+                holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())
+        self._known_queues.update(new_queues)
+        return self._ids(rows, inserted, holders)
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        if limit <= 0 or not queues:
+            return []
+        queues = list(queues)
+        st = self._state()
+        out = await self._claim_safely(st, queues, limit, lease, worker)
+        if out or wait <= 0:
+            return out
+        deadline = time.monotonic() + wait
+        listener = st.listener
+        await listener.ready(min(wait, 1.0))
+        waiter = listener.add(queues)
+        try:
+            while True:
+                waiter.event.clear()
+                out = await self._claim_safely(st, queues, limit, lease, worker)
+                remaining = deadline - time.monotonic()
+                if out or remaining <= 0:
+                    return out
+                due = await self._run(lambda c: self._next_due(c, queues))
+                if due is not None:
+                    remaining = min(remaining, max(0.0, due))
+                if not listener.listening:
+                    remaining = min(remaining, self.opts.poll_interval)
+                await waiter.wait(remaining)
+        finally:
+            listener.remove(waiter)
+
+    async def _next_due(
+        self, conn: psycopg.AsyncConnection[Any], queues: list[str]
+    ) -> float | None:
+        cur = await conn.execute(self.q.next_due, (queues,))
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def _claim_safely(
+        self, st: _LoopState, queues: list[str], limit: int, lease: float, worker: str
+    ) -> list[Delivery]:
+        """A claim that can be cancelled: if the caller gives up while the
+        claim is in flight, what it claimed is given back (uncharged)."""
+        task = asyncio.ensure_future(
+            self._run(lambda c: self._claim(c, queues, limit, lease, worker), retry=False)
+        )
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+
+            def give_back(t: asyncio.Future[list[Delivery]]) -> None:
+                if t.cancelled() or t.exception() is not None or not t.result():
+                    return
+                back = st.loop.create_task(self.requeue(t.result()))
+                st.giving_back.add(back)
+                back.add_done_callback(st.giving_back.discard)
+
+            task.add_done_callback(give_back)
+            raise
+
+    async def _claim(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        queues: list[str],
+        limit: int,
+        lease: float,
+        worker: str,
+    ) -> list[Delivery]:
+        token = secrets.randbits(62)
+        params: dict[str, Any] = {"token": token, "lease": lease, "worker": worker, "limit": limit}
+        if len(queues) == 1:
+            params["queue"] = queues[0]
+            claim = self.q.claim_one
+        else:
+            params["queues"] = queues
+            claim = self.q.claim_many
+        async with conn.pipeline():
+            await conn.execute(self.q.promote)
+            cur = await conn.execute(claim, params, binary=True)
+        rows = await cur.fetchall()
+        if len(rows) > 1:
+            order = {q: i for i, q in enumerate(queues)}
+            rows.sort(key=lambda r: (order.get(r[1], 0), -r[5], r[6]))
+        return [_delivery(r, token) for r in rows]
+
+    def _batch(self, ds: Sequence[Delivery]) -> dict[str, Any]:
+        return {
+            "id": [d.id for d in ds],
+            "token": [d.token for d in ds],
+            "retention": self.retention,
+            "channel": self.q.channel,
+        }
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        params = self._batch(ds)
+        stmt = self.q.ack
+        if any(d.result is not None for d in ds):
+            stmt = self.q.ack_results
+            params["result"] = [d.result for d in ds]
+            params["keep"] = [d.result_ttl if d.result is not None else None for d in ds]
+        await self._run(lambda c: c.execute(stmt, params))
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        params = self._batch(ds)
+        params["at"] = [d.retry_at for d in ds]
+        params["err"] = [_err_json(d) for d in ds]
+        params["etype"] = [None if d.error is None else d.error.type for d in ds]
+        await self._run(lambda c: c.execute(self.q.retry, params))
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        params = self._batch(ds)
+        params["err"] = [_err_json(d) for d in ds]
+        params["etype"] = [None if d.error is None else d.error.type for d in ds]
+        await self._run(lambda c: c.execute(self.q.dead, params))
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        if ds:
+            params = self._batch(ds)
+            await self._run(lambda c: c.execute(self.q.requeue, params))
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        if not ds:
+            return []
+        params = self._batch(ds)
+        params["lease"] = lease
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, float]:
+            cur = await c.execute(self.q.extend, params)
+            return {i: float(u) for i, u in await cur.fetchall()}
+
+        kept = await self._run(run)
+        lost = []
+        for d in ds:
+            until = kept.get(d.id)
+            if until is None:
+                lost.append(d)
+            else:
+                d.lease_until = until
+        return lost
+
+    async def rescue(self) -> int:
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            cur = await c.execute(self.q.rescue, {"type": LEASE_EXPIRED, "channel": self.q.channel})
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        n = await self._run(run)
+        now = time.monotonic()
+        if now >= self._next_prune:
+            self._next_prune = now + self.opts.prune_interval
+            await self.maintain()
+        return n
+
+    async def maintain(self) -> bool:
+        """Prune finished jobs past their retention and expired kv entries, if
+        this broker is (or becomes) the maintenance leader.  True if it was."""
+        ttl = max(3 * self.opts.prune_interval, 30.0)
+        if await self.acquire(MAINTENANCE_LOCK, self._owner, ttl) is None:
+            return False
+
+        async def prune(c: psycopg.AsyncConnection[Any]) -> None:
+            for _ in range(20):  # at most 100,000 rows per round; the rest next time
+                cur = await c.execute(self.q.prune_jobs, (PRUNE_BATCH,))
+                if cur.rowcount < PRUNE_BATCH:
+                    break
+            await c.execute(self.q.prune_kv)
+
+        await self._run(prune)
+        return True
+
+    # -- admin -----------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[QueueStats]:
+            queues = await (await c.execute(self.q.queues)).fetchall()
+            counts = await (await c.execute(self.q.counts)).fetchall()
+            return _stats(queues, counts)
+
+        return await self._run(run)
+
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        where, params = _where(filter)
+        if cursor is not None:
+            where += " AND id < %s::uuid"
+            params.append(cursor)
+        query = (self.q.list_prefix + where + " ORDER BY id DESC LIMIT %s").encode()
+        params.append(limit + 1)
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
+            return await (await c.execute(query, params)).fetchall()
+
+        rows = await self._run(run)
+        items = [_info(r) for r in rows[:limit]]
+        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        try:
+            uuid.UUID(id)
+        except ValueError:
+            return None
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> Any:
+            return await (await c.execute(self.q.get, (id,))).fetchone()
+
+        row = await self._run(run)
+        return None if row is None else _info(row)
+
+    async def replay(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        query = (self.q.replay_prefix + where + self.q.replay_suffix).encode()
+        params = [*params, self.q.channel]
+        query = query.replace(b"%(channel)s", b"%s")
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(query, params)).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(run)
+
+    async def purge(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        query = (self.q.purge_prefix + where).encode()
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            return (await c.execute(query, params)).rowcount
+
+        return await self._run(run)
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        valid = [i for i in ids if _is_uuid(i)]
+        if not valid:
+            return []
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[str]:
+            cur = await c.execute(self.q.cancel, (self.retention, valid))
+            return [r[0] for r in await cur.fetchall()]
+
+        return await self._run(run)
+
+    async def pause(self, queue: str) -> None:
+        await self._set_paused(queue, True)
+
+    async def resume(self, queue: str) -> None:
+        await self._set_paused(queue, False)
+
+    async def _set_paused(self, queue: str, paused: bool) -> None:
+        params = {"queue": queue, "paused": paused, "channel": self.q.channel}
+        await self._run(lambda c: c.execute(self.q.set_paused, params))
+        self._known_queues.add(queue)
+
+    # -- coordination ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        params = {"name": name, "owner": owner, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int | None:
+            row = await (await c.execute(self.q.acquire, params)).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(run)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
+            return (await c.execute(self.q.renew, params)).rowcount == 1
+
+        return await self._run(run)
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        params = {"name": name, "owner": owner, "token": token}
+        await self._run(lambda c: c.execute(self.q.release, params))
+
+    # -- key-value ---------------------------------------------------------------
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
+            cur = await c.execute(self.q.kv_get, (list(keys),))
+            return {k: bytes(v) for k, v in await cur.fetchall()}
+
+        return await self._run(run)
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        if not items:
+            return
+        params = {"keys": list(items), "values": [bytes(v) for v in items.values()], "ttl": ttl}
+        await self._run(lambda c: c.execute(self.q.kv_set, params))
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        params = {"key": key, "value": bytes(value), "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
+            return (await (await c.execute(self.q.kv_add, params)).fetchone()) is not None
+
+        return await self._run(run)
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        params = {"key": key, "amount": amount, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(self.q.kv_incr, params)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        # not idempotent: a retry after a lost reply could count twice
+        return await self._run(run, retry=False)
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(self.q.kv_delete, (list(keys),))).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(run)
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
+            cur = await c.execute(self.q.kv_scan, (prefix,))
+            return {k: bytes(v) for k, v in await cur.fetchall()}
+
+        return await self._run(run)
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+async def _noop(conn: psycopg.AsyncConnection[Any]) -> None:
+    return None
+
+
+def _close_later(st: _LoopState) -> None:
+    async def go() -> None:
+        await st.listener.close()
+        await st.pool.close()
+
+    st.loop.create_task(go())
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def _message(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
+    d = orjson.loads(body)
+    d["queue"] = queue
+    d["attempt"] = attempt
+    d["errors"] = orjson.loads(errors) if errors else []
+    return message_from_dict(d)
+
+
+def _delivery(row: Any, token: int) -> Delivery:
+    id_, queue, attempt, body, errors = row[:5]
+    try:
+        msg: Message | None = _message(body, queue, attempt, errors)
+        problem = None
+    except (orjson.JSONDecodeError, MessageDecodeError) as exc:
+        msg, problem = None, str(exc)
+    return Delivery(
+        id=id_,
+        message=msg,
+        token=token,
+        lease_until=row[7],
+        queue=queue,
+        raw=None if msg is not None else bytes(body),
+        decode_error=problem,
+    )
+
+
+def _info(row: Any) -> JobInfo:
+    (
+        id_,
+        queue,
+        state,
+        attempt,
+        body,
+        errors,
+        run_at,
+        updated_at,
+        worker,
+        lease,
+        result,
+        replays,
+    ) = row
+    raw = None
+    try:
+        msg = _message(body, queue, attempt, errors)
+    except (orjson.JSONDecodeError, MessageDecodeError):
+        raw = bytes(body)
+        msg = Message(
+            id=id_,
+            kind="task",
+            name="?",
+            queue=queue,
+            attempt=attempt,
+            errors=[ErrorRecord.from_dict(e) for e in orjson.loads(errors)] if errors else [],
+        )
+    st = State(state)
+    if st is State.SCHEDULED and attempt > 0:
+        st = State.RETRYING
+    return JobInfo(
+        message=msg,
+        state=st,
+        run_at=run_at,
+        updated_at=updated_at,
+        worker=worker,
+        lease_until=lease,
+        result=None if result is None else bytes(result),
+        replays=replays,
+        raw=raw,
+    )
+
+
+def _stats(queues: list[Any], counts: list[Any]) -> list[QueueStats]:
+    table: dict[str, dict[str, float]] = {name: {} for name, _ in queues}
+    paused = {name for name, p in queues if p}
+    for queue, state, retrying, n, age in counts:
+        c = table.setdefault(queue, {})
+        key = "retrying" if retrying else state
+        c[key] = c.get(key, 0) + n
+        if state == "ready" and age is not None:
+            c["lag"] = max(c.get("lag", 0.0), float(age))
+    return [
+        QueueStats(
+            queue=q,
+            ready=int(c.get("ready", 0)),
+            scheduled=int(c.get("scheduled", 0)),
+            retrying=int(c.get("retrying", 0)),
+            running=int(c.get("running", 0)),
+            dead=int(c.get("dead", 0)),
+            succeeded=int(c.get("succeeded", 0)),
+            cancelled=int(c.get("cancelled", 0)),
+            lag=max(0.0, c.get("lag", 0.0)),
+            paused=q in paused,
+        )
+        for q, c in sorted(table.items())
+    ]
+
+
+def _err_json(d: Delivery) -> str | None:
+    return None if d.error is None else orjson.dumps(d.error.to_dict()).decode()
+
+
+def _where(f: JobFilter) -> tuple[str, list[Any]]:
+    """SQL conditions (positional ``%s`` parameters) for an admin filter."""
+    clauses = ["true"]
+    params: list[Any] = []
+    if f.queue is not None:
+        clauses.append("queue = %s")
+        params.append(f.queue)
+    if f.name is not None:
+        clauses.append("name = %s")
+        params.append(f.name)
+    if f.state is not None:
+        if f.state is State.RETRYING:
+            clauses.append("state = 'scheduled' AND attempt > 0")
+        elif f.state is State.SCHEDULED:
+            clauses.append("state = 'scheduled' AND attempt = 0")
+        else:
+            clauses.append("state = %s")
+            params.append(str(f.state))
+    if f.ids is not None:
+        clauses.append("id = ANY(%s::uuid[])")
+        params.append([i for i in f.ids if _is_uuid(i)])
+    if f.since is not None:
+        clauses.append("updated_at >= to_timestamp(%s)")
+        params.append(f.since)
+    if f.until is not None:
+        clauses.append("updated_at <= to_timestamp(%s)")
+        params.append(f.until)
+    if f.error_type is not None:
+        wanted = normalize_error_type(f.error_type)
+        clauses.append("(last_error_type = %s OR right(last_error_type, %s) = %s)")
+        params += [wanted, len(wanted) + 1, "." + wanted]
+    return " AND ".join(clauses), params
+
+
+__all__ = ["MAINTENANCE_LOCK", "PostgresBroker", "looks_closed"]

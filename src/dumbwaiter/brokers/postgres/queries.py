@@ -1,0 +1,246 @@
+"""Every SQL statement of the PostgreSQL broker, named, for one schema.
+
+Statements are rendered once per broker with the schema's quoted name and
+kept as bytes (psycopg sends bytes as they are).  Batches travel as arrays
+and are spread with ``unnest``: one statement, one round trip and one plan
+for any number of jobs.  Times are the server's clock (``now()``), so
+workers on machines whose clocks disagree still agree on leases.
+
+Every statement that makes jobs ready also sends ``NOTIFY`` (channel
+``dumbwaiter:<schema>``, payload the queue's name) in its own transaction: the
+notification arrives when the jobs become visible, never before.
+"""
+
+from __future__ import annotations
+
+from ...errors import LeaseExpired
+
+LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
+
+# Columns a claim returns, in the order ``_delivery`` reads them.
+_CLAIMED = (
+    "j.id::text, j.queue, j.attempt, j.body, j.errors::text, j.priority,"
+    " date_part('epoch', j.run_at), date_part('epoch', j.lease_until)"
+)
+_TAKE = (
+    "state = 'running', attempt = j.attempt + 1, token = %(token)s,"
+    " lease_until = now() + make_interval(secs => %(lease)s), worker = %(worker)s,"
+    " updated_at = now()"
+)
+#: columns of ``JobInfo`` (see broker._info)
+INFO_COLS = (
+    "id::text, queue, state, attempt, body, errors::text, date_part('epoch', run_at),"
+    " date_part('epoch', updated_at), worker, date_part('epoch', lease_until), result, replays"
+)
+
+
+def _notify_ready(rows: str) -> str:
+    """A SELECT that notifies once per queue of ``rows`` that has ready jobs."""
+    return (
+        "SELECT count(pg_notify(%(channel)s, q)) FROM"
+        f" (SELECT DISTINCT queue FROM {rows} WHERE state = 'ready') AS x(q)"
+    )
+
+
+class Queries:
+    """The broker's statements for schema ``schema`` (rendered as bytes)."""
+
+    def __init__(self, schema: str) -> None:
+        s = '"' + schema.replace('"', '""') + '"'
+        self.schema = schema
+        #: NOTIFY/LISTEN channel of this schema
+        self.channel = f"dumbwaiter:{schema}"
+        jobs, queues = f"{s}.dw_jobs", f"{s}.dw_queues"
+
+        def q(text: str) -> bytes:
+            return text.encode()
+
+        # -- transport -----------------------------------------------------
+        self.enqueue = q(
+            f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
+            " updated_at, max_attempts, key, body)"
+            " SELECT v.id, v.queue, v.name, v.kind,"
+            " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
+            " v.priority,"
+            " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
+            " now(), v.max_attempts, v.key, v.body"
+            " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
+            " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
+            " %(body)s::bytea[]) WITH ORDINALITY"
+            " AS v(id, queue, name, kind, priority, eta, max_attempts, key, body, ord)"
+            " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
+            f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
+        )
+        self.holders = q(f"SELECT key, id::text FROM {jobs} WHERE key = ANY(%s::text[])")
+        self.add_queues = q(
+            f"INSERT INTO {queues} (name) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING"
+        )
+        self.promote = q(
+            f"UPDATE {jobs} SET state = 'ready' WHERE id IN (SELECT id FROM {jobs}"
+            " WHERE state = 'scheduled' AND run_at <= now() ORDER BY run_at LIMIT 1000"
+            " FOR UPDATE SKIP LOCKED)"
+        )
+        self.claim_one = q(
+            f"UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
+            " WHERE state = 'ready' AND queue = %(queue)s"
+            f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
+            " ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}"
+        )
+        self.claim_many = q(
+            f"UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
+            " (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)"
+            " ORDER BY ord) q"
+            f" CROSS JOIN LATERAL (SELECT id FROM {jobs} WHERE state = 'ready'"
+            " AND queue = q.name ORDER BY priority DESC, run_at, id LIMIT %(limit)s"
+            " FOR UPDATE SKIP LOCKED) c LIMIT %(limit)s) c"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}"
+        )
+        self.next_due = q(
+            f"SELECT date_part('epoch', min(run_at) - now()) FROM {jobs}"
+            " WHERE state = 'scheduled' AND queue = ANY(%s::text[])"
+        )
+        _settled = "lease_until = NULL, token = NULL, updated_at = now()"
+        _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
+        self.ack = q(
+            f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
+            " expires_at = now() + make_interval(secs => %(retention)s)"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token) WHERE " + _held
+        )
+        self.ack_results = q(
+            f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"
+            " expires_at = now() + make_interval(secs => greatest(%(retention)s,"
+            " coalesce(u.keep, 0)))"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(result)s::bytea[],"
+            " %(keep)s::float8[]) AS u(id, token, result, keep) WHERE " + _held
+        )
+        _record = (
+            "errors = CASE WHEN u.err IS NULL THEN j.errors"
+            " ELSE coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(u.err) END,"
+            " last_error_type = coalesce(u.etype, j.last_error_type)"
+        )
+        self.retry = q(
+            f"WITH r AS (UPDATE {jobs} j SET"
+            " state = CASE WHEN u.at > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
+            f" run_at = greatest(to_timestamp(u.at), now()), {_record}, {_settled}"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(at)s::float8[], %(err)s::jsonb[],"
+            f" %(etype)s::text[]) AS u(id, token, at, err, etype) WHERE {_held}"
+            f" RETURNING j.queue, j.state) {_notify_ready('r')}"
+        )
+        self.dead = q(
+            f"UPDATE {jobs} j SET state = 'dead', {_record}, {_settled}, expires_at = NULL"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(err)s::jsonb[], %(etype)s::text[])"
+            f" AS u(id, token, err, etype) WHERE {_held}"
+        )
+        self.requeue = q(
+            f"WITH r AS (UPDATE {jobs} j SET state = 'ready', attempt = greatest(j.attempt - 1, 0),"
+            f" run_at = now(), {_settled}"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token)"
+            f" WHERE {_held} RETURNING j.queue, j.state) {_notify_ready('r')}"
+        )
+        self.extend = q(
+            f"UPDATE {jobs} j SET lease_until = now() + make_interval(secs => %(lease)s)"
+            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token)"
+            f" WHERE {_held} RETURNING j.id::text, date_part('epoch', j.lease_until)"
+        )
+        self.rescue = q(
+            f"WITH x AS (SELECT id FROM {jobs} WHERE state = 'running' AND lease_until < now()"
+            " ORDER BY lease_until LIMIT 1000 FOR UPDATE SKIP LOCKED),"
+            f" r AS (UPDATE {jobs} j SET"
+            " state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'ready' END,"
+            " run_at = now(), updated_at = now(), lease_until = NULL, token = NULL,"
+            " errors = coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object("
+            " 'time', date_part('epoch', now()), 'type', %(type)s::text,"
+            " 'message', 'lease expired: worker ' || coalesce(nullif(j.worker, ''), '?')"
+            " || ' stopped heartbeating during attempt ' || j.attempt,"
+            " 'traceback', '', 'worker', coalesce(j.worker, ''), 'attempt', j.attempt)),"
+            " last_error_type = %(type)s::text"
+            " FROM x WHERE j.id = x.id AND j.state = 'running' RETURNING j.queue, j.state)"
+            f" SELECT (SELECT count(*) FROM r), ({_notify_ready('r')})"
+        )
+        self.prune_jobs = q(
+            f"DELETE FROM {jobs} WHERE id IN (SELECT id FROM {jobs}"
+            " WHERE expires_at < now() LIMIT %s)"
+        )
+        self.prune_kv = q(f"DELETE FROM {s}.dw_kv WHERE expires < now()")
+
+        # -- admin ---------------------------------------------------------
+        self.queues = q(f"SELECT name, paused FROM {queues}")
+        self.counts = q(
+            "SELECT queue, state, state = 'scheduled' AND attempt > 0, count(*),"
+            f" date_part('epoch', now() - min(run_at)) FROM {jobs} GROUP BY 1, 2, 3"
+        )
+        self.get = q(f"SELECT {INFO_COLS} FROM {jobs} WHERE id = %s::uuid")
+        self.cancel = q(
+            f"UPDATE {jobs} SET state = 'cancelled', updated_at = now(),"
+            " expires_at = now() + make_interval(secs => %s)"
+            " WHERE id = ANY(%s::uuid[]) AND state IN ('scheduled', 'ready') RETURNING id::text"
+        )
+        self.set_paused = q(
+            f"WITH u AS (INSERT INTO {queues} (name, paused) VALUES (%(queue)s, %(paused)s)"
+            " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused RETURNING name)"
+            " SELECT pg_notify(%(channel)s, name) FROM u WHERE NOT %(paused)s"
+        )
+        # list_jobs / replay / purge add a WHERE clause built by broker._where
+        self.list_prefix = f"SELECT {INFO_COLS} FROM {jobs} WHERE "
+        self.replay_prefix = (
+            f"WITH r AS (UPDATE {jobs} SET state = 'ready', attempt = 0, run_at = now(),"
+            " updated_at = now(), replays = replays + 1, expires_at = NULL"
+            " WHERE state = 'dead' AND "
+        )
+        self.replay_suffix = (
+            f" RETURNING queue, state) SELECT (SELECT count(*) FROM r), ({_notify_ready('r')})"
+        )
+        self.purge_prefix = f"DELETE FROM {jobs} WHERE state <> 'running' AND "
+
+        # -- coordination --------------------------------------------------
+        locks = f"{s}.dw_locks"
+        self.acquire = q(
+            f"INSERT INTO {locks} AS l (name, owner, token, expires)"
+            f" VALUES (%(name)s, %(owner)s, nextval('{s}.dw_fence'),"
+            " now() + make_interval(secs => %(ttl)s))"
+            " ON CONFLICT (name) DO UPDATE SET owner = excluded.owner,"
+            " token = CASE WHEN l.owner = excluded.owner AND l.expires > now() THEN l.token"
+            " ELSE excluded.token END, expires = excluded.expires"
+            " WHERE l.owner = excluded.owner OR l.expires <= now() RETURNING token"
+        )
+        self.renew = q(
+            f"UPDATE {locks} SET expires = now() + make_interval(secs => %(ttl)s)"
+            " WHERE name = %(name)s AND owner = %(owner)s AND token = %(token)s AND expires > now()"
+        )
+        self.release = q(
+            f"DELETE FROM {locks} WHERE name = %(name)s AND owner = %(owner)s AND token = %(token)s"
+        )
+        kv = f"{s}.dw_kv"
+        _live = "(expires IS NULL OR expires > now())"
+        _expires = (
+            "CASE WHEN %(ttl)s::float8 IS NULL THEN NULL"
+            " ELSE now() + make_interval(secs => %(ttl)s::float8) END"
+        )
+        self.kv_get = q(f"SELECT key, value FROM {kv} WHERE key = ANY(%s::text[]) AND {_live}")
+        self.kv_set = q(
+            f"INSERT INTO {kv} (key, value, expires) SELECT k, v, {_expires}"
+            " FROM unnest(%(keys)s::text[], %(values)s::bytea[]) AS u(k, v)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires"
+        )
+        self.kv_add = q(
+            f"INSERT INTO {kv} AS t (key, value, expires) VALUES (%(key)s, %(value)s, {_expires})"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires"
+            " WHERE t.expires IS NOT NULL AND t.expires <= now() RETURNING 1"
+        )
+        self.kv_incr = q(
+            f"INSERT INTO {kv} AS t (key, value, expires)"
+            f" VALUES (%(key)s, convert_to(%(amount)s::int8::text, 'UTF8'), {_expires})"
+            " ON CONFLICT (key) DO UPDATE SET"
+            " value = convert_to((CASE WHEN t.expires IS NOT NULL AND t.expires <= now() THEN 0"
+            " ELSE convert_from(t.value, 'UTF8')::int8 END + %(amount)s::int8)::text, 'UTF8'),"
+            " expires = CASE WHEN t.expires IS NOT NULL AND t.expires <= now()"
+            " THEN excluded.expires ELSE t.expires END"
+            " RETURNING convert_from(value, 'UTF8')::int8"
+        )
+        self.kv_delete = q(
+            f"WITH d AS (DELETE FROM {kv} WHERE key = ANY(%s::text[]) RETURNING expires)"
+            f" SELECT count(*) FILTER (WHERE {_live}) FROM d"
+        )
+        self.kv_scan = q(f"SELECT key, value FROM {kv} WHERE starts_with(key, %s) AND {_live}")
