@@ -25,6 +25,8 @@ COMMANDS = {
     "jobs": "jobs:jobs",
     "dlq": "dlq:dlq",
     "demo": "demo:demo",
+    "events": "events:events",
+    "publish": "events:publish",
 }
 
 
