@@ -25,6 +25,7 @@ COMMANDS = {
     "jobs": "jobs:jobs",
     "dlq": "dlq:dlq",
     "demo": "demo:demo",
+    "migrate": "migrate:migrate",
     "events": "events:events",
     "publish": "events:publish",
 }
