@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -122,3 +124,23 @@ async def test_ordering_per_key(broker: Broker) -> None:
             "(capabilities.ordered_keys): workers in a group run events concurrently"
         )
     raise AssertionError("a broker that promises order per key must test it here")
+
+
+async def test_fetchers_in_one_group_share_its_deliveries(
+    make_broker: Callable[[], Broker],
+) -> None:
+    brokers = [make_broker() for _ in range(3)]
+    for b in brokers:
+        await b.open()
+    await brokers[0].declare(["group:g"], [Binding("order.created", "group:g")])
+    await brokers[0].publish([event(n=i) for i in range(90)])
+
+    async def drain(b: Broker) -> list[str]:
+        got: list[str] = []
+        while ds := await b.fetch(["group:g"], 7, 30.0, 0):
+            got += [d.message.headers["event_id"] for d in ds if d.message]
+        return got
+
+    parts = await asyncio.gather(*(drain(b) for b in brokers))
+    every = [e for p in parts for e in p]
+    assert len(every) == len(set(every)) == 90
