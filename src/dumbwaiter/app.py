@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Sequence
-from datetime import timedelta
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from datetime import timedelta, tzinfo
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .brokers import DEFAULT_URL, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
@@ -24,6 +25,9 @@ from .middleware import Chain, Middleware
 from .portal import Portal
 from .retry import Retry
 from .task import DEFAULT_RESULT_TTL, Task
+
+if TYPE_CHECKING:
+    from .schedule import Policy, Schedule
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -333,6 +337,58 @@ class App:
     async def aclose(self) -> None:
         await self.broker.close()
         self._portal.close()
+
+    # -- schedules -------------------------------------------------------------
+
+    @cached_property
+    def schedules(self) -> dict[str, Schedule]:
+        """Periodic schedules by name (``@app.periodic``); run by ``dumbwaiter
+        scheduler`` or ``dumbwaiter worker --with-scheduler``."""
+        return {}
+
+    def periodic(
+        self,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        tz: str | tzinfo | None = None,
+        name: str | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        missed: Policy = "skip",
+        catch_up: int | None = None,
+        grace: timedelta | float | None = None,
+        **task_options: Any,
+    ) -> Callable[[Any], Task]:
+        """Run a task periodically, once per tick however many schedulers run.
+
+        ``@app.periodic(cron="0 3 * * *", tz="Asia/Taipei")`` or
+        ``@app.periodic(every=timedelta(minutes=5))`` on a new function
+        registers it as a task too (``task_options`` go to ``@app.task``);
+        ``app.periodic(cron=..., args=(...), kwargs={...}, name=...)(task)``
+        schedules an existing task with arguments.  ``missed`` says what to do
+        with ticks missed while no scheduler ran: ``skip`` (default), ``once``
+        (one catch-up) or ``all`` (up to ``catch_up`` of them); ticks late by
+        less than ``grace`` (60 s) are not missed.  An invalid expression, an
+        unknown time zone or arguments that do not fit the task fail here.
+        See docs/scheduler.md.
+        """
+        from .schedule import declare
+
+        return declare(
+            self,
+            cron=cron,
+            every=every,
+            tz=tz,
+            name=name,
+            args=args,
+            kwargs=kwargs,
+            missed=missed,
+            catch_up=catch_up,
+            grace=grace,
+            task_options=task_options,
+        )
+
 
 def _timeout(value: float | timedelta | None) -> float | None:
     if value is None:
