@@ -26,6 +26,8 @@ COMMANDS = {
     "dlq": "dlq:dlq",
     "demo": "demo:demo",
     "migrate": "migrate:migrate",
+    "scheduler": "scheduler:scheduler",
+    "schedules": "schedules:schedules",
     "events": "events:events",
     "publish": "events:publish",
 }

@@ -63,6 +63,12 @@ log = logging.getLogger("dumbwaiter.cli")
     help="Seconds running jobs get to finish after SIGTERM.",
 )
 @click.option(
+    "--with-scheduler",
+    is_flag=True,
+    help="Also run a scheduler replica: the one leader among all replicas enqueues "
+    "the app's periodic tasks.",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -77,6 +83,7 @@ def worker(
     lease: float,
     heartbeat: float | None,
     grace: float,
+    with_scheduler: bool,
     log_level: str,
 ) -> None:
     """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
@@ -94,7 +101,12 @@ def worker(
         heartbeat=heartbeat if heartbeat is not None else lease / 3,
         grace=grace,
     )
-    w = Worker(app, config)
+    services = []
+    if with_scheduler:
+        from ..scheduler import Scheduler  # imported only when asked for
+
+        services.append(Scheduler(app))
+    w = Worker(app, config, services=services)
     asyncio.run(_serve(w))
     # A timed-out sync job's thread may still run; it must not hold the exit.
     if any(t.name.startswith("dumbwaiter-job") and t.is_alive() for t in threading.enumerate()):
