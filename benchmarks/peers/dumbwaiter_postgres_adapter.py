@@ -1,0 +1,65 @@
+"""dumbwaiter on its PostgreSQL broker in the peers harness, next to pgqueuer
+and procrastinate on the same server and database (the harness' ``PG_DSN``,
+database ``bench``).
+
+dumbwaiter's tables live in a schema of their own (``dumbwaiter_bench``), so
+resetting them never touches the peers' tables: ``reset`` applies the
+migrations the first time (as pgqueuer's adapter runs ``pgq install``) and
+then truncates dumbwaiter's tables.  The URL has no ``?migrate=auto``: the
+worker runs on a migrated schema, as in production.
+
+Worker side: ``dumbwaiter worker --app dumbwaiter_postgres_adapter:postgres_app``.
+"""
+
+from __future__ import annotations
+
+from dumbwaiter_adapter import DumbwaiterAdapter, _app
+from peers.adapters.base import Adapter
+from peers.common import PG_DSN, pg_execute
+
+SCHEMA = "dumbwaiter_bench"
+_sep = "&" if "?" in PG_DSN else "?"
+POSTGRES_URL = f"{PG_DSN}{_sep}schema={SCHEMA}&application_name=dumbwaiter-bench"
+TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv")
+
+# Creating an App opens no connection until first use.
+postgres_app, POSTGRES_TASKS = _app(POSTGRES_URL)
+
+
+class DumbwaiterPostgresAdapter(DumbwaiterAdapter):
+    """One ``dw_jobs`` table; claims with SKIP LOCKED, LISTEN/NOTIFY wake-ups."""
+
+    notes = (
+        "PostgreSQL (psycopg 3), schema dumbwaiter_bench in database bench; sync producer on a "
+        "psycopg_pool connection pool, one autocommit statement (INSERT + NOTIFY) per enqueue; "
+        "bulk = one INSERT ... SELECT FROM unnest(arrays) statement; finished rows are kept "
+        "(retention 1 h) as in production."
+    )
+
+    def __init__(self) -> None:
+        super().__init__("dumbwaiter-postgres", "postgres", POSTGRES_URL, "postgres_app")
+
+    def worker_cmd(self, concurrency: int) -> list[str]:
+        # the base class names its own module in --app; the App is defined here
+        cmd = super().worker_cmd(concurrency)
+        cmd[cmd.index("--app") + 1] = f"{__name__}:{self.app_attr}"
+        return cmd
+
+    def reset(self) -> None:
+        exists = pg_execute(
+            f"SELECT to_regclass('{SCHEMA}.dw_schema_version') IS NOT NULL", fetch=True
+        )
+        if not exists[0][0]:
+            from dumbwaiter.brokers.postgres import PostgresBroker
+
+            PostgresBroker(POSTGRES_URL).migrate()
+        pg_execute("TRUNCATE " + ", ".join(f"{SCHEMA}.{t}" for t in TABLES))
+
+    def pending(self) -> int | None:
+        rows = pg_execute(
+            f"SELECT count(*) FROM {SCHEMA}.dw_jobs WHERE state = 'ready'", fetch=True
+        )
+        return int(rows[0][0])
+
+
+ADAPTERS: list[Adapter] = [DumbwaiterPostgresAdapter()]
