@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.postgres.server import postgres_url
+from tests.integration.redis.server import redis_url
 
 _names = itertools.count()
 
@@ -32,6 +33,7 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "memory": _memory_url,
     "sqlite": _sqlite_url,
     "postgres": postgres_url,
+    "redis": redis_url,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis"]

@@ -26,6 +26,8 @@ from .base import (
 REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "memory": ("dumbwaiter.brokers.memory", "MemoryBroker", None),
     "sqlite": ("dumbwaiter.brokers.sqlite", "SQLiteBroker", None),
+    "redis": ("dumbwaiter.brokers.redis", "RedisBroker", "redis"),
+    "rediss": ("dumbwaiter.brokers.redis", "RedisBroker", "redis"),
     "postgresql": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
     "postgres": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
 }

@@ -1,0 +1,609 @@
+"""``redis://HOST:PORT/DB?prefix=NAME`` (and ``rediss://`` for TLS).
+
+Every state transition is one Lua script (``scripts/*.lua``), so each is
+atomic on the server and costs one round trip however many jobs it moves:
+a worker claims a batch, acks a batch, extends every lease it holds, in one
+call each.  Scripts are sent by SHA1 (``EVALSHA``) and re-sent in full only
+when the server answers ``NOSCRIPT`` (after a restart or ``SCRIPT FLUSH``).
+
+Keys: everything of one app lives under ``{dw:NAME}:`` (``docs/redis.md``
+lists them).  The braces are a Redis Cluster hash tag: all of an app's keys
+hash to one slot, so multi-key scripts are legal on a cluster, and the
+broker follows ``MOVED`` to the node that owns the slot.
+
+Idle workers block on the server: enqueue leaves a token in the queue's
+``wake`` list and an idle fetch waits in ``BLPOP`` on the wake lists of its
+queues (until the earliest scheduled job is due, at most ``wait``), then
+claims.  Sync producers (``enqueue_sync``) use blocking sockets of their
+own thread: no event loop, no thread hop.
+
+Connection loss: an enqueue is sent again, with backoff, for up to
+``reconnect`` seconds (a job is never stored twice, so resending a batch
+whose reply was lost is safe); every other call fails with ``BrokerError``
+at once, and the worker's loops back off and try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+from redis.exceptions import RedisError
+
+from ...errors import BrokerError, InvalidURL, MessageDecodeError
+from ...message import ErrorRecord, Message, encode_checked
+from ...message import from_dict as message_from_dict
+from ...state import State
+from ..base import (
+    Binding,
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    normalize_error_type,
+)
+from . import lua
+from .client import TRANSIENT, Arg, AsyncLink, SyncLink, Target
+
+T = TypeVar("T")
+log = logging.getLogger("dumbwaiter.redis")
+
+#: finished jobs (without a longer-kept result) are deleted after this many seconds
+DEFAULT_RETENTION = 3600.0
+#: jobs per enqueue script call; a bigger batch is several calls in one pipeline
+ENQUEUE_CHUNK = 1000
+#: jobs moved or deleted per rescue call, and per call of a replay or purge
+HOUSEKEEPING_CHUNK = 1000
+#: jobs an admin walk looks at per call, at most (one call stays short)
+WALK_BUDGET = 10_000
+_OPTIONS = {"prefix", "retention", "reconnect", "socket_timeout", "connect_timeout"}
+#: fields of a job as ``get`` and ``list`` read them
+_INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp")
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split off dumbwaiter's own options; the rest of the URL is redis-py's."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise InvalidURL(f"not a redis URL: {url!r}")
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        (ours.__setitem__(k, v) if k in _OPTIONS else theirs.append((k, v)))
+    rest = urlunsplit(parts._replace(query=urlencode(theirs)))
+    return rest, ours
+
+
+class RedisBroker(Broker):
+    capabilities: ClassVar[Capabilities] = Capabilities(sync_enqueue=True, multi_process=True)
+    schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        rest, opts = parse_url(url)
+        name = opts.get("prefix") or "default"
+        if any(c in name for c in "{}"):
+            raise InvalidURL(f"redis URL {url!r}: prefix {name!r} must not contain braces")
+        try:
+            self.retention = float(opts.get("retention", DEFAULT_RETENTION))
+            #: seconds an enqueue keeps trying while the server is unreachable
+            self.reconnect = float(opts.get("reconnect", 30.0))
+            socket_timeout = float(opts.get("socket_timeout", 30.0))
+            connect_timeout = float(opts.get("connect_timeout", 5.0))
+            self._target = Target(rest, socket_timeout, connect_timeout)
+        except ValueError as exc:
+            raise InvalidURL(f"bad option in redis URL {url!r}: {exc}") from None
+        self.socket_timeout = socket_timeout
+        #: the hash tag every key of this app starts with
+        self.prefix = f"{{dw:{name}}}"
+        self._keys: tuple[Arg, ...] = (self.prefix,)
+        self._lua = lua.scripts()
+        self._links: dict[asyncio.AbstractEventLoop, AsyncLink] = {}
+        self._last: AsyncLink | None = None
+        self._sync: SyncLink | None = None
+        self._background: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"<RedisBroker {self.prefix}>"
+
+    # -- connections -----------------------------------------------------------
+
+    def _link(self) -> AsyncLink:
+        """This event loop's connections (a broker may serve several loops)."""
+        loop = asyncio.get_running_loop()
+        link = self._last
+        if link is not None and link.loop is loop:
+            return link
+        link = self._links.get(loop)
+        if link is None:
+            for old in [lk for lk in self._links.values() if lk.loop.is_closed()]:
+                old.abandon()
+                del self._links[old.loop]
+            link = self._links[loop] = AsyncLink(self._target, loop)
+        self._last = link
+        return link
+
+    def _sync_link(self) -> SyncLink:
+        if self._sync is None:
+            self._sync = SyncLink(self._target)
+        return self._sync
+
+    async def _run(self, script: lua.Script, args: Sequence[Arg]) -> Any:
+        try:
+            return await self._link().script(script, self._keys, args)
+        except RedisError as exc:
+            raise BrokerError(f"redis {script.name}: {exc}") from exc
+
+    async def _persist(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, again with backoff while the server is unreachable or
+        restarting, for up to ``reconnect`` seconds (for idempotent calls)."""
+        deadline = time.monotonic() + self.reconnect
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except TRANSIENT as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerError(f"redis {what}: {exc} (gave up after retries)") from exc
+                log.warning("redis %s failed (%s); trying again in %.2f s", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except RedisError as exc:
+                raise BrokerError(f"redis {what}: {exc}") from exc
+
+    # -- transport -------------------------------------------------------
+
+    async def open(self) -> None:
+        self._link()
+
+    async def close(self) -> None:
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        links, self._links, self._last = self._links, {}, None
+        for loop, link in links.items():
+            if loop is current:
+                await link.aclose()
+            elif loop.is_closed():
+                link.abandon()
+            elif loop.is_running():
+                asyncio.run_coroutine_threadsafe(link.aclose(), loop)
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        if queues:
+            await self._run(self._lua.declare, list(queues))
+
+    def _enqueue_chunks(self, msgs: Iterable[Message]) -> list[list[Arg]]:
+        """Encode (and size-check) every message before anything is sent, so
+        a bad message or a failing iterator stores nothing of the batch."""
+        now = time.time()
+        snow = repr(now)
+        limit = self.max_message_size
+        chunks: list[list[Arg]] = []
+        args: list[Arg] = [snow]
+        for m in msgs:
+            body = encode_checked(m, limit)
+            eta = m.eta
+            if eta is not None and eta > now:
+                sched, ra = b"1", repr(eta)
+            else:
+                sched, ra = b"0", snow
+            key = m.key if m.key is not None and m.kind == "task" else ""
+            args += (m.id, m.queue, m.name, m.priority, ra, sched, m.max_attempts, key, body)
+            if len(args) >= 1 + 9 * ENQUEUE_CHUNK:
+                chunks.append(args)
+                args = [snow]
+        if len(args) > 1 or not chunks:
+            chunks.append(args)
+        return chunks
+
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        chunks = self._enqueue_chunks(msgs)
+        if len(chunks[0]) == 1:
+            return []
+        script = self._lua.enqueue
+
+        async def send() -> list[str]:
+            link = self._link()
+            ids: list[str] = []
+            for args in chunks:  # in order: a key taken by one chunk holds for the next
+                ids += [i.decode() for i in await link.script(script, self._keys, args)]
+            return ids
+
+        return await self._persist("enqueue", send)
+
+    def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        chunks = self._enqueue_chunks(msgs)
+        if len(chunks[0]) == 1:
+            return []
+        link = self._sync_link()
+        script = self._lua.enqueue
+        deadline = time.monotonic() + self.reconnect
+        delay = 0.05
+        while True:
+            try:
+                ids: list[str] = []
+                for args in chunks:
+                    ids += [i.decode() for i in link.script(script, self._keys, args)]
+                return ids
+            except TRANSIENT as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
+                log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except RedisError as exc:
+                raise BrokerError(f"redis enqueue: {exc}") from exc
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        if limit <= 0 or not queues:
+            return []
+        out, next_due = await self._claim(queues, limit, lease, worker)
+        if out or wait <= 0:
+            return out
+        # Nothing ready: wait in BLPOP on the queues' wake lists until an
+        # enqueue leaves a token, the earliest scheduled job is due, or
+        # ``wait`` runs out; then claim.  A token left while we were not
+        # waiting is still there, so no wake-up is missed.
+        deadline = time.monotonic() + wait
+        wake = [f"{self.prefix}:wake:{q}" for q in queues]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            if next_due is not None:
+                remaining = min(remaining, next_due - time.time())
+            if remaining > 0:
+                # BLPOP's timeout 0 means "for ever": never round down to it
+                block = f"{max(remaining, 0.001):.3f}"
+                try:
+                    await self._link().call(
+                        b"BLPOP", *wake, block, timeout=remaining + self.socket_timeout
+                    )
+                except RedisError as exc:
+                    raise BrokerError(f"redis fetch: {exc}") from exc
+            out, next_due = await self._claim(queues, limit, lease, worker)
+            if out:
+                return out
+
+    async def _claim(
+        self, queues: Sequence[str], limit: int, lease: float, worker: str
+    ) -> tuple[list[Delivery], float | None]:
+        """One fetch script call that may be cancelled: if the caller gives up
+        while it runs, whatever it claimed is given back, uncharged."""
+        fut = asyncio.ensure_future(self._claim_once(queues, limit, lease, worker))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, fut: asyncio.Future[tuple[list[Delivery], float | None]]) -> None:
+        if fut.cancelled() or fut.exception() is not None or not fut.result()[0]:
+            return
+        task = asyncio.ensure_future(self.requeue(fut.result()[0]))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _claim_once(
+        self, queues: Sequence[str], limit: int, lease: float, worker: str
+    ) -> tuple[list[Delivery], float | None]:
+        now = time.time()
+        until = now + lease
+        reply = await self._run(self._lua.fetch, [repr(now), limit, repr(until), worker, *queues])
+        token = int(reply[0])
+        if len(reply) == 2:
+            return [], float(reply[1]) if reply[1] else None
+        return [_delivery(reply, i, token, until) for i in range(2, len(reply), 5)], None
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        now = time.time()
+        retention = self.retention
+        args: list[Arg] = [repr(now)]
+        for d in ds:
+            keep = max(retention, d.result_ttl or 0.0) if d.result is not None else retention
+            args += (d.id, d.token, repr(now + keep), d.result if d.result is not None else b"")
+        await self._run(self._lua.ack, args)
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        args: list[Arg] = [repr(time.time())]
+        for d in ds:
+            err, etype = _error(d.error)
+            args += (d.id, d.token, repr(d.retry_at), err, etype)
+        await self._run(self._lua.retry, args)
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        args: list[Arg] = [repr(time.time())]
+        for d in ds:
+            err, etype = _error(d.error)
+            args += (d.id, d.token, err, etype)
+        await self._run(self._lua.dead, args)
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        if not ds:
+            return
+        args: list[Arg] = [repr(time.time())]
+        for d in ds:
+            args += (d.id, d.token)
+        await self._run(self._lua.requeue, args)
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        if not ds:
+            return []
+        until = time.time() + lease
+        args: list[Arg] = [repr(until)]
+        for d in ds:
+            args += (d.id, d.token)
+        lost_at = {int(i) for i in await self._run(self._lua.extend, args)}
+        lost = []
+        for i, d in enumerate(ds, 1):
+            if i in lost_at:
+                lost.append(d)
+            else:
+                d.lease_until = until
+        return lost
+
+    async def rescue(self) -> int:
+        n = await self._run(self._lua.rescue, [repr(time.time()), HOUSEKEEPING_CHUNK])
+        return int(n)
+
+    # -- admin -----------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        now = time.time()
+        r = await self._run(self._lua.stats, [repr(now)])
+        out = []
+        for i in range(0, len(r), 10):
+            q, ready, sched, retrying, running, dead, ok, cancelled, paused, oldest = r[i : i + 10]
+            retrying = int(retrying)
+            out.append(
+                QueueStats(
+                    queue=q.decode(),
+                    ready=int(ready),
+                    scheduled=int(sched) - retrying,
+                    retrying=retrying,
+                    running=int(running),
+                    dead=int(dead),
+                    succeeded=int(ok),
+                    cancelled=int(cancelled),
+                    lag=max(0.0, now - int(oldest) / 1e6) if oldest else 0.0,
+                    paused=bool(int(paused)),
+                )
+            )
+        return out
+
+    def _walk_args(self, f: JobFilter, index: str, cursor: str | None, limit: int) -> list[Arg]:
+        args: list[Arg] = [
+            repr(time.time()),
+            cursor or "",
+            limit,
+            WALK_BUDGET,
+            f.queue or "",
+            f.name or "",
+            str(f.state) if f.state is not None else "",
+            normalize_error_type(f.error_type) if f.error_type is not None else "",
+            repr(f.since) if f.since is not None else "",
+            repr(f.until) if f.until is not None else "",
+        ]
+        if f.ids is not None:
+            ids = sorted(set(f.ids), reverse=True)
+            if cursor:
+                ids = [i for i in ids if i < cursor]
+            return [*args, "given", *ids]
+        return [*args, index]
+
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        if filter.ids is not None and not filter.ids:
+            return Page()
+        index = "dead" if filter.state is State.DEAD else "ids"
+        r = await self._run(self._lua.list, self._walk_args(filter, index, cursor, limit))
+        items = [_info(r[i], r[i + 1 : i + 12]) for i in range(1, len(r), 12)]
+        return Page(items=items, cursor=r[0].decode() or None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        try:
+            v = await self._link().call(b"HMGET", f"{self.prefix}:job:{id}", *_INFO)
+        except RedisError as exc:
+            raise BrokerError(f"redis get: {exc}") from exc
+        return None if v[2] is None else _info(id.encode(), v)
+
+    async def _walk(self, script: lua.Script, f: JobFilter, index: str) -> int:
+        """Run replay or purge over every match, one bounded call at a time."""
+        if f.ids is not None:
+            ids = sorted(set(f.ids), reverse=True)
+            n = 0
+            for i in range(0, len(ids), HOUSEKEEPING_CHUNK):
+                part = JobFilter(**{**_fields(f), "ids": tuple(ids[i : i + HOUSEKEEPING_CHUNK])})
+                args = self._walk_args(part, index, None, HOUSEKEEPING_CHUNK)
+                n += int((await self._run(script, args))[1])
+            return n
+        cursor: str | None = None
+        n = 0
+        while True:
+            r = await self._run(script, self._walk_args(f, index, cursor, HOUSEKEEPING_CHUNK))
+            n += int(r[1])
+            cursor = r[0].decode() or None
+            if cursor is None:
+                return n
+
+    async def replay(self, filter: JobFilter) -> int:
+        if filter.state is not None and filter.state is not State.DEAD:
+            return 0
+        return await self._walk(self._lua.replay, filter, "dead")
+
+    async def purge(self, filter: JobFilter) -> int:
+        index = "dead" if filter.state is State.DEAD else "ids"
+        return await self._walk(self._lua.purge, filter, index)
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        if not ids:
+            return []
+        now = time.time()
+        r = await self._run(self._lua.cancel, [repr(now), repr(now + self.retention), *ids])
+        return [i.decode() for i in r]
+
+    async def pause(self, queue: str) -> None:
+        await self._run(self._lua.pause, [queue, b"1"])
+
+    async def resume(self, queue: str) -> None:
+        await self._run(self._lua.pause, [queue, b"0"])
+
+    # -- coordination ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        now = time.time()
+        r = await self._run(self._lua.acquire, [name, owner, repr(now), repr(now + ttl)])
+        return None if r is None else int(r)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        now = time.time()
+        args: list[Arg] = [name, owner, token, repr(now), repr(now + ttl)]
+        return bool(await self._run(self._lua.renew, args))
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        await self._run(self._lua.release, [name, owner, token])
+
+    # -- key-value ---------------------------------------------------------------
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        keys = list(keys)
+        if not keys:
+            return {}
+        r = await self._run(self._lua.kv_get, [repr(time.time()), *keys])
+        return {k: v for k, v in zip(keys, r, strict=True) if v is not None}
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        if not items:
+            return
+        args: list[Arg] = ["" if ttl is None else repr(time.time() + ttl)]
+        for k, v in items.items():
+            args += (k, bytes(v))
+        await self._run(self._lua.kv_set, args)
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        now = time.time()
+        expires = "" if ttl is None else repr(now + ttl)
+        return bool(await self._run(self._lua.kv_add, [repr(now), key, bytes(value), expires]))
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        now = time.time()
+        expires = "" if ttl is None else repr(now + ttl)
+        return int(await self._run(self._lua.kv_incr, [repr(now), key, amount, expires]))
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        return int(await self._run(self._lua.kv_delete, [repr(time.time()), *keys]))
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        r = await self._run(self._lua.kv_scan, [repr(time.time()), prefix])
+        return {r[i].decode(): r[i + 1] for i in range(0, len(r), 2)}
+
+
+# -- replies -------------------------------------------------------------------
+
+
+def _error(e: ErrorRecord | None) -> tuple[bytes, str]:
+    if e is None:
+        return b"", ""
+    return orjson.dumps(e.to_dict()), e.type
+
+
+def _fields(f: JobFilter) -> dict[str, Any]:
+    return {
+        "queue": f.queue,
+        "name": f.name,
+        "state": f.state,
+        "error_type": f.error_type,
+        "since": f.since,
+        "until": f.until,
+        "ids": f.ids,
+    }
+
+
+def _message(body: bytes, queue: str, attempt: int, errors: bytes | None) -> Message:
+    d = orjson.loads(body)
+    if not isinstance(d, dict):
+        raise MessageDecodeError(f"message body is a JSON {type(d).__name__}, not an object")
+    d["queue"] = queue
+    d["attempt"] = attempt
+    d["errors"] = orjson.loads(errors) if errors else []
+    return message_from_dict(d)
+
+
+def _delivery(r: list[Any], i: int, token: int, until: float) -> Delivery:
+    id_, q, attempt, body, errors = r[i : i + 5]
+    queue = q.decode()
+    try:
+        msg: Message | None = _message(body, queue, attempt, errors)
+        problem = None
+    except (orjson.JSONDecodeError, MessageDecodeError) as exc:
+        msg, problem = None, str(exc)
+    return Delivery(
+        id=id_.decode(),
+        message=msg,
+        token=token,
+        lease_until=until,
+        queue=queue,
+        raw=None if msg is not None else body,
+        decode_error=problem,
+    )
+
+
+def _opt_float(v: bytes | None) -> float | None:
+    return float(v) if v else None
+
+
+def _info(id_: bytes, v: Sequence[Any]) -> JobInfo:
+    body, q, st, a, err, ra, u, w, lu, res, rp = v
+    queue, attempt = q.decode(), int(a or 0)
+    raw = None
+    try:
+        msg = _message(body, queue, attempt, err or None)
+    except (orjson.JSONDecodeError, MessageDecodeError):
+        # keep what the job's fields say, so a dead letter shows why it died
+        raw = body
+        msg = Message(
+            id=id_.decode(),
+            kind="task",
+            name="?",
+            queue=queue,
+            attempt=attempt,
+            errors=[ErrorRecord.from_dict(e) for e in orjson.loads(err)] if err else [],
+        )
+    state = State(st.decode())
+    if state is State.SCHEDULED and attempt > 0:
+        state = State.RETRYING
+    return JobInfo(
+        message=msg,
+        state=state,
+        run_at=_opt_float(ra),
+        updated_at=_opt_float(u),
+        worker=w.decode() if w else None,
+        lease_until=_opt_float(lu),
+        result=res or None,
+        replays=int(rp or 0),
+        raw=raw,
+    )

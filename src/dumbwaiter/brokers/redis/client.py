@@ -1,0 +1,250 @@
+"""Connections to Redis: redis-py's connection objects (hiredis parser, TLS,
+AUTH, SELECT), driven directly.
+
+The broker makes few kinds of calls, nearly all ``EVALSHA``, and each one
+matters on the hot path, so it skips redis-py's client and pool layers (about
+a third of a call's cost here) and keeps its own free lists:
+
+* ``AsyncLink``: the connections of one event loop.  A connection belongs to
+  the loop that opened it, and the same broker is used from several (a
+  worker's loop, the portal thread that runs ``job.status()``, a test's
+  ``asyncio.run``), so the broker keeps one link per loop.
+* ``SyncLink``: connections for sync producers, shared by their threads,
+  with no event loop and no thread hop; dropped after a fork.
+
+A call takes a free connection (or opens one), sends, reads, and puts it
+back.  A failed connection is closed and not reused; the next call opens a
+new one.  A connection blocked in ``BLPOP`` is simply checked out, so other
+calls use other connections meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from redis import connection as sync_connection
+from redis.asyncio import connection as async_connection
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry as SyncRetry
+
+from .lua import Script
+
+#: errors after which the same call may simply be sent again later: the
+#: server is unreachable, restarting (``LOADING``), failing over (``READONLY``
+#: from a demoted primary) or resharding (``TRYAGAIN``, ``CLUSTERDOWN``)
+TRANSIENT: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusyLoadingError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+    OSError,
+)
+
+Arg = bytes | str | int | float
+
+# No CLIENT SETINFO round trips when connecting: redis-py 7+ takes
+# ``driver_info=None`` (and warns about the older ``lib_name``/``lib_version``).
+_NO_CLIENT_INFO: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(sync_connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+
+class Target:
+    """Where to connect: host, port, db, TLS and auth, from the URL.
+
+    ``moved`` follows a Redis Cluster ``MOVED`` reply: every key of an app
+    lives in one hash slot, so the broker only ever needs the node that owns
+    it, and after a failover or resharding it re-points to the new owner."""
+
+    def __init__(self, url: str, socket_timeout: float, connect_timeout: float) -> None:
+        common: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "socket_keepalive": True,
+            **_NO_CLIENT_INFO,
+        }
+        akw: dict[str, Any] = dict(async_connection.parse_url(url))
+        skw: dict[str, Any] = dict(sync_connection.parse_url(url))  # type: ignore[no-untyped-call]
+        self.async_class: type[async_connection.AbstractConnection] = akw.pop(
+            "connection_class", async_connection.Connection
+        )
+        # redis-py's sync connection is untyped: Any keeps mypy --strict quiet
+        self.sync_class: Any = skw.pop("connection_class", sync_connection.Connection)
+        self.async_kwargs = {**common, **akw}
+        self.sync_kwargs = {**common, **skw}
+        self.generation = 0
+
+    def moved(self, host: str, port: int) -> None:
+        for kw in (self.async_kwargs, self.sync_kwargs):
+            kw["host"] = host
+            kw["port"] = port
+        self.generation += 1  # links drop connections made to the old node
+
+    def new_async(self) -> async_connection.AbstractConnection:
+        # no retries inside redis-py: the broker decides when to try again
+        return self.async_class(**self.async_kwargs, retry=AsyncRetry(NoBackoff(), 0))
+
+    def new_sync(self) -> Any:
+        return self.sync_class(**self.sync_kwargs, retry=SyncRetry(NoBackoff(), 0))
+
+
+def _evalsha(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg, ...]:
+    return (b"EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _eval(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg, ...]:
+    return (b"EVAL", script.source, len(keys), *keys, *args)
+
+
+class AsyncLink:
+    """The connections of one event loop."""
+
+    def __init__(self, target: Target, loop: asyncio.AbstractEventLoop) -> None:
+        self.target = target
+        self.loop = loop
+        self.free: list[async_connection.AbstractConnection] = []
+        self.generation = target.generation
+
+    async def call(self, *args: Arg, timeout: float | None = None) -> Any:
+        """Send one command and return its reply (bytes, not decoded)."""
+        for _ in range(3):
+            try:
+                return await self._call(args, timeout)
+            except MovedError as exc:
+                self.target.moved(exc.host, exc.port)
+        return await self._call(args, timeout)
+
+    async def _call(self, args: tuple[Arg, ...], timeout: float | None) -> Any:
+        if self.generation != self.target.generation:
+            await self.aclose()
+            self.generation = self.target.generation
+        conn = self.free.pop() if self.free else self.target.new_async()
+        try:
+            await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+            reply = await conn.read_response(disable_decoding=True, timeout=timeout)
+        except ResponseError:
+            self.free.append(conn)  # the server answered: the connection is fine
+            raise
+        except BaseException:
+            # lost, timed out or cancelled half-way: the reply may still come,
+            # so this connection can never be trusted again
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            raise
+        self.free.append(conn)
+        return reply
+
+    async def script(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        try:
+            return await self.call(*_evalsha(script, keys, args))
+        except NoScriptError:
+            return await self.call(*_eval(script, keys, args))
+
+    async def aclose(self) -> None:
+        conns, self.free = self.free, []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                await conn.disconnect()
+
+    def abandon(self) -> None:
+        """Drop the connections of a loop that is closed (``asyncio.run`` ended).
+
+        Their transports can no longer be closed the normal way (closing
+        schedules a callback on the dead loop), and left alone they would
+        warn "unclosed transport" when collected, so their sockets are
+        closed here directly."""
+        conns, self.free = self.free, []
+        for conn in conns:
+            _close_on_dead_loop(conn)
+
+
+def _close_on_dead_loop(conn: async_connection.AbstractConnection) -> None:
+    writer = getattr(conn, "_writer", None)
+    if writer is None:
+        return
+    transport = writer.transport
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+        transport.abort()
+    sock = getattr(transport, "_sock", None)
+    if sock is not None:  # abort could not finish on the dead loop
+        sock.close()
+        transport._sock = None
+    conn._writer = conn._reader = None
+
+
+class SyncLink:
+    """Connections for sync callers, any thread; list pop/append are atomic."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.free: list[Any] = []  # redis-py's (untyped) sync connections
+        self.pid = os.getpid()
+        self.generation = target.generation
+
+    def call(self, *args: Arg) -> Any:
+        for _ in range(3):
+            try:
+                return self._call(args)
+            except MovedError as exc:
+                self.target.moved(exc.host, exc.port)
+        return self._call(args)
+
+    def _call(self, args: tuple[Arg, ...]) -> Any:
+        if self.pid != os.getpid() or self.generation != self.target.generation:
+            # after a fork the parent's sockets are not ours to use (redis-py
+            # does not shut them down from a child); after MOVED they point
+            # at the wrong node
+            self.free = []
+            self.pid = os.getpid()
+            self.generation = self.target.generation
+        try:
+            conn = self.free.pop()
+        except IndexError:
+            conn = self.target.new_sync()
+        try:
+            conn.send_packed_command(conn.pack_command(*args), check_health=False)
+            reply = conn.read_response(disable_decoding=True)
+        except ResponseError:
+            self.free.append(conn)
+            raise
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            raise
+        self.free.append(conn)
+        return reply
+
+    def script(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        try:
+            return self.call(*_evalsha(script, keys, args))
+        except NoScriptError:
+            return self.call(*_eval(script, keys, args))
+
+    def close(self) -> None:
+        conns, self.free = self.free, []
+        if self.pid != os.getpid():
+            return
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.disconnect()

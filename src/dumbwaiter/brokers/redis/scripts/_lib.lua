@@ -1,0 +1,101 @@
+-- Helpers shared by every script (the loader puts this file in front of a
+-- script that says `--@include _lib`).
+--
+-- KEYS[1] is the app's key prefix, "{dw:NAME}".  Every key a script touches
+-- is built from it, so all of an app's keys hash to one Redis Cluster slot and
+-- the script runs on the node that owns it.
+--
+-- Times travel as the decimal strings Python sent (epoch seconds).  They are
+-- stored as those strings and turned into numbers only to compare them:
+-- Lua's own number-to-string conversion keeps 14 digits and would lose
+-- microseconds.
+local P = KEYS[1]
+
+local function jkey(id)
+  return P .. ':job:' .. id
+end
+
+-- A ready job's member in its queue's sorted set.  The score is -priority
+-- (higher priority pops first); within one priority members sort bytewise, so
+-- the zero-padded microsecond time it became ready, then the id, give
+-- oldest-first order.
+local function member(ra, id)
+  return string.format('%016d', math.floor(tonumber(ra) * 1000000)) .. id
+end
+
+-- Leave one wake token for the queue's idle workers (blocked in BLPOP).  One
+-- is enough: a worker that claims and sees more ready work wakes the next.
+local function wake(q)
+  local wk = P .. ':wake:' .. q
+  if redis.call('LLEN', wk) == 0 then
+    redis.call('RPUSH', wk, '1')
+  end
+end
+
+local function make_ready(jk, id, q, pr, ra)
+  redis.call('HSET', jk, 'st', 'ready', 'ra', ra)
+  redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
+end
+
+-- Append one error record (JSON text) to the job's error list.
+local function append_error(jk, rec, etype)
+  if rec == '' then
+    return
+  end
+  local e = redis.call('HGET', jk, 'err')
+  if e and e ~= '[]' then
+    e = string.sub(e, 1, -2) .. ',' .. rec .. ']'
+  else
+    e = '[' .. rec .. ']'
+  end
+  redis.call('HSET', jk, 'err', e, 'et', etype)
+end
+
+-- Per-queue counters of the states that have no set of their own to count,
+-- summed in the script and written once per queue.
+local deltas = {}
+local function count(q, field, n)
+  local t = deltas[q]
+  if not t then
+    t = {}
+    deltas[q] = t
+  end
+  t[field] = (t[field] or 0) + n
+end
+local function flush_counts()
+  for q, t in pairs(deltas) do
+    for f, n in pairs(t) do
+      if n ~= 0 then
+        redis.call('HINCRBY', P .. ':stat:' .. q, f, n)
+      end
+    end
+  end
+end
+
+-- Remove a job from the set that holds it in its current state, keeping the
+-- counters right (used by cancel and purge; running jobs are never touched).
+local function unlink(jk, id, q, st, a, ra, pr)
+  if st == 'ready' then
+    redis.call('ZREM', P .. ':ready:' .. q, member(ra, id))
+  elseif st == 'scheduled' then
+    redis.call('ZREM', P .. ':sched:' .. q, id)
+    if tonumber(a or '0') > 0 then
+      count(q, 'retrying', -1)
+    end
+  elseif st == 'dead' then
+    redis.call('ZREM', P .. ':dead', id)
+    count(q, 'dead', -1)
+  elseif st == 'succeeded' or st == 'cancelled' then
+    redis.call('ZREM', P .. ':done', id)
+    count(q, st, -1)
+  end
+end
+
+-- Delete a job and every trace of it (purge and pruning).
+local function forget(jk, id, k)
+  if k and redis.call('HGET', P .. ':keys', k) == id then
+    redis.call('HDEL', P .. ':keys', k)
+  end
+  redis.call('ZREM', P .. ':ids', id)
+  redis.call('DEL', jk)
+end

@@ -1,0 +1,65 @@
+--@include _lib
+-- Housekeeping, run by every worker about once a second:
+-- 1. jobs whose lease ran out go back to ready with a LeaseExpired error
+--    (dead when that was their last attempt);
+-- 2. finished jobs past their retention, and expired kv entries, are deleted.
+-- ARGV: now, limit (per kind and call).  Returns how many leases were rescued.
+-- With nothing to do it costs three range reads on small sets.
+local now, limit = ARGV[1], tonumber(ARGV[2])
+local etype = 'dumbwaiter.errors.LeaseExpired'
+local running = P .. ':running'
+local expired = redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0, limit)
+local woke = {}
+local rescued = 0
+for _, id in ipairs(expired) do
+  local jk = jkey(id)
+  local v = redis.call('HMGET', jk, 'st', 'a', 'ma', 'w', 'q', 'pr')
+  redis.call('ZREM', running, id)
+  if v[1] == 'running' then
+    rescued = rescued + 1
+    local a, w, q = v[2] or '0', v[4] or '', v[5]
+    local rec = '{"time":' .. now .. ',"type":"' .. etype .. '","message":'
+      .. cjson.encode('lease expired: worker ' .. (w ~= '' and w or '?')
+        .. ' stopped heartbeating during attempt ' .. a)
+      .. ',"traceback":"","worker":' .. cjson.encode(w) .. ',"attempt":' .. a .. '}'
+    append_error(jk, rec, etype)
+    redis.call('HDEL', jk, 'tk', 'lu')
+    redis.call('HSET', jk, 'u', now)
+    count(q, 'running', -1)
+    if tonumber(a) >= tonumber(v[3] or '1') then
+      redis.call('HSET', jk, 'st', 'dead')
+      redis.call('ZADD', P .. ':dead', 0, id)
+      count(q, 'dead', 1)
+    else
+      make_ready(jk, id, q, v[6], now)
+      woke[q] = true
+    end
+  end
+end
+for q in pairs(woke) do
+  wake(q)
+end
+-- finished jobs past their retention
+local done = P .. ':done'
+local old = redis.call('ZRANGEBYSCORE', done, '-inf', now, 'LIMIT', 0, limit)
+for _, id in ipairs(old) do
+  local jk = jkey(id)
+  local v = redis.call('HMGET', jk, 'st', 'q', 'k')
+  if v[1] == 'succeeded' or v[1] == 'cancelled' then
+    count(v[2], v[1], -1)
+    forget(jk, id, v[3])
+  end
+end
+if #old > 0 then
+  redis.call('ZREM', done, unpack(old))
+end
+-- expired key-value entries
+local kvx = P .. ':kvx'
+local gone = redis.call('ZRANGEBYSCORE', kvx, '-inf', now, 'LIMIT', 0, limit)
+if #gone > 0 then
+  redis.call('HDEL', P .. ':kv', unpack(gone))
+  redis.call('ZREM', P .. ':kvn', unpack(gone))
+  redis.call('ZREM', kvx, unpack(gone))
+end
+flush_counts()
+return rescued
