@@ -58,6 +58,9 @@ class Middleware:
     def on_dead(self, ctx: Context | None, error: ErrorRecord) -> None:
         """A job went to the dead-letter queue (``ctx`` is None if its body did not decode)."""
 
+    def on_rescued(self, worker: Worker, count: int) -> None:
+        """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
+
     def on_worker_start(self, worker: Worker) -> None:
         """A worker started (before its first fetch)."""
 
@@ -73,6 +76,7 @@ _HOOKS = (
     "after_process",
     "on_retry",
     "on_dead",
+    "on_rescued",
     "on_worker_start",
     "on_worker_stop",
 )

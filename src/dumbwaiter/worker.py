@@ -59,6 +59,9 @@ Service = Callable[["Worker"], Awaitable[None]]
 
 ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
 
+#: kv key prefix under which live workers announce themselves (see Worker._announce)
+WORKER_KEY = "worker:"
+
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
 
@@ -130,6 +133,8 @@ class Worker:
         self._fetch_time = 0.0
         self._settler = _Settler(self)
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
+        self.counts["rescued"] = 0  # jobs of other (dead) workers this one gave back
+        self.started_at = time.time()
 
     # -- control ---------------------------------------------------------------
 
@@ -172,6 +177,10 @@ class Worker:
         await self.broker.open()
         bindings = self.app.bindings() if self.broker.capabilities.events else []
         await self.broker.declare(list(self.queues), bindings)
+        try:
+            await self._announce()
+        except Exception:
+            log.exception("could not announce the worker; carrying on")
         self.app.middleware.call("on_worker_start", self)
         services = [
             asyncio.create_task(self._settler.run(), name="dumbwaiter-settler"),
@@ -198,6 +207,8 @@ class Worker:
             await asyncio.gather(*services[1:], return_exceptions=True)
             await self._settler.close()
             await asyncio.gather(services[0], return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.broker.kv_delete([WORKER_KEY + self.id])
             self.app.middleware.call("on_worker_stop", self)
             self._pool.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped: %s", self.id, self.counts, extra={"action": "worker_stop"})
@@ -337,22 +348,41 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         ds = [*self._inflight.values(), *self._buffer]
-        if not ds:
-            return
-        lost = await self.broker.extend(ds, self.config.lease)
-        if lost and self._buffer:
-            gone = {d.id for d in lost}
-            self._buffer = deque(d for d in self._buffer if d.id not in gone)
-        for d in lost:
-            log.warning(
-                "lost the lease of job %s (it may run again elsewhere)",
-                d.id,
-                extra={"action": "lease_lost", "job_id": d.id},
-            )
+        if ds:
+            lost = await self.broker.extend(ds, self.config.lease)
+            if lost and self._buffer:
+                gone = {d.id for d in lost}
+                self._buffer = deque(d for d in self._buffer if d.id not in gone)
+            for d in lost:
+                log.warning(
+                    "lost the lease of job %s (it may run again elsewhere)",
+                    d.id,
+                    extra={"action": "lease_lost", "job_id": d.id},
+                )
+        await self._announce()  # after the leases: they matter more
+
+    async def _announce(self) -> None:
+        """Publish this worker's liveness under ``worker:ID`` in the broker's kv
+        store (expiring after two leases), for ``stats``, alerts and the
+        dashboard: a worker that stops heartbeating disappears by itself."""
+        info = {
+            "id": self.id,
+            "queues": list(self.queues),
+            "concurrency": self.config.concurrency,
+            "inflight": len(self._inflight),
+            "buffered": len(self._buffer),
+            "started_at": self.started_at,
+            "heartbeat_at": time.time(),
+            "counts": dict(self.counts),
+            "stopping": self._stopping,
+        }
+        await self.broker.kv_set({WORKER_KEY + self.id: dumps(info)}, ttl=2 * self.config.lease)
 
     async def _rescue(self) -> None:
         n = await self.broker.rescue()
         if n:
+            self.counts["rescued"] += n
+            self.app.middleware.call("on_rescued", self, n)
             log.warning(
                 "rescued %d job(s) whose worker stopped heartbeating",
                 n,

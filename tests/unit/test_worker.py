@@ -53,7 +53,14 @@ async def test_failures_retry_then_go_dead_with_every_error(app: dw.App) -> None
     job = await flaky.aenqueue()
     w = await drain(app)
     assert attempts == [1, 2, 3]
-    assert w.counts == {"succeeded": 0, "retried": 2, "dead": 1, "requeued": 0, "duplicates": 0}
+    assert w.counts == {
+        "succeeded": 0,
+        "retried": 2,
+        "dead": 1,
+        "requeued": 0,
+        "duplicates": 0,
+        "rescued": 0,
+    }
     info = await job.ainfo()
     assert info is not None and info.state is State.DEAD
     assert [e.message for e in info.message.errors] == ["fail 1", "fail 2", "fail 3"]
@@ -346,7 +353,14 @@ async def test_undecodable_body_is_dead_lettered_and_others_still_run(tmp_path: 
     conn.commit()
     conn.close()
     w = await drain(app)
-    assert w.counts == {"succeeded": 1, "retried": 0, "dead": 1, "requeued": 0, "duplicates": 0}
+    assert w.counts == {
+        "succeeded": 1,
+        "retried": 0,
+        "dead": 1,
+        "requeued": 0,
+        "duplicates": 0,
+        "rescued": 0,
+    }
     assert await good.astatus() == State.SUCCEEDED
     bad = await app.job("garbage-1").ainfo()
     assert bad is not None and bad.state is State.DEAD
@@ -408,3 +422,27 @@ async def test_side_services_run_with_the_worker_and_a_crash_stops_it(app: dw.Ap
     worker = dw.Worker(app, concurrency=1, services=[steady, broken])
     await asyncio.wait_for(worker.run(), 10)  # the crash stops the worker
     assert ran.is_set() and cancelled.is_set()
+
+
+async def test_live_workers_announce_themselves_in_the_broker(app: dw.App) -> None:
+    from dumbwaiter.worker import WORKER_KEY
+
+    started = asyncio.Event()
+
+    class Hook(dw.Middleware):
+        def on_worker_start(self, worker: dw.Worker) -> None:
+            started.set()
+
+    app.middleware = type(app.middleware)([Hook()])
+    worker = dw.Worker(app, concurrency=3, queues=("default", "email"))
+    run = asyncio.create_task(worker.run())
+    await started.wait()  # announced before the start hooks run
+    [raw] = (await app.broker.kv_scan(WORKER_KEY)).values()
+    import orjson
+
+    info = orjson.loads(raw)
+    assert info["id"] == worker.id and info["queues"] == ["default", "email"]
+    assert info["concurrency"] == 3 and info["heartbeat_at"] > 0
+    worker.stop()
+    await run
+    assert await app.broker.kv_scan(WORKER_KEY) == {}  # gone when it stops
