@@ -157,6 +157,16 @@ class Scheduler:
             self.owner = worker.id
         await self.run()
 
+    def check(self) -> list[str]:
+        """Settings that work against each other (logged when the loop starts)."""
+        return [
+            f"schedule {s.name}: its grace period ({s.grace:g}s) is shorter than a failover "
+            f"(lease {self.lease:g}s + poll {self.poll:g}s); ticks that fall during one count "
+            "as missed"
+            for s in self.schedules
+            if s.grace < self.lease + self.poll
+        ]
+
     # -- the loop ----------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -172,15 +182,30 @@ class Scheduler:
             names,
             extra={"action": "scheduler_start"},
         )
+        for warning in self.check():
+            log.warning("%s", warning)
+        failing = 0
         try:
             while True:
                 try:
                     delay = await self.step()
                 except asyncio.CancelledError:
                     raise
-                except Exception:
-                    log.exception("scheduler pass failed; trying again in %.1fs", self.poll)
+                except Exception as exc:
+                    # the broker is down or flaky: keep trying (a crash would stop a
+                    # worker running this as a service); the traceback once, then a line
+                    failing += 1
+                    if failing == 1:
+                        log.exception("scheduler pass failed; trying again every %.1fs", self.poll)
+                    elif failing % 60 == 0:
+                        log.warning(
+                            "scheduler passes still failing (%d in a row): %r", failing, exc
+                        )
                     delay = self.poll
+                else:
+                    if failing:
+                        log.info("scheduler passes work again after %d failures", failing)
+                    failing = 0
                 await asyncio.sleep(delay)
         finally:
             await self.resign()

@@ -3,7 +3,8 @@
 A factory, so every test (and every process it starts) builds its App on the
 URL in ``$SCHEDAPP_URL``.  ``heartbeat`` fires every second and records each
 run in ``$SCHEDAPP_LOG`` (one ``O_APPEND`` write per run, atomic between
-processes): the tick's key, the scheduler that enqueued it, the job id.
+processes): the tick's key, the scheduler that enqueued it, the job id, and
+when the job was enqueued.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ LOG_ENV = "SCHEDAPP_LOG"
 
 def heartbeat(ctx: dw.Context) -> None:
     periodic = ctx.headers.get("periodic") or {}
-    line = f"{ctx.message.key or '-'} {periodic.get('by', '-')} {ctx.job_id}\n"
+    m = ctx.message
+    line = f"{m.key or '-'} {periodic.get('by', '-')} {m.id} {m.created_at}\n"
     fd = os.open(os.environ.get(LOG_ENV, os.devnull), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, line.encode())

@@ -335,3 +335,47 @@ async def test_state_written_by_the_leader_is_readable(url: str) -> None:
     await s.step()
     stored = await app.broker.kv_get([state_key("daily")])
     assert b'"expression":"0 3 * * *"' in stored[state_key("daily")]
+
+
+async def test_a_failing_broker_is_retried_not_fatal(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Broker errors must not end the loop: as a worker's service, a crash would
+    stop the worker.  The traceback is logged once."""
+    app = make_app(url)
+    s = Scheduler(app, lease=5, poll=0.01)
+    real = app.broker.acquire
+    calls = 0
+    led = asyncio.Event()
+
+    async def flaky(name: str, owner: str, ttl: float) -> int | None:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise ConnectionError("broker down")
+        token = await real(name, owner, ttl)
+        led.set()
+        return token
+
+    app.broker.acquire = flaky  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, "dumbwaiter.scheduler"):
+        runner = asyncio.create_task(s.run())
+        await asyncio.wait_for(led.wait(), 10)
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+    assert sum(1 for r in caplog.records if r.exc_info) == 1
+    assert any("work again after 3 failures" in r.getMessage() for r in caplog.records)
+    assert s.token is None  # released on the way out
+    assert await real(LOCK, "next", 5) is not None
+
+
+def test_a_grace_period_shorter_than_a_failover_is_warned_about(url: str) -> None:
+    app = dw.App(url)
+
+    @app.periodic(every=60, grace=5)
+    def job() -> None: ...
+
+    [warning] = Scheduler(app, lease=15).check()
+    assert "grace period (5s) is shorter than a failover (lease 15s + poll 1s)" in warning
+    assert Scheduler(app, lease=3).check() == []
