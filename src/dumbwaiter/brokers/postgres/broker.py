@@ -24,16 +24,18 @@ store a job twice.  See docs/postgres.md.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import orjson
 import psycopg
+from psycopg.copy import QueuedLibpqWriter
 from psycopg_pool import ConnectionPool
 
 from ...errors import MessageDecodeError
@@ -61,6 +63,10 @@ T = TypeVar("T")
 MAINTENANCE_LOCK = "dumbwaiter:maintenance"
 #: rows one prune statement deletes (several statements per prune, if needed)
 PRUNE_BATCH = 5000
+#: batches of at least this many jobs are written with COPY
+COPY_MIN = 64
+#: field names of a stored row (see PostgresBroker._row), as query parameters
+_ROW_FIELDS = ("id", "queue", "name", "kind", "priority", "max_attempts", "key", "body", "eta")
 #: how long a producer keeps retrying an enqueue while the server is unreachable
 RECONNECT_FOR = 15.0
 
@@ -268,59 +274,67 @@ class PostgresBroker(Broker):
             await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
             self._known_queues.update(new)
 
-    def _rows(self, msgs: Iterable[Message]) -> dict[str, Any]:
-        """The batch as arrays, encoded and size-checked before any I/O."""
-        ids: list[str] = []
-        queue: list[str] = []
-        name: list[str] = []
-        kind: list[str] = []
-        priority: list[int] = []
-        eta: list[float | None] = []
-        max_attempts: list[int] = []
-        key: list[str | None] = []
-        body: list[bytes] = []
-        limit = self.max_message_size
-        for m in msgs:
-            ids.append(m.id)
-            queue.append(m.queue)
-            name.append(m.name)
-            kind.append(m.kind)
-            priority.append(m.priority)
-            eta.append(m.eta)
-            max_attempts.append(m.max_attempts)
-            key.append(m.key if m.kind == "task" else None)
-            body.append(encode_checked(m, limit))
-        return {
-            "id": ids,
-            "queue": queue,
-            "name": name,
-            "kind": kind,
-            "priority": priority,
-            "eta": eta,
-            "max_attempts": max_attempts,
-            "key": key,
-            "body": body,
-            "channel": self.q.channel,
-        }
+    # -- enqueue -----------------------------------------------------------------
+    #
+    # Three shapes of the same insert, chosen by batch size: one row (scalar
+    # parameters), a few rows (arrays spread by unnest), and bulk (COPY, with
+    # no per-row work on the server beyond storing it).  Each batch is one
+    # transaction; its NOTIFY goes out at commit.  COPY cannot skip duplicates:
+    # a batch holding a stored id or a held key fails as a whole and is stored
+    # again through the insert, which skips them.  Every path is idempotent,
+    # so a batch whose connection died (mid-call, or before the reply) is
+    # retried with backoff for up to RECONNECT_FOR seconds.
 
-    def _ids(self, rows: dict[str, Any], inserted: int, holders: dict[str, str]) -> list[str]:
-        ids: list[str] = rows["id"]
-        if inserted == len(ids) or not holders:
-            return list(ids)
-        return [
-            holders.get(k, i) if k is not None else i for i, k in zip(ids, rows["key"], strict=True)
-        ]
+    def _row(self, m: Message) -> tuple[Any, ...]:
+        """One job as stored: (id, queue, name, kind, priority, max_attempts,
+        key, body, eta).  Encoded and size-checked before any I/O."""
+        return (
+            m.id,
+            m.queue,
+            m.name,
+            m.kind,
+            m.priority,
+            m.max_attempts,
+            m.key if m.kind == "task" else None,
+            encode_checked(m, self.max_message_size),
+            m.eta,
+        )
+
+    def _params(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        if len(rows) == 1:
+            p = dict(zip(_ROW_FIELDS, rows[0], strict=True))
+        else:
+            p = {f: [r[i] for r in rows] for i, f in enumerate(_ROW_FIELDS)}
+        p["channel"] = self.q.channel
+        return p
+
+    def _new_queues(self, rows: Iterable[tuple[Any, ...]]) -> list[str]:
+        return sorted({r[1] for r in rows} - self._known_queues)
+
+    def _ids(self, rows: Sequence[tuple[Any, ...]], holders: dict[str, str]) -> list[str]:
+        """Each row's id, or the id of the stored job that holds its key."""
+        return [holders.get(r[6], r[0]) if r[6] is not None else r[0] for r in rows]
+
+    def _holders(self, rows: Sequence[tuple[Any, ...]]) -> list[str]:
+        return [r[6] for r in rows if r[6] is not None]
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
-        rows = self._rows(msgs)
-        if not rows["id"]:
+        it = iter(msgs)
+        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        rows: list[tuple[Any, ...]] = head
+        if len(head) == COPY_MIN:
+            copied: list[tuple[Any, ...]] = []
+            try:
+                return await self._run(lambda c: self._acopy(c, head, it, copied), retry=False)
+            except (psycopg.errors.UniqueViolation, psycopg.OperationalError):
+                rows = copied  # stored again below, skipping what is stored
+        if not rows:
             return []
-        new_queues = sorted(set(rows["queue"]) - self._known_queues)
         deadline = time.monotonic() + RECONNECT_FOR
         backoff = 0.05
         while True:
             try:
-                return await self._run(lambda c: self.aenqueue_in(c, rows, new_queues))
+                return await self._run(lambda c: self._ainsert(c, rows))
             except psycopg.OperationalError:
                 if time.monotonic() + backoff > deadline:
                     raise
@@ -328,66 +342,136 @@ class PostgresBroker(Broker):
             backoff = min(backoff * 2, 1.0)
 
     async def aenqueue_in(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        msgs: Iterable[Message] | dict[str, Any],
-        new_queues: Sequence[str] | None = None,
+        self, conn: psycopg.AsyncConnection[Any], msgs: Iterable[Message]
     ) -> list[str]:
         """Enqueue on the caller's connection, inside its transaction if it has
-        one (the transactional outbox); the NOTIFY is delivered at its commit."""
-        rows = msgs if isinstance(msgs, dict) else self._rows(msgs)
-        if new_queues is None:
-            new_queues = sorted(set(rows["queue"]) - self._known_queues)
+        one (the transactional outbox): the jobs and their NOTIFY become
+        visible when the caller commits, and vanish if it rolls back."""
+        rows = [self._row(m) for m in msgs]
+        return await self._ainsert(conn, rows) if rows else []
+
+    async def _ainsert(
+        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]
+    ) -> list[str]:
+        new_queues = self._new_queues(rows)
         if new_queues:
-            await conn.execute(self.q.add_queues, (list(new_queues),))
-        cur = await conn.execute(self.q.enqueue, rows)
-        row = await cur.fetchone()
-        inserted = int(row[0]) if row else 0
+            await conn.execute(self.q.add_queues, (new_queues,))
+        stmt = self.q.enqueue_one if len(rows) == 1 else self.q.enqueue
+        row = await (await conn.execute(stmt, self._params(rows))).fetchone()
         holders: dict[str, str] = {}
-        if inserted < len(rows["id"]):
-            keys = [k for k in rows["key"] if k is not None]
-            if keys:
-                cur = await conn.execute(self.q.holders, (keys,))
-                holders = dict(await cur.fetchall())
+        if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
+            holders = dict(await (await conn.execute(self.q.holders, (keys,))).fetchall())
         self._known_queues.update(new_queues)
-        return self._ids(rows, inserted, holders)
+        return self._ids(rows, holders)
+
+    async def _acopy(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        head: list[tuple[Any, ...]],
+        rest: Iterator[Message],
+        kept: list[tuple[Any, ...]],
+    ) -> list[str]:
+        now = time.time()
+        later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
+        async with conn.transaction():
+            async with conn.cursor().copy(self.q.copy) as cp:
+                cp.set_types(_COPY_TYPES)
+                for r in itertools.chain(head, (self._row(m) for m in rest)):
+                    kept.append(r)
+                    if r[8] is not None and r[8] > now:
+                        later.append(r)
+                    else:
+                        await cp.write_row(_binary_row(r))
+            ids = [r[0] for r in kept]
+            if later:
+                held = await self._ainsert(conn, later)
+                ids = _merge_ids(kept, later, held)
+            queues = sorted({r[1] for r in kept})
+            new_queues = sorted(set(queues) - self._known_queues)
+            if new_queues:
+                await conn.execute(self.q.add_queues, (new_queues,))
+            await conn.execute(self.q.notify, (self.q.channel, queues))
+        self._known_queues.update(new_queues)
+        return ids
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
-        rows = self._rows(msgs)
-        if not rows["id"]:
-            return []
+        it = iter(msgs)
+        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        rows: list[tuple[Any, ...]] = head
         pool = self._sync()
+        if len(head) == COPY_MIN:
+            copied: list[tuple[Any, ...]] = []
+            try:
+                with pool.connection() as conn:
+                    return self._copy(conn, head, it, copied)
+            except (psycopg.errors.UniqueViolation, psycopg.OperationalError):
+                rows = copied
+        if not rows:
+            return []
         deadline = time.monotonic() + RECONNECT_FOR
         backoff = 0.05
         while True:
             try:
                 with pool.connection() as conn:
-                    return self.enqueue_in(conn, rows)
+                    return self._insert(conn, rows)
             except psycopg.OperationalError:
                 if time.monotonic() + backoff > deadline:
                     raise
             time.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
-    def enqueue_in(
-        self, conn: psycopg.Connection[Any], msgs: Iterable[Message] | dict[str, Any]
-    ) -> list[str]:
+    def enqueue_in(self, conn: psycopg.Connection[Any], msgs: Iterable[Message]) -> list[str]:
         """``aenqueue_in`` for a sync psycopg connection."""
-        rows = msgs if isinstance(msgs, dict) else self._rows(msgs)
+        rows = [self._row(m) for m in msgs]
+        return self._insert(conn, rows) if rows else []
+
+    def _insert(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> list[str]:
         if not self._schema_ok:
             self._check_schema_sync(conn)
-        new_queues = sorted(set(rows["queue"]) - self._known_queues)
+        new_queues = self._new_queues(rows)
         if new_queues:
             conn.execute(self.q.add_queues, (new_queues,))
-        row = conn.execute(self.q.enqueue, rows).fetchone()
-        inserted = int(row[0]) if row else 0
+        stmt = self.q.enqueue_one if len(rows) == 1 else self.q.enqueue
+        row = conn.execute(stmt, self._params(rows)).fetchone()
         holders: dict[str, str] = {}
-        if inserted < len(rows["id"]):
-            keys = [k for k in rows["key"] if k is not None]
-            if keys:
-                holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())
+        if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
+            holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())
         self._known_queues.update(new_queues)
-        return self._ids(rows, inserted, holders)
+        return self._ids(rows, holders)
+
+    def _copy(
+        self,
+        conn: psycopg.Connection[Any],
+        head: list[tuple[Any, ...]],
+        rest: Iterator[Message],
+        kept: list[tuple[Any, ...]],
+    ) -> list[str]:
+        if not self._schema_ok:
+            self._check_schema_sync(conn)
+        now = time.time()
+        later: list[tuple[Any, ...]] = []
+        with conn.transaction():
+            cur = conn.cursor()
+            # the writer thread sends while this one encodes: the server stores
+            # the first rows while the last ones are being made
+            with cur.copy(self.q.copy, writer=QueuedLibpqWriter(cur)) as cp:
+                cp.set_types(_COPY_TYPES)
+                for r in itertools.chain(head, (self._row(m) for m in rest)):
+                    kept.append(r)
+                    if r[8] is not None and r[8] > now:
+                        later.append(r)
+                    else:
+                        cp.write_row(_binary_row(r))
+            ids = [r[0] for r in kept]
+            if later:
+                ids = _merge_ids(kept, later, self._insert(conn, later))
+            queues = sorted({r[1] for r in kept})
+            new_queues = sorted(set(queues) - self._known_queues)
+            if new_queues:
+                conn.execute(self.q.add_queues, (new_queues,))
+            conn.execute(self.q.notify, (self.q.channel, queues))
+        self._known_queues.update(new_queues)
+        return ids
 
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
@@ -464,19 +548,25 @@ class PostgresBroker(Broker):
         else:
             params["queues"] = queues
             claim = self.q.claim_many
-        async with conn.pipeline():
-            await conn.execute(self.q.promote)
+        rows: list[Any] = []
+        while True:
             cur = await conn.execute(claim, params, binary=True)
-        rows = await cur.fetchall()
-        if len(rows) > 1:
+            got = await cur.fetchall()
+            promoted = got[0][8] if got else 0
+            rows += [r for r in got if r[0] is not None]
+            # due jobs were just promoted: the next statement can claim them
+            if not promoted or len(rows) >= limit:
+                break
+            params["limit"] = limit - len(rows)
+        if len(rows) > 1:  # RETURNING has no order: priority, then FIFO, per queue
             order = {q: i for i, q in enumerate(queues)}
-            rows.sort(key=lambda r: (order.get(r[1], 0), -r[5], r[6]))
+            rows.sort(key=lambda r: (order.get(r[1], 0), -r[5], r[6], r[0]))
         return [_delivery(r, token) for r in rows]
 
     def _batch(self, ds: Sequence[Delivery]) -> dict[str, Any]:
         return {
-            "id": [d.id for d in ds],
-            "token": [d.token for d in ds],
+            "id": ",".join([d.id for d in ds]),
+            "token": ",".join([str(d.token) for d in ds]),
             "retention": self.retention,
             "channel": self.q.channel,
         }
@@ -731,6 +821,24 @@ def _close_later(st: _LoopState) -> None:
         await st.pool.close()
 
     st.loop.create_task(go())
+
+
+#: the types psycopg writes a COPY row as (binary format).  The id goes as the
+#: 16 bytes of the UUID, typed bytea here: the binary form of a uuid column is
+#: those bytes, and this avoids building a uuid.UUID per job.
+_COPY_TYPES = ["bytea", "text", "text", "text", "int4", "int4", "text", "bytea"]
+
+
+def _binary_row(r: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (bytes.fromhex(r[0].replace("-", "")), r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+
+
+def _merge_ids(
+    kept: list[tuple[Any, ...]], later: list[tuple[Any, ...]], held: list[str]
+) -> list[str]:
+    """The ids of a COPY batch whose scheduled rows were inserted apart."""
+    by_row = {id(r): i for r, i in zip(later, held, strict=True)}
+    return [by_row.get(id(r), r[0]) for r in kept]
 
 
 def _is_uuid(value: str) -> bool:

@@ -22,6 +22,9 @@ _CLAIMED = (
     "j.id::text, j.queue, j.attempt, j.body, j.errors::text, j.priority,"
     " date_part('epoch', j.run_at), date_part('epoch', j.lease_until)"
 )
+#: a batch of (id, token) pairs, sent as two comma-joined strings: one text
+#: parameter each is far cheaper to send than a Python list dumped as an array
+_PAIRS = "unnest(string_to_array(%(id)s, ',')::uuid[], string_to_array(%(token)s, ',')::int8[])"
 _TAKE = (
     "state = 'running', attempt = j.attempt + 1, token = %(token)s,"
     " lease_until = now() + make_interval(secs => %(lease)s), worker = %(worker)s,"
@@ -71,31 +74,54 @@ class Queries:
             " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
         )
+        self.enqueue_one = q(
+            f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
+            " updated_at, max_attempts, key, body) VALUES (%(id)s::uuid, %(queue)s, %(name)s,"
+            " %(kind)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
+            " ELSE 'ready' END, %(priority)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
+            " THEN to_timestamp(%(eta)s::float8) ELSE now() END, now(), %(max_attempts)s,"
+            " %(key)s, %(body)s) ON CONFLICT DO NOTHING RETURNING queue, state)"
+            f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
+        )
+        # Bulk: ready jobs only (state, run_at and updated_at take their defaults).
+        self.copy = q(
+            f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, body) FROM STDIN"
+            " (FORMAT BINARY)"
+        )
+        self.notify = q("SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS x(q)")
         self.holders = q(f"SELECT key, id::text FROM {jobs} WHERE key = ANY(%s::text[])")
         self.add_queues = q(
             f"INSERT INTO {queues} (name) SELECT unnest(%s::text[]) ON CONFLICT DO NOTHING"
         )
-        self.promote = q(
-            f"UPDATE {jobs} SET state = 'ready' WHERE id IN (SELECT id FROM {jobs}"
+        # A claim first promotes due scheduled jobs (an index probe when none
+        # is due).  Promoted rows are not claimable by the same statement (one
+        # snapshot); the count comes back so the caller claims again at once.
+        promote = (
+            f"p AS (UPDATE {jobs} SET state = 'ready' WHERE id IN (SELECT id FROM {jobs}"
             " WHERE state = 'scheduled' AND run_at <= now() ORDER BY run_at LIMIT 1000"
-            " FOR UPDATE SKIP LOCKED)"
+            " FOR UPDATE SKIP LOCKED) RETURNING 1)"
+        )
+        claimed = (
+            " SELECT c.*, (SELECT count(*) FROM p) FROM c UNION ALL"
+            " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM p)"
+            " WHERE NOT EXISTS (SELECT FROM c)"
         )
         self.claim_one = q(
-            f"UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
+            f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
             " WHERE state = 'ready' AND queue = %(queue)s"
             f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
             " ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed}"
         )
         self.claim_many = q(
-            f"UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
+            f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
             " (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)"
             f" WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)"
             " ORDER BY ord) q"
             f" CROSS JOIN LATERAL (SELECT id FROM {jobs} WHERE state = 'ready'"
             " AND queue = q.name ORDER BY priority DESC, run_at, id LIMIT %(limit)s"
             " FOR UPDATE SKIP LOCKED) c LIMIT %(limit)s) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed}"
         )
         self.next_due = q(
             f"SELECT date_part('epoch', min(run_at) - now()) FROM {jobs}"
@@ -106,14 +132,15 @@ class Queries:
         self.ack = q(
             f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
             " expires_at = now() + make_interval(secs => %(retention)s)"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token) WHERE " + _held
+            f" FROM {_PAIRS} AS u(id, token) WHERE " + _held
         )
         self.ack_results = q(
             f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"
             " expires_at = now() + make_interval(secs => greatest(%(retention)s,"
             " coalesce(u.keep, 0)))"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(result)s::bytea[],"
-            " %(keep)s::float8[]) AS u(id, token, result, keep) WHERE " + _held
+            " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"
+            " string_to_array(%(token)s, ',')::int8[], %(result)s::bytea[], %(keep)s::float8[])"
+            " AS u(id, token, result, keep) WHERE " + _held
         )
         _record = (
             "errors = CASE WHEN u.err IS NULL THEN j.errors"
@@ -124,24 +151,26 @@ class Queries:
             f"WITH r AS (UPDATE {jobs} j SET"
             " state = CASE WHEN u.at > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
             f" run_at = greatest(to_timestamp(u.at), now()), {_record}, {_settled}"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(at)s::float8[], %(err)s::jsonb[],"
+            " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"
+            " string_to_array(%(token)s, ',')::int8[], %(at)s::float8[], %(err)s::jsonb[],"
             f" %(etype)s::text[]) AS u(id, token, at, err, etype) WHERE {_held}"
             f" RETURNING j.queue, j.state) {_notify_ready('r')}"
         )
         self.dead = q(
             f"UPDATE {jobs} j SET state = 'dead', {_record}, {_settled}, expires_at = NULL"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[], %(err)s::jsonb[], %(etype)s::text[])"
+            " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"
+            " string_to_array(%(token)s, ',')::int8[], %(err)s::jsonb[], %(etype)s::text[])"
             f" AS u(id, token, err, etype) WHERE {_held}"
         )
         self.requeue = q(
             f"WITH r AS (UPDATE {jobs} j SET state = 'ready', attempt = greatest(j.attempt - 1, 0),"
             f" run_at = now(), {_settled}"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token)"
+            f" FROM {_PAIRS} AS u(id, token)"
             f" WHERE {_held} RETURNING j.queue, j.state) {_notify_ready('r')}"
         )
         self.extend = q(
             f"UPDATE {jobs} j SET lease_until = now() + make_interval(secs => %(lease)s)"
-            " FROM unnest(%(id)s::uuid[], %(token)s::int8[]) AS u(id, token)"
+            f" FROM {_PAIRS} AS u(id, token)"
             f" WHERE {_held} RETURNING j.id::text, date_part('epoch', j.lease_until)"
         )
         self.rescue = q(

@@ -20,11 +20,11 @@ CREATE TABLE dw_jobs (
     queue           text NOT NULL,
     name            text NOT NULL,              -- task name (or event type)
     kind            text NOT NULL,              -- task | event
-    state           text NOT NULL CHECK (state IN
+    state           text NOT NULL DEFAULT 'ready' CHECK (state IN
                         ('scheduled', 'ready', 'running', 'succeeded', 'dead', 'cancelled')),
     priority        integer NOT NULL DEFAULT 0, -- higher runs first
-    run_at          timestamptz NOT NULL,       -- ready since / due at (eta, next retry)
-    updated_at      timestamptz NOT NULL,       -- when it entered its state
+    run_at          timestamptz NOT NULL DEFAULT now(), -- ready since / due at (eta, retry)
+    updated_at      timestamptz NOT NULL DEFAULT now(), -- when it entered its state
     attempt         integer NOT NULL DEFAULT 0,
     max_attempts    integer NOT NULL,
     key             text,                       -- task uniqueness key
