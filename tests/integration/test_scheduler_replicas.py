@@ -129,7 +129,7 @@ def test_three_replicas_leader_killed_every_tick_runs_exactly_once(
         **os.environ,
         schedapp.URL_ENV: url,
         schedapp.LOG_ENV: str(runs.path),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
     }
     env.pop("DUMBWAITER_APP", None)
     env.pop("DUMBWAITER_URL", None)
@@ -191,7 +191,7 @@ def test_worker_with_scheduler_runs_ticks_and_stops_cleanly(broker: str, tmp_pat
     url = BROKERS[broker](tmp_path)
     runs = Runs(tmp_path / "runs.log")
     env = {**os.environ, schedapp.URL_ENV: url, schedapp.LOG_ENV: str(runs.path)}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     env.pop("DUMBWAITER_APP", None)
     with processes(env) as start:
         w = start("worker", "-q", "default", "--with-scheduler")

@@ -46,6 +46,7 @@ def _wait_for(what: str, cond: Any, timeout: float = 60.0) -> Any:
 def test_scheduler_example_runs_as_its_readme_says(tmp_path: Path) -> None:
     shutil.copy(ROOT / "examples" / "scheduler" / "jobs.py", tmp_path / "jobs.py")
     env = {k: v for k, v in os.environ.items() if k not in ("DUMBWAITER_URL", "DUMBWAITER_APP")}
+    env["PYTHONPATH"] = str(ROOT / "src")  # this checkout's code
     names = {s["name"] for s in _dumbwaiter(tmp_path, env, "schedules", "ls")["schedules"]}
     assert names == {"jobs.heartbeat", "jobs.nightly_report", "cleanup-sessions", "cleanup-audit"}
     worker = subprocess.Popen(
