@@ -480,21 +480,22 @@ class PostgresBroker(Broker):
             return []
         queues = list(queues)
         st = self._state()
-        out = await self._claim_safely(st, queues, limit, lease, worker)
-        if out or wait <= 0:
-            return out
+        if wait <= 0:
+            return (await self._claim_safely(st, queues, limit, lease, worker))[0]
         deadline = time.monotonic() + wait
         listener = st.listener
-        await listener.ready(min(wait, 1.0))
+        if not listener.listening:  # the first wait of this loop: LISTEN first
+            await listener.ready(min(wait, 1.0))
+        # The waiter exists before the claim, so a NOTIFY sent after the claim's
+        # snapshot is never missed; an idle pass is one round trip.
         waiter = listener.add(queues)
         try:
             while True:
                 waiter.event.clear()
-                out = await self._claim_safely(st, queues, limit, lease, worker)
+                out, due = await self._claim_safely(st, queues, limit, lease, worker)
                 remaining = deadline - time.monotonic()
                 if out or remaining <= 0:
                     return out
-                due = await self._run(lambda c: self._next_due(c, queues))
                 if due is not None:
                     remaining = min(remaining, max(0.0, due))
                 if not listener.listening:
@@ -503,16 +504,9 @@ class PostgresBroker(Broker):
         finally:
             listener.remove(waiter)
 
-    async def _next_due(
-        self, conn: psycopg.AsyncConnection[Any], queues: list[str]
-    ) -> float | None:
-        cur = await conn.execute(self.q.next_due, (queues,))
-        row = await cur.fetchone()
-        return None if row is None or row[0] is None else float(row[0])
-
     async def _claim_safely(
         self, st: _LoopState, queues: list[str], limit: int, lease: float, worker: str
-    ) -> list[Delivery]:
+    ) -> tuple[list[Delivery], float | None]:
         """A claim that can be cancelled: if the caller gives up while the
         claim is in flight, what it claimed is given back (uncharged)."""
         task = asyncio.ensure_future(
@@ -522,10 +516,10 @@ class PostgresBroker(Broker):
             return await asyncio.shield(task)
         except asyncio.CancelledError:
 
-            def give_back(t: asyncio.Future[list[Delivery]]) -> None:
-                if t.cancelled() or t.exception() is not None or not t.result():
+            def give_back(t: asyncio.Future[tuple[list[Delivery], float | None]]) -> None:
+                if t.cancelled() or t.exception() is not None or not t.result()[0]:
                     return
-                back = st.loop.create_task(self.requeue(t.result()))
+                back = st.loop.create_task(self.requeue(t.result()[0]))
                 st.giving_back.add(back)
                 back.add_done_callback(st.giving_back.discard)
 
@@ -539,7 +533,9 @@ class PostgresBroker(Broker):
         limit: int,
         lease: float,
         worker: str,
-    ) -> list[Delivery]:
+    ) -> tuple[list[Delivery], float | None]:
+        """Claim up to ``limit`` jobs; with none, also say in how many seconds
+        the next scheduled job of ``queues`` is due (None: none is)."""
         token = secrets.randbits(62)
         params: dict[str, Any] = {"token": token, "lease": lease, "worker": worker, "limit": limit}
         if len(queues) == 1:
@@ -549,11 +545,15 @@ class PostgresBroker(Broker):
             params["queues"] = queues
             claim = self.q.claim_many
         rows: list[Any] = []
+        due = None
         while True:
             cur = await conn.execute(claim, params, binary=True)
             got = await cur.fetchall()
             promoted = got[0][8] if got else 0
-            rows += [r for r in got if r[0] is not None]
+            if got and got[0][0] is None:
+                due = got[0][9]
+            else:
+                rows += got
             # due jobs were just promoted: the next statement can claim them
             if not promoted or len(rows) >= limit:
                 break
@@ -561,7 +561,7 @@ class PostgresBroker(Broker):
         if len(rows) > 1:  # RETURNING has no order: priority, then FIFO, per queue
             order = {q: i for i, q in enumerate(queues)}
             rows.sort(key=lambda r: (order.get(r[1], 0), -r[5], r[6], r[0]))
-        return [_delivery(r, token) for r in rows]
+        return [_delivery(r, token) for r in rows], (None if rows else due)
 
     def _batch(self, ds: Sequence[Delivery]) -> dict[str, Any]:
         return {

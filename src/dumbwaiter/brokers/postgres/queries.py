@@ -101,17 +101,24 @@ class Queries:
             " WHERE state = 'scheduled' AND run_at <= now() ORDER BY run_at LIMIT 1000"
             " FOR UPDATE SKIP LOCKED) RETURNING 1)"
         )
-        claimed = (
-            " SELECT c.*, (SELECT count(*) FROM p) FROM c UNION ALL"
-            " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM p)"
-            " WHERE NOT EXISTS (SELECT FROM c)"
-        )
+
+        # With nothing claimed, one row of NULLs carries the promoted count and
+        # the seconds until the next scheduled job of these queues is due.
+        def claimed(queue_is: str) -> str:
+            return (
+                " SELECT c.*, (SELECT count(*) FROM p), NULL::float8 FROM c UNION ALL"
+                " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM p),"
+                f" (SELECT date_part('epoch', min(run_at) - now()) FROM {jobs}"
+                f" WHERE state = 'scheduled' AND queue {queue_is})"
+                " WHERE NOT EXISTS (SELECT FROM c)"
+            )
+
         self.claim_one = q(
             f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
             " WHERE state = 'ready' AND queue = %(queue)s"
             f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
             " ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed}"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= %(queue)s')}"
         )
         self.claim_many = q(
             f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
@@ -121,11 +128,7 @@ class Queries:
             f" CROSS JOIN LATERAL (SELECT id FROM {jobs} WHERE state = 'ready'"
             " AND queue = q.name ORDER BY priority DESC, run_at, id LIMIT %(limit)s"
             " FOR UPDATE SKIP LOCKED) c LIMIT %(limit)s) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed}"
-        )
-        self.next_due = q(
-            f"SELECT date_part('epoch', min(run_at) - now()) FROM {jobs}"
-            " WHERE state = 'scheduled' AND queue = ANY(%s::text[])"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= ANY(%(queues)s::text[])')}"
         )
         _settled = "lease_until = NULL, token = NULL, updated_at = now()"
         _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
