@@ -1,0 +1,804 @@
+"""Alerts: rules over the broker's admin view, sent to the log and to webhooks.
+
+The rules (``default_rules()``, after the practice article's defaults):
+
+* ``queue_depth``: more than ``threshold`` ready jobs for ``for_`` s
+  (default 1,000 for 10 minutes);
+* ``dead_letters``: a queue's dead-letter count grew since the last pass;
+* ``lag``: a queue's oldest ready job is older than ``threshold`` s (5 min);
+* ``no_workers``: jobs are ready on a queue (not paused) that no live worker
+  works on (no ``worker:*`` heartbeat), for 1 minute;
+* ``scheduler_leader``: a schedule's tick is overdue and no leader wrote
+  state since.
+
+Each rule takes ``per_queue={"email": {"threshold": 100}, "bulk": {"enabled":
+False}}`` to change its fields for some queues.  ``configure(app, ...)``
+attaches rules and webhooks to an app; ``AlertService`` evaluates them every
+``interval`` s, as a worker side service (``dumbwaiter worker --alerts``,
+``Worker(app, services=[AlertService(app)])``) or in the dashboard process.
+
+Any number of processes may evaluate: the broker's ``kv_add`` (first writer
+wins, with a TTL) decides which one sends a given notification, and keeps
+shared state (since when a condition holds, the dead-letter counts last
+seen), so ten workers with ``--alerts`` send one message, not ten.  A firing
+alert is repeated every ``repeat`` s while it holds; when it clears, the one
+evaluator that deletes its key sends ``resolved``.  ``prometheus_rules()`` writes
+the same rules over the metrics of metrics.py, for those who alert with
+Prometheus instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import time
+import urllib.request
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+
+from .dashboard.redact import mask_url
+from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
+
+if TYPE_CHECKING:
+    from .app import App
+    from .brokers.base import Broker, QueueStats
+    from .worker import Worker
+
+log = logging.getLogger("dumbwaiter.alerts")
+
+KEY = "dumbwaiter:alert:"
+PENDING, SENT, ACTIVE, SEEN, HISTORY = (
+    KEY + "pending:",
+    KEY + "sent:",
+    KEY + "active:",
+    KEY + "seen-dead:",
+    KEY + "history:",
+)
+#: notifications kept for the dashboard's alerts page
+HISTORY_TTL = 7 * 86400.0
+#: a dead-letter notification's de-duplication key lives this long: long enough
+#: for every evaluator that saw the same change to find it taken
+EVENT_DEDUP_TTL = 600.0
+
+FIRING, RESOLVED = "firing", "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A rule's condition holds for ``subject`` (a queue, or ``scheduler``)."""
+
+    subject: str
+    value: float
+    threshold: float
+    summary: str
+    #: part of the de-duplication key of event-like rules (dead letters)
+    change: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One notification, as sent to the log and POSTed as JSON to webhooks."""
+
+    rule: str
+    subject: str
+    status: str
+    severity: str
+    summary: str
+    value: float
+    threshold: float
+    since: float
+    at: float
+    app: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "status": self.status,
+            "rule": self.rule,
+            "subject": self.subject,
+            "severity": self.severity,
+            "summary": self.summary,
+            "value": self.value,
+            "threshold": self.threshold,
+            "since": self.since,
+            "at": self.at,
+            "app": self.app,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Alert:
+        return cls(
+            rule=str(d.get("rule", "")),
+            subject=str(d.get("subject", "")),
+            status=str(d.get("status", FIRING)),
+            severity=str(d.get("severity", "warning")),
+            summary=str(d.get("summary", "")),
+            value=float(d.get("value", 0.0)),
+            threshold=float(d.get("threshold", 0.0)),
+            since=float(d.get("since", 0.0)),
+            at=float(d.get("at", 0.0)),
+            app=str(d.get("app", "")),
+            source=str(d.get("source", "")),
+        )
+
+
+# -- rules ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """Base of the rules: a name, a severity, a hold time, per-queue overrides."""
+
+    name: ClassVar[str] = ""
+    #: condition rules fire while they hold and resolve; event rules fire once per change
+    event: ClassVar[bool] = False
+    title: ClassVar[str] = ""
+
+    severity: str = "warning"
+    #: seconds the condition must hold before the alert fires
+    for_: float = 0.0
+    enabled: bool = True
+    #: queue -> fields of this rule to change for that queue
+    per_queue: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def for_queue(self, queue: str) -> Rule:
+        over = self.per_queue.get(queue)
+        if not over:
+            return self
+        return dataclasses.replace(self, **dict(over), per_queue={})
+
+    def enabled_for(self, queue: str) -> bool:
+        return self.for_queue(queue).enabled
+
+    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
+        """The subjects the condition holds for now."""
+        out: list[Finding] = []
+        for s in snap.stats:
+            rule = self.for_queue(s.queue)
+            if rule.enabled:
+                f = rule.check_queue(s, snap)
+                if f is not None:
+                    out.append(f)
+        return out
+
+    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
+        return None
+
+    def describe(self) -> str:
+        """One line for ``dumbwaiter alerts rules`` and the dashboard."""
+        return self.title
+
+    def promql(self, selector: str) -> str:
+        """The Prometheus expression of this rule over ``selector`` (label matchers)."""
+        raise NotImplementedError
+
+    def prom_summary(self) -> str:
+        return self.title
+
+
+def _fmt_int(n: float) -> str:
+    return f"{int(n):,}"
+
+
+def _fmt_secs(s: float) -> str:
+    from .cli.output import duration
+
+    return duration(s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueDepth(Rule):
+    """More than ``threshold`` jobs ready on a queue for ``for_`` seconds."""
+
+    name: ClassVar[str] = "queue_depth"
+    title: ClassVar[str] = "queue deeper than a threshold for a while"
+    threshold: int = 1000
+    for_: float = 600.0
+
+    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
+        if s.ready <= self.threshold:
+            return None
+        return Finding(
+            s.queue,
+            s.ready,
+            self.threshold,
+            f"queue {s.queue} has {_fmt_int(s.ready)} ready jobs "
+            f"(more than {_fmt_int(self.threshold)} for {_fmt_secs(self.for_)})",
+        )
+
+    def describe(self) -> str:
+        return f"more than {_fmt_int(self.threshold)} ready jobs for {_fmt_secs(self.for_)}"
+
+    def promql(self, selector: str) -> str:
+        return f"max by (queue) (dumbwaiter_queue_ready{selector}) > {self.threshold}"
+
+    def prom_summary(self) -> str:
+        return "queue {{ $labels.queue }} has {{ $value }} ready jobs"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetters(Rule):
+    """A dead letter was added to a queue since the last evaluation.
+
+    The count each queue had is kept in the broker, so every evaluator
+    compares with the same number; the first pass on a broker only records
+    the counts (dead letters older than the watch are on the dashboard)."""
+
+    name: ClassVar[str] = "dead_letters"
+    event: ClassVar[bool] = True
+    title: ClassVar[str] = "dead letter added"
+    severity: str = "critical"
+
+    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
+        queues = [s for s in snap.stats if self.enabled_for(s.queue)]
+        seen = await ev.broker.kv_get([SEEN + s.queue for s in queues])
+        out: list[Finding] = []
+        update: dict[str, bytes] = {}
+        for s in queues:
+            raw = seen.get(SEEN + s.queue)
+            before = int(raw) if raw is not None and raw.isdigit() else None
+            if before != s.dead:
+                update[SEEN + s.queue] = str(s.dead).encode()
+            if before is None or s.dead <= before:
+                continue
+            added = s.dead - before
+            out.append(
+                Finding(
+                    s.queue,
+                    s.dead,
+                    0,
+                    f"{_fmt_int(added)} dead letter{'s' if added != 1 else ''} added to "
+                    f"{s.queue} ({_fmt_int(s.dead)} in its dead-letter queue)",
+                    change=f"{before}-{s.dead}",
+                )
+            )
+        if update:
+            await ev.broker.kv_set(update)
+        return out
+
+    def describe(self) -> str:
+        return "any dead letter added"
+
+    def promql(self, selector: str) -> str:
+        return (
+            f"max by (queue) (dumbwaiter_queue_dead{selector})"
+            f" > max by (queue) (dumbwaiter_queue_dead{selector} offset 5m)"
+        )
+
+    def prom_summary(self) -> str:
+        return "dead letters added to {{ $labels.queue }} (now {{ $value }})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lag(Rule):
+    """The oldest ready job of a queue has waited more than ``threshold`` seconds."""
+
+    name: ClassVar[str] = "lag"
+    title: ClassVar[str] = "lag above a threshold"
+    threshold: float = 300.0
+
+    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
+        if s.ready == 0 or s.lag <= self.threshold:
+            return None
+        return Finding(
+            s.queue,
+            round(s.lag, 3),
+            self.threshold,
+            f"queue {s.queue} lags {_fmt_secs(s.lag)} (its oldest ready job; "
+            f"threshold {_fmt_secs(self.threshold)})",
+        )
+
+    def describe(self) -> str:
+        return f"oldest ready job older than {_fmt_secs(self.threshold)}"
+
+    def promql(self, selector: str) -> str:
+        return f"max by (queue) (dumbwaiter_queue_lag_seconds{selector}) > {self.threshold:g}"
+
+    def prom_summary(self) -> str:
+        return "queue {{ $labels.queue }} lags {{ $value }} s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoWorkers(Rule):
+    """Jobs are ready on a queue that is not paused, and no live worker (no
+    ``worker:*`` heartbeat) works on it."""
+
+    name: ClassVar[str] = "no_workers"
+    title: ClassVar[str] = "no worker heartbeat while jobs are ready"
+    severity: str = "critical"
+    for_: float = 60.0
+
+    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
+        if s.ready == 0 or s.paused or snap.workers_on(s.queue):
+            return None
+        return Finding(
+            s.queue,
+            s.ready,
+            0,
+            f"{_fmt_int(s.ready)} jobs are ready on {s.queue} and no live worker works on it",
+        )
+
+    def describe(self) -> str:
+        return f"jobs ready and no worker heartbeat for {_fmt_secs(self.for_)}"
+
+    def promql(self, selector: str) -> str:
+        return (
+            f"(max by (queue) (dumbwaiter_queue_ready{selector}) > 0)"
+            f" and on (queue) (max by (queue) (dumbwaiter_queue_workers{selector}) == 0)"
+            f" and on (queue) (max by (queue) (dumbwaiter_queue_paused{selector}) == 0)"
+        )
+
+    def prom_summary(self) -> str:
+        return "jobs are ready on {{ $labels.queue }} and no worker works on it"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerLeader(Rule):
+    """A schedule's tick is overdue and no scheduler leader wrote state since.
+
+    Without schedules (or without the scheduler module) it never fires."""
+
+    name: ClassVar[str] = "scheduler_leader"
+    title: ClassVar[str] = "scheduler without a leader"
+    severity: str = "critical"
+    slack: float = SCHEDULER_SLACK
+
+    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
+        health = snap.scheduler
+        if not self.enabled or health is None or health.leader:
+            return []
+        return [
+            Finding(
+                "scheduler",
+                round(health.late, 3),
+                self.slack,
+                f"no scheduler leader: {', '.join(health.overdue)} overdue by "
+                f"{_fmt_secs(health.late)} (run `dumbwaiter scheduler` or a worker "
+                "with --with-scheduler)",
+            )
+        ]
+
+    def describe(self) -> str:
+        return f"a schedule's tick overdue by {_fmt_secs(self.slack)} with no leader"
+
+    def promql(self, selector: str) -> str:
+        return "min(dumbwaiter_scheduler_leader) == 0"
+
+    def prom_summary(self) -> str:
+        return "no scheduler leader: schedules are not run"
+
+
+RULES: dict[str, type[Rule]] = {
+    r.name: r for r in (QueueDepth, DeadLetters, Lag, NoWorkers, SchedulerLeader)
+}
+
+
+def default_rules() -> tuple[Rule, ...]:
+    return (QueueDepth(), DeadLetters(), Lag(), NoWorkers(), SchedulerLeader())
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AlertConfig:
+    """What to evaluate, how often, and where to send it."""
+
+    rules: tuple[Rule, ...] = field(default_factory=default_rules)
+    #: URLs that get each notification as a JSON POST
+    webhooks: tuple[str, ...] = ()
+    #: seconds between evaluations
+    interval: float = 30.0
+    #: seconds before a firing alert is sent again while it holds
+    repeat: float = 3600.0
+    #: also write notifications to the ``dumbwaiter.alerts`` logger
+    log: bool = True
+
+    def rule(self, name: str) -> Rule | None:
+        return next((r for r in self.rules if r.name == name and r.enabled), None)
+
+
+_configs: weakref.WeakKeyDictionary[App, AlertConfig] = weakref.WeakKeyDictionary()
+
+
+def configure(
+    app: App,
+    *,
+    rules: Sequence[Rule] | None = None,
+    webhooks: Sequence[str] = (),
+    interval: float = 30.0,
+    repeat: float = 3600.0,
+    log: bool = True,
+) -> AlertConfig:
+    """Attach alert rules and webhooks to ``app`` (read by ``--alerts``, the
+    dashboard and ``dumbwaiter doctor``); returns the config."""
+    cfg = AlertConfig(
+        rules=tuple(rules) if rules is not None else default_rules(),
+        webhooks=tuple(webhooks),
+        interval=interval,
+        repeat=repeat,
+        log=log,
+    )
+    _configs[app] = cfg
+    return cfg
+
+
+def config_of(app: App) -> AlertConfig | None:
+    """The config ``configure`` attached to ``app``, if any."""
+    return _configs.get(app)
+
+
+# -- notifiers -------------------------------------------------------------------------
+
+
+class Notifier:
+    async def send(self, alert: Alert) -> bool:
+        """Deliver one notification; False if it could not be delivered."""
+        raise NotImplementedError
+
+
+class LogNotifier(Notifier):
+    async def send(self, alert: Alert) -> bool:
+        level = logging.INFO if alert.status == RESOLVED else logging.WARNING
+        if alert.severity == "critical" and alert.status == FIRING:
+            level = logging.ERROR
+        log.log(
+            level,
+            "alert %s %s: %s",
+            alert.status,
+            alert.rule,
+            alert.summary,
+            extra={"action": "alert", "alert": alert.to_dict()},
+        )
+        return True
+
+
+class WebhookNotifier(Notifier):
+    """POST the alert as JSON to ``url`` (Slack-style bridges, Alertmanager
+    webhook receivers, PagerDuty Events via a relay...).  The URL is masked in
+    logs: webhook URLs often carry their secret in the path or query."""
+
+    def __init__(
+        self, url: str, *, timeout: float = 10.0, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+
+    def _post(self, body: bytes) -> int:
+        req = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": "dumbwaiter-alerts",
+                **self.headers,
+            },
+        )
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            status: int = resp.status
+            return status
+
+    async def send(self, alert: Alert) -> bool:
+        body = orjson.dumps(alert.to_dict())
+        try:
+            status = await asyncio.to_thread(self._post, body)
+        except Exception as exc:
+            log.error("alert webhook %s failed: %s", mask_url(self.url, path=True), exc)
+            return False
+        return 200 <= status < 300
+
+
+# -- evaluation ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Evaluation:
+    """What a rule may use while it checks: the broker and the time."""
+
+    broker: Broker
+    now: float
+
+
+class AlertService:
+    """Evaluate an app's alert rules every ``interval`` s and notify.
+
+    ``await service.evaluate()`` runs one pass and returns the notifications
+    this process sent; ``await service.run()`` loops; as a worker side service
+    it runs with the worker.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        config: AlertConfig | None = None,
+        *,
+        notifiers: Sequence[Notifier] | None = None,
+        cache: StatsCache | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config or config_of(app) or AlertConfig()
+        if notifiers is None:
+            notifiers = [
+                *([LogNotifier()] if self.config.log else []),
+                *(WebhookNotifier(u) for u in self.config.webhooks),
+            ]
+        self.notifiers = list(notifiers)
+        self.cache = cache or StatsCache(app.broker, min(5.0, self.config.interval))
+        self.source = f"{socket.gethostname()}:{_pid()}"
+
+    @property
+    def broker(self) -> Broker:
+        return self.app.broker
+
+    async def __call__(self, worker: Worker) -> None:
+        self.source = worker.id
+        await self.run()
+
+    async def run(self) -> None:
+        log.info(
+            "evaluating %d alert rule(s) every %.0f s",
+            len([r for r in self.config.rules if r.enabled]),
+            self.config.interval,
+        )
+        while True:
+            try:
+                await self.evaluate()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("alert evaluation failed; will try again")
+            await asyncio.sleep(self.config.interval)
+
+    async def evaluate(self, now: float | None = None) -> list[Alert]:
+        """One pass over every rule; returns the notifications sent by this call."""
+        snap = await self.cache.get(max_age=0.0 if now is not None else None)
+        now = time.time() if now is None else now
+        ev = Evaluation(self.broker, now)
+        sent: list[Alert] = []
+        for rule in self.config.rules:
+            if not rule.enabled:
+                continue
+            findings = await rule.check(snap, ev)
+            if rule.event:
+                sent += await self._events(rule, findings, now)
+            else:
+                subjects = [s.queue for s in snap.stats] + (
+                    ["scheduler"] if isinstance(rule, SchedulerLeader) else []
+                )
+                sent += await self._conditions(rule, findings, subjects, now)
+        return sent
+
+    async def _events(self, rule: Rule, findings: list[Finding], now: float) -> list[Alert]:
+        sent: list[Alert] = []
+        for f in findings:
+            alert = self._alert(rule.for_queue(f.subject), f, FIRING, now, now)
+            await self.broker.kv_set(
+                {f"{ACTIVE}{rule.name}:{f.subject}": orjson.dumps(alert.to_dict())},
+                ttl=self.config.repeat,
+            )
+            key = f"{SENT}{rule.name}:{f.subject}:{f.change}"
+            if await self.broker.kv_add(key, b"1", ttl=EVENT_DEDUP_TTL):
+                if await self._notify(alert):
+                    sent.append(alert)
+                else:
+                    await self.broker.kv_delete([key])
+        return sent
+
+    async def _conditions(
+        self, rule: Rule, findings: list[Finding], subjects: list[str], now: float
+    ) -> list[Alert]:
+        holding = {f.subject: f for f in findings}
+        quiet = [s for s in subjects if s not in holding]
+        sent: list[Alert] = []
+        b = self.broker
+        # since when each condition holds: the first evaluator to see it writes the time
+        since: dict[str, float] = {}
+        if holding:
+            for subject in holding:
+                await b.kv_add(f"{PENDING}{rule.name}:{subject}", _f(now))
+            stored = await b.kv_get([f"{PENDING}{rule.name}:{s}" for s in holding])
+            for subject in holding:
+                raw = stored.get(f"{PENDING}{rule.name}:{subject}")
+                since[subject] = float(raw) if raw is not None else now
+        for subject, f in holding.items():
+            r = rule.for_queue(subject)
+            if now - since[subject] < r.for_:
+                continue  # pending
+            alert = self._alert(r, f, FIRING, since[subject], now)
+            await b.kv_set(
+                {f"{ACTIVE}{rule.name}:{subject}": orjson.dumps(alert.to_dict())},
+                ttl=max(3 * self.config.interval, 60.0),
+            )
+            key = f"{SENT}{rule.name}:{subject}"
+            if await b.kv_add(key, orjson.dumps(alert.to_dict()), ttl=self.config.repeat):
+                if await self._notify(alert):
+                    sent.append(alert)
+                else:
+                    await b.kv_delete([key])  # let the next pass (anywhere) try again
+        if quiet:
+            await b.kv_delete(
+                [f"{PENDING}{rule.name}:{s}" for s in quiet]
+                + [f"{ACTIVE}{rule.name}:{s}" for s in quiet]
+            )
+            was = await b.kv_get([f"{SENT}{rule.name}:{s}" for s in quiet])
+            for key, raw in was.items():
+                # the one evaluator whose delete removes the key sends "resolved"
+                if await b.kv_delete([key]) == 1:
+                    fired = Alert.from_dict(orjson.loads(raw))
+                    alert = dataclasses.replace(fired, status=RESOLVED, at=now, source=self.source)
+                    if await self._notify(alert):
+                        sent.append(alert)
+        return sent
+
+    def _alert(self, rule: Rule, f: Finding, status: str, since: float, now: float) -> Alert:
+        return Alert(
+            rule=rule.name,
+            subject=f.subject,
+            status=status,
+            severity=rule.severity,
+            summary=f.summary,
+            value=float(f.value),
+            threshold=float(f.threshold),
+            since=since,
+            at=now,
+            app=mask_url(self.app.url),
+            source=self.source,
+        )
+
+    async def _notify(self, alert: Alert) -> bool:
+        """Send to every notifier; True if at least one delivered it.  Kept in
+        the broker's history for the dashboard either way."""
+        delivered = False
+        for n in self.notifiers:
+            try:
+                delivered = await n.send(alert) or delivered
+            except Exception:
+                log.exception("alert notifier %s failed", type(n).__name__)
+        if not self.notifiers:
+            delivered = True
+        try:
+            await self.broker.kv_set(
+                {
+                    f"{HISTORY}{alert.at:017.6f}:{alert.rule}:{alert.subject}": orjson.dumps(
+                        {**alert.to_dict(), "delivered": delivered}
+                    )
+                },
+                ttl=HISTORY_TTL,
+            )
+        except Exception:
+            log.exception("could not keep the alert in the broker's history")
+        return delivered
+
+
+def _f(x: float) -> bytes:
+    return repr(float(x)).encode()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+# -- reading (dashboard, CLI) -----------------------------------------------------------
+
+
+async def active_alerts(broker: Broker) -> list[Alert]:
+    """Alerts firing now (refreshed by the evaluators every pass)."""
+    out = [Alert.from_dict(orjson.loads(v)) for v in (await broker.kv_scan(ACTIVE)).values()]
+    return sorted(out, key=lambda a: (a.severity != "critical", a.rule, a.subject))
+
+
+async def history(broker: Broker, limit: int = 100) -> list[dict[str, Any]]:
+    """The last notifications (newest first)."""
+    items = sorted((await broker.kv_scan(HISTORY)).items(), reverse=True)[:limit]
+    return [orjson.loads(v) for _, v in items]
+
+
+# -- Prometheus alerting rules ---------------------------------------------------------
+
+
+def _camel(name: str) -> str:
+    return "Dumbwaiter" + "".join(p.capitalize() for p in name.split("_"))
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s and s % 3600 == 0:
+        return f"{s // 3600}h"
+    if s and s % 60 == 0:
+        return f"{s // 60}m"
+    return f"{s}s"
+
+
+def prometheus_rules(config: AlertConfig | None = None) -> dict[str, Any]:
+    """The rules as a Prometheus alerting rules document (``groups:``).
+
+    Each rule becomes one alert over every queue not named in its
+    ``per_queue``, plus one per overridden queue with its own values (a
+    disabled queue gets none)."""
+    cfg = config or AlertConfig()
+    rules: list[dict[str, Any]] = []
+    for rule in cfg.rules:
+        if not rule.enabled:
+            continue
+        named = sorted(rule.per_queue)
+        base = f'{{queue!~"{_alternation(named)}"}}' if named else ""
+        variants: list[tuple[Rule, str, str | None]] = [(rule, base, None)]
+        for q in named:
+            r = rule.for_queue(q)
+            if r.enabled:
+                variants.append((r, f'{{queue="{_escape(q)}"}}', q))
+        for r, selector, queue in variants:
+            entry: dict[str, Any] = {"alert": _camel(rule.name), "expr": r.promql(selector)}
+            if r.for_:
+                entry["for"] = _duration(r.for_)
+            labels = {"severity": r.severity, "rule": rule.name}
+            if queue is not None:
+                labels["override"] = queue
+            entry["labels"] = labels
+            entry["annotations"] = {"summary": r.prom_summary(), "description": r.describe()}
+            rules.append(entry)
+            if isinstance(r, SchedulerLeader):
+                break
+    return {"groups": [{"name": "dumbwaiter", "rules": rules}]}
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _alternation(names: Sequence[str]) -> str:
+    import re
+
+    return _escape("|".join(re.escape(n) for n in names))
+
+
+def to_yaml(value: Any, indent: int = 0) -> str:
+    """A small YAML writer for the rules document: block style for maps and
+    lists, every string double-quoted (JSON strings are valid YAML), so no
+    PromQL character can change the meaning."""
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, dict | list) and v:
+                lines.append(f"{pad}{k}:")
+                lines.append(to_yaml(v, indent + 1))
+            else:
+                lines.append(f"{pad}{k}: {_scalar(v)}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict) and item:
+                body = to_yaml(item, indent + 1).splitlines()
+                lines.append(f"{pad}- {body[0].lstrip()}")
+                lines.extend(body[1:])
+            else:
+                lines.append(f"{pad}- {_scalar(item)}")
+    else:
+        lines.append(pad + _scalar(value))
+    return "\n".join(lines)
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if v is None:
+        return "null"
+    if isinstance(v, dict):
+        return "{}"
+    if isinstance(v, list):
+        return "[]"
+    return orjson.dumps(str(v)).decode()

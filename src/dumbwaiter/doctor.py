@@ -1,0 +1,208 @@
+"""``dumbwaiter doctor``: check an app's configuration against the anti-patterns.
+
+Each check looks at the app's registry (tasks, subscriptions, queues) and its
+alert configuration (``dumbwaiter.alerts.configure``), never at the broker,
+so it runs in CI before anything ships.  A *problem* makes the command exit 1;
+a *note* is advice.  Every finding says what to change.
+
+* DW001 (problem): retries without backoff; a failing dependency is hammered
+  and every attempt is spent within seconds.
+* DW002 (problem): no dead-letter alert; jobs that failed for good go unseen.
+* DW003 (problem): a subscriber group with its inbox disabled; redelivered
+  events run twice.
+* DW004 (problem): a task retried (attempts > 1) with no idempotency hint; a
+  retry may repeat a side effect.
+* DW005 (problem): a queue with no depth alert; it can grow without bound.
+* DW006 (note): retries without jitter; jobs that failed together retry together.
+* DW007 (note): no timeout; a hung call holds its worker slot for ever.
+
+Mark a task as safe to run twice with ``@dumbwaiter.doctor.idempotent`` (under
+``@app.task``), or with a ``key`` (uniqueness) option a middleware declares as
+``idempotent``; silence a check for one task with ``@doctor.ignore("DW004")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .app import App
+    from .retry import Retry
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PROBLEM, NOTE = "problem", "note"
+
+_IDEMPOTENT = "__dumbwaiter_idempotent__"
+_IGNORE = "__dumbwaiter_doctor_ignore__"
+
+
+def idempotent(fn: F) -> F:
+    """Declare that running ``fn`` twice for one job does no harm (it checks
+    before it acts, uses an upsert, an idempotency key, or ``ctx.inbox``)."""
+    setattr(fn, _IDEMPOTENT, True)
+    return fn
+
+
+def ignore(*codes: str) -> Callable[[F], F]:
+    """Silence the doctor's checks ``codes`` for one task or handler."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, _IGNORE, frozenset(codes) | getattr(fn, _IGNORE, frozenset()))
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    code: str
+    level: str
+    subject: str
+    message: str
+    fix: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "code": self.code,
+            "level": self.level,
+            "subject": self.subject,
+            "message": self.message,
+            "fix": self.fix,
+        }
+
+
+def _ignored(fn: Any, code: str) -> bool:
+    return code in getattr(fn, _IGNORE, frozenset())
+
+
+def _handlers(app: App) -> list[tuple[str, str, Any, Retry, float | None, Any]]:
+    """(kind, name, fn, retry, timeout, handler) of every task and subscription."""
+    out: list[tuple[str, str, Any, Retry, float | None, Any]] = [
+        ("task", t.name, t.fn, t.retry, t.timeout, t) for t in app.tasks.values()
+    ]
+    out += [("handler", s.name, s.fn, s.retry, s.timeout, s) for s in app.subscriptions.values()]
+    return out
+
+
+def check(app: App) -> list[Finding]:
+    """Every finding for ``app``, problems first."""
+    from .alerts import DeadLetters, QueueDepth, config_of
+
+    found: list[Finding] = []
+    for kind, name, fn, retry, timeout, handler in _handlers(app):
+        retried = retry.attempts > 1
+        if retried and max(retry.backoff) == 0 and not _ignored(fn, "DW001"):
+            found.append(
+                Finding(
+                    "DW001",
+                    PROBLEM,
+                    f"{kind} {name}",
+                    f"retries {retry.attempts - 1} time(s) with no wait between attempts",
+                    "give it a backoff: retry=dw.Retry(attempts=4, backoff=(5, 30, 300)) "
+                    "(or drop the retry= to get that default)",
+                )
+            )
+        elif retried and retry.jitter == 0 and not _ignored(fn, "DW006"):
+            found.append(
+                Finding(
+                    "DW006",
+                    NOTE,
+                    f"{kind} {name}",
+                    "retries without jitter: jobs that failed together retry together",
+                    "add jitter: dw.Retry(..., jitter=0.2)",
+                )
+            )
+        if timeout is None and not _ignored(fn, "DW007"):
+            found.append(
+                Finding(
+                    "DW007",
+                    NOTE,
+                    f"{kind} {name}",
+                    "has no timeout: a hung call holds a worker slot until the worker stops",
+                    (
+                        "@app.task(timeout=...)"
+                        if kind == "task"
+                        else "@app.subscribe(..., timeout=...)"
+                    )
+                    + " or App(timeout=...) for every task",
+                )
+            )
+        if kind == "handler" and getattr(handler, "inbox", True) is False:
+            if not _ignored(fn, "DW003"):
+                found.append(
+                    Finding(
+                        "DW003",
+                        PROBLEM,
+                        f"group {handler.group}",
+                        f"{name} has its inbox disabled: a redelivered or replayed event "
+                        "runs its handler again",
+                        "keep the group's inbox on (the default), or make the handler "
+                        "idempotent with ctx.inbox(conn) in its own transaction",
+                    )
+                )
+        if kind == "task" and retried and not _hinted(handler) and not _ignored(fn, "DW004"):
+            found.append(
+                Finding(
+                    "DW004",
+                    PROBLEM,
+                    f"task {name}",
+                    f"may run {retry.attempts} times (at-least-once, retries) and nothing "
+                    "says a second run is harmless",
+                    "make it idempotent (check before acting, upsert, an idempotency key to "
+                    "the partner's API) and mark it @dumbwaiter.doctor.idempotent; or "
+                    "retry=dw.Retry.never() if it must not run twice",
+                )
+            )
+    cfg = config_of(app)
+    if cfg is None or cfg.rule(DeadLetters.name) is None:
+        found.append(
+            Finding(
+                "DW002",
+                PROBLEM,
+                "app",
+                "no dead-letter alert is configured: jobs that fail for good go unseen",
+                "dumbwaiter.alerts.configure(app, webhooks=['https://...']) and run workers "
+                "with --alerts (or the dashboard with --alerts), or load "
+                "`dumbwaiter alerts rules --prometheus` into Prometheus",
+            )
+        )
+    elif not cfg.webhooks:
+        found.append(
+            Finding(
+                "DW002",
+                NOTE,
+                "app",
+                "alerts go to the log only",
+                "add a webhook: dumbwaiter.alerts.configure(app, webhooks=['https://...'])",
+            )
+        )
+    depth = cfg.rule(QueueDepth.name) if cfg is not None else None
+    for queue in app.queues():
+        if depth is None or not depth.enabled_for(queue):
+            found.append(
+                Finding(
+                    "DW005",
+                    PROBLEM,
+                    f"queue {queue}",
+                    "is unbounded and no depth alert watches it: it can grow for days unseen",
+                    "configure alerts with the queue_depth rule (a default), e.g. "
+                    "dumbwaiter.alerts.configure(app) and --alerts",
+                )
+            )
+    return sorted(found, key=lambda f: (f.level != PROBLEM, f.code, f.subject))
+
+
+def _hinted(task: Any) -> bool:
+    """An idempotency hint: ``@doctor.idempotent`` on the function, or a
+    task option ``idempotent=True`` (declared by a middleware)."""
+    if getattr(task.fn, _IDEMPOTENT, False):
+        return True
+    extra = getattr(task, "extra", None) or {}
+    return bool(extra.get("idempotent"))
+
+
+def problems(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.level == PROBLEM]
