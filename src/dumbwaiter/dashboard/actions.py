@@ -1,0 +1,219 @@
+"""The dashboard's state changes: every one a POST with a CSRF token.
+
+Each handler checks the token before it reads anything else, acts through
+the admin API, logs who asked (client address), and answers 303 to the page
+the form came from with a message (Post/Redirect/Get: a reload never posts
+twice).  Bulk actions on "all matching" dead letters require ``all=1`` when
+no filter narrows them, as ``dumbwaiter dlq`` requires ``--all``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+
+from ..brokers.base import JobFilter
+from ..errors import ConfigurationError
+from ..state import State
+from .pages import dead_filter
+from .security import session_cookie, verify_csrf
+from .web import back, base, render, state
+
+log = logging.getLogger("dumbwaiter.dashboard")
+
+Handler = Callable[[Request, FormData], Awaitable[Response]]
+
+#: most ids one "selected" action takes
+MAX_SELECTED = 1000
+
+
+def csrf_protected(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def handler(request: Request) -> Response:
+        form = await request.form()
+        if not verify_csrf(request, form, state(request).secret):
+            log.warning(
+                "refused a POST to %s without a valid CSRF token from %s",
+                request.url.path,
+                request.client.host if request.client else "?",
+                extra={"action": "dashboard_csrf_refused"},
+            )
+            return PlainTextResponse(
+                "403 Forbidden: missing or invalid CSRF token. Reload the page and try again.\n",
+                status_code=403,
+            )
+        return await fn(request, form)
+
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _who(request: Request) -> str:
+    return f"dashboard@{request.client.host if request.client else '?'}"
+
+
+def _audit(request: Request, what: str, **extra: Any) -> None:
+    log.info("%s by %s", what, _who(request), extra={"action": "dashboard_action", **extra})
+
+
+@csrf_protected
+async def queue_pause(request: Request, form: FormData) -> Response:
+    queue = str(form.get("queue") or "")
+    if not queue:
+        return back(request, form, "/", err="no queue given")
+    await state(request).broker.pause(queue)
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"paused queue {queue}")
+    return back(request, form, f"/queues/{queue}", msg=f"paused {queue}")
+
+
+@csrf_protected
+async def queue_resume(request: Request, form: FormData) -> Response:
+    queue = str(form.get("queue") or "")
+    if not queue:
+        return back(request, form, "/", err="no queue given")
+    await state(request).broker.resume(queue)
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"resumed queue {queue}")
+    return back(request, form, f"/queues/{queue}", msg=f"resumed {queue}")
+
+
+@csrf_protected
+async def job_cancel(request: Request, form: FormData) -> Response:
+    ids = _ids(form)
+    if not ids:
+        return back(request, form, "/", err="no job selected")
+    done = await state(request).broker.cancel(ids)
+    _audit(request, f"cancelled {len(done)} job(s)", ids=done)
+    if len(done) < len(ids):
+        return back(
+            request,
+            form,
+            "/",
+            msg=f"cancelled {len(done)} of {len(ids)}",
+            err="a job that already started cannot be cancelled",
+        )
+    return back(request, form, "/", msg=f"cancelled {len(done)} job(s)")
+
+
+def _ids(form: FormData) -> tuple[str, ...]:
+    ids = [str(v).strip() for v in form.getlist("id") if str(v).strip()]
+    return tuple(dict.fromkeys(ids))[:MAX_SELECTED]
+
+
+def _dead_selection(form: FormData) -> tuple[JobFilter | None, str]:
+    """The dead letters a bulk form means: ``scope`` = ``selected`` (the ``id``
+    fields) or ``matching`` (the filter fields).  Returns (filter, error)."""
+    scope = str(form.get("scope") or "selected")
+    if scope == "selected":
+        ids = _ids(form)
+        if not ids:
+            return None, "select at least one dead letter"
+        return JobFilter(state=State.DEAD, ids=ids), ""
+    if scope != "matching":
+        return None, f"unknown scope {scope!r}"
+    errors: list[str] = []
+    f = dead_filter(form, errors)
+    if errors:
+        return None, "; ".join(errors)
+    narrowed = any(v is not None for v in (f.queue, f.name, f.error_type, f.since, f.until))
+    if not narrowed and form.get("all") != "1":
+        return None, "refusing to act on every dead letter without all=1 (confirm it)"
+    return f, ""
+
+
+@csrf_protected
+async def dead_replay(request: Request, form: FormData) -> Response:
+    f, error = _dead_selection(form)
+    if f is None:
+        return back(request, form, "/dead", err=error)
+    n = await state(request).broker.replay(f)
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"replayed {n} dead letter(s)", filter=repr(f))
+    return back(request, form, "/dead", msg=f"replayed {n} dead letter{'s' if n != 1 else ''}")
+
+
+@csrf_protected
+async def dead_purge(request: Request, form: FormData) -> Response:
+    f, error = _dead_selection(form)
+    if f is None:
+        return back(request, form, "/dead", err=error)
+    n = await state(request).broker.purge(f)
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"purged {n} dead letter(s)", filter=repr(f))
+    return back(request, form, "/dead", msg=f"purged {n} dead letter{'s' if n != 1 else ''}")
+
+
+@csrf_protected
+async def schedule(request: Request, form: FormData) -> Response:
+    verb = request.path_params["verb"]
+    name = str(form.get("name") or "")
+    dw = state(request)
+    try:
+        from ..scheduler import find, list_schedules, pause, resume, trigger
+    except ImportError:
+        return back(request, form, "/schedules", err="no scheduler in this version")
+    try:
+        full = find([i.name for i in await list_schedules(dw.app)], name)
+    except ConfigurationError as exc:
+        return back(request, form, "/schedules", err=str(exc))
+    if verb == "pause":
+        await pause(dw.broker, full, _who(request))
+        msg = f"paused {full}"
+    elif verb == "resume":
+        was = await resume(dw.broker, full)
+        msg = f"resumed {full}" if was else f"{full} was not paused"
+    elif verb == "trigger":
+        try:
+            job_id = await trigger(dw.app, full, _who(request))
+        except ConfigurationError as exc:
+            return back(request, form, "/schedules", err=str(exc))
+        msg = f"triggered {full}: job {job_id}"
+    else:
+        return back(request, form, "/schedules", err=f"unknown action {verb!r}")
+    _audit(request, msg, schedule=full)
+    return back(request, form, "/schedules", msg=msg)
+
+
+@csrf_protected
+async def alerts_evaluate(request: Request, form: FormData) -> Response:
+    from ..alerts import AlertService
+
+    dw = state(request)
+    sent = await AlertService(dw.app, cache=dw.cache).evaluate()
+    _audit(request, "evaluated the alert rules")
+    return back(request, form, "/alerts", msg=f"evaluated: {len(sent)} notification(s) sent")
+
+
+async def login(request: Request) -> Response:
+    """The token form's POST: set the session cookie (an HMAC of the token)."""
+    dw = state(request)
+    form = await request.form()
+    if not verify_csrf(request, form, dw.secret):
+        return PlainTextResponse("403 Forbidden: missing or invalid CSRF token\n", 403)
+    root = base(request)
+    if dw.auth is None or dw.auth.scheme != "token":
+        return RedirectResponse(root + "/", 303)
+    token = str(form.get("token") or "")
+    from .security import _same
+
+    if not _same(token, dw.auth.token or ""):
+        log.warning(
+            "failed dashboard sign-in from %s",
+            request.client.host if request.client else "?",
+            extra={"action": "dashboard_login_failed"},
+        )
+        return render(request, "login.html", {"next": "", "failed": True}, 401)
+    nxt = str(form.get("next") or "")
+    target = nxt if nxt.startswith(root + "/") and not nxt.startswith("//") else root + "/"
+    resp = RedirectResponse(target, 303)
+    resp.headers.append(
+        "set-cookie",
+        session_cookie(dw.auth, dw.secret, root or "/", request.url.scheme == "https"),
+    )
+    return resp
