@@ -67,10 +67,17 @@ def postgres_url(tmp_path: Path) -> str:
 
 def drop_schemas() -> None:
     """Drop every schema this process made (at exit)."""
-    import psycopg
-
     names = sorted(set(_made.values()))
     _made.clear()
+    drop(names)
+
+
+def drop(names: list[str]) -> None:
+    """Drop these schemas (made by this process) and everything in them."""
+    import psycopg
+
+    for key in [k for k, v in _made.items() if v in names]:
+        del _made[key]
     if not names:
         return
     try:

@@ -226,17 +226,14 @@ class PostgresBroker(Broker):
                     max_size=self.opts.sync_pool_max,
                     kwargs=self._conn_kwargs(),
                     check=check_sync,
-                    configure=self._configure_sync,
+                    # a server that stays down fails the call after this long
+                    timeout=RECONNECT_FOR,
                     open=False,
                     name=f"dumbwaiter-{self.schema}",
                 )
                 pool.open(wait=False)
                 self._sync_pool = pool
             return self._sync_pool
-
-    def _configure_sync(self, conn: psycopg.Connection[Any]) -> None:
-        if not self._schema_ok:
-            self._check_schema_sync(conn)
 
     # -- transport -------------------------------------------------------
 
@@ -640,7 +637,7 @@ class PostgresBroker(Broker):
     async def maintain(self) -> bool:
         """Prune finished jobs past their retention and expired kv entries, if
         this broker is (or becomes) the maintenance leader.  True if it was."""
-        ttl = max(3 * self.opts.prune_interval, 30.0)
+        ttl = 3 * self.opts.prune_interval
         if await self.acquire(MAINTENANCE_LOCK, self._owner, ttl) is None:
             return False
 
