@@ -189,9 +189,17 @@ def _fmt_int(n: float) -> str:
 
 
 def _fmt_secs(s: float) -> str:
-    from .cli.output import duration
+    """``10 min``, ``1 h``, ``90 s``: thresholds read as people write them."""
+    whole = int(s)
+    if whole == s and whole >= 3600 and whole % 3600 == 0:
+        return f"{whole // 3600} h"
+    if whole == s and whole >= 60 and whole % 60 == 0:
+        return f"{whole // 60} min"
+    if s >= 60:
+        from .cli.output import duration
 
-    return duration(s)
+        return duration(s)
+    return f"{s:g} s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -401,6 +409,8 @@ class AlertConfig:
     repeat: float = 3600.0
     #: also write notifications to the ``dumbwaiter.alerts`` logger
     log: bool = True
+    #: workers evaluate the rules without ``--alerts`` (``--no-alerts`` still stops them)
+    in_workers: bool = True
 
     def rule(self, name: str) -> Rule | None:
         return next((r for r in self.rules if r.name == name and r.enabled), None)
@@ -417,15 +427,19 @@ def configure(
     interval: float = 30.0,
     repeat: float = 3600.0,
     log: bool = True,
+    in_workers: bool = True,
 ) -> AlertConfig:
-    """Attach alert rules and webhooks to ``app`` (read by ``--alerts``, the
-    dashboard and ``dumbwaiter doctor``); returns the config."""
+    """Attach alert rules and webhooks to ``app`` (read by workers, the
+    dashboard and ``dumbwaiter doctor``); returns the config.  With
+    ``in_workers`` (default) every ``dumbwaiter worker`` evaluates them, as if
+    started with ``--alerts``: any number of evaluators send each alert once."""
     cfg = AlertConfig(
         rules=tuple(rules) if rules is not None else default_rules(),
         webhooks=tuple(webhooks),
         interval=interval,
         repeat=repeat,
         log=log,
+        in_workers=in_workers,
     )
     _configs[app] = cfg
     return cfg
@@ -434,6 +448,21 @@ def configure(
 def config_of(app: App) -> AlertConfig | None:
     """The config ``configure`` attached to ``app``, if any."""
     return _configs.get(app)
+
+
+#: comma-separated webhook URLs used when the app configures none
+WEBHOOKS_ENV = "DUMBWAITER_ALERT_WEBHOOKS"
+
+
+def effective_config(app: App, webhooks: Sequence[str] = ()) -> AlertConfig:
+    """The app's config (or the defaults), with ``webhooks`` and those of
+    ``$DUMBWAITER_ALERT_WEBHOOKS`` added: what ``--alerts`` evaluates."""
+    import os
+
+    cfg = config_of(app) or AlertConfig()
+    extra = [*webhooks, *(u.strip() for u in os.environ.get(WEBHOOKS_ENV, "").split(","))]
+    urls = tuple(dict.fromkeys([*cfg.webhooks, *(u for u in extra if u)]))
+    return dataclasses.replace(cfg, webhooks=urls)
 
 
 # -- notifiers -------------------------------------------------------------------------

@@ -30,6 +30,9 @@ COMMANDS = {
     "schedules": "schedules:schedules",
     "events": "events:events",
     "publish": "events:publish",
+    "dashboard": "dashboard:dashboard",
+    "alerts": "alerts:alerts",
+    "doctor": "doctor:doctor",
 }
 
 

@@ -12,7 +12,8 @@ import threading
 
 import click
 
-from ..worker import Worker, WorkerConfig
+from ..app import App
+from ..worker import Service, Worker, WorkerConfig
 from .common import app_options, resolve_app
 
 log = logging.getLogger("dumbwaiter.cli")
@@ -69,6 +70,20 @@ log = logging.getLogger("dumbwaiter.cli")
     "the app's periodic tasks.",
 )
 @click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (with --processes N, "
+    "process i serves PORT+i).  Needs dumbwaiter[metrics].",
+)
+@click.option(
+    "--alerts/--no-alerts",
+    "alerts",
+    default=None,
+    help="Evaluate the alert rules in this worker (default: when the app configures "
+    "alerts); webhooks from the app's config or $DUMBWAITER_ALERT_WEBHOOKS.",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -84,6 +99,8 @@ def worker(
     heartbeat: float | None,
     grace: float,
     with_scheduler: bool,
+    metrics_port: int | None,
+    alerts: bool | None,
     log_level: str,
 ) -> None:
     """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
@@ -101,11 +118,12 @@ def worker(
         heartbeat=heartbeat if heartbeat is not None else lease / 3,
         grace=grace,
     )
-    services = []
+    services: list[Service] = []
     if with_scheduler:
         from ..scheduler import Scheduler  # imported only when asked for
 
         services.append(Scheduler(app))
+    services += _observability(app, metrics_port, alerts)
     w = Worker(app, config, services=services)
     asyncio.run(_serve(w))
     # A timed-out sync job's thread may still run; it must not hold the exit.
@@ -132,11 +150,35 @@ async def _serve(w: Worker) -> None:
     await w.run()
 
 
+def _observability(app: App, metrics_port: int | None, alerts: bool | None) -> list[Service]:
+    """The side services --metrics-port and --alerts ask for (imported only then)."""
+    services: list[Service] = []
+    if metrics_port is not None:
+        from ..errors import MissingDependency
+        from ..metrics import MetricsServer, port_for_process
+
+        try:
+            server = MetricsServer(app, port_for_process(metrics_port))
+        except MissingDependency as exc:
+            raise click.UsageError(str(exc)) from exc
+        server.start()  # now, so a port in use fails at start-up, not later
+        services.append(server)
+    from ..alerts import AlertService, config_of, effective_config
+
+    configured = config_of(app)
+    if alerts or (alerts is None and configured is not None and configured.in_workers):
+        services.append(AlertService(app, effective_config(app)))
+    return services
+
+
 def _supervise(n: int) -> int:
     """Run ``n`` single-process workers with the same arguments; forward signals."""
     args = list(sys.argv[1:])
     cmd = [sys.executable, "-m", "dumbwaiter", *_without_processes(args), "--processes", "1"]
-    children = [subprocess.Popen(cmd) for _ in range(n)]
+    children = [
+        subprocess.Popen(cmd, env={**os.environ, "DUMBWAITER_PROCESS_INDEX": str(i)})
+        for i in range(n)
+    ]
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:
