@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from functools import cached_property
@@ -19,6 +20,8 @@ from .brokers import DEFAULT_URL, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
 from .errors import ConfigurationError, InvalidArguments
 from .event import Event, Subscription, Upcaster, event_message
+from .flow import OPTIONS as FLOW_OPTIONS
+from .flow import Flow
 from .job import Job
 from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
 from .middleware import Chain, Middleware
@@ -92,7 +95,9 @@ class App:
         ``@app.task`` or ``@app.task(queue=, retry=, timeout=, priority=,
         keep_result=, name=)``; middleware may accept more options.
         """
-        known = _TASK_KEYWORDS.union(*(m.task_options for m in self.middleware.middleware))
+        known = _TASK_KEYWORDS.union(
+            FLOW_OPTIONS, *(m.task_options for m in self.middleware.middleware)
+        )
         unknown = set(options) - known
         if unknown:
             raise ConfigurationError(
@@ -124,6 +129,17 @@ class App:
             keep_result = None
         else:
             keep_result = _timeout(keep)
+        flow = Flow.from_options(name, opts)
+        if (
+            flow is not None
+            and not self.broker.capabilities.limits
+            and (flow.limited or flow.debounce or flow.unique == "active")
+        ):
+            raise ConfigurationError(
+                f"task {name}: the {type(self.broker).__name__} broker has no flow control "
+                "yet (capabilities.limits); rate_limit, concurrency, unique=True and debounce "
+                "need it"
+            )
         existing = self.tasks.get(name)
         if (
             existing is not None
@@ -144,6 +160,7 @@ class App:
             priority=priority,
             keep_result=keep_result,
             options=opts,
+            flow=flow,
         )
         self.tasks[name] = task
         return task
@@ -300,6 +317,36 @@ class App:
         msgs = self._before(msgs)
         ids = await self.broker.enqueue(msgs)
         return self._sent(msgs, ids)
+
+    def _send_flow_sync(self, msgs: Iterable[Message]) -> list[Job]:
+        return self._call(self._send_flow(list(msgs)))
+
+    async def _send_flow(self, msgs: list[Message]) -> list[Job]:
+        """Enqueue jobs of tasks with ``unique=<window>`` or ``debounce``.
+
+        A unique window is a ``kv_add`` of the job's key with that TTL: a
+        second job inside the window gets the first one's id.  A debounced job
+        holds its key while it waits; an enqueue in the burst finds it and
+        pushes it back by the debounce delay."""
+        ids: list[str | None] = [None] * len(msgs)
+        keep: list[int] = []
+        for i, m in enumerate(msgs):
+            window = m.headers.get("unique_window")
+            if window is not None:
+                key = str(m.headers["unique_key"])
+                if not await self.broker.kv_add(key, m.id.encode(), ttl=float(window)):
+                    held = (await self.broker.kv_get([key])).get(key)
+                    if held is not None:
+                        ids[i] = held.decode()
+                        continue
+            keep.append(i)
+        jobs = await self._send([msgs[i] for i in keep])
+        for i, job in zip(keep, jobs, strict=True):
+            ids[i] = job.id
+            delay = msgs[i].headers.get("debounce")
+            if delay is not None and job.id != msgs[i].id:  # the burst's job: push it back
+                await self.broker.reschedule([job.id], time.time() + float(delay))
+        return [Job(self, i) for i in ids if i is not None]
 
     def _before(self, msgs: Iterable[Message]) -> Iterable[Message]:
         """Run ``before_enqueue``; without enqueue hooks, leave ``msgs`` lazy.

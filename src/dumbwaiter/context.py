@@ -35,6 +35,9 @@ class Context:
     worker_id: str
     #: the task's timeout, as a ``time.monotonic()`` deadline (None: no timeout)
     deadline: float | None = None
+    #: when the worker started this attempt (epoch seconds; for a rate-limited
+    #: task, the time its permit is stamped with)
+    started_at: float = 0.0
     #: free-form state middleware can share between its hooks for this attempt
     state: dict[str, Any] = field(default_factory=dict)
 

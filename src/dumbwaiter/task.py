@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .context import caused_headers, context_param
 from .errors import ConfigurationError, InvalidArguments
+from .flow import Flow, digest
 from .message import TASK, Message, check_json, uuid7
 from .retry import Retry
 
@@ -113,6 +114,7 @@ class Task:
         priority: int,
         keep_result: float | None,
         options: dict[str, Any],
+        flow: Flow | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -123,6 +125,8 @@ class Task:
         self.priority = priority
         self.keep_result = keep_result
         self.extra = options
+        #: rate/concurrency limits, unique, debounce (see flow.py)
+        self.flow = flow
         self.is_async = inspect.iscoroutinefunction(fn)
         self.context_param, self.signature = _split_signature(fn)
         self._positional = _positional_shape(self.signature)
@@ -144,11 +148,23 @@ class Task:
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
         """Run on a worker: store the job and return its handle (sync callers)."""
-        return self.app._send_sync([self.message(args, kwargs, _NO_OPTIONS)])[0]
+        return self._sender()([self.message(args, kwargs, _NO_OPTIONS)])[0]
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
         """``enqueue`` for async callers."""
-        return (await self.app._send([self.message(args, kwargs, _NO_OPTIONS)]))[0]
+        return (await self._asender()([self.message(args, kwargs, _NO_OPTIONS)]))[0]
+
+    def _sender(self) -> Callable[[Iterable[Message]], list[Job]]:
+        f = self.flow
+        if f is not None and (f.debounce is not None or isinstance(f.unique, float)):
+            return self.app._send_flow_sync
+        return self.app._send_sync
+
+    def _asender(self) -> Callable[[list[Message]], Awaitable[list[Job]]]:
+        f = self.flow
+        if f is not None and (f.debounce is not None or isinstance(f.unique, float)):
+            return self.app._send_flow
+        return self.app._send
 
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
         """Enqueue many jobs in one round trip.
@@ -157,10 +173,10 @@ class Task:
         arguments, or any other value as the single argument:
         ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
         """
-        return self.app._send_sync(self.messages(calls, _NO_OPTIONS))
+        return self._sender()(self.messages(calls, _NO_OPTIONS))
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return await self.app._send(self.messages(calls, _NO_OPTIONS))
+        return await self._asender()(list(self.messages(calls, _NO_OPTIONS)))
 
     def messages(self, calls: Iterable[Any], opts: SendOptions) -> Iterator[Message]:
         """The envelopes of ``enqueue_many``, made one at a time as the broker
@@ -200,7 +216,43 @@ class Task:
             priority=self.priority if opts.priority is None else opts.priority,
             key=opts.key,
         )
+        if self.flow is not None:
+            self._apply_flow(msg, args, kwargs, now)
         return msg
+
+    def _apply_flow(
+        self, msg: Message, args: tuple[Any, ...], kwargs: dict[str, Any], now: float
+    ) -> None:
+        """Stamp a message with what its task's flow control needs."""
+        f = self.flow
+        assert f is not None
+        arguments = self.arguments(args, kwargs)
+        if f.limit_key is not None:
+            try:
+                msg.headers["limit_key"] = str(f.limit_key(arguments))
+            except Exception as exc:
+                raise InvalidArguments(f"limit_key of {self.name} failed: {exc!r}") from exc
+        if f.unique is None and f.debounce is None:
+            return
+        base = "debounce" if f.debounce is not None else "unique"
+        key = msg.key or f"{base}:{self.name}:{digest(arguments)}"
+        if f.debounce is not None:
+            msg.key, msg.eta = key, now + f.debounce
+            msg.headers["unique"] = "queued"
+            msg.headers["debounce"] = f.debounce
+        elif f.unique == "active":
+            msg.key = key
+            msg.headers["unique"] = "active"
+        else:
+            msg.headers["unique_window"] = f.unique
+            msg.headers["unique_key"] = key
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by parameter name (what ``limit_key`` receives)."""
+        fast = self._positional
+        if not kwargs and fast is not None:
+            return dict(zip(fast[1], args, strict=False))
+        return dict(self.signature.bind(*args, **kwargs).arguments)
 
     def bind(self, msg: Message) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call a worker makes from a message (``InvalidArguments`` if its
@@ -239,16 +291,16 @@ class BoundTask:
         self.opts = opts
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
-        return self.task.app._send_sync([self.task.message(args, kwargs, self.opts)])[0]
+        return self.task._sender()([self.task.message(args, kwargs, self.opts)])[0]
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
-        return (await self.task.app._send([self.task.message(args, kwargs, self.opts)]))[0]
+        return (await self.task._asender()([self.task.message(args, kwargs, self.opts)]))[0]
 
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return self.task.app._send_sync(self.task.messages(calls, self.opts))
+        return self.task._sender()(self.task.messages(calls, self.opts))
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return await self.task.app._send(self.task.messages(calls, self.opts))
+        return await self.task._asender()(list(self.task.messages(calls, self.opts)))
 
 
 def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:

@@ -20,6 +20,7 @@ import contextlib
 import contextvars
 import logging
 import os
+import random
 import secrets
 import socket
 import time
@@ -38,7 +39,7 @@ from .errors import (
     SerializationError,
     UnknownTask,
 )
-from .message import ErrorRecord, check_json, dumps
+from .message import ErrorRecord, Message, check_json, dumps
 from .retry import Reject, RetryLater
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from .app import App
     from .brokers.base import Delivery
     from .event import Subscription
+    from .flow import Flow
     from .task import Task
 
     #: what runs a message: a task, or a group's event handler
@@ -134,6 +136,8 @@ class Worker:
         self._settler = _Settler(self)
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
         self.counts["rescued"] = 0  # jobs of other (dead) workers this one gave back
+        self.counts["throttled"] = 0  # jobs held back by a rate or concurrency limit
+        self._task_time: dict[str, float] = {}  # per task: moving average run time
         self.started_at = time.time()
 
     # -- control ---------------------------------------------------------------
@@ -348,6 +352,9 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         ds = [*self._inflight.values(), *self._buffer]
+        holds = [h for d in self._inflight.values() for h in d.holds]
+        if holds:
+            await self.broker.slot_extend(holds, self.config.lease)
         if ds:
             lost = await self.broker.extend(ds, self.config.lease)
             if lost and self._buffer:
@@ -399,7 +406,11 @@ class Worker:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
             self._tasks.pop(d.id, None)
-        self._job_time += (time.monotonic() - started - self._job_time) * 0.1
+        took = time.monotonic() - started
+        self._job_time += (took - self._job_time) * 0.1
+        if d.holds and d.message is not None:  # a limited task: keep its run time
+            prev = self._task_time.get(d.message.name, took)
+            self._task_time[d.message.name] = prev + (took - prev) * 0.2
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
         if not self._stopping:
@@ -416,26 +427,37 @@ class Worker:
             return ACK
         task = self.app.handler(msg)
         if task is None:
-            what = (
-                f"no task named {msg.name!r} is registered in this worker"
-                if msg.kind == "task"
-                else f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
-            )
-            return self._dead(
-                d, None, UnknownTask(f"{what} (app {self.app.url}); replay it once one is")
-            )
+            return self._dead(d, None, self._unknown(msg))
         try:
             args, kwargs = task.bind(msg)
         except InvalidArguments as exc:
             return self._dead(d, None, exc)
+        started_at = time.time()
+        flow = getattr(task, "flow", None)
+        if flow is not None and flow.limited:
+            if not await self._admit(d, task.name, flow, started_at):
+                return REQUEUE
+            started_at = d.started_at
         ctx = Context(
             message=msg,
             app=self.app,
             worker_id=self.id,
             deadline=None if task.timeout is None else time.monotonic() + task.timeout,
+            started_at=started_at,
         )
         if task.context_param is not None:
             kwargs[task.context_param] = ctx
+        return await self._run_handler(d, task, args, kwargs, ctx)
+
+    async def _run_handler(
+        self,
+        d: Delivery,
+        task: Handler,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        ctx: Context,
+    ) -> str:
+        """One attempt through the middleware; the outcome's kind."""
         mw = self.app.middleware
         result: Any = None
         try:
@@ -493,6 +515,52 @@ class Worker:
                 f"{task.name} ran longer than its timeout of {timeout:g} s "
                 "(a sync task's thread cannot be stopped; it runs to its end)"
             ) from None
+
+    def _unknown(self, msg: Message) -> UnknownTask:
+        what = (
+            f"no task named {msg.name!r} is registered in this worker"
+            if msg.kind == "task"
+            else f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
+        )
+        return UnknownTask(f"{what} (app {self.app.url}); replay it once one is")
+
+    async def _admit(self, d: Delivery, name: str, flow: Flow, now: float) -> bool:
+        """Take the job's concurrency slot and rate permit, or hold it back.
+
+        A job over a limit is given back without charging its attempt, to run
+        when a permit should be free: a rate limit says when; for a
+        concurrency limit the task's recent run time is the guess.  Nothing
+        polls.  Returns True when the job may start now (``d.started_at`` is
+        the start time its rate permit was stamped with)."""
+        assert d.message is not None
+        base = f"{name}:{d.message.headers.get('limit_key', '')}"
+        if flow.concurrency is not None:
+            slot = "conc:" + base
+            if not await self.broker.slot_acquire(slot, flow.concurrency, d.id, self.config.lease):
+                guess = self._task_time.get(name, 1.0)
+                d.retry_at = now + guess * random.uniform(1.0, 2.0)
+                return self._held_back(d, "concurrency", base)
+            d.holds.append((slot, d.id))
+        if flow.rate is not None:
+            n, per = flow.rate
+            at = time.time()
+            wait = await self.broker.rate_limit("rate:" + base, n, per, at)
+            if wait > 0:
+                if d.holds:
+                    await self.broker.slot_release(d.holds)
+                    d.holds.clear()
+                # spread the held-back jobs over the window instead of all at once
+                d.retry_at = at + wait + random.uniform(0.0, per / n)
+                return self._held_back(d, "rate", base)
+            d.started_at = at
+        else:
+            d.started_at = now
+        return True
+
+    def _held_back(self, d: Delivery, limit: str, key: str) -> bool:
+        self.counts["throttled"] += 1
+        log.debug("job %s held back by the %s limit of %s", d.id, limit, key)
+        return False
 
     def _unstick(self, _fut: object) -> None:
         self._stuck -= 1
@@ -616,6 +684,9 @@ class _Settler:
                     if kind == ACK:
                         await self._mark_inbox(batch)
                     await call(batch)
+                    holds = [h for d in batch for h in d.holds]
+                    if holds:
+                        await w.broker.slot_release(holds)
                     backoff = 0.05
                 except Exception:
                     # keep them: the broker may be back in a moment; if not,

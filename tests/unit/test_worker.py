@@ -53,14 +53,7 @@ async def test_failures_retry_then_go_dead_with_every_error(app: dw.App) -> None
     job = await flaky.aenqueue()
     w = await drain(app)
     assert attempts == [1, 2, 3]
-    assert w.counts == {
-        "succeeded": 0,
-        "retried": 2,
-        "dead": 1,
-        "requeued": 0,
-        "duplicates": 0,
-        "rescued": 0,
-    }
+    assert {k: n for k, n in w.counts.items() if n} == {"retried": 2, "dead": 1}
     info = await job.ainfo()
     assert info is not None and info.state is State.DEAD
     assert [e.message for e in info.message.errors] == ["fail 1", "fail 2", "fail 3"]
@@ -353,14 +346,7 @@ async def test_undecodable_body_is_dead_lettered_and_others_still_run(tmp_path: 
     conn.commit()
     conn.close()
     w = await drain(app)
-    assert w.counts == {
-        "succeeded": 1,
-        "retried": 0,
-        "dead": 1,
-        "requeued": 0,
-        "duplicates": 0,
-        "rescued": 0,
-    }
+    assert {k: n for k, n in w.counts.items() if n} == {"succeeded": 1, "dead": 1}
     assert await good.astatus() == State.SUCCEEDED
     bad = await app.job("garbage-1").ainfo()
     assert bad is not None and bad.state is State.DEAD

@@ -59,6 +59,8 @@ class Capabilities:
     events: bool = False
     #: events with the same ``key`` reach a group's handler one at a time, in order
     ordered_keys: bool = False
+    #: cluster-wide flow control: ``rate_limit`` and ``slot_*`` (concurrency limits)
+    limits: bool = False
 
 
 @dataclass(slots=True)
@@ -79,6 +81,10 @@ class Delivery:
     decode_error: str | None = None
     #: the worker found this event already handled by its group (inbox): ack only
     duplicate: bool = False
+    #: (key, holder) concurrency slots the worker holds for this job
+    holds: list[tuple[str, str]] = field(default_factory=list)
+    #: when the worker started it (the time its rate permit is stamped with)
+    started_at: float = 0.0
     # outcome, written by the worker before ack / retry / dead
     result: bytes | None = None
     result_ttl: float | None = None
@@ -352,7 +358,9 @@ class Broker(abc.ABC):
 
     @abc.abstractmethod
     async def requeue(self, ds: Sequence[Delivery]) -> None:
-        """Give jobs back without charging the attempt (graceful shutdown)."""
+        """Give jobs back without charging the attempt (graceful shutdown, or a
+        job held back by a rate or concurrency limit): ready again at
+        ``d.retry_at``, or at once when that is in the past (or 0)."""
 
     @abc.abstractmethod
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
@@ -393,6 +401,11 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def cancel(self, ids: Sequence[str]) -> list[str]:
         """Cancel jobs that have not started; return the ids that were cancelled."""
+
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        """Move jobs that have not started (scheduled, ready, retrying) to run at
+        ``at``; return the ids that moved (debounce pushes a burst's job back)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reschedule jobs")
 
     @abc.abstractmethod
     async def pause(self, queue: str) -> None:
@@ -447,3 +460,27 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         """Every live entry whose key starts with ``prefix``."""
+
+    # Flow control, cluster-wide (where ``capabilities.limits``).
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        """Take the permit of ``key`` stamped ``at`` (the job's start time, by the
+        worker's clock): allowed when, with it, no window of ``per`` seconds
+        holds more than ``rate`` permits (``flow.window_wait`` is the rule,
+        exact even when permits arrive out of order).  Returns 0.0 when taken,
+        else the seconds until one would be (and takes nothing)."""
+        raise NotImplementedError(f"{type(self).__name__} has no rate limits")
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        """Take one of ``limit`` slots of ``key`` for ``holder`` (e.g. a job id)
+        for ``ttl`` seconds; True if taken (or already held by ``holder``).
+        Expired holds free their slot, so a crashed worker cannot keep one."""
+        raise NotImplementedError(f"{type(self).__name__} has no concurrency limits")
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        """Push the expiry of each (key, holder) hold to now + ``ttl`` (heartbeat)."""
+        raise NotImplementedError(f"{type(self).__name__} has no concurrency limits")
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        """Give (key, holder) holds back (no-op for holds not held)."""
+        raise NotImplementedError(f"{type(self).__name__} has no concurrency limits")

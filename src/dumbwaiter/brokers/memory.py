@@ -10,6 +10,7 @@ a worker's event loop fetches.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..errors import LeaseExpired
+from ..flow import window_wait
 from ..message import ErrorRecord, Message, encode_checked, uuid7
 from ..state import CANCELLABLE_STATES, State
 from .base import (
@@ -32,6 +34,13 @@ from .base import (
     QueueStats,
     delivery_of,
 )
+
+#: header "unique" -> the states in which a key's holder blocks a new job with that key
+_RETAINED = frozenset(State)
+_UNIQUE_BLOCKS = {
+    "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
+    "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
+}
 
 #: finished jobs without a kept result stay visible this long (seconds)
 DEFAULT_RETENTION = 3600.0
@@ -106,6 +115,8 @@ class _Store:
     paused: set[str] = field(default_factory=set)
     locks: dict[str, _Lock] = field(default_factory=dict)
     kv: dict[str, tuple[bytes, float | None]] = field(default_factory=dict)
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    slots: dict[str, dict[str, float]] = field(default_factory=dict)
     bindings: dict[tuple[str, str], Binding] = field(default_factory=dict)
     events: dict[str, tuple[Message, float]] = field(default_factory=dict)
     fence: int = 0
@@ -120,7 +131,7 @@ class MemoryBroker(Broker):
     ``memory://NAME`` is shared by every broker of that name in the process."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=False, events=True
+        sync_enqueue=True, multi_process=False, events=True, limits=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
     _named: ClassVar[dict[str, _Store]] = {}
@@ -166,8 +177,15 @@ class MemoryBroker(Broker):
                 ids.append(m.id)
                 continue
             if m.key is not None and m.kind == "task" and m.key in s.keys:
-                ids.append(s.keys[m.key])
-                continue
+                holder = s.rows[s.keys[m.key]]
+                if holder.info().state not in _UNIQUE_BLOCKS.get(
+                    m.headers.get("unique", ""), _RETAINED
+                ):
+                    holder.msg.key = None  # its key no longer blocks: free it
+                    del s.keys[m.key]
+                else:
+                    ids.append(s.keys[m.key])
+                    continue
             m = _copy(m)
             s.queues.add(m.queue)
             row = _Row(msg=m, state=State.READY, run_at=now, updated_at=now)
@@ -383,7 +401,11 @@ class MemoryBroker(Broker):
                     continue
                 row.msg.attempt = max(0, row.msg.attempt - 1)
                 row.updated_at = now
-                self._make_ready(row, now)
+                if d.retry_at > now:
+                    row.run_at = d.retry_at
+                    self._schedule(row)
+                else:
+                    self._make_ready(row, now)
             self._wake()
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
@@ -526,6 +548,24 @@ class MemoryBroker(Broker):
                 out.append(id_)
         return out
 
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        now = time.time()
+        out: list[str] = []
+        with self._s.lock:
+            for id_ in ids:
+                row = self._s.rows.get(id_)
+                if row is None or row.info().state not in CANCELLABLE_STATES:
+                    continue
+                row.run_at = at
+                row.updated_at = now
+                if at > now:
+                    self._schedule(row)
+                else:
+                    self._make_ready(row, now)
+                    self._wake()
+                out.append(id_)
+        return out
+
     async def pause(self, queue: str) -> None:
         with self._s.lock:
             self._s.paused.add(queue)
@@ -625,6 +665,42 @@ class MemoryBroker(Broker):
             keys = [k for k in self._s.kv if k.startswith(prefix)]
             found = {k: self._kv_live(k, now) for k in keys}
         return {k: v for k, v in found.items() if v is not None}
+
+    # -- flow control ----------------------------------------------------------
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        with self._s.lock:
+            log = self._s.rates.setdefault(key, [])
+            while log and log[0] <= at - 2 * per:  # far behind any window still open
+                log.pop(0)
+            wait = window_wait(log, at, rate, per)
+            if wait == 0.0:
+                bisect.insort(log, at)
+            return wait
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        now = time.time()
+        with self._s.lock:
+            held = self._s.slots.setdefault(key, {})
+            for h in [h for h, exp in held.items() if exp <= now]:
+                del held[h]
+            if holder not in held and len(held) >= limit:
+                return False
+            held[holder] = now + ttl
+            return True
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        now = time.time()
+        with self._s.lock:
+            for key, holder in holds:
+                held = self._s.slots.get(key, {})
+                if holder in held:
+                    held[holder] = now + ttl
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        with self._s.lock:
+            for key, holder in holds:
+                self._s.slots.get(key, {}).pop(holder, None)
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl, urlsplit
 import orjson
 
 from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...flow import window_wait
 from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ...message import from_dict as message_from_dict
 from ...state import State
@@ -57,6 +58,11 @@ T = TypeVar("T")
 DEFAULT_RETENTION = 3600.0
 SCHEMA_VERSION = 1
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
+#: header "unique" -> the states in which a key's holder no longer blocks a new job
+_UNIQUE_RELEASE = {
+    "active": "('succeeded', 'dead', 'cancelled')",
+    "queued": "('running', 'succeeded', 'dead', 'cancelled')",
+}
 _SYNC = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
 
 
@@ -85,7 +91,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 class SQLiteBroker(Broker):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True
+        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
 
@@ -250,16 +256,23 @@ class SQLiteBroker(Broker):
                     m.max_attempts,
                     m.key if m.kind == "task" else None,
                     encode_checked(m, limit),
+                    *((m.headers["unique"],) if "unique" in m.headers else ()),
                 )
             )
         return rows
 
     def _insert(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> list[str]:
+        for r in rows:
+            mode = _UNIQUE_RELEASE.get(r[11]) if len(r) > 11 and r[9] is not None else None
+            if mode:  # the key's holder no longer blocks: free the key for this job
+                conn.execute(
+                    f"UPDATE dw_jobs SET key=NULL WHERE key=? AND state IN {mode}", (r[9],)
+                )
         before = conn.total_changes
         conn.executemany(
             "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority, run_at,"
             " updated_at, max_attempts, key, body) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            rows,
+            rows if not rows or len(rows[0]) == 11 else [r[:11] for r in rows],
         )
         new_queues = {r[1] for r in rows} - self._known_queues
         if new_queues:
@@ -533,10 +546,13 @@ class SQLiteBroker(Broker):
 
     def _requeue(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
-        rows = [(now, now, d.id, d.token) for d in ds]
+        rows = [
+            ("scheduled" if d.retry_at > now else "ready", max(d.retry_at, now), now, d.id, d.token)
+            for d in ds
+        ]
         self._wtx(
             lambda c: c.executemany(
-                "UPDATE dw_jobs SET state='ready', attempt=max(attempt-1, 0), run_at=?,"
+                "UPDATE dw_jobs SET state=?, attempt=max(attempt-1, 0), run_at=?,"
                 " updated_at=?, lease_until=NULL, token=NULL"
                 " WHERE id=? AND token=? AND state='running'",
                 rows,
@@ -755,6 +771,22 @@ class SQLiteBroker(Broker):
             ]
         )
 
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        def run(c: sqlite3.Connection) -> list[str]:
+            now = time.time()
+            return [
+                r[0]
+                for r in c.execute(
+                    "UPDATE dw_jobs SET state=CASE WHEN ?1 > ?2 THEN 'scheduled' ELSE 'ready' END,"
+                    " run_at=max(?1, ?2), updated_at=?2"
+                    " WHERE id IN (SELECT value FROM json_each(?3))"
+                    " AND state IN ('scheduled', 'ready') RETURNING id",
+                    (at, now, orjson.dumps(list(ids))),
+                ).fetchall()
+            ]
+
+        return await self._run(self._wtx, run)
+
     async def pause(self, queue: str) -> None:
         await self._run(self._set_paused, queue, 1)
 
@@ -902,6 +934,57 @@ class SQLiteBroker(Broker):
             return {k: bytes(v) for k, v in rows}
 
         return await self._run(run)
+
+    # -- flow control ----------------------------------------------------------
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        def run(c: sqlite3.Connection) -> float:
+            c.execute("DELETE FROM dw_rate WHERE key=? AND t<=?", (key, at - 2 * per))
+            times = [
+                r[0]
+                for r in c.execute(
+                    "SELECT t FROM dw_rate WHERE key=? AND t>? AND t<? ORDER BY t",
+                    (key, at - per, at + per),
+                )
+            ]
+            wait = window_wait(times, at, rate, per)
+            if wait == 0.0:
+                c.execute("INSERT INTO dw_rate (key, t) VALUES (?, ?)", (key, at))
+            return wait
+
+        return await self._run(self._wtx, run)
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        def run(c: sqlite3.Connection) -> bool:
+            now = time.time()
+            c.execute("DELETE FROM dw_slots WHERE key=? AND expires<=?", (key, now))
+            held = c.execute(
+                "SELECT count(*), sum(holder=?) FROM dw_slots WHERE key=?", (holder, key)
+            ).fetchone()
+            if not held[1] and held[0] >= limit:
+                return False
+            c.execute(
+                "INSERT INTO dw_slots (key, holder, expires) VALUES (?,?,?)"
+                " ON CONFLICT (key, holder) DO UPDATE SET expires=excluded.expires",
+                (key, holder, now + ttl),
+            )
+            return True
+
+        return await self._run(self._wtx, run)
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        rows = [(time.time() + ttl, k, h) for k, h in holds]
+        await self._run(
+            self._wtx,
+            lambda c: c.executemany("UPDATE dw_slots SET expires=? WHERE key=? AND holder=?", rows),
+        )
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        rows = list(holds)
+        await self._run(
+            self._wtx,
+            lambda c: c.executemany("DELETE FROM dw_slots WHERE key=? AND holder=?", rows),
+        )
 
 
 # -- row mapping -------------------------------------------------------------

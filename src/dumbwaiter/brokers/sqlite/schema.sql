@@ -69,6 +69,20 @@ CREATE TABLE IF NOT EXISTS dw_kv (
 );
 CREATE INDEX IF NOT EXISTS dw_kv_expires ON dw_kv (expires) WHERE expires IS NOT NULL;
 
+-- Flow control: the sliding-window log of rate limits, and concurrency slots.
+CREATE TABLE IF NOT EXISTS dw_rate (
+    key TEXT NOT NULL,
+    t   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dw_rate_key ON dw_rate (key, t);
+
+CREATE TABLE IF NOT EXISTS dw_slots (
+    key     TEXT NOT NULL,
+    holder  TEXT NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (key, holder)
+);
+
 CREATE TABLE IF NOT EXISTS dw_meta (
     k TEXT PRIMARY KEY,
     v
