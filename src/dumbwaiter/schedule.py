@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import ConfigurationError, DumbwaiterError
-from .message import Message
+from .message import Message, encode_checked
 from .task import SendOptions, Task
 
 if TYPE_CHECKING:
@@ -401,22 +401,22 @@ def declare(
                 f"two schedules are named {sname!r}; give the second one name= "
                 "(a task scheduled twice, with other arguments, needs one per schedule)"
             )
-        call_kwargs = dict(kwargs or {})
-        try:
-            task.check_arguments(tuple(args), call_kwargs)
-        except DumbwaiterError as exc:
-            raise ConfigurationError(f"schedule {sname}: {exc}") from None
         timetable: Timetable = Every(interval) if every is not None else Cron(cron or "", tz, sname)
-        app.schedules[sname] = Schedule(
+        schedule = Schedule(
             sname,
             task,
             timetable,
             args=args,
-            kwargs=call_kwargs,
+            kwargs=kwargs,
             missed=missed,
             catch_up=catch_up,
             grace=grace_s,
         )
+        try:  # a tick's job as the leader will build it: arguments, JSON, size
+            encode_checked(schedule.message(0.0, 0.0, ""), app.max_message_size)
+        except DumbwaiterError as exc:
+            raise ConfigurationError(f"schedule {sname}: {exc}") from None
+        app.schedules[sname] = schedule
         return task
 
     if cron is not None:  # an invalid expression or zone fails at the decorator's call

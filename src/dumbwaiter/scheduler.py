@@ -4,8 +4,10 @@ Every replica (``dumbwaiter scheduler``, or ``dumbwaiter worker
 --with-scheduler``) runs the same loop.  One of them holds the leader lease
 (the broker's ``acquire``/``renew``, with a fencing token) and renews it
 every third of the lease while it lives; the others try to take it every
-``poll`` seconds, so a new leader takes over within about one lease after
-the old one dies, and at once after one stops cleanly (it releases).
+``poll`` seconds.  The broker's lock lasts one lease less one poll, so a new
+leader takes over within one lease after the old one dies, and within a poll
+after one stops cleanly (it releases).  A replica whose app has no schedules
+stays out of the election.
 
 Leadership is an optimisation, not the guarantee.  Each tick is enqueued with
 the key ``periodic:NAME:TICK``, which the broker stores once while the job is
@@ -126,12 +128,20 @@ class Scheduler:
             raise ConfigurationError(f"the scheduler's lease must be positive, got {lease}")
         self.app = app
         self.broker: Broker = app.broker
+        #: the takeover bound: a dead leader is replaced within this many seconds
         self.lease = lease
-        self.renew = renew if renew is not None else lease / 3
-        if not 0 < self.renew < lease:
-            raise ConfigurationError(f"renew ({self.renew} s) must be shorter than the lease")
         #: how often a follower tries to take the lease
         self.poll = poll if poll is not None else min(1.0, lease / 5)
+        if not 0 < self.poll < lease:
+            raise ConfigurationError(f"poll ({self.poll} s) must be shorter than the lease")
+        #: what the broker's lock lasts: expiry plus one follower poll fits in ``lease``
+        self.ttl = lease - self.poll
+        self.renew = renew if renew is not None else lease / 3
+        if not 0 < self.renew < self.ttl:
+            raise ConfigurationError(
+                f"renew ({self.renew} s) must be shorter than the lease less one poll "
+                f"({self.ttl} s)"
+            )
         self.owner = owner
         self.lock = lock
         self.clock = clock
@@ -215,6 +225,11 @@ class Scheduler:
         Returns the seconds until the next pass is needed."""
         owner = self.owner or default_worker_id()
         self.owner = owner
+        if not self.app.schedules:
+            # nothing to run: stay out of the election, so a replica of an app
+            # without schedules never holds the lease that one with them needs
+            await self.resign()
+            return self.renew
         started = time.monotonic()
         if self.token is not None and started >= self._valid_until:
             log.warning(
@@ -224,7 +239,7 @@ class Scheduler:
             )
             self.token = None
         if self.token is None:
-            token = await self.broker.acquire(self.lock, owner, self.lease)
+            token = await self.broker.acquire(self.lock, owner, self.ttl)
             if token is None:
                 return self.poll
             self.token = token
@@ -236,7 +251,7 @@ class Scheduler:
                 extra={"action": "scheduler_leader", "token": token},
             )
         elif started >= self._renew_at:
-            if not await self.broker.renew(self.lock, owner, self.token, self.lease):
+            if not await self.broker.renew(self.lock, owner, self.token, self.ttl):
                 log.warning(
                     "scheduler %s lost the leader lease (token %d)",
                     owner,
@@ -246,15 +261,13 @@ class Scheduler:
                 self.token = None
                 return 0.0
             self._held(started)
-        if not self.app.schedules:
-            return max(0.0, self._renew_at - time.monotonic())
         await self.run_due(self.clock())
         wait = min(self._next.values(), default=self.clock() + self.renew) - self.clock()
         return max(0.0, min(wait, self._renew_at - time.monotonic()))
 
     def _held(self, since: float) -> None:
         """The lease was granted or renewed by a call that started at ``since``."""
-        self._valid_until = since + self.lease
+        self._valid_until = since + self.ttl
         self._renew_at = since + self.renew
 
     async def resign(self) -> None:

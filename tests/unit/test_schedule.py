@@ -360,3 +360,14 @@ def test_apps_do_not_share_schedules() -> None:
     def job() -> None: ...
 
     assert list(a.schedules) == [job.name] and b.schedules == {}
+
+
+def test_arguments_over_the_size_limit_fail_at_declaration() -> None:
+    app = dw.App("memory://", max_message_size=1024)
+
+    @app.task
+    def store(blob: str) -> None: ...
+
+    with pytest.raises(dw.ConfigurationError, match=r"schedule big: .* over the maximum of 1,024"):
+        app.periodic(every=60, args=("x" * 2000,), name="big")(store)
+    assert "big" not in app.schedules

@@ -379,3 +379,26 @@ def test_a_grace_period_shorter_than_a_failover_is_warned_about(url: str) -> Non
     [warning] = Scheduler(app, lease=15).check()
     assert "grace period (5s) is shorter than a failover (lease 15s + poll 1s)" in warning
     assert Scheduler(app, lease=3).check() == []
+
+
+async def test_a_replica_without_schedules_stays_out_of_the_election(url: str) -> None:
+    """A worker --with-scheduler of an app without schedules (another service on
+    the same broker, an old deploy) must never hold the lease the others need."""
+    empty = Scheduler(dw.App(url), clock=Clock())
+    await empty.step()
+    assert empty.token is None
+    real = Scheduler(make_app(url), clock=Clock())
+    await real.step()
+    assert real.is_leader
+
+
+def test_the_lock_lasts_one_lease_less_one_poll() -> None:
+    """Expiry plus one follower poll fits in the lease: that is the takeover bound."""
+    s = Scheduler(dw.App("memory://"), lease=15)
+    assert (s.poll, s.ttl, s.renew) == (1.0, 14.0, 5.0)
+    short = Scheduler(dw.App("memory://"), lease=3)
+    assert short.ttl + short.poll == 3 and short.renew < short.ttl
+    with pytest.raises(dw.ConfigurationError, match="poll"):
+        Scheduler(dw.App("memory://"), lease=2, poll=2)
+    with pytest.raises(dw.ConfigurationError, match="renew"):
+        Scheduler(dw.App("memory://"), lease=3, renew=2.9)
