@@ -1,0 +1,190 @@
+"""Metrics: the middleware's counters and histograms, the queue gauges, the
+worker's /metrics server, and the catalogue against docs/metrics.md."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import dumbwaiter as dw
+from dumbwaiter.metrics import (
+    CATALOGUE,
+    MetricsServer,
+    PrometheusMiddleware,
+    StatsCache,
+    register_collector,
+)
+from dumbwaiter.testing import drain
+
+FAST = dw.Retry(attempts=2, backoff=0.01, jitter=0)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    v = registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+async def test_counters_and_histograms_follow_each_outcome(registry: CollectorRegistry) -> None:
+    app = dw.App("memory://", retry=FAST, middleware=[PrometheusMiddleware(registry)])
+
+    @app.task(queue="mail")
+    def ok(x: int) -> int:
+        return x
+
+    @app.task(queue="mail")
+    def broken() -> None:
+        raise ValueError("no")
+
+    await ok.aenqueue(1)
+    await ok.aenqueue(2)
+    await broken.aenqueue()
+    await ok.options(key="same").aenqueue(3)
+    await ok.options(key="same").aenqueue(3)  # duplicate key: nothing stored, not counted
+    await drain(app)
+
+    ok_l = {"queue": "mail", "task": ok.name}
+    bad_l = {"queue": "mail", "task": broken.name}
+    assert value(registry, "dumbwaiter_jobs_enqueued_total", **ok_l) == 3
+    assert value(registry, "dumbwaiter_jobs_enqueued_total", **bad_l) == 1
+    assert value(registry, "dumbwaiter_jobs_started_total", **ok_l) == 3
+    assert value(registry, "dumbwaiter_jobs_started_total", **bad_l) == 2  # two attempts
+    assert value(registry, "dumbwaiter_jobs_succeeded_total", **ok_l) == 3
+    assert value(registry, "dumbwaiter_jobs_succeeded_total", **bad_l) == 0
+    assert value(registry, "dumbwaiter_jobs_retried_total", **bad_l) == 1
+    assert value(registry, "dumbwaiter_jobs_dead_total", **bad_l) == 1
+    # every attempt is timed; only first starts of new jobs count as queue wait
+    assert value(registry, "dumbwaiter_job_run_seconds_count", **bad_l) == 2
+    assert value(registry, "dumbwaiter_job_wait_seconds_count", **bad_l) == 1
+    assert value(registry, "dumbwaiter_job_wait_seconds_count", **ok_l) == 3
+    assert value(registry, "dumbwaiter_job_run_seconds_sum", **ok_l) >= 0
+
+
+async def test_queue_wait_starts_at_the_eta(registry: CollectorRegistry) -> None:
+    app = dw.App("memory://", middleware=[PrometheusMiddleware(registry)])
+
+    @app.task
+    def later() -> None: ...
+
+    # an eta in the past by 0 s: the wait is measured from the eta, not creation
+    await later.options(eta=time.time() + 0.05).aenqueue()
+    await drain(app)
+    labels = {"queue": "default", "task": later.name}
+    assert value(registry, "dumbwaiter_job_wait_seconds_count", **labels) == 1
+    # waited for a worker for well under the 0.05 s it waited for its eta
+    assert value(registry, "dumbwaiter_job_wait_seconds_bucket", le="5.0", **labels) == 1
+
+
+async def test_published_events_are_counted_by_type(registry: CollectorRegistry) -> None:
+    app = dw.App("memory://", middleware=[PrometheusMiddleware(registry)])
+
+    class Paid(dw.Event, type="metrics.paid"):
+        order: str
+
+    got: list[str] = []
+
+    @app.subscribe(Paid, group="books")
+    def book(event: Paid) -> None:
+        got.append(event.order)
+
+    await app.apublish(Paid(order="o-1"))
+    await drain(app)
+    assert got == ["o-1"]
+    assert value(registry, "dumbwaiter_events_published_total", event="metrics.paid") == 1
+    labels = {"queue": "group:books", "task": "metrics.paid"}
+    assert value(registry, "dumbwaiter_jobs_succeeded_total", **labels) == 1
+
+
+async def test_two_middleware_on_one_registry_share_the_metrics(
+    registry: CollectorRegistry,
+) -> None:
+    a, b = PrometheusMiddleware(registry), PrometheusMiddleware(registry)
+    assert a.m is b.m
+
+
+async def test_gauges_come_from_the_cached_snapshot(registry: CollectorRegistry) -> None:
+    app = dw.App("memory://", retry=dw.Retry.never())
+
+    @app.task(queue="q1")
+    def fails() -> None:
+        raise RuntimeError("x")
+
+    @app.task(queue="q2")
+    def waits() -> None: ...
+
+    await fails.aenqueue()
+    await drain(app, ["q1"])
+    for _ in range(3):
+        await waits.aenqueue()
+    await waits.options(delay=3600).aenqueue()
+    cache = StatsCache(app.broker, interval=60)
+    register_collector(registry, cache)
+    assert value(registry, "dumbwaiter_queue_ready", queue="q2") == 0  # nothing read yet
+    await cache.refresh()
+    assert value(registry, "dumbwaiter_queue_ready", queue="q2") == 3
+    assert value(registry, "dumbwaiter_queue_scheduled", queue="q2") == 1
+    assert value(registry, "dumbwaiter_queue_dead", queue="q1") == 1
+    assert value(registry, "dumbwaiter_queue_lag_seconds", queue="q2") >= 0
+    assert value(registry, "dumbwaiter_queue_workers", queue="q2") == 0
+    assert value(registry, "dumbwaiter_workers") == 0
+    await waits.aenqueue()
+    # a scrape reads the snapshot: no broker call, so the new job is not seen yet
+    assert value(registry, "dumbwaiter_queue_ready", queue="q2") == 3
+    assert (await cache.get()).queue("q2").ready == 3  # type: ignore[union-attr]
+    await cache.get(max_age=0)
+    assert value(registry, "dumbwaiter_queue_ready", queue="q2") == 4
+
+
+async def test_worker_serves_metrics_on_loopback(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    app = dw.App(f"sqlite:///{tmp_path}/m.db")
+
+    @app.task
+    def hello() -> None: ...
+
+    server = MetricsServer(app, port=0, registry=registry, interval=0.05)
+    port = server.start()
+    try:
+        await hello.aenqueue()
+        await drain(app)
+        await server.cache.refresh()
+        body = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.stop()
+        await app.aclose()
+    text = body.decode()
+    assert f'dumbwaiter_jobs_succeeded_total{{queue="default",task="{hello.name}"}} 1.0' in text
+    assert 'dumbwaiter_queue_ready{queue="default"} 0.0' in text
+    assert "dumbwaiter_stats_age_seconds" in text
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        body: bytes = resp.read()
+        return body
+
+
+def test_catalogue_is_documented() -> None:
+    """docs/metrics.md lists exactly the catalogue's names."""
+    import re
+
+    documented = set(re.findall(r"`(dumbwaiter_[a-z_]+)`", DOCS.read_text()))
+    assert documented == {m.name for m in CATALOGUE}
+
+
+def test_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(dw.MissingDependency, match=r"pip install 'dumbwaiter\[metrics\]'"):
+        PrometheusMiddleware(CollectorRegistry())
