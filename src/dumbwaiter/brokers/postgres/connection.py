@@ -134,8 +134,11 @@ def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -
 
 
 def check_sync(conn: psycopg.Connection[Any]) -> None:
-    """``check`` callback of the sync pool: cheap, no round trip."""
+    """``check`` callback of the sync pool: cheap, no round trip.  A dead
+    connection is closed here, so the pool discards it and opens another
+    (unclosed, the pool would take it back as it is and hand it out again)."""
     if looks_closed(conn):
+        _finish(conn)
         raise psycopg.OperationalError("connection closed by the server while idle")
 
 
