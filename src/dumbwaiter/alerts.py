@@ -42,12 +42,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from .brokers.base import JobFilter
 from .dashboard.redact import mask_url
 from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
+from .state import State
 
 if TYPE_CHECKING:
     from .app import App
-    from .brokers.base import Broker, QueueStats
+    from .brokers.base import Broker, JobInfo, QueueStats
     from .worker import Worker
 
 log = logging.getLogger("dumbwaiter.alerts")
@@ -65,6 +67,10 @@ HISTORY_TTL = 7 * 86400.0
 #: a dead-letter notification's de-duplication key lives this long: long enough
 #: for every evaluator that saw the same change to find it taken
 EVENT_DEDUP_TTL = 600.0
+#: seconds each dead-letter window overlaps the previous one
+DEAD_OVERLAP = 5.0
+#: dead letters read per queue and pass (the message says "100+" beyond)
+DEAD_PAGE = 100
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -199,7 +205,7 @@ def _fmt_secs(s: float) -> str:
         from .cli.output import duration
 
         return duration(s)
-    return f"{s:g} s"
+    return f"{s:.3g} s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,9 +242,12 @@ class QueueDepth(Rule):
 class DeadLetters(Rule):
     """A dead letter was added to a queue since the last evaluation.
 
-    The count each queue had is kept in the broker, so every evaluator
-    compares with the same number; the first pass on a broker only records
-    the counts (dead letters older than the watch are on the dashboard)."""
+    The time of the last pass is kept in the broker per queue, so every
+    evaluator looks at the same window: the dead letters that died since
+    (``list_jobs`` with ``since``, one page).  Counting is not enough: a
+    replayed dead letter that dies again between two passes leaves the count
+    as it was.  The first pass on a broker only records the time (older dead
+    letters are on the dashboard)."""
 
     name: ClassVar[str] = "dead_letters"
     event: ClassVar[bool] = True
@@ -249,27 +258,46 @@ class DeadLetters(Rule):
         queues = [s for s in snap.stats if self.enabled_for(s.queue)]
         seen = await ev.broker.kv_get([SEEN + s.queue for s in queues])
         out: list[Finding] = []
-        update: dict[str, bytes] = {}
+        floors: dict[str, float] = {}
         for s in queues:
-            raw = seen.get(SEEN + s.queue)
-            before = int(raw) if raw is not None and raw.isdigit() else None
-            if before != s.dead:
-                update[SEEN + s.queue] = str(s.dead).encode()
-            if before is None or s.dead <= before:
+            mark = _mark(seen.get(SEEN + s.queue))
+            if mark is None:
+                floors[s.queue] = snap.at  # first look: dead letters from now on
                 continue
-            added = s.dead - before
+            last, floor = mark
+            floors[s.queue] = floor
+            if s.dead == 0:
+                continue
+            # dead letters that died since the last pass (a few seconds of
+            # overlap for clocks and races, never before the first look; the
+            # de-duplication key absorbs the overlap)
+            page = await ev.broker.list_jobs(
+                JobFilter(queue=s.queue, state=State.DEAD, since=max(floor, last - DEAD_OVERLAP)),
+                limit=DEAD_PAGE + 1,
+            )
+            if not page.items:
+                continue
+            newest = max(page.items, key=lambda i: (i.updated_at or 0.0, i.message.id))
+            n = len(page.items)
+            count = f"{DEAD_PAGE}+" if n > DEAD_PAGE else str(n)
             out.append(
                 Finding(
                     s.queue,
                     s.dead,
                     0,
-                    f"{_fmt_int(added)} dead letter{'s' if added != 1 else ''} added to "
-                    f"{s.queue} ({_fmt_int(s.dead)} in its dead-letter queue)",
-                    change=f"{before}-{s.dead}",
+                    f"{count} dead letter{'s' if n != 1 else ''} added to {s.queue} "
+                    f"({_fmt_int(s.dead)} in its dead-letter queue; last: "
+                    f"{newest.message.name}, {_last_error(newest)})",
+                    change=f"{newest.message.id}:{newest.updated_at or 0.0:.6f}",
                 )
             )
-        if update:
-            await ev.broker.kv_set(update)
+        if queues:
+            await ev.broker.kv_set(
+                {
+                    SEEN + q: orjson.dumps({"at": snap.at, "floor": floor})
+                    for q, floor in floors.items()
+                }
+            )
         return out
 
     def describe(self) -> str:
@@ -298,7 +326,7 @@ class Lag(Rule):
             return None
         return Finding(
             s.queue,
-            round(s.lag, 3),
+            s.lag,
             self.threshold,
             f"queue {s.queue} lags {_fmt_secs(s.lag)} (its oldest ready job; "
             f"threshold {_fmt_secs(self.threshold)})",
@@ -361,15 +389,16 @@ class SchedulerLeader(Rule):
 
     async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
         health = snap.scheduler
-        if not self.enabled or health is None or health.leader:
+        if not self.enabled or health is None or health.leader(self.slack):
             return []
+        late = health.lateness(self.slack)
         return [
             Finding(
                 "scheduler",
-                round(health.late, 3),
+                round(late, 3),
                 self.slack,
-                f"no scheduler leader: {', '.join(health.overdue)} overdue by "
-                f"{_fmt_secs(health.late)} (run `dumbwaiter scheduler` or a worker "
+                f"no scheduler leader: {', '.join(health.overdue(self.slack))} overdue by "
+                f"{_fmt_secs(round(late))} (run `dumbwaiter scheduler` or a worker "
                 "with --with-scheduler)",
             )
         ]
@@ -590,8 +619,11 @@ class AlertService:
 
     async def evaluate(self, now: float | None = None) -> list[Alert]:
         """One pass over every rule; returns the notifications sent by this call."""
-        snap = await self.cache.get(max_age=0.0 if now is not None else None)
-        now = time.time() if now is None else now
+        if now is None:
+            snap = await self.cache.get()
+            now = time.time()
+        else:
+            snap = await self.cache.refresh(now)
         ev = Evaluation(self.broker, now)
         sent: list[Alert] = []
         for rule in self.config.rules:
@@ -685,16 +717,20 @@ class AlertService:
         )
 
     async def _notify(self, alert: Alert) -> bool:
-        """Send to every notifier; True if at least one delivered it.  Kept in
-        the broker's history for the dashboard either way."""
-        delivered = False
+        """Send to every notifier; True if every webhook (or, with none, the
+        log) took it: a webhook that failed makes the next pass, here or in
+        another evaluator, try again.  Kept in the broker's history for the
+        dashboard either way."""
+        results: list[bool] = []
         for n in self.notifiers:
             try:
-                delivered = await n.send(alert) or delivered
+                ok = await n.send(alert)
             except Exception:
                 log.exception("alert notifier %s failed", type(n).__name__)
-        if not self.notifiers:
-            delivered = True
+                ok = False
+            if not isinstance(n, LogNotifier):
+                results.append(ok)
+        delivered = all(results)
         try:
             await self.broker.kv_set(
                 {
@@ -711,6 +747,26 @@ class AlertService:
 
 def _f(x: float) -> bytes:
     return repr(float(x)).encode()
+
+
+def _mark(raw: bytes | None) -> tuple[float, float] | None:
+    """(last pass, first look) of a queue's dead-letter watch."""
+    if raw is None:
+        return None
+    try:
+        d = orjson.loads(raw)
+        return float(d["at"]), float(d["floor"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _last_error(info: JobInfo) -> str:
+    errors = info.message.errors
+    if not errors:
+        return "no error recorded"
+    e = errors[-1]
+    text = f"{e.type}: {e.message}" if e.message else e.type
+    return text if len(text) <= 120 else text[:119] + "…"
 
 
 def _pid() -> int:

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -209,21 +209,26 @@ class SchedulerHealth:
     """What the schedules' state in the broker says about the scheduler leader.
 
     The leader rewrites a schedule's state (``next_tick``, ``updated_at``)
-    whenever it enqueues one of its ticks.  A tick overdue by more than
-    ``slack`` that no state written after it accounts for means that no
-    leader ran it.  (A schedule removed from the code keeps its last state; it
-    does not count while any other schedule's state is newer than its tick.)
+    whenever it enqueues one of its ticks.  A tick that is past, and newer
+    than every state any leader wrote, has not been run by a leader.  (A
+    schedule removed from the code keeps its last state; it does not count
+    while any other schedule's state is newer than its tick.)
     """
 
     schedules: int
-    #: names of schedules whose next tick is overdue with no leader in sight
-    overdue: tuple[str, ...] = ()
-    #: seconds the oldest of those ticks is late
-    late: float = 0.0
+    #: schedule -> seconds its unrun tick is late
+    late: Mapping[str, float] = field(default_factory=dict)
 
-    @property
-    def leader(self) -> bool:
-        return not self.overdue
+    def overdue(self, slack: float = 0.0) -> list[str]:
+        """Schedules late by more than ``slack`` s (a new leader takes over
+        within one lease, and a tick may be late by its grace)."""
+        return sorted(n for n, late in self.late.items() if late > slack)
+
+    def lateness(self, slack: float = 0.0) -> float:
+        return max((late for late in self.late.values() if late > slack), default=0.0)
+
+    def leader(self, slack: float = 0.0) -> bool:
+        return not self.overdue(slack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,9 +252,7 @@ class Snapshot:
 SCHEDULER_SLACK = 90.0
 
 
-async def scheduler_health(
-    broker: Broker, now: float, slack: float = SCHEDULER_SLACK
-) -> SchedulerHealth | None:
+async def scheduler_health(broker: Broker, now: float) -> SchedulerHealth | None:
     """``SchedulerHealth`` from the schedules' state, or None where no schedule
     (or no scheduler module) exists."""
     try:
@@ -267,17 +270,12 @@ async def scheduler_health(
     if not states:
         return None
     newest = max((_num(s.get("updated_at")) or 0.0) for s in states.values())
-    overdue: list[tuple[str, float]] = []
+    late: dict[str, float] = {}
     for name, s in states.items():
         tick = _num(s.get("next_tick"))
-        if tick is not None and tick + slack < now and tick > newest:
-            overdue.append((name, now - tick))
-    overdue.sort()
-    return SchedulerHealth(
-        schedules=len(states),
-        overdue=tuple(n for n, _ in overdue),
-        late=max((late for _, late in overdue), default=0.0),
-    )
+        if tick is not None and newest < tick < now:
+            late[name] = now - tick
+    return SchedulerHealth(schedules=len(states), late=late)
 
 
 def _num(v: Any) -> float | None:
@@ -334,8 +332,10 @@ class StatsCache:
                 return snap  # refreshed by another caller while we waited
             return await self.refresh()
 
-    async def refresh(self) -> Snapshot:
-        now = time.time()
+    async def refresh(self, now: float | None = None) -> Snapshot:
+        """Read the broker now.  ``now`` (tests, alert passes at a given time)
+        is the time the scheduler's lateness is measured at."""
+        now = time.time() if now is None else now
         stats = await self.broker.stats()
         workers = await live_workers(self.broker)
         try:
@@ -416,7 +416,7 @@ class QueueCollector:
             yield GaugeMetricFamily(
                 "dumbwaiter_scheduler_leader",
                 BY_NAME["dumbwaiter_scheduler_leader"].help,
-                value=1.0 if snap.scheduler.leader else 0.0,
+                value=1.0 if snap.scheduler.leader(SCHEDULER_SLACK) else 0.0,
             )
         yield GaugeMetricFamily(
             "dumbwaiter_stats_age_seconds",

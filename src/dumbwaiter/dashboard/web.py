@@ -36,7 +36,7 @@ from starlette.templating import Jinja2Templates
 
 from ..app import App
 from ..cli.output import duration, relative, timestamp
-from ..metrics import StatsCache
+from ..metrics import SCHEDULER_SLACK, StatsCache
 from .redact import mask_url
 from .security import Auth, Guard
 
@@ -190,6 +190,7 @@ def render(
         "auth": dw.auth is not None,
         "page": name.removesuffix(".html"),
         "qs": _qs(request),
+        "slack": SCHEDULER_SLACK,
         **context,
     }
     return dw.templates.TemplateResponse(request, name, ctx, status_code=status_code)
