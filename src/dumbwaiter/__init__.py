@@ -38,6 +38,7 @@ from .retry import Reject, Retry, RetryLater
 from .state import State
 from .task import Task
 from .worker import Worker, WorkerConfig
+from .workflow import Workflow, chain, chord, group
 
 __version__ = "0.1.0.dev0"
 
@@ -70,5 +71,9 @@ __all__ = [
     "UnknownTask",
     "Worker",
     "WorkerConfig",
+    "Workflow",
     "__version__",
+    "chain",
+    "chord",
+    "group",
 ]

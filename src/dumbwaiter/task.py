@@ -25,6 +25,7 @@ from .retry import Retry
 if TYPE_CHECKING:
     from .app import App
     from .job import Job
+    from .workflow import Signature
 
 #: ``keep_result=True`` keeps results this long (seconds)
 DEFAULT_RESULT_TTL = 86400.0
@@ -141,6 +142,19 @@ class Task:
         return self.fn(*args, **kwargs)
 
     # -- producing ---------------------------------------------------------
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature for workflows: this call, not made yet; in a chain it
+        gets the previous step's result as its first argument."""
+        from .workflow import Signature
+
+        return Signature(self, args, kwargs)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: it does not receive the previous result."""
+        from .workflow import Signature
+
+        return Signature(self, args, kwargs, immutable=True)
 
     def options(self, **kw: Any) -> BoundTask:
         """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``."""

@@ -41,6 +41,7 @@ from .errors import (
 )
 from .message import ErrorRecord, Message, check_json, dumps
 from .retry import Reject, RetryLater
+from .workflow import advance
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -473,6 +474,11 @@ class Worker:
             if mw.has("after_process"):
                 mw.call("after_process", ctx, None, exc)
             return self._failed(d, ctx, task, exc)
+        if "wf" in ctx.message.headers:  # a workflow step: what comes next, before the ack
+            try:
+                await advance(self.app, ctx.message, result)
+            except Exception as exc:
+                return self._failed(d, ctx, task, exc)
         if mw.has("after_process"):
             mw.call("after_process", ctx, result, None)
         if task.keep_result is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
 from dumbwaiter.message import TASK, Message, uuid7
@@ -66,3 +67,18 @@ def msg(
         created_at=time.time(),
         **kw,
     )
+
+
+@pytest.fixture
+async def make_app(broker_url: str) -> AsyncIterator[Callable[..., dw.App]]:
+    """Apps on the test's broker namespace, closed after the test."""
+    made: list[dw.App] = []
+
+    def make(**kw: Any) -> dw.App:
+        a = dw.App(broker_url, **kw)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        await a.aclose()

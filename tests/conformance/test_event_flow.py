@@ -4,6 +4,7 @@ inbox, replay, correlation."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,8 +32,8 @@ class OrderPaid(dw.Event, type="order.paid"):
 
 
 @pytest.fixture
-def app(broker_url: str) -> dw.App:
-    a = dw.App(broker_url, retry=FAST)
+def app(make_app: Callable[..., dw.App]) -> dw.App:
+    a = make_app(retry=FAST)
     if not a.broker.capabilities.events:
         pytest.skip(f"{type(a.broker).__name__} does not support events (capabilities.events)")
     return a
@@ -166,8 +167,10 @@ async def test_payload_that_does_not_validate_is_dead_lettered(app: dw.App) -> N
     assert "does not validate as OrderCreated version 2" in dead.message.errors[0].message
 
 
-async def test_publish_takes_an_event_and_checks_it(app: dw.App) -> None:
-    app = dw.App(app.url, max_message_size=200)
+async def test_publish_takes_an_event_and_checks_it(
+    app: dw.App, make_app: Callable[..., dw.App]
+) -> None:
+    app = make_app(max_message_size=200)
     with pytest.raises(dw.ConfigurationError, match=r"dw\.Event instance"):
         await app.apublish({"order_id": "x"})  # type: ignore[arg-type]
     with pytest.raises(dw.PayloadTooLarge):

@@ -46,3 +46,17 @@ async def test_scan_by_prefix(broker: Broker) -> None:
     await broker.kv_set({"sched:a": b"1", "sched:b": b"2", "other": b"3"})
     assert await broker.kv_scan("sched:") == {"sched:a": b"1", "sched:b": b"2"}
     assert await broker.kv_scan("none:") == {}
+
+
+async def test_set_add_counts_members_once(make_broker: Callable[[], Broker]) -> None:
+    brokers = [make_broker() for _ in range(4)]
+    for b in brokers:
+        await b.open()
+    sizes = await asyncio.gather(
+        *(b.kv_sadd("chord:c1", str(i % 4), ttl=60) for i, b in enumerate(brokers * 5))
+    )
+    assert max(sizes) == 4 and sizes.count(4) >= 1  # 4 distinct members, added 20 times
+    assert await brokers[0].kv_sadd("chord:c1", "0") == 4  # idempotent
+    finals = await asyncio.gather(*(b.kv_sadd("chord:c2", str(i)) for i, b in enumerate(brokers)))
+    # the last add always sees the whole set (a chord's last member fires it)
+    assert 4 in finals and all(1 <= n <= 4 for n in finals)

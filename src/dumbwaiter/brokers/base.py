@@ -461,6 +461,19 @@ class Broker(abc.ABC):
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         """Every live entry whose key starts with ``prefix``."""
 
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        """Add ``member`` to the set ``key`` (idempotent) and return the set's size
+        after the add, counting every member added before: the call that adds
+        the last member always sees the full size (a chord's last member fires
+        its callback).  Concurrent callers may both see it, so callers act
+        idempotently (a deterministic job id).
+
+        This default builds the set from ``kv_add`` and ``kv_scan``; engines
+        override it with a native atomic set (memory and SQLite give each
+        concurrent add its own size)."""
+        await self.kv_add(f"{key}\x1f{member}", b"1", ttl)
+        return len(await self.kv_scan(f"{key}\x1f"))
+
     # Flow control, cluster-wide (where ``capabilities.limits``).
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import orjson
+
 from ..errors import LeaseExpired
 from ..flow import window_wait
 from ..message import ErrorRecord, Message, encode_checked, uuid7
@@ -658,6 +660,18 @@ class MemoryBroker(Broker):
                     del self._s.kv[k]
                     n += 1
             return n
+
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        now = time.time()
+        with self._s.lock:
+            raw = self._kv_live(key, now)
+            members = set(orjson.loads(raw)) if raw is not None else set()
+            members.add(member)
+            expires = (
+                self._s.kv[key][1] if raw is not None else (None if ttl is None else now + ttl)
+            )
+            self._s.kv[key] = (orjson.dumps(sorted(members)), expires)
+            return len(members)
 
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         now = time.time()

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..brokers.base import Broker, JobFilter, JobInfo, Page
 from ..state import CANCELLABLE_STATES, State
+from ..workflow import steps_of
 from .admin import call
 from .common import app_options, resolve_app
 from .output import (
@@ -163,10 +164,28 @@ def show(app_spec: str | None, url: str | None, job_id: str, as_json: bool) -> N
     traceback.
     """
     info = get_job(app_spec, url, job_id)
+    wf = info.message.headers.get("wf")
+    wf_id = str(wf["id"]) if isinstance(wf, dict) and wf.get("id") else None
+    steps: list[dict[str, Any]] = []
+    if wf_id is not None:
+        app = resolve_app(app_spec, url)
+        steps = call(app, lambda b: steps_of(app, wf_id))
     if as_json:
-        print_json(job_dict(info))
-    else:
-        render_job(info)
+        d = job_dict(info)
+        if steps:
+            d["workflow"] = {"id": wf_id, "steps": steps}
+        print_json(d)
+        return
+    render_job(info)
+    if steps:
+        out = console()
+        out.print()
+        out.print(Text(f"Workflow {wf_id}", style="bold underline"))
+        t = table("step", "task", "job", "state")
+        for s in steps:
+            mark = " <- this job" if s["job"] == info.message.id else ""
+            t.add_row(s["path"], s["task"], s["job"], Text(s["state"] + mark))
+        out.print(t)
 
 
 @jobs.command("cancel")

@@ -924,6 +924,23 @@ class SQLiteBroker(Broker):
             ),
         )
 
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        def run(c: sqlite3.Connection) -> int:
+            now = time.time()
+            c.execute("DELETE FROM dw_kv WHERE key=? AND expires<=?", (key, now))
+            row = c.execute("SELECT value FROM dw_kv WHERE key=?", (key,)).fetchone()
+            members = set(orjson.loads(row[0])) if row is not None else set()
+            if member not in members:
+                members.add(member)
+                c.execute(
+                    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
+                    " DO UPDATE SET value=excluded.value",
+                    (key, orjson.dumps(sorted(members)), None if ttl is None else now + ttl),
+                )
+            return len(members)
+
+        return await self._run(self._wtx, run)
+
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         def run() -> dict[str, bytes]:
             rows = self._worker_conn().execute(

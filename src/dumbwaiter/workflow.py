@@ -1,0 +1,344 @@
+"""Workflows: ``task.s(...)`` signatures, ``chain``, ``group`` and ``chord``.
+
+A workflow is ordinary jobs that know what comes after them.  Each job
+carries the rest of its workflow in its headers; when it succeeds, the worker
+enqueues the next step, with the result, *before* it acks, under a job id
+derived from the workflow's id and the step's place: if the worker dies in
+between, the step runs again and enqueues the same id, which the broker
+de-duplicates.  So a chain never stalls and never forks.
+
+* ``chain(a.s(1), b.s(), c.s())``: each step gets the previous result as its
+  first argument (``si()`` for a step that does not).  A failed step stops
+  the chain and is dead-lettered with the workflow id in its headers;
+  replaying it resumes the workflow where it stopped.
+* ``group(a.s(i) for i in ...)``: in parallel; its result is the list of the
+  members' results.
+* ``chord(group, callback.s())``: the callback gets the list of results, once,
+  when the last member succeeds.  Members record their result and add their
+  index to a set in the broker (``kv_sadd``, atomic); the member that
+  completes the set enqueues the callback under its derived id, so members
+  finishing together on different workers, or retried, still fire it once.
+
+Results are kept in the broker's kv store for ``result_ttl`` (a day).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
+
+import orjson
+
+from .errors import ConfigurationError, ResultTimeout, SerializationError
+from .message import Message, check_json, uuid7
+from .retry import Reject
+
+if TYPE_CHECKING:
+    from .app import App
+    from .task import Task
+
+#: results and workflow records stay this long in the broker (seconds)
+DEFAULT_RESULT_TTL = 86400.0
+
+Step = Union["Signature", "Group", "Chord"]
+
+
+def derived_id(*parts: str) -> str:
+    """A job id computed from the workflow id and the step's place (UUID-shaped,
+    version 8), so a step enqueued twice is one job."""
+    h = bytearray(hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest())
+    h[6] = (h[6] & 0x0F) | 0x80
+    h[8] = (h[8] & 0x3F) | 0x80
+    x = h.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A task call not made yet: ``send.s(42)``; ``immutable`` steps (``si``)
+    do not receive the previous step's result."""
+
+    task: Task
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    immutable: bool = False
+
+    def __post_init__(self) -> None:
+        check_json(list(self.args), f"the arguments of {self.task.name}.s()")
+        check_json(self.kwargs, f"the arguments of {self.task.name}.s()")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "t": self.task.name,
+            "a": list(self.args),
+            "k": self.kwargs,
+            "p": not self.immutable,
+        }
+
+    def enqueue(self) -> Workflow:
+        return chain(self).enqueue()
+
+    async def aenqueue(self) -> Workflow:
+        return await chain(self).aenqueue()
+
+
+@dataclass(frozen=True)
+class Group:
+    members: tuple[Signature, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"g": [m.to_json() for m in self.members], "then": None}
+
+    def enqueue(self) -> Workflow:
+        return chain(self).enqueue()
+
+    async def aenqueue(self) -> Workflow:
+        return await chain(self).aenqueue()
+
+
+@dataclass(frozen=True)
+class Chord:
+    group: Group
+    callback: Signature
+
+    def to_json(self) -> dict[str, Any]:
+        return {"g": [m.to_json() for m in self.group.members], "then": self.callback.to_json()}
+
+    def enqueue(self) -> Workflow:
+        return chain(self).enqueue()
+
+    async def aenqueue(self) -> Workflow:
+        return await chain(self).aenqueue()
+
+
+def group(*members: Signature | Iterable[Signature]) -> Group:
+    """``dw.group(a.s(1), a.s(2))`` or ``dw.group(a.s(i) for i in range(10))``."""
+    flat: list[Signature] = []
+    for m in members:
+        if isinstance(m, Signature):
+            flat.append(m)
+        else:
+            flat.extend(m)
+    if not flat or not all(isinstance(m, Signature) for m in flat):
+        raise ConfigurationError("group() takes task signatures (task.s(...)), at least one")
+    return Group(tuple(flat))
+
+
+def chord(members: Group | Iterable[Signature], callback: Signature) -> Chord:
+    """``dw.chord(dw.group(...), summarize.s())``: the callback gets every result."""
+    g = members if isinstance(members, Group) else group(members)
+    if not isinstance(callback, Signature):
+        raise ConfigurationError("chord(group, callback): the callback is a task.s(...)")
+    return Chord(g, callback)
+
+
+@dataclass(frozen=True)
+class Chain:
+    steps: tuple[Step, ...]
+    result_ttl: float = DEFAULT_RESULT_TTL
+
+    def enqueue(self) -> Workflow:
+        """Start the workflow (sync callers); returns its handle."""
+        app = _app_of(self.steps[0])
+        return app._call(self.aenqueue())
+
+    async def aenqueue(self) -> Workflow:
+        app = _app_of(self.steps[0])
+        wf = uuid7()
+        steps = [s.to_json() for s in self.steps]
+        record = {"id": wf, "created_at": time.time(), "steps": _plan(wf, steps)}
+        await app.broker.kv_set({f"wf:{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
+        await start(app, wf, self.result_ttl, steps, 0, None, has_prev=False)
+        return Workflow(app, wf)
+
+
+def chain(*steps: Step, result_ttl: float = DEFAULT_RESULT_TTL) -> Chain:
+    """``dw.chain(a.s(1), b.s(), c.s())``: one after the other, results passed on."""
+    if not steps or not all(isinstance(s, Signature | Group | Chord) for s in steps):
+        raise ConfigurationError("chain() takes signatures, groups and chords, at least one")
+    norm: list[Step] = []
+    for s in steps:  # a group followed by a step is a chord into that step
+        if norm and isinstance(norm[-1], Group) and isinstance(s, Signature):
+            norm[-1] = Chord(norm[-1], s)
+        else:
+            norm.append(s)
+    return Chain(tuple(norm), result_ttl)
+
+
+def _app_of(step: Step) -> App:
+    sig = (
+        step
+        if isinstance(step, Signature)
+        else (step.members[0] if isinstance(step, Group) else step.group.members[0])
+    )
+    return sig.task.app
+
+
+def _plan(wf: str, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every step's job id, computed up front (for ``dumbwaiter jobs show``)."""
+    out: list[dict[str, Any]] = []
+    for i, s in enumerate(steps):
+        if "g" not in s:
+            out.append({"path": str(i), "task": s["t"], "job": derived_id(wf, str(i))})
+            continue
+        for j, m in enumerate(s["g"]):
+            p = f"{i}.{j}"
+            out.append({"path": p, "task": m["t"], "job": derived_id(wf, p)})
+        if s["then"] is not None:
+            p = f"{i}.then"
+            out.append({"path": p, "task": s["then"]["t"], "job": derived_id(wf, p)})
+    return out
+
+
+async def start(
+    app: App,
+    wf: str,
+    ttl: float,
+    steps: list[dict[str, Any]],
+    index: int,
+    prev: Any,
+    *,
+    has_prev: bool,
+) -> None:
+    """Enqueue step ``index`` of ``steps`` (with the previous result)."""
+    step = steps[index]
+    meta = {"id": wf, "steps": steps, "i": index, "ttl": ttl}
+    if "g" not in step:
+        await _send(app, [_message(app, step, derived_id(wf, str(index)), prev, has_prev, meta)])
+        return
+    members = step["g"]
+    msgs = []
+    for j, m in enumerate(members):
+        msg = _message(app, m, derived_id(wf, f"{index}.{j}"), prev, has_prev, meta)
+        msg.headers["chord"] = {"j": j, "n": len(members)}
+        msgs.append(msg)
+    await _send(app, msgs)
+
+
+def _message(
+    app: App,
+    step: dict[str, Any],
+    id: str,
+    prev: Any,
+    has_prev: bool,
+    meta: dict[str, Any],
+) -> Message:
+    task = app.tasks.get(step["t"])
+    if task is None:
+        raise ConfigurationError(f"workflow step {step['t']!r} is not a task of this app")
+    from .task import SendOptions
+
+    args = ([prev] if has_prev and step["p"] else []) + list(step["a"])
+    msg = task.message(tuple(args), dict(step["k"]), SendOptions())
+    msg.id = id
+    msg.headers["wf"] = meta
+    msg.headers["correlation_id"] = meta["id"]  # the whole workflow shares one
+    return msg
+
+
+async def _send(app: App, msgs: list[Message]) -> None:
+    await app._send(msgs)
+
+
+async def advance(app: App, msg: Message, result: Any) -> None:
+    """After a workflow step succeeded (before its ack): record its result and
+    enqueue what comes next.  Raises if the result cannot travel."""
+    meta = msg.headers["wf"]
+    wf, steps, i, ttl = meta["id"], meta["steps"], int(meta["i"]), float(meta["ttl"])
+    try:
+        check_json(result, f"the result of workflow step {msg.name}")
+    except SerializationError as exc:
+        raise Reject(f"{exc}; a workflow step's result is passed on, so it must be JSON") from None
+    chord_info = msg.headers.get("chord")
+    if chord_info is not None:
+        await _member_done(app, wf, steps, i, ttl, chord_info, result)
+        return
+    await app.broker.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(result)}, ttl=ttl)
+    await _next(app, wf, steps, i, ttl, result)
+
+
+async def _member_done(
+    app: App,
+    wf: str,
+    steps: list[dict[str, Any]],
+    i: int,
+    ttl: float,
+    info: dict[str, Any],
+    result: Any,
+) -> None:
+    j, n = int(info["j"]), int(info["n"])
+    b = app.broker
+    await b.kv_set({f"wf:{wf}:r:{i}.{j}": orjson.dumps(result)}, ttl=ttl)
+    if await b.kv_sadd(f"wf:{wf}:done:{i}", str(j), ttl=ttl) < n:
+        return
+    # the last member: collect the results in order and go on (idempotent:
+    # a member that runs again re-enqueues the same derived id)
+    keys = [f"wf:{wf}:r:{i}.{k}" for k in range(n)]
+    found = await b.kv_get(keys)
+    results = [orjson.loads(found[k]) if k in found else None for k in keys]
+    then = steps[i]["then"]
+    if then is None:
+        await b.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(results)}, ttl=ttl)
+        await _next(app, wf, steps, i, ttl, results)
+        return
+    meta = {"id": wf, "steps": steps, "i": i, "ttl": ttl, "then": True}
+    msg = _message(app, then, derived_id(wf, f"{i}.then"), results, True, meta)
+    await _send(app, [msg])
+
+
+async def _next(
+    app: App, wf: str, steps: list[dict[str, Any]], i: int, ttl: float, result: Any
+) -> None:
+    if i + 1 < len(steps):
+        await start(app, wf, ttl, steps, i + 1, result, has_prev=True)
+    else:
+        await app.broker.kv_set({f"wf:{wf}:result": orjson.dumps([result])}, ttl=ttl)
+
+
+class Workflow:
+    """The handle of a started workflow."""
+
+    def __init__(self, app: App, id: str) -> None:
+        self.app = app
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.id}>"
+
+    async def asteps(self) -> list[dict[str, Any]]:
+        """Every step with its job id and state (``pending`` until enqueued)."""
+        return await steps_of(self.app, self.id)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.app._call(self.asteps())
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """Wait for the last step's result (None: for ever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            found = await self.app.broker.kv_get([f"wf:{self.id}:result"])
+            if found:
+                return orjson.loads(found[f"wf:{self.id}:result"])[0]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"workflow {self.id} has not finished after {timeout} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.app._call(self.aresult(timeout))
+
+
+async def steps_of(app: App, wf: str) -> list[dict[str, Any]]:
+    raw = (await app.broker.kv_get([f"wf:{wf}"])).get(f"wf:{wf}")
+    if raw is None:
+        return []
+    out = []
+    for s in orjson.loads(raw)["steps"]:
+        info = await app.broker.get(s["job"])
+        out.append({**s, "state": "pending" if info is None else str(info.state)})
+    return out
