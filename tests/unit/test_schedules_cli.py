@@ -8,6 +8,7 @@ The schedules' state is made by running leader passes in-process
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,25 @@ def test_ls_table_after_a_leader_ran(url: str) -> None:
     hb = rows[HEARTBEAT]
     assert hb["last_run"] is not None and hb["last_job"] and hb["in_code"] is False
     assert hb["next_run"] > hb["last_run"]
+    assert "not in this app" not in cli("schedules", "ls", "--url", url).output
+
+
+def test_ls_marks_schedules_the_app_does_not_have(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leader_passes()
+    other = tmp_path / "otherapp.py"
+    other.write_text(
+        "import os\nimport dumbwaiter as dw\n"
+        "app = dw.App(os.environ['SCHEDAPP_URL'])\n"
+        "@app.periodic(every=60, name='other')\ndef other() -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "otherapp", raising=False)
+    out = cli("schedules", "ls", "--app", "otherapp:app")
+    assert out.exit_code == 0, out.output
+    assert f"{HEARTBEAT} (not in this app)" in out.output
+    assert "other " in out.output and "other (not" not in out.output
 
 
 def test_pause_and_resume_by_short_name_and_from_a_bare_url(url: str) -> None:

@@ -74,9 +74,10 @@ def ls(app_spec: str | None, url: str | None, as_json: bool) -> None:
         click.echo("no schedules (none in this app, and no scheduler has run on this broker)")
         return
     t = table("name", "task", "expression", "tz", "last run", "next run", "paused")
+    has_code = bool(app.schedules)  # with a bare --url nothing is "in the app": no note
     for r in rows:
         t.add_row(
-            Text(r.name + ("" if r.in_code else " (not in this app)")),
+            Text(r.name + (" (not in this app)" if has_code and not r.in_code else "")),
             Text(r.task),
             Text(r.expression),
             Text(r.tz),
