@@ -8,7 +8,7 @@ doctor print a URL goes through ``mask_url``.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 MASK = "***"
 
@@ -28,20 +28,24 @@ def mask_url(url: str, *, path: bool = False) -> str:
             userinfo, _, host = netloc.rpartition("@")
             user, sep, _password = userinfo.partition(":")
             netloc = f"{user}:{MASK}@{host}" if sep else f"{MASK}@{host}"
-            if not user and sep:
-                netloc = f":{MASK}@{host}"
         if path:
-            hidden = MASK if (parts.path.strip("/") or parts.query) else ""
-            return urlunsplit((parts.scheme, netloc, "/" + hidden if hidden else "", "", ""))
+            hidden = "/" + MASK if (parts.path.strip("/") or parts.query) else ""
+            return f"{parts.scheme}://{netloc}{hidden}"
         query = parts.query
         if query:
             pairs = parse_qsl(query, keep_blank_values=True)
             query = urlencode(
                 [(k, MASK if SECRET_PARAMS.search(k) else v) for k, v in pairs], safe="*/:"
             )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return MASK
+    # rebuild by replacing the parts, so ``sqlite:///path`` keeps its three slashes
+    out = url
+    if netloc != parts.netloc:
+        out = out.replace(parts.netloc, netloc, 1)
+    if query != parts.query:
+        out = out.replace("?" + parts.query, "?" + query, 1)
+    return out
 
 
 def secrets_of(url: str) -> list[str]:
