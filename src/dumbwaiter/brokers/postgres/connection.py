@@ -48,6 +48,7 @@ _OPTIONS = (
     "prune_interval",
     "prepare_threshold",
     "poll_interval",
+    "worker_sync_commit",
 )
 
 
@@ -74,6 +75,10 @@ class Options:
     prepare_threshold: int | None = 5
     #: seconds between polls of an idle fetch while LISTEN is down
     poll_interval: float = 0.5
+    #: synchronous_commit of a worker's own transitions (claims, outcomes,
+    #: heartbeats): "off" trades a rerun after a server crash for a disk flush
+    #: per batch; "on" (or "local", "remote_apply"...) flushes each
+    worker_sync_commit: str = "off"
 
 
 def parse_url(url: str) -> Options:
@@ -99,9 +104,14 @@ def parse_url(url: str) -> Options:
             prune_interval=float(ours.pop("prune_interval", 10.0)),
             prepare_threshold=None if prepare.lower() in ("", "none", "off") else int(prepare),
             poll_interval=float(ours.pop("poll_interval", 0.5)),
+            worker_sync_commit=ours.pop("worker_sync_commit", "off").lower(),
         )
     except ValueError as exc:
         raise InvalidURL(f"bad option in PostgreSQL URL {_redact(url)!r}: {exc}") from None
+    if opts.worker_sync_commit not in ("off", "local", "remote_write", "on", "remote_apply"):
+        raise InvalidURL(
+            f"worker_sync_commit= takes a synchronous_commit value, not {opts.worker_sync_commit!r}"
+        )
     if opts.migrate not in ("check", "auto"):
         raise InvalidURL(f"migrate= takes 'check' or 'auto', not {opts.migrate!r}")
     if not opts.schema or len(opts.schema) > 50:
