@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from starlette.testclient import TestClient
@@ -18,6 +20,7 @@ from tests.dashboard.dashapp import OrderPaid
 from tests.dashboard.dashapp import create_app as create_dashapp
 
 LOOPBACK = ("127.0.0.1", 51000)
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,8 +56,28 @@ def seeded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Seeded:
         await app.apublish(OrderPaid(order="o-1"))
         await app.aclose()
 
-    asyncio.run(seed())
+    in_thread(seed)
     return s
+
+
+def in_thread(fn: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(fn())`` on a thread of its own: the browser tests' thread
+    runs Playwright's event loop, where ``asyncio.run`` cannot."""
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(asyncio.run(fn()))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from ..brokers.base import JobFilter, QueueStats
 from ..cli.output import parse_time
 from ..event import GROUP_PREFIX
-from ..state import CANCELLABLE_STATES, State
+from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from . import queries, throughput
 from .web import not_found, page_size, render, state
 
@@ -151,6 +151,8 @@ async def job(request: Request) -> Response:
             "result_error": result_error,
             "cancellable": info.state in CANCELLABLE_STATES,
             "dead": info.state is State.DEAD,
+            # a job on its way refreshes itself until it is final
+            "live": info.state not in FINAL_STATES and info.state is not State.DEAD,
             "raw": info.raw.decode("utf-8", "replace") if info.raw is not None else None,
         },
     )

@@ -1,0 +1,150 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium
+against uvicorn on 127.0.0.1, over a real SQLite broker and a real worker.
+
+Locally the tests skip when /usr/bin/chromium is missing; in CI (CI=true)
+they fail, as a broker test does without its server.  Playwright's own
+browser download is never used (``executable_path``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import require_service
+from tests.dashboard.browser import have_chromium, launch, serve, worker_thread
+from tests.dashboard.conftest import Seeded
+from tests.dashboard.dashapp import create_app as create_dashapp
+
+TOKEN = "correct-horse-battery-staple"
+WAIT = 15_000  # ms: the longest any expectation waits for the page to change
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    require_service("chromium", have_chromium(), "/usr/bin/chromium is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context()
+    p = context.new_page()
+    p.set_default_timeout(WAIT)
+    yield p
+    context.close()
+
+
+def test_overview_shows_the_right_counts(seeded: Seeded, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    with serve(create_dashapp()) as url:
+        page.goto(url + "/")
+        mail = page.locator('tr[data-queue="mail"]')
+        expect(mail.locator('[data-col="ready"]')).to_have_text("3")
+        expect(mail.locator('[data-col="scheduled"]')).to_have_text("1")
+        expect(mail.locator('[data-col="dead"]')).to_have_text("2")
+        expect(page.locator('tr[data-queue="reports"] [data-col="ready"]')).to_have_text("1")
+        expect(page.locator('tr[data-queue="group:ledger"] [data-col="ready"]')).to_have_text("1")
+        expect(page.locator("#total-ready")).to_have_text("5")
+        expect(page.locator("svg.chart")).to_be_visible()
+        # htmx is loaded from the package and running under the strict CSP
+        assert page.evaluate("typeof htmx") == "object"
+        # navigation is boosted: following a link keeps the page, swaps the body
+        page.get_by_role("link", name="Dead letters").click()
+        expect(page).to_have_url(url + "/dead")
+        expect(page.locator("tr[data-id]")).to_have_count(2)
+
+
+def test_replaying_a_dead_letter_from_the_page_makes_it_run(seeded: Seeded, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    app = create_dashapp()
+    with serve(create_dashapp()) as url, worker_thread(app, queues=("mail",)):
+        job = seeded.dead[0]
+        page.goto(f"{url}/jobs/{job}")
+        expect(page.locator("#job-state")).to_have_text("dead")
+        expect(page.locator("details.error")).to_have_count(2)
+        seeded.flag.touch()  # the outage is over
+        page.locator("#replay").click()
+        expect(page.locator(".flash.ok")).to_have_text("replayed 1 dead letter")
+        # the job page refreshes itself until the job is final: the worker ran it
+        expect(page.locator("#job-state")).to_have_text("succeeded")
+        expect(page.locator("dl.fields")).to_contain_text("replays")
+        page.goto(url + "/dead")
+        expect(page.locator("tr[data-id]")).to_have_count(1)
+        # replay the other one by selecting it in the list
+        page.locator(f'input[name="id"][value="{seeded.dead[1]}"]').check()
+        page.locator("#replay-selected").click()
+        expect(page.locator(".flash.ok")).to_have_text("replayed 1 dead letter")
+        page.goto(f"{url}/jobs/{seeded.dead[1]}")
+        expect(page.locator("#job-state")).to_have_text("succeeded")
+
+
+def test_a_post_without_the_csrf_token_is_refused(seeded: Seeded, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    with serve(create_dashapp()) as url:
+        page.goto(url + "/queues/mail")  # the browser now holds the CSRF cookie
+        # a request from this very session, without the token
+        r = page.request.post(url + "/actions/queue/pause", form={"queue": "mail"})
+        assert r.status == 403 and "CSRF" in r.text()
+        # a cross-site form (another origin) posting into the dashboard
+        page.set_content(
+            f'<form id="evil" method="post" action="{url}/actions/dead/purge">'
+            '<input name="scope" value="matching"><input name="all" value="1"></form>'
+        )
+        with page.expect_navigation():
+            page.evaluate("document.getElementById('evil').submit()")
+        expect(page.locator("body")).to_contain_text("403 Forbidden: missing or invalid CSRF")
+        # nothing changed
+        page.goto(url + "/dead")
+        expect(page.locator("tr[data-id]")).to_have_count(2)
+        page.goto(url + "/queues/mail")
+        expect(page.locator("h1")).not_to_contain_text("paused")
+        # the page's own form carries the token and works
+        page.get_by_role("button", name="Pause").click()
+        expect(page.locator(".flash.ok")).to_have_text("paused mail")
+
+
+def test_an_unauthenticated_request_off_loopback_is_refused(seeded: Seeded, browser: Any) -> None:
+    """Behind a reverse proxy on this host (which uvicorn trusts by default),
+    the dashboard sees the real client: an outside address gets 403 without
+    auth.  With a token, nobody gets in without it, and the login form works."""
+    from playwright.sync_api import expect
+
+    with serve(create_dashapp()) as url:
+        outside = browser.new_context(extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+        p = outside.new_page()
+        r = p.goto(url + "/")
+        assert r is not None and r.status == 403
+        expect(p.locator("body")).to_contain_text("answers loopback clients only")
+        assert p.goto(url + "/dead").status == 403
+        outside.close()
+    with serve(create_dashapp(), auth=_token()) as url:
+        ctx = browser.new_context(extra_http_headers={"X-Forwarded-For": "203.0.113.9"})
+        p = ctx.new_page()
+        p.set_default_timeout(WAIT)
+        r = p.goto(url + "/dead")
+        assert r is not None and r.status == 401
+        p.get_by_role("link", name="Sign in").click()
+        p.locator('input[name="token"]').fill("not-the-token-at-all")
+        p.get_by_role("button", name="Sign in").click()
+        expect(p.locator(".flash.err")).to_contain_text("not right")
+        p.locator('input[name="token"]').fill(TOKEN)
+        p.get_by_role("button", name="Sign in").click()
+        expect(p.locator('tr[data-queue="mail"] [data-col="dead"]')).to_have_text("2")
+        ctx.close()
+
+
+def _token() -> Any:
+    from dumbwaiter.dashboard import Auth
+
+    return Auth(token=TOKEN)
