@@ -6,7 +6,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ $(VENV)/.dev: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.core
 
+# the dashboard's browser tests drive Debian's Chromium (never a browser of
+# Playwright's own); install it where it is missing and apt-get can
+chromium:
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	  && (apt-get update -qq && apt-get install -y -qq chromium) \
+	  || echo "chromium missing: the browser tests will skip (they fail in CI)"; }
+
 demo: $(VENV)/.core
 	$(BIN)/dumbwaiter demo
 
@@ -31,7 +38,7 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
-unit: $(VENV)/.dev
+unit: $(VENV)/.dev chromium
 	$(BIN)/pytest
 
 test: lint typecheck unit
