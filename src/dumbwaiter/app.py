@@ -30,7 +30,9 @@ from .retry import Retry
 from .task import DEFAULT_RESULT_TTL, Task
 
 if TYPE_CHECKING:
+    from .batch import Batch
     from .schedule import Policy, Schedule
+    from .workflow import Signature
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -234,6 +236,57 @@ class App:
                 ) from exc
             version += 1
         return payload
+
+    def batch(
+        self,
+        task: Task,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 100,
+        on_complete: Signature | None = None,
+        on_failure: Signature | None = None,
+        batch_id: str | None = None,
+        name: str | None = None,
+    ) -> Batch:
+        """Shard ``items`` into jobs of ``task`` (``task(items)`` per chunk, or
+        ``task(start, stop)`` for a ``range``), tracked as one batch; pass
+        ``batch_id`` to resume one.  See ``dumbwaiter.batch``."""
+        return self._call(
+            self.abatch(
+                task,
+                items,
+                chunk_size=chunk_size,
+                on_complete=on_complete,
+                on_failure=on_failure,
+                batch_id=batch_id,
+                name=name,
+            )
+        )
+
+    async def abatch(
+        self,
+        task: Task,
+        items: Iterable[Any],
+        *,
+        chunk_size: int = 100,
+        on_complete: Signature | None = None,
+        on_failure: Signature | None = None,
+        batch_id: str | None = None,
+        name: str | None = None,
+    ) -> Batch:
+        """``batch`` for async callers."""
+        from .batch import start
+
+        return await start(
+            self,
+            task,
+            items,
+            chunk_size=chunk_size,
+            on_complete=on_complete,
+            on_failure=on_failure,
+            batch_id=batch_id,
+            name=name,
+        )
 
     def queues(self) -> list[str]:
         """Every queue this app's code handles: its tasks' and its groups'."""

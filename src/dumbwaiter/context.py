@@ -7,15 +7,20 @@ A task receives a ``Context`` when it declares a parameter annotated with
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import logging
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .message import Message
+from .message import Message, check_json, dumps, loads
+
+T = TypeVar("T")
+#: checkpoints are kept this long (seconds): 7 days
+CHECKPOINT_TTL = 7 * 86400.0
 
 if TYPE_CHECKING:
     from .app import App
@@ -40,6 +45,8 @@ class Context:
     started_at: float = 0.0
     #: free-form state middleware can share between its hooks for this attempt
     state: dict[str, Any] = field(default_factory=dict)
+    #: the worker's event loop (sync handlers reach the broker through it)
+    loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def logger(self) -> logging.Logger:
@@ -89,6 +96,45 @@ class Context:
     def causation_id(self) -> str | None:
         value = self.message.headers.get("causation_id")
         return None if value is None else str(value)
+
+    # -- checkpoints (batch shards and other long jobs) -------------------------
+
+    @property
+    def _checkpoint_key(self) -> str:
+        return f"ckpt:{self.message.id}"
+
+    async def acheckpoint(self, state: Any) -> None:
+        """Save ``state`` (JSON): a retry of this job can continue from it."""
+        check_json(state, f"the checkpoint of {self.name}")
+        await self.app.broker.kv_set({self._checkpoint_key: dumps(state)}, ttl=CHECKPOINT_TTL)
+        self.state["checkpointed"] = True
+
+    async def aload_checkpoint(self) -> Any:
+        """The state the last attempt saved, or None."""
+        raw = (await self.app.broker.kv_get([self._checkpoint_key])).get(self._checkpoint_key)
+        return None if raw is None else loads(raw)
+
+    def checkpoint(self, state: Any) -> None:
+        """``acheckpoint`` for sync handlers (they run in the worker's threads)."""
+        self._from_thread(self.acheckpoint(state))
+
+    def load_checkpoint(self) -> Any:
+        """``aload_checkpoint`` for sync handlers."""
+        return self._from_thread(self.aload_checkpoint())
+
+    def _from_thread(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            coro.close()
+            raise RuntimeError(
+                "checkpoint()/load_checkpoint() are for sync handlers; in an async "
+                "handler, await ctx.acheckpoint() / ctx.aload_checkpoint()"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     @classmethod
     def current(cls) -> Context | None:

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .batch import shard_done
 from .context import Context, reset_current, set_current
 from .errors import (
     InvalidArguments,
@@ -412,6 +413,8 @@ class Worker:
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
+        if kind == DEAD:
+            await self._dead_batch_shard(d)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
         if not self._stopping:
@@ -445,6 +448,7 @@ class Worker:
             worker_id=self.id,
             deadline=None if task.timeout is None else time.monotonic() + task.timeout,
             started_at=started_at,
+            loop=self._loop,
         )
         if task.context_param is not None:
             kwargs[task.context_param] = ctx
@@ -474,11 +478,11 @@ class Worker:
             if mw.has("after_process"):
                 mw.call("after_process", ctx, None, exc)
             return self._failed(d, ctx, task, exc)
-        if "wf" in ctx.message.headers:  # a workflow step: what comes next, before the ack
-            try:
-                await advance(self.app, ctx.message, result)
-            except Exception as exc:
-                return self._failed(d, ctx, task, exc)
+        ctx.state["result"] = result
+        try:
+            await self._after_success(ctx)
+        except Exception as exc:
+            return self._failed(d, ctx, task, exc)
         if mw.has("after_process"):
             mw.call("after_process", ctx, result, None)
         if task.keep_result is not None:
@@ -521,6 +525,26 @@ class Worker:
                 f"{task.name} ran longer than its timeout of {timeout:g} s "
                 "(a sync task's thread cannot be stopped; it runs to its end)"
             ) from None
+
+    async def _after_success(self, ctx: Context) -> None:
+        """What a success sets off, before its ack (a crash in between runs the
+        job again, and each of these is idempotent): the next workflow step,
+        the batch's progress, and forgetting the job's checkpoint."""
+        headers = ctx.message.headers
+        if "wf" in headers:
+            await advance(self.app, ctx.message, ctx.state.get("result"))
+        if "batch" in headers:
+            await shard_done(self.app, ctx.message, ok=True)
+        if ctx.state.get("checkpointed"):
+            await self.broker.kv_delete([f"ckpt:{ctx.message.id}"])
+
+    async def _dead_batch_shard(self, d: Delivery) -> None:
+        if d.message is None or "batch" not in d.message.headers:
+            return
+        try:
+            await shard_done(self.app, d.message, ok=False)
+        except Exception:
+            log.exception("could not record the dead shard %s in its batch", d.id)
 
     def _unknown(self, msg: Message) -> UnknownTask:
         what = (

@@ -60,3 +60,5 @@ async def test_set_add_counts_members_once(make_broker: Callable[[], Broker]) ->
     finals = await asyncio.gather(*(b.kv_sadd("chord:c2", str(i)) for i, b in enumerate(brokers)))
     # the last add always sees the whole set (a chord's last member fires it)
     assert 4 in finals and all(1 <= n <= 4 for n in finals)
+    assert await brokers[0].kv_smembers("chord:c2") == {"0", "1", "2", "3"}
+    assert await brokers[0].kv_smembers("chord:none") == set()

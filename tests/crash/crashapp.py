@@ -21,3 +21,9 @@ async def work(i: int, ctx: dw.Context) -> None:
     finally:
         os.close(fd)
     await asyncio.sleep(0.01)
+
+
+@app.task(name="crash.shard")
+async def shard(items: list[int], ctx: dw.Context) -> None:
+    """A batch shard: record its start, then take a little time."""
+    await work.fn(items[0], ctx)

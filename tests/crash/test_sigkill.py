@@ -104,3 +104,38 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
     ran_twice = {i for i, n in starts.items() if n > 1}
     assert ran_twice <= in_flight_at_kills  # only jobs held at a kill ran again
     asyncio.run(app.broker.close())
+
+
+@pytest.mark.parametrize("broker", CROSS_PROCESS)
+def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
+    broker: str, tmp_path: Path
+) -> None:
+    url = BROKERS[broker](tmp_path)
+    log = tmp_path / "started.log"
+    env = {**os.environ, "DW_CRASH_URL": url, "DW_CRASH_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    app = dw.App(url)
+    shard = app.task(name="crash.shard")(crashapp.shard.fn)
+    batch = app.batch(shard, list(range(3000)), chunk_size=5)  # 600 shards of 5 items
+    assert batch.progress()["total"] == 600
+    cmd = [
+        sys.executable, "-m", "dumbwaiter", "worker", "--app", "tests.crash.crashapp:app",
+        "-c", "16", "--lease", "2", "--heartbeat", "0.5", "--log-level", "WARNING",
+    ]  # fmt: skip
+    in_flight: set[str] = set()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    _wait(lambda: len(_lines(log)) >= 200, "200 shards to start")
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    in_flight |= _running_ids(app)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    try:
+        _wait(lambda: batch.progress()["state"] == "complete", "the batch to complete")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    p = batch.progress()
+    assert (p["done"], p["failed"], p["total"]) == (600, 0, 600)
+    starts = Counter(line.split()[0] for line in _lines(log))
+    assert len(starts) == 600
+    assert {i for i, n in starts.items() if n > 1} <= in_flight
+    app.close()

@@ -474,6 +474,10 @@ class Broker(abc.ABC):
         await self.kv_add(f"{key}\x1f{member}", b"1", ttl)
         return len(await self.kv_scan(f"{key}\x1f"))
 
+    async def kv_smembers(self, key: str) -> set[str]:
+        """The members of the set ``key`` (see ``kv_sadd``; empty if absent)."""
+        return {k.split("\x1f", 1)[1] for k in await self.kv_scan(f"{key}\x1f")}
+
     # Flow control, cluster-wide (where ``capabilities.limits``).
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:

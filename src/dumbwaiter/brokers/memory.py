@@ -673,6 +673,11 @@ class MemoryBroker(Broker):
             self._s.kv[key] = (orjson.dumps(sorted(members)), expires)
             return len(members)
 
+    async def kv_smembers(self, key: str) -> set[str]:
+        with self._s.lock:
+            raw = self._kv_live(key, time.time())
+        return set(orjson.loads(raw)) if raw is not None else set()
+
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         now = time.time()
         with self._s.lock:

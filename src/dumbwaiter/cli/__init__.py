@@ -29,6 +29,7 @@ COMMANDS = {
     "scheduler": "scheduler:scheduler",
     "schedules": "schedules:schedules",
     "events": "events:events",
+    "batches": "batches:batches",
     "publish": "events:publish",
     "dashboard": "dashboard:dashboard",
     "alerts": "alerts:alerts",

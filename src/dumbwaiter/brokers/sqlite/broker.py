@@ -941,6 +941,10 @@ class SQLiteBroker(Broker):
 
         return await self._run(self._wtx, run)
 
+    async def kv_smembers(self, key: str) -> set[str]:
+        raw = (await self.kv_get([key])).get(key)
+        return set(orjson.loads(raw)) if raw is not None else set()
+
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         def run() -> dict[str, bytes]:
             rows = self._worker_conn().execute(
