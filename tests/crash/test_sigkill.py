@@ -9,13 +9,14 @@ moment of a kill.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,17 @@ def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def _killed_on_failure(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """A failing wait must not leave the worker process running."""
+    try:
+        yield
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=10)
+        raise
 
 
 def _lines(log: Path) -> list[str]:
@@ -80,7 +92,8 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
     in_flight_at_kills: set[str] = set()
     for threshold in (N // 4, N // 2):
         proc = start()
-        _wait(lambda t=threshold: len(_lines(log)) >= t, f"{threshold} jobs to start")  # type: ignore[misc]
+        with _killed_on_failure(proc):
+            _wait(lambda t=threshold: len(_lines(log)) >= t, f"{threshold} jobs to start")  # type: ignore[misc]
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         held = _running_ids(app)
@@ -123,7 +136,8 @@ def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
     ]  # fmt: skip
     in_flight: set[str] = set()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    _wait(lambda: len(_lines(log)) >= 200, "200 shards to start")
+    with _killed_on_failure(proc):
+        _wait(lambda: len(_lines(log)) >= 200, "200 shards to start")
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
     in_flight |= _running_ids(app)
