@@ -41,3 +41,35 @@ def test_quickstart_runs_as_the_readme_says(tmp_path: Path) -> None:
     assert len(job_id) == 36 and status in ("ready", "running", "succeeded")
     assert "welcome mail sent to user 42" in out.stdout
     assert (tmp_path / "dumbwaiter.db").exists()
+
+
+def _run_example(name: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name / "main.py")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return out.stdout
+
+
+def test_workflows_example() -> None:
+    out = _run_example("workflows")
+    assert "chain: charged 16.49 EUR" in out and "chord: EUR 1649; USD 1649; TWD 1649" in out
+
+
+def test_flow_control_example() -> None:
+    out = _run_example("flow_control")
+    assert "peak concurrent exports per tenant: {'acme': 2, 'globex': 2}" in out
+    assert "rebuild enqueued twice -> one job: True; digest: True" in out
+    assert out.count("reindexed doc-1 once") == 1
+
+
+def test_batches_example() -> None:
+    out = _run_example("batches")
+    assert "complete, 50/50 shards, settled 100,000" in out
+    assert out.count("on_complete:") == 1
+
+
+def test_events_example() -> None:
+    out = _run_example("events")
+    assert "email:   receipt for o-0 (950 cents)" in out  # upgraded from version 1
+    assert "analytics (replayed): o-1" in out and "analytics (replayed): o-0" in out
