@@ -71,6 +71,8 @@ EVENT_DEDUP_TTL = 600.0
 DEAD_OVERLAP = 5.0
 #: dead letters read per queue and pass (the message says "100+" beyond)
 DEAD_PAGE = 100
+#: the SEEN key of the broker-wide start of the dead-letter watch
+WATCH = "*"
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -256,14 +258,23 @@ class DeadLetters(Rule):
 
     async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
         queues = [s for s in snap.stats if self.enabled_for(s.queue)]
-        seen = await ev.broker.kv_get([SEEN + s.queue for s in queues])
+        seen = await ev.broker.kv_get([SEEN + WATCH, *(SEEN + s.queue for s in queues)])
+        # the broker-wide start of the watch: a queue first seen later (it was
+        # created since) is watched from then, so its first dead letters count
+        started = _mark(seen.get(SEEN + WATCH))
+        if started is None:
+            await ev.broker.kv_add(SEEN + WATCH, orjson.dumps({"at": snap.at, "floor": snap.at}))
+            started = _mark((await ev.broker.kv_get([SEEN + WATCH])).get(SEEN + WATCH))
+        watch_floor = started[1] if started is not None else snap.at
         out: list[Finding] = []
         floors: dict[str, float] = {}
         for s in queues:
             mark = _mark(seen.get(SEEN + s.queue))
             if mark is None:
-                floors[s.queue] = snap.at  # first look: dead letters from now on
-                continue
+                if watch_floor >= snap.at:
+                    floors[s.queue] = snap.at  # the very first look: from now on
+                    continue
+                mark = (watch_floor, watch_floor)  # a new queue: since the watch began
             last, floor = mark
             floors[s.queue] = floor
             if s.dead == 0:

@@ -194,6 +194,27 @@ async def test_dead_letter_added_fires_once(broker_url: str, webhook: Webhook) -
         await app.aclose()
 
 
+async def test_dead_letters_of_a_queue_created_after_the_watch_began(
+    broker_url: str, webhook: Webhook
+) -> None:
+    app = dw.App(broker_url, retry=dw.Retry.never())
+
+    @app.task(queue="brand-new")
+    def fails() -> None:
+        raise KeyError("missing")
+
+    try:
+        services = evaluators(broker_url, rules_only(DeadLetters(), webhook=webhook))
+        assert await run_all(services) == []  # the watch begins; no queue exists yet
+        await fails.aenqueue()
+        await drain(app)
+        sent = await run_all(services)
+        assert [(a.rule, a.subject) for a in sent] == [("dead_letters", "brand-new")]
+        assert len(webhook.received) == 1
+    finally:
+        await app.aclose()
+
+
 async def test_lag_above_threshold_fires(broker_url: str, webhook: Webhook) -> None:
     app = dw.App(broker_url)
 

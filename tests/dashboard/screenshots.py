@@ -1,0 +1,132 @@
+"""Take the screenshots of docs/dashboard/ (one PNG per page).
+
+    .venv/bin/python -m tests.dashboard.screenshots [OUT_DIR]
+
+Seeds a SQLite broker with a little of everything (queues, a subscriber
+group, dead letters with tracebacks, a live worker, a schedule, a firing
+alert, an hour of throughput), serves the dashboard on 127.0.0.1 and
+photographs each page with Debian's Chromium.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def seed(url: str, flag: Path) -> dict[str, str]:
+    from dumbwaiter.alerts import AlertConfig, AlertService, DeadLetters, QueueDepth
+    from dumbwaiter.dashboard.throughput import PREFIX, minute_of
+    from dumbwaiter.scheduler import Scheduler
+    from dumbwaiter.testing import drain
+    from tests.dashboard.dashapp import OrderPaid, create_app
+
+    app = create_app()
+    flaky, welcome, report = (
+        app.tasks[n] for n in ("dashapp.flaky", "dashapp.welcome", "dashapp.report")
+    )
+    watcher = AlertService(
+        app, AlertConfig(rules=(DeadLetters(), QueueDepth(threshold=20, for_=0)))
+    )
+    await watcher.evaluate(time.time())  # start watching for dead letters
+    dead = [(await flaky.aenqueue(f"user{i}@example.com")).id for i in range(4)]
+    await drain(app, ["mail"])
+    await welcome.aenqueue_many([(i,) for i in range(37)])
+    await welcome.options(delay=3600).aenqueue(1000)
+    await report.options(key="report:weekly").aenqueue("weekly")
+    await report.aenqueue("daily")
+    for i in range(3):
+        await app.apublish(OrderPaid(order=f"o-{i}"), key=f"o-{i}")
+    leader = Scheduler(app)
+    await leader.step()
+    await leader.resign()
+    await watcher.evaluate(time.time())
+    now = time.time()
+    m = minute_of(now)
+    rnd = __import__("random").Random(3)
+    total = [0, 0, 0]
+    samples = {}
+    for k in range(60, -1, -1):
+        total[0] += rnd.randint(40, 160)
+        total[1] += rnd.randint(0, 8)
+        total[2] += 1 if rnd.random() < 0.1 else 0
+        samples[f"{PREFIX}{m - k}"] = orjson.dumps(
+            {"at": now - 60 * k, "workers": {"web-1:812:a1f3": [*total, now - 7200]}}
+        )
+    await app.broker.kv_set(samples, ttl=7200)
+    await app.aclose()
+    return {"dead": dead[0]}
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.browser import launch, serve, worker_thread
+    from tests.dashboard.dashapp import create_app
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "dashboard"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="dw-shots-"))
+    os.environ["DASHAPP_URL"] = f"sqlite:///{tmp}/shots.db"
+    os.environ["DASHAPP_FLAG"] = str(tmp / "up")
+    ids: dict[str, str] = {}
+
+    def run_seed() -> None:
+        ids.update(asyncio.run(seed(os.environ["DASHAPP_URL"], tmp / "up")))
+
+    t = threading.Thread(target=run_seed)
+    t.start()
+    t.join()
+    stop = threading.Event()
+    app = create_app()
+
+    @app.task(queue="reports", name="dashapp.slow")
+    def slow() -> None:
+        stop.wait(60)
+
+    with serve(create_app()) as url, worker_thread(app, queues=("reports",), concurrency=4):
+        asyncio.run(_enqueue_slow(app))
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            shots = [
+                ("overview", "/"),
+                ("queue", "/queues/mail"),
+                ("job", f"/jobs/{ids['dead']}"),
+                ("dead-letters", "/dead"),
+                ("workers", "/workers"),
+                ("schedules", "/schedules"),
+                ("alerts", "/alerts"),
+            ]
+            for name, path in shots:
+                page.goto(url + path)
+                page.wait_for_load_state("networkidle")
+                page.screenshot(path=str(out / f"{name}.png"), full_page=True)
+                print(f"wrote {out / name}.png")
+            browser.close()
+        stop.set()
+
+
+async def _enqueue_slow(app: object) -> None:
+    from tests.dashboard.dashapp import create_app
+
+    other = create_app()
+
+    @other.task(queue="reports", name="dashapp.slow")
+    def slow() -> None: ...
+
+    await slow.aenqueue_many([() for _ in range(3)])
+    await other.aclose()
+
+
+if __name__ == "__main__":
+    main()
