@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -64,6 +65,8 @@ ENQUEUE_CHUNK = 1000
 HOUSEKEEPING_CHUNK = 1000
 #: jobs an admin walk looks at per call, at most (one call stays short)
 WALK_BUDGET = 10_000
+#: seconds an idle fetch stays registered as a waiter before it registers again
+WAITER_TTL = 1.0
 _OPTIONS = {"prefix", "retention", "reconnect", "socket_timeout", "connect_timeout"}
 #: fields of a job as ``get`` and ``list`` read them
 _INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp")
@@ -186,13 +189,22 @@ class RedisBroker(Broker):
             await self._run(self._lua.declare, list(queues))
 
     def _enqueue_chunks(self, msgs: Iterable[Message]) -> list[list[Arg]]:
-        """Encode (and size-check) every message before anything is sent, so
-        a bad message or a failing iterator stores nothing of the batch."""
+        """The enqueue script's arguments, ``ENQUEUE_CHUNK`` jobs per call.
+
+        Every message is encoded (and size-checked) before anything is sent,
+        so a bad message or a failing iterator stores nothing of the batch.
+        Consecutive jobs that share queue, task, priority, run time and
+        attempts form one group, sent as one header plus id and body per job
+        (a bulk enqueue of one task is one group), which keeps both the
+        packing here and the parsing on the server short.
+        """
         now = time.time()
         snow = repr(now)
         limit = self.max_message_size
         chunks: list[list[Arg]] = []
         args: list[Arg] = [snow]
+        group: tuple[Any, ...] | None = None
+        head = count = in_chunk = 0
         for m in msgs:
             body = encode_checked(m, limit)
             eta = m.eta
@@ -200,33 +212,43 @@ class RedisBroker(Broker):
                 sched, ra = b"1", repr(eta)
             else:
                 sched, ra = b"0", snow
-            key = m.key if m.key is not None and m.kind == "task" else ""
-            args += (m.id, m.queue, m.name, m.priority, ra, sched, m.max_attempts, key, body)
-            if len(args) >= 1 + 9 * ENQUEUE_CHUNK:
-                chunks.append(args)
-                args = [snow]
-        if len(args) > 1 or not chunks:
+            key = m.key if m.key is not None and m.kind == "task" else None
+            g = (m.queue, m.name, m.priority, ra, sched, m.max_attempts, key is not None)
+            if g != group or in_chunk == ENQUEUE_CHUNK:
+                if group is not None:
+                    args[head] = count
+                if in_chunk == ENQUEUE_CHUNK:
+                    chunks.append(args)
+                    args, in_chunk = [snow], 0
+                head, count, group = len(args), 0, g
+                args += (0, *g[:6], b"0" if key is None else b"1")
+            if key is None:
+                args += (m.id, body)
+            else:
+                args += (m.id, key, body)
+            count += 1
+            in_chunk += 1
+        if group is not None:
+            args[head] = count
             chunks.append(args)
         return chunks
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         chunks = self._enqueue_chunks(msgs)
-        if len(chunks[0]) == 1:
+        if not chunks:
             return []
         script = self._lua.enqueue
 
         async def send() -> list[str]:
-            link = self._link()
-            ids: list[str] = []
-            for args in chunks:  # in order: a key taken by one chunk holds for the next
-                ids += [i.decode() for i in await link.script(script, self._keys, args)]
-            return ids
+            # in order: a key taken by one chunk holds for the next
+            replies = await self._link().scripts(script, self._keys, chunks)
+            return [i.decode() for r in replies for i in r]
 
         return await self._persist("enqueue", send)
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         chunks = self._enqueue_chunks(msgs)
-        if len(chunks[0]) == 1:
+        if not chunks:
             return []
         link = self._sync_link()
         script = self._lua.enqueue
@@ -234,10 +256,8 @@ class RedisBroker(Broker):
         delay = 0.05
         while True:
             try:
-                ids: list[str] = []
-                for args in chunks:
-                    ids += [i.decode() for i in link.script(script, self._keys, args)]
-                return ids
+                replies = link.scripts(script, self._keys, chunks)
+                return [i.decode() for r in replies for i in r]
             except TRANSIENT as exc:
                 if time.monotonic() + delay > deadline:
                     raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
@@ -252,63 +272,105 @@ class RedisBroker(Broker):
     ) -> list[Delivery]:
         if limit <= 0 or not queues:
             return []
-        out, next_due = await self._claim(queues, limit, lease, worker)
-        if out or wait <= 0:
-            return out
-        # Nothing ready: wait in BLPOP on the queues' wake lists until an
-        # enqueue leaves a token, the earliest scheduled job is due, or
-        # ``wait`` runs out; then claim.  A token left while we were not
-        # waiting is still there, so no wake-up is missed.
+        if wait <= 0:
+            once = asyncio.ensure_future(self._claim(queues, limit, lease, worker, "", None))
+            try:
+                return (await asyncio.shield(once))[0]
+            except asyncio.CancelledError:
+                await asyncio.shield(self._give_back(once, queues, ""))
+                raise
+        # Nothing ready: register as a waiter of the queues and wait in BLPOP
+        # on our own inbox.  An enqueue hands ready jobs straight into it,
+        # already leased to us (no second round trip); other changes (a
+        # retry, a rescue, a resume) leave a wake-up there and we claim.  The
+        # registration lapses after WAITER_TTL, so a worker that died while
+        # waiting is soon skipped: each round registers again.
+        wid = secrets.token_hex(8)
+        inbox = f"{self.prefix}:in:{wid}"
         deadline = time.monotonic() + wait
-        wake = [f"{self.prefix}:wake:{q}" for q in queues]
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            if next_due is not None:
-                remaining = min(remaining, next_due - time.time())
-            if remaining > 0:
+        claim: asyncio.Future[tuple[list[Delivery], float | None]] | None = None
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                until = time.time() + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
+                claim = asyncio.ensure_future(self._claim(queues, limit, lease, worker, wid, until))
+                out, next_due = await asyncio.shield(claim)
+                claim = None
+                if out or until is None:
+                    return out
+                block = min(remaining, WAITER_TTL)
+                if next_due is not None:
+                    block = min(block, next_due - time.time())
+                if block <= 0:
+                    continue
                 # BLPOP's timeout 0 means "for ever": never round down to it
-                block = f"{max(remaining, 0.001):.3f}"
                 try:
-                    await self._link().call(
-                        b"BLPOP", *wake, block, timeout=remaining + self.socket_timeout
+                    item = await self._link().call(
+                        b"BLPOP",
+                        inbox,
+                        f"{max(block, 0.001):.3f}",
+                        timeout=block + self.socket_timeout,
                     )
                 except RedisError as exc:
                     raise BrokerError(f"redis fetch: {exc}") from exc
-            out, next_due = await self._claim(queues, limit, lease, worker)
-            if out:
-                return out
-
-    async def _claim(
-        self, queues: Sequence[str], limit: int, lease: float, worker: str
-    ) -> tuple[list[Delivery], float | None]:
-        """One fetch script call that may be cancelled: if the caller gives up
-        while it runs, whatever it claimed is given back, uncharged."""
-        fut = asyncio.ensure_future(self._claim_once(queues, limit, lease, worker))
-        try:
-            return await asyncio.shield(fut)
+                if item is not None and item[1] != b"w":
+                    return _handed(item[1])
         except asyncio.CancelledError:
-            fut.add_done_callback(self._give_back)
+            await asyncio.shield(self._give_back(claim, queues, wid))
             raise
 
-    def _give_back(self, fut: asyncio.Future[tuple[list[Delivery], float | None]]) -> None:
-        if fut.cancelled() or fut.exception() is not None or not fut.result()[0]:
-            return
-        task = asyncio.ensure_future(self.requeue(fut.result()[0]))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def _give_back(
+        self,
+        claim: asyncio.Future[tuple[list[Delivery], float | None]] | None,
+        queues: Sequence[str],
+        wid: str,
+    ) -> None:
+        """After a fetch was cancelled: withdraw its waiter and give back,
+        uncharged, whatever it was handed or had claimed meanwhile."""
+        ds: list[Delivery] = []
+        try:
+            if claim is not None:
+                ds += (await claim)[0]
+            if wid:
+                ds += (await self._claim(queues, 0, 0.0, "", wid, None))[0]
+            await self.requeue(ds)
+        except Exception:  # the broker is gone: their leases expire instead
+            log.exception("could not give back %d job(s) of a cancelled fetch", len(ds))
 
-    async def _claim_once(
-        self, queues: Sequence[str], limit: int, lease: float, worker: str
+    async def _claim(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        worker: str,
+        wid: str,
+        register_until: float | None,
     ) -> tuple[list[Delivery], float | None]:
+        """One fetch script call: the waiter's inbox, then ready jobs."""
         now = time.time()
-        until = now + lease
-        reply = await self._run(self._lua.fetch, [repr(now), limit, repr(until), worker, *queues])
-        token = int(reply[0])
-        if len(reply) == 2:
-            return [], float(reply[1]) if reply[1] else None
-        return [_delivery(reply, i, token, until) for i in range(2, len(reply), 5)], None
+        args: list[Arg] = [
+            repr(now),
+            limit,
+            repr(lease),
+            worker,
+            wid,
+            "" if register_until is None else repr(register_until),
+            *queues,
+        ]
+        r = await self._run(self._lua.fetch, args)
+        token = int(r[0])
+        n_items = int(r[2])
+        out: list[Delivery] = []
+        for item in r[3 : 3 + n_items]:
+            if item != b"w":
+                out += _handed(item)
+        first = 3 + n_items
+        if len(r) > first:
+            until = now + lease
+            out += [_delivery(r, i, token, until) for i in range(first, len(r), 5)]
+        if out:
+            return out, None
+        return out, float(r[1]) if r[1] else None
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
         if not ds:
@@ -465,10 +527,10 @@ class RedisBroker(Broker):
         return [i.decode() for i in r]
 
     async def pause(self, queue: str) -> None:
-        await self._run(self._lua.pause, [queue, b"1"])
+        await self._run(self._lua.pause, [repr(time.time()), queue, b"1"])
 
     async def resume(self, queue: str) -> None:
-        await self._run(self._lua.pause, [queue, b"0"])
+        await self._run(self._lua.pause, [repr(time.time()), queue, b"0"])
 
     # -- coordination ------------------------------------------------------
 
@@ -551,6 +613,14 @@ def _message(body: bytes, queue: str, attempt: int, errors: bytes | None) -> Mes
     d["attempt"] = attempt
     d["errors"] = orjson.loads(errors) if errors else []
     return message_from_dict(d)
+
+
+def _handed(item: bytes) -> list[Delivery]:
+    """The deliveries an enqueue put in a waiter's inbox (see enqueue.lua)."""
+    return [
+        _delivery([i.encode(), q.encode(), a, body.encode(), err.encode()], 0, int(tk), float(lu))
+        for i, q, a, body, err, tk, lu in orjson.loads(item)
+    ]
 
 
 def _delivery(r: list[Any], i: int, token: int, until: float) -> Delivery:

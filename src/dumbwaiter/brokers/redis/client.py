@@ -91,7 +91,12 @@ class Target:
         )
         # redis-py's sync connection is untyped: Any keeps mypy --strict quiet
         self.sync_class: Any = skw.pop("connection_class", sync_connection.Connection)
-        self.async_kwargs = {**common, **akw}
+        # Async connections get no socket timeout of their own: redis-py would
+        # wrap every send in ``asyncio.wait_for`` (a task per call, a third
+        # of a call's cost).  Reads get ``read_timeout`` instead, which costs
+        # one timer.
+        self.read_timeout = socket_timeout
+        self.async_kwargs = {**common, **akw, "socket_timeout": None}
         self.sync_kwargs = {**common, **skw}
         self.generation = 0
 
@@ -109,12 +114,32 @@ class Target:
         return self.sync_class(**self.sync_kwargs, retry=SyncRetry(NoBackoff(), 0))
 
 
+_hiredis_pack: Any
+try:  # hiredis packs a command in C; redis-py's own packer is the fallback
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - the extra installs hiredis
+    _hiredis_pack = None
+
+
+def _pack(conn: Any, args: tuple[Arg, ...]) -> list[bytes]:
+    if _hiredis_pack is not None:
+        return [_hiredis_pack(args)]
+    return list(conn.pack_command(*args))
+
+
 def _evalsha(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg, ...]:
     return (b"EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def _eval(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg, ...]:
     return (b"EVAL", script.source, len(keys), *keys, *args)
+
+
+def _raise_first(replies: list[Any]) -> list[Any]:
+    for r in replies:
+        if isinstance(r, BaseException):
+            raise r
+    return replies
 
 
 class AsyncLink:
@@ -141,8 +166,11 @@ class AsyncLink:
             self.generation = self.target.generation
         conn = self.free.pop() if self.free else self.target.new_async()
         try:
-            await conn.send_packed_command(conn.pack_command(*args), check_health=False)
-            reply = await conn.read_response(disable_decoding=True, timeout=timeout)
+            await conn.send_packed_command(_pack(conn, args), check_health=False)
+            reply = await conn.read_response(
+                disable_decoding=True,
+                timeout=self.target.read_timeout if timeout is None else timeout,
+            )
         except ResponseError:
             self.free.append(conn)  # the server answered: the connection is fine
             raise
@@ -160,6 +188,45 @@ class AsyncLink:
             return await self.call(*_evalsha(script, keys, args))
         except NoScriptError:
             return await self.call(*_eval(script, keys, args))
+
+    async def scripts(
+        self, script: Script, keys: Sequence[Arg], argss: Sequence[Sequence[Arg]]
+    ) -> list[Any]:
+        """Several calls of one script in one pipeline, in order.  After
+        ``NOSCRIPT`` every call is sent again: only for idempotent scripts."""
+        if len(argss) == 1:
+            return [await self.script(script, keys, argss[0])]
+        cmds = [_evalsha(script, keys, a) for a in argss]
+        replies = await self._pipeline(cmds)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            await self.call(b"SCRIPT", b"LOAD", script.source)
+            replies = await self._pipeline(cmds)
+        return _raise_first(replies)
+
+    async def _pipeline(self, cmds: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        if self.generation != self.target.generation:
+            await self.aclose()
+            self.generation = self.target.generation
+        conn = self.free.pop() if self.free else self.target.new_async()
+        out: list[Any] = []
+        try:
+            for cmd in cmds:  # the server runs one while the next is packed
+                await conn.send_packed_command(_pack(conn, cmd), check_health=False)
+            for _ in cmds:
+                try:
+                    out.append(
+                        await conn.read_response(
+                            disable_decoding=True, timeout=self.target.read_timeout
+                        )
+                    )
+                except ResponseError as exc:
+                    out.append(exc)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+            raise
+        self.free.append(conn)
+        return out
 
     async def aclose(self) -> None:
         conns, self.free = self.free, []
@@ -223,7 +290,7 @@ class SyncLink:
         except IndexError:
             conn = self.target.new_sync()
         try:
-            conn.send_packed_command(conn.pack_command(*args), check_health=False)
+            conn.send_packed_command(_pack(conn, args), check_health=False)
             reply = conn.read_response(disable_decoding=True)
         except ResponseError:
             self.free.append(conn)
@@ -240,6 +307,44 @@ class SyncLink:
             return self.call(*_evalsha(script, keys, args))
         except NoScriptError:
             return self.call(*_eval(script, keys, args))
+
+    def scripts(
+        self, script: Script, keys: Sequence[Arg], argss: Sequence[Sequence[Arg]]
+    ) -> list[Any]:
+        """``AsyncLink.scripts`` for sync callers."""
+        if len(argss) == 1:
+            return [self.script(script, keys, argss[0])]
+        cmds = [_evalsha(script, keys, a) for a in argss]
+        replies = self._pipeline(cmds)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            self.call(b"SCRIPT", b"LOAD", script.source)
+            replies = self._pipeline(cmds)
+        return _raise_first(replies)
+
+    def _pipeline(self, cmds: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        if self.pid != os.getpid() or self.generation != self.target.generation:
+            self.free = []
+            self.pid = os.getpid()
+            self.generation = self.target.generation
+        try:
+            conn = self.free.pop()
+        except IndexError:
+            conn = self.target.new_sync()
+        out: list[Any] = []
+        try:
+            for cmd in cmds:
+                conn.send_packed_command(_pack(conn, cmd), check_health=False)
+            for _ in cmds:
+                try:
+                    out.append(conn.read_response(disable_decoding=True))
+                except ResponseError as exc:
+                    out.append(exc)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+            raise
+        self.free.append(conn)
+        return out
 
     def close(self) -> None:
         conns, self.free = self.free, []

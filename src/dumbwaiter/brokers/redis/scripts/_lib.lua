@@ -23,12 +23,36 @@ local function member(ra, id)
   return string.format('%016d', math.floor(tonumber(ra) * 1000000)) .. id
 end
 
--- Leave one wake token for the queue's idle workers (blocked in BLPOP).  One
--- is enough: a worker that claims and sees more ready work wakes the next.
-local function wake(q)
-  local wk = P .. ':wake:' .. q
-  if redis.call('LLEN', wk) == 0 then
-    redis.call('RPUSH', wk, '1')
+-- Idle workers wait in BLPOP on an inbox of their own (`in:<waiter>`), each
+-- registered in `waiters:<queue>` (score: when the registration lapses) of
+-- every queue it takes, with its worker name, lease and limit in
+-- `w:<waiter>`.  take_waiter pops the freshest live one; a waiter is used
+-- once (it registers again when it waits again).
+local function take_waiter(q, now)
+  local wk = P .. ':waiters:' .. q
+  while true do
+    local top = redis.call('ZPOPMAX', wk)
+    if #top == 0 then
+      return nil, nil
+    end
+    if tonumber(top[2]) > now then
+      local wh = P .. ':w:' .. top[1]
+      local v = redis.call('HMGET', wh, 'worker', 'lease', 'limit')
+      if v[1] then
+        redis.call('DEL', wh)
+        return top[1], v
+      end
+    end
+  end
+end
+
+-- Wake one idle worker of the queue (it will claim): ready work appeared
+-- that no enqueue handed over (a retry, a rescue, a replay, a resume, more
+-- ready jobs than a claim took).
+local function wake(q, now)
+  local wid = take_waiter(q, tonumber(now))
+  if wid then
+    redis.call('RPUSH', P .. ':in:' .. wid, 'w')
   end
 end
 

@@ -1,58 +1,113 @@
 --@include _lib
--- Store jobs.  ARGV: now, then 9 per job: id, queue, name, priority, run_at,
--- scheduled ('1'/'0'), max_attempts, key ('' = none), body.
+-- Store jobs.  ARGV: now, then groups of jobs that share their queue, task,
+-- priority, run time and attempts (a bulk enqueue is one group):
+--   count, queue, name, priority, run_at, scheduled ('1'/'0'), max_attempts,
+--   keyed ('1'/'0'), then per job: id, [key,] body.
 -- Returns each job's id, or the id of the job already stored under the same
 -- id or key.  A job is never stored twice, so a producer may send the same
 -- batch again after a lost reply.
+--
+-- Ready jobs go straight to idle workers when some wait on the queue: each
+-- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
+-- token, its lease), in its inbox, so it starts them without another round
+-- trip.  The rest wait in the queue's ready set.
 local now = ARGV[1]
+local nnow = tonumber(now)
 local out = {}
-local seen = {}
-local woke = {}
-local i = 0
-for n = 2, #ARGV, 9 do
-  i = i + 1
-  local id, q, key = ARGV[n], ARGV[n + 1], ARGV[n + 7]
-  local jk = jkey(id)
-  local held = false
-  if redis.call('EXISTS', jk) == 1 then
-    held = id
-  elseif key ~= '' then
-    held = redis.call('HGET', P .. ':keys', key)
+local queues, running, paused = P .. ':queues', P .. ':running', P .. ':paused'
+local n = 2
+while n <= #ARGV do
+  local size, q, name, pr, ra = tonumber(ARGV[n]), ARGV[n + 1], ARGV[n + 2], ARGV[n + 3],
+    ARGV[n + 4]
+  local sched, ma, keyed = ARGV[n + 5] == '1', ARGV[n + 6], ARGV[n + 7] == '1'
+  n = n + 8
+  local step = keyed and 3 or 2
+  local jks = {}
+  for j = 0, size - 1 do
+    jks[j + 1] = jkey(ARGV[n + j * step])
   end
-  if held then
-    out[i] = held
-  else
-    out[i] = id
-    local pr, ra = ARGV[n + 3], ARGV[n + 4]
-    if key ~= '' then
-      redis.call('HSET', P .. ':keys', key, id)
-      redis.call('HSET', jk, 'k', key)
+  -- one EXISTS for the group: when none is stored (the usual case) the
+  -- per-job check is skipped
+  local any = redis.call('EXISTS', unpack(jks)) > 0
+  local ids, fresh, bodies = {}, {}, {}
+  local sk = P .. ':sched:' .. q
+  local first = nil
+  if sched then
+    first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+  end
+  for j = 1, size do
+    local id, key, body = ARGV[n], '', ARGV[n + step - 1]
+    if keyed then
+      key = ARGV[n + 1]
     end
-    redis.call('ZADD', P .. ':ids', 0, id)
-    if not seen[q] then
-      seen[q] = true
-      redis.call('SADD', P .. ':queues', q)
+    n = n + step
+    local jk = jks[j]
+    local held = false
+    if any and redis.call('EXISTS', jk) == 1 then
+      held = id
+    elseif key ~= '' then
+      held = redis.call('HGET', P .. ':keys', key)
     end
-    if ARGV[n + 5] == '1' then
-      redis.call('HSET', jk, 'body', ARGV[n + 8], 'q', q, 'n', ARGV[n + 2], 'pr', pr,
-        'ma', ARGV[n + 6], 'ra', ra, 'u', now, 'st', 'scheduled')
-      local sk = P .. ':sched:' .. q
-      -- a waiting worker sleeps until the earliest due job: wake it only if
-      -- this one is due earlier
-      local first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
-      if #first == 0 or tonumber(first[2]) > tonumber(ra) then
-        woke[q] = true
-      end
-      redis.call('ZADD', sk, ra, id)
+    if held then
+      out[#out + 1] = held
     else
-      redis.call('HSET', jk, 'body', ARGV[n + 8], 'q', q, 'n', ARGV[n + 2], 'pr', pr,
-        'ma', ARGV[n + 6], 'ra', ra, 'u', now, 'st', 'ready')
-      redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
-      woke[q] = true
+      out[#out + 1] = id
+      redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
+        'u', now, 'st', sched and 'scheduled' or 'ready')
+      if key ~= '' then
+        redis.call('HSET', P .. ':keys', key, id)
+        redis.call('HSET', jk, 'k', key)
+      end
+      ids[#ids + 1] = 0
+      ids[#ids + 1] = id
+      if sched then
+        redis.call('ZADD', sk, ra, id)
+      else
+        fresh[#fresh + 1] = id
+        bodies[#bodies + 1] = body
+      end
     end
   end
+  if #ids > 0 then
+    redis.call('ZADD', P .. ':ids', unpack(ids))
+    redis.call('SADD', queues, q)
+  end
+  local k = 1
+  if #fresh > 0 and redis.call('SISMEMBER', paused, q) == 0 then
+    while k <= #fresh do
+      local wid, w = take_waiter(q, nnow)
+      if not wid then
+        break
+      end
+      local token = redis.call('INCR', P .. ':fence')
+      local lu = nnow + tonumber(w[2])
+      local batch = {}
+      local limit = tonumber(w[3])
+      while k <= #fresh and #batch < limit do
+        local id = fresh[k]
+        redis.call('HSET', jkey(id), 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1],
+          'ib', wid)
+        redis.call('ZADD', running, lu, id)
+        batch[#batch + 1] = {id, q, 1, bodies[k], '', token, lu}
+        k = k + 1
+      end
+      count(q, 'running', #batch)
+      redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
+    end
+  end
+  if k <= #fresh then
+    local ready = {}
+    local score, pre = -tonumber(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
+    for j = k, #fresh do
+      ready[#ready + 1] = score
+      ready[#ready + 1] = pre .. fresh[j]
+    end
+    redis.call('ZADD', P .. ':ready:' .. q, unpack(ready))
+  elseif sched and #ids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
+    -- waiting workers sleep until the earliest due job: wake one if these
+    -- are due earlier
+    wake(q, now)
+  end
 end
-for q in pairs(woke) do
-  wake(q)
-end
+flush_counts()
 return out

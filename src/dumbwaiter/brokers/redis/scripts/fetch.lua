@@ -1,17 +1,42 @@
 --@include _lib
--- Lease up to `limit` ready jobs.  ARGV: now, limit, lease_until, worker,
--- then the queues in the order to take them.
--- First the due scheduled jobs of those queues become ready.  Each claimed
--- job gets attempt + 1, state running, the lease and this call's fencing
--- token (every later change of the job must present it).
--- Returns {token, next_due, then id, queue, attempt, body, errors per job};
--- next_due ('' = none) is the earliest scheduled job of the queues when
--- nothing was claimed, so an idle worker knows how long it may sleep.
-local now, limit, lease_until, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local out = {0, ''}
+-- Lease up to `limit` ready jobs.  ARGV: now, limit, lease (seconds), worker,
+-- waiter ('' = none), register_until ('' = do not wait), then the queues in
+-- the order to take them.
+-- 1. A waiter's inbox is emptied first and the waiter withdrawn: jobs handed
+--    to it meanwhile are its own (already leased) and are returned as they
+--    are (raw inbox items, see enqueue.lua).
+-- 2. Due scheduled jobs of the queues become ready.
+-- 3. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
+--    lease and this call's fencing token (every later change of the job
+--    must present it).  If more are ready, another idle worker is woken.
+-- 4. With nothing at all and `register_until` given, the waiter registers in
+--    every queue it takes that is not paused, so that enqueue can hand it
+--    jobs and others can wake it.
+-- Returns {token, next_due, number of inbox items, the items, then id,
+-- queue, attempt, body, errors per claimed job}; next_due ('' = none) is the
+-- earliest scheduled job of the queues when nothing was claimed, so a waiting
+-- worker knows how long it may sleep.
+local now, limit, lease, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local wid, register = ARGV[5], ARGV[6]
+local nnow = tonumber(now)
+local lease_until = nnow + tonumber(lease)
+local first_q = 7
+local items = {}
+if wid ~= '' then
+  local ik = P .. ':in:' .. wid
+  items = redis.call('LRANGE', ik, 0, -1)
+  if #items > 0 then
+    redis.call('DEL', ik)
+  end
+  redis.call('DEL', P .. ':w:' .. wid)
+  for n = first_q, #ARGV do
+    redis.call('ZREM', P .. ':waiters:' .. ARGV[n], wid)
+  end
+end
+local jobs = {}
 local got = 0
-local token = nil
-for n = 5, #ARGV do
+local token = 0
+for n = first_q, #ARGV do
   local q = ARGV[n]
   local sk = P .. ':sched:' .. q
   local rk = P .. ':ready:' .. q
@@ -29,12 +54,12 @@ for n = 5, #ARGV do
   if #due > 0 then
     redis.call('ZREM', sk, unpack(due))
   end
-  if got < limit and redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+  local open = redis.call('SISMEMBER', P .. ':paused', q) == 0
+  if got < limit and open then
     local popped = redis.call('ZPOPMIN', rk, limit - got)
     if #popped > 0 then
-      if not token then
+      if token == 0 then
         token = redis.call('INCR', P .. ':fence')
-        out[1] = token
       end
       local running = P .. ':running'
       local claimed = 0
@@ -47,35 +72,54 @@ for n = 5, #ARGV do
             'u', now)
           redis.call('ZADD', running, lease_until, id)
           local v = redis.call('HMGET', jk, 'body', 'err')
-          out[#out + 1] = id
-          out[#out + 1] = q
-          out[#out + 1] = a
-          out[#out + 1] = v[1]
-          out[#out + 1] = v[2] or ''
+          jobs[#jobs + 1] = id
+          jobs[#jobs + 1] = q
+          jobs[#jobs + 1] = a
+          jobs[#jobs + 1] = v[1]
+          jobs[#jobs + 1] = v[2] or ''
           claimed = claimed + 1
         end
       end
       got = got + claimed
       count(q, 'running', claimed)
-      -- more ready than we took: pass the wake-up on to the next idle worker
-      if redis.call('EXISTS', rk) == 1 then
-        wake(q)
-      end
     end
   end
+  -- more ready than we took: pass the wake-up on to another idle worker
+  if open and got >= limit and redis.call('EXISTS', rk) == 1 then
+    wake(q, now)
+  end
 end
-if got == 0 then
-  local next_due = nil
-  for n = 5, #ARGV do
+local next_due = ''
+if got == 0 and #items == 0 then
+  local best = nil
+  for n = first_q, #ARGV do
     local q = ARGV[n]
     if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
       local first = redis.call('ZRANGE', P .. ':sched:' .. q, 0, 0, 'WITHSCORES')
-      if #first > 0 and (next_due == nil or tonumber(first[2]) < tonumber(next_due)) then
+      if #first > 0 and (best == nil or tonumber(first[2]) < best) then
+        best = tonumber(first[2])
         next_due = first[2]
+      end
+      if register ~= '' then
+        local wk = P .. ':waiters:' .. q
+        redis.call('ZREMRANGEBYSCORE', wk, '-inf', now)
+        redis.call('ZADD', wk, register, wid)
       end
     end
   end
-  out[2] = next_due or ''
+  if register ~= '' then
+    local wh = P .. ':w:' .. wid
+    redis.call('HSET', wh, 'worker', worker, 'lease', lease, 'limit', limit)
+    -- garbage collection only: a dead waiter's entry expires with its score
+    redis.call('EXPIRE', wh, math.ceil(tonumber(register) - nnow) + 60)
+  end
 end
 flush_counts()
+local out = {token, next_due, #items}
+for _, item in ipairs(items) do
+  out[#out + 1] = item
+end
+for _, v in ipairs(jobs) do
+  out[#out + 1] = v
+end
 return out

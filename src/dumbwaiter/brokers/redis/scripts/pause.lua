@@ -1,12 +1,12 @@
 --@include _lib
--- Pause (ARGV[2] = '1') or resume ('0') the queue ARGV[1].  Resuming wakes
--- the queue's idle workers.
-local q = ARGV[1]
+-- Pause (ARGV[3] = '1') or resume ('0') the queue ARGV[2]; ARGV[1] = now.
+-- Resuming wakes an idle worker of the queue.
+local now, q = ARGV[1], ARGV[2]
 redis.call('SADD', P .. ':queues', q)
-if ARGV[2] == '1' then
+if ARGV[3] == '1' then
   redis.call('SADD', P .. ':paused', q)
 else
   redis.call('SREM', P .. ':paused', q)
-  wake(q)
+  wake(q, now)
 end
 return 0

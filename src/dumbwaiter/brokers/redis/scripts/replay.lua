@@ -21,7 +21,7 @@ local cursor = walk(function(id, v)
   n = n + 1
 end)
 for q in pairs(woke) do
-  wake(q)
+  wake(q, now)
 end
 flush_counts()
 return {cursor, n}

@@ -19,7 +19,7 @@ for n = 2, #ARGV, 2 do
   end
 end
 for q in pairs(woke) do
-  wake(q)
+  wake(q, now)
 end
 flush_counts()
 return 0

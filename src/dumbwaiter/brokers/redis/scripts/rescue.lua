@@ -11,33 +11,60 @@ local running = P .. ':running'
 local expired = redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0, limit)
 local woke = {}
 local rescued = 0
+local inboxes = {}
 for _, id in ipairs(expired) do
   local jk = jkey(id)
-  local v = redis.call('HMGET', jk, 'st', 'a', 'ma', 'w', 'q', 'pr')
+  local v = redis.call('HMGET', jk, 'st', 'a', 'ma', 'w', 'q', 'pr', 'ib')
   redis.call('ZREM', running, id)
   if v[1] == 'running' then
     rescued = rescued + 1
     local a, w, q = v[2] or '0', v[4] or '', v[5]
-    local rec = '{"time":' .. now .. ',"type":"' .. etype .. '","message":'
-      .. cjson.encode('lease expired: worker ' .. (w ~= '' and w or '?')
-        .. ' stopped heartbeating during attempt ' .. a)
-      .. ',"traceback":"","worker":' .. cjson.encode(w) .. ',"attempt":' .. a .. '}'
-    append_error(jk, rec, etype)
-    redis.call('HDEL', jk, 'tk', 'lu')
+    redis.call('HDEL', jk, 'tk', 'lu', 'ib')
     redis.call('HSET', jk, 'u', now)
     count(q, 'running', -1)
-    if tonumber(a) >= tonumber(v[3] or '1') then
-      redis.call('HSET', jk, 'st', 'dead')
-      redis.call('ZADD', P .. ':dead', 0, id)
-      count(q, 'dead', 1)
-    else
+    -- handed to a waiter that never took it from its inbox (it died while
+    -- idle): the job did not run, so the attempt is not charged
+    local untouched = false
+    if v[7] then
+      local items = inboxes[v[7]]
+      if not items then
+        items = redis.call('LRANGE', P .. ':in:' .. v[7], 0, -1)
+        inboxes[v[7]] = items
+      end
+      for _, item in ipairs(items) do
+        if string.find(item, '"' .. id .. '"', 1, true) then
+          untouched = true
+        end
+      end
+    end
+    if untouched then
+      redis.call('HSET', jk, 'a', math.max(tonumber(a) - 1, 0))
       make_ready(jk, id, q, v[6], now)
       woke[q] = true
+    else
+      local rec = '{"time":' .. now .. ',"type":"' .. etype .. '","message":'
+        .. cjson.encode('lease expired: worker ' .. (w ~= '' and w or '?')
+          .. ' stopped heartbeating during attempt ' .. a)
+        .. ',"traceback":"","worker":' .. cjson.encode(w) .. ',"attempt":' .. a .. '}'
+      append_error(jk, rec, etype)
+      if tonumber(a) >= tonumber(v[3] or '1') then
+        redis.call('HSET', jk, 'st', 'dead')
+        redis.call('ZADD', P .. ':dead', 0, id)
+        count(q, 'dead', 1)
+      else
+        make_ready(jk, id, q, v[6], now)
+        woke[q] = true
+      end
     end
   end
 end
+for wid, items in pairs(inboxes) do
+  if #items > 0 then
+    redis.call('DEL', P .. ':in:' .. wid)
+  end
+end
 for q in pairs(woke) do
-  wake(q)
+  wake(q, now)
 end
 -- finished jobs past their retention
 local done = P .. ':done'

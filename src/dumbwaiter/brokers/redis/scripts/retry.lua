@@ -34,7 +34,7 @@ for n = 2, #ARGV, 5 do
   end
 end
 for q in pairs(woke) do
-  wake(q)
+  wake(q, now)
 end
 flush_counts()
 return 0
