@@ -188,3 +188,37 @@ def test_missing_prometheus_client_names_the_extra(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(dw.MissingDependency, match=r"pip install 'dumbwaiter\[metrics\]'"):
         PrometheusMiddleware(CollectorRegistry())
+
+
+async def test_worker_options_install_metrics_and_alerts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dumbwaiter worker --metrics-port/--alerts`` add these side services."""
+    from dumbwaiter.alerts import AlertService, configure
+    from dumbwaiter.cli.worker import _observability
+    from dumbwaiter.metrics import port_for_process
+
+    app = dw.App(f"sqlite:///{tmp_path}/w.db")
+
+    @app.task
+    def hello() -> None: ...
+
+    assert _observability(app, None, None) == []  # nothing asked, nothing configured
+    [alerts] = _observability(app, None, True)
+    assert isinstance(alerts, AlertService)
+    configure(app)  # a configured app evaluates in every worker...
+    assert [type(s) for s in _observability(app, None, None)] == [AlertService]
+    assert _observability(app, None, False) == []  # ...unless --no-alerts
+    [server, _] = _observability(app, 0, None)
+    assert isinstance(server, MetricsServer)
+    try:
+        assert any(isinstance(m, PrometheusMiddleware) for m in app.middleware.middleware)
+        port = server._server.server_address[1]
+        await server.cache.refresh()
+        body = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/metrics")
+        assert b"dumbwaiter_workers" in body
+    finally:
+        server.stop()
+        await app.aclose()
+    monkeypatch.setenv("DUMBWAITER_PROCESS_INDEX", "3")
+    assert port_for_process(9464) == 9467
