@@ -154,6 +154,9 @@ def pages(some_id: str, deep_cursor: str) -> list[tuple[str, str]]:
         ("queue, by task", "/queues/mail?state=dead&task=app.notify"),
         ("queue, by key (bounded scan)", "/queues/mail?key=k:500000"),
         ("queue, by time", "/queues/mail?state=succeeded&since=2h"),
+        # the worst cases: a filter nothing matches reads the whole (queue, state)
+        ("queue, by task, no match", "/queues/mail?state=succeeded&task=app.nope"),
+        ("queue, by time, no match", "/queues/mail?state=succeeded&until=2000-01-01"),
         ("queue, by id", f"/queues/mail?id={some_id}"),
         ("job detail", f"/jobs/{some_id}"),
         ("dead letters, all queues", "/dead"),
