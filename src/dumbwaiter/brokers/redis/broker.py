@@ -315,7 +315,9 @@ class RedisBroker(Broker):
                     raise BrokerError(f"redis fetch: {exc}") from exc
                 if item is not None and item[1] != b"w":
                     return _handed(item[1])
-        except asyncio.CancelledError:
+        except BaseException:
+            # cancelled (the worker stops) or the server went away: withdraw
+            # the registration, and give back what was handed to us meanwhile
             await asyncio.shield(self._give_back(claim, queues, wid))
             raise
 
@@ -334,8 +336,11 @@ class RedisBroker(Broker):
             if wid:
                 ds += (await self._claim(queues, 0, 0.0, "", wid, None))[0]
             await self.requeue(ds)
-        except Exception:  # the broker is gone: their leases expire instead
-            log.exception("could not give back %d job(s) of a cancelled fetch", len(ds))
+        except Exception as exc:
+            # the server is gone: these leases run out and the rescuer gives
+            # the jobs back (uncharged, if they never left the inbox)
+            if ds:
+                log.warning("could not give back %d job(s) of a fetch: %s", len(ds), exc)
 
     async def _claim(
         self,

@@ -1,0 +1,84 @@
+"""Retention: finished jobs, cancelled jobs and expired kv entries are
+deleted by the rescuer with every trace of them; dead letters stay."""
+
+from __future__ import annotations
+
+import redis
+
+from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.state import State
+from tests.conformance.conftest import msg
+from tests.conformance.helpers import error, eventually
+from tests.integration.redis.server import SERVER, new_prefix, url
+
+
+def _keys(prefix: str) -> set[bytes]:
+    client = redis.Redis.from_url(SERVER)
+    try:
+        return set(client.scan_iter(match=f"{{dw:{prefix}}}:*", count=1000))
+    finally:
+        client.close()
+
+
+async def _gone(broker: Broker, id: str) -> None:
+    async def probe() -> bool:
+        await broker.rescue()
+        return await broker.get(id) is None
+
+    await eventually(probe, bool)
+
+
+async def test_finished_jobs_are_pruned_and_dead_letters_kept() -> None:
+    prefix = new_prefix()
+    broker = from_url(url(prefix, retention="0.3"))
+    try:
+        plain, kept, failed, cancelled = msg(key="once"), msg(), msg(), msg()
+        await broker.enqueue([plain, kept, failed])
+        ds = {d.id: d for d in await broker.fetch(["default"], 10, 30.0, 0)}
+        await broker.enqueue([cancelled])
+        ds[kept.id].result, ds[kept.id].result_ttl = b'{"value": 1}', 1.0
+        await broker.ack([ds[plain.id], ds[kept.id]])
+        ds[failed.id].error = error()
+        await broker.dead([ds[failed.id]])
+        assert await broker.cancel([cancelled.id]) == [cancelled.id]
+
+        await _gone(broker, plain.id)
+        await _gone(broker, cancelled.id)
+        info = await broker.get(kept.id)  # its result is kept longer than the retention
+        assert info is not None and info.result == b'{"value": 1}'
+        await _gone(broker, kept.id)
+
+        assert (await broker.get(failed.id)).state is State.DEAD  # type: ignore[union-attr]
+        [stats] = await broker.stats()
+        assert (stats.succeeded, stats.cancelled, stats.dead) == (0, 0, 1)
+        page = await broker.list_jobs(JobFilter(), None, 10)
+        assert [i.message.id for i in page.items] == [failed.id]
+        # the unique key was released with its job
+        again = msg(key="once")
+        assert await broker.enqueue([again]) == [again.id]
+        job_keys = {k for k in _keys(prefix) if b":job:" in k}
+        assert job_keys == {f"{{dw:{prefix}}}:job:{i}".encode() for i in (failed.id, again.id)}
+    finally:
+        await broker.close()
+
+
+async def test_expired_kv_entries_are_swept() -> None:
+    prefix = new_prefix()
+    broker = from_url(url(prefix))
+    try:
+        await broker.kv_set({"short": b"1"}, ttl=0.1)
+        await broker.kv_set({"long": b"2"})
+        client = redis.Redis.from_url(SERVER)
+
+        async def swept() -> list[bytes]:
+            await broker.rescue()  # no read in between: the sweep itself deletes it
+            return list(client.hkeys(f"{{dw:{prefix}}}:kv"))
+
+        try:
+            await eventually(swept, lambda keys: keys == [b"long"])
+            assert client.zcard(f"{{dw:{prefix}}}:kvx") == 0
+        finally:
+            client.close()
+    finally:
+        await broker.close()
