@@ -228,7 +228,7 @@ def back(request: Request, form: Any, default: str, **msg: str) -> Response:
     ]
     params += [(k, v) for k, v in msg.items() if v]
     sep = "?" if params else ""
-    return RedirectResponse(f"{path}{sep}{urlencode(params, safe='%')}", status_code=303)
+    return RedirectResponse(f"{path}{sep}{urlencode(params, safe='%+')}", status_code=303)
 
 
 def not_found(request: Request, what: str) -> Response:
