@@ -182,10 +182,10 @@ async def schedule(request: Request, form: FormData) -> Response:
 
 @csrf_protected
 async def alerts_evaluate(request: Request, form: FormData) -> Response:
-    from ..alerts import AlertService
+    from ..alerts import AlertService, effective_config
 
     dw = state(request)
-    sent = await AlertService(dw.app, cache=dw.cache).evaluate()
+    sent = await AlertService(dw.app, effective_config(dw.app), cache=dw.cache).evaluate()
     _audit(request, "evaluated the alert rules")
     return back(request, form, "/alerts", msg=f"evaluated: {len(sent)} notification(s) sent")
 

@@ -143,9 +143,9 @@ def create_app(
         if sample:
             dw.tasks.append(asyncio.create_task(dw.cache.run(), name="dashboard-sampler"))
         if alerts:
-            from ..alerts import AlertService
+            from ..alerts import AlertService, effective_config
 
-            service = AlertService(the_app, cache=dw.cache)
+            service = AlertService(the_app, effective_config(the_app), cache=dw.cache)
             dw.tasks.append(asyncio.create_task(service.run(), name="dashboard-alerts"))
         log.info("dashboard for %s", dw.url)
         try:
