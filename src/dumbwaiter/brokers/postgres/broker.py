@@ -198,7 +198,7 @@ class PostgresBroker(Broker):
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         st = self._states.get(loop)
-        if st is not None:
+        if st is not None and self._pid == os.getpid():
             return st
         with self._lock:
             self._after_fork()
