@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.integration.postgres.server import postgres_url
+from tests.integration.rabbitmq.server import rabbitmq_url
 from tests.integration.redis.server import redis_url
 
 _names = itertools.count()
@@ -34,6 +35,7 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "sqlite": _sqlite_url,
     "postgres": postgres_url,
     "redis": redis_url,
+    "rabbitmq": rabbitmq_url,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq"]

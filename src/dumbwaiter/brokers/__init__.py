@@ -30,6 +30,8 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "rediss": ("dumbwaiter.brokers.redis", "RedisBroker", "redis"),
     "postgresql": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
     "postgres": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
+    "amqp": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
+    "amqps": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
 }
 
 DEFAULT_URL = "sqlite:///dumbwaiter.db"

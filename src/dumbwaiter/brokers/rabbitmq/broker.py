@@ -1,0 +1,1170 @@
+"""``amqp://USER:PASS@HOST:PORT/VHOST?state=URL&prefix=NAME`` (``amqps://`` for TLS).
+
+RabbitMQ carries the jobs: quorum queues, publisher confirms (an enqueue
+returns once RabbitMQ confirmed every message), manual acks after the
+outcome is recorded, consumers whose prefetch is the worker's slots, a topic
+exchange that fans events out to group queues, a dead-letter exchange into a
+DLQ per queue, and a plugin-free delay cascade (``topology.py``) for ``eta``
+and retries.
+
+RabbitMQ has no key-value store, no locks and no index of jobs, so a
+companion *state store* (any other dumbwaiter broker, named by ``state=``)
+keeps them: coordination (locks, kv, rate limits, slots) is delegated to it
+as is, and every job has a record there (``ledger.py``) that the admin API
+reads and that decides whether a copy RabbitMQ hands out is current.
+
+Leases: a fetched job's message stays unacked on this connection until its
+outcome is recorded, so a crashed worker's jobs are redelivered by RabbitMQ
+as soon as its connection drops.  The lease itself (a hung worker, heartbeats,
+fencing) lives in the record: ``rescue`` sends a new copy of a job whose
+lease ran out and bumps its version, so the hung worker's copy is stale and
+its late ack counts for nothing.  A redelivered copy whose record is still
+leased to a live worker is parked in the delay cascade until that lease ends
+(RabbitMQ keeps custody of it; the ledger decides when it runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import orjson
+from pamqp import commands as spec
+
+from ...errors import BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, encode_checked
+from ...state import CANCELLABLE_STATES, FINAL_STATES, State
+from .. import from_url
+from ..base import (
+    Binding,
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    delivery_of,
+)
+from . import topology as topo
+from .ledger import Keys, Record, delivery_id
+from .link import AMQP_ERRORS, Link, Raw
+
+log = logging.getLogger("dumbwaiter.rabbitmq")
+
+#: finished jobs' records are kept this long (seconds) unless a result is kept longer
+DEFAULT_RETENTION = 3600.0
+#: the state store when the URL names none (fine on one machine only)
+DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
+_OPTIONS = {"state", "prefix", "queue_type", "delays", "retention", "exchange_type", "reconnect"}
+_EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
+#: header "unique" -> the states in which a key's holder blocks a new job with that key
+_UNIQUE_BLOCKS = {
+    "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
+    "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A delivery's fencing token (the record's) and its AMQP message."""
+
+    record: int
+    gen: int
+    tag: int
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split off dumbwaiter's options; the rest is the AMQP URL for aiormq."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("amqp", "amqps"):
+        raise InvalidURL(f"not an AMQP URL: {url!r}")
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        (ours.__setitem__(k, v) if k in _OPTIONS else theirs.append((k, v)))
+    path = parts.path or "/"
+    rest = urlunsplit(parts._replace(path=path, query=urlencode(theirs)))
+    return rest, ours
+
+
+class RabbitMQBroker(Broker):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        sync_enqueue=False,
+        events=True,
+        limits=True,
+        multi_process=True,
+        max_message_size=128 * 1024 * 1024,
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("amqp", "amqps")
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.amqp_url, opts = parse_url(url)
+        prefix = opts.get("prefix") or "dw"
+        queue_type = opts.get("queue_type", "quorum")
+        exchange_type = opts.get("exchange_type", "topic")
+        if queue_type not in ("quorum", "classic"):
+            raise InvalidURL(f"amqp URL {url!r}: queue_type must be quorum or classic")
+        if exchange_type not in _EXCHANGE_TYPES:
+            raise InvalidURL(f"amqp URL {url!r}: exchange_type must be one of {_EXCHANGE_TYPES}")
+        try:
+            self.retention = float(opts.get("retention", DEFAULT_RETENTION))
+            #: seconds an enqueue keeps trying while RabbitMQ is unreachable
+            self.reconnect = float(opts.get("reconnect", 30.0))
+        except ValueError as exc:
+            raise InvalidURL(f"bad option in amqp URL {url!r}: {exc}") from None
+        self.names = topo.Names(prefix, opts.get("delays") or "dw.delay", queue_type)
+        self.exchange_type = exchange_type
+        self.state_url = opts.get("state") or DEFAULT_STATE
+        if urlsplit(self.state_url).scheme in ("amqp", "amqps"):
+            raise InvalidURL("the state store of an amqp:// broker cannot be RabbitMQ itself")
+        #: the companion broker that keeps records and coordination
+        self.state = from_url(self.state_url)
+        # Flow control and sharing between processes are what the state store
+        # offers; the class default claims both, each instance says its own.
+        caps = replace(
+            type(self).capabilities,
+            limits=type(self.state).capabilities.limits,
+            multi_process=type(self.state).capabilities.multi_process,
+        )
+        setattr(self, "capabilities", caps)  # noqa: B010 (a per-instance ClassVar)
+        self.keys = Keys(prefix)
+        self.instance = secrets.token_hex(6)
+        self._links: dict[asyncio.AbstractEventLoop, Link] = {}
+        #: jobs this broker object leased: id -> (token, lease_until)
+        self._held: dict[str, tuple[int, float]] = {}
+        self._declared: set[str] = set()
+        self._cascade = False
+        self._bindings: list[Binding] = []
+
+    def __repr__(self) -> str:
+        return f"<RabbitMQBroker {self.names.prefix} state={self.state!r}>"
+
+    # -- connections -------------------------------------------------------------
+
+    def _link_for_loop(self) -> Link:
+        loop = asyncio.get_running_loop()
+        link = self._links.get(loop)
+        if link is None:
+            for old in [lp for lp in self._links if lp.is_closed()]:
+                del self._links[old]
+            name = f"dumbwaiter {self.names.prefix} {self.instance}"
+            link = self._links[loop] = Link(self.amqp_url, name, loop)
+        return link
+
+    async def _link(self) -> Link:
+        link = self._link_for_loop()
+        await link.ensure()
+        return link
+
+    async def _failed(self, link: Link, what: str, exc: BaseException) -> BrokerError:
+        """A call failed on the connection: drop it (the next call reconnects)."""
+        log.warning("rabbitmq %s failed: %r; reconnecting on the next call", what, exc)
+        await link.drop()
+        self._declared.clear()
+        self._cascade = False
+        return BrokerError(f"rabbitmq {what}: {exc!r}")
+
+    async def open(self) -> None:
+        await self.state.open()
+        await self._link()
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for lp, link in list(self._links.items()):
+            if lp is loop:
+                await link.drop()
+        self._links.clear()
+        await self.state.close()
+
+    # -- topology ------------------------------------------------------------------
+
+    async def _declare_queue(self, link: Link, queue: str) -> None:
+        if queue in self._declared:
+            return
+        await self._ensure_cascade(link)
+        ch = link.channel()
+        n = self.names
+        await ch.exchange_declare(n.dlx, exchange_type="direct", durable=True)
+        dead_letter = {"x-dead-letter-exchange": n.dlx, "x-dead-letter-routing-key": queue}
+        for lane in topo.LANES:
+            args: dict[str, Any] = dict(dead_letter)
+            if lane == topo.MAIN:
+                if n.queue_type == "quorum":
+                    args["x-queue-type"] = "quorum"
+            else:  # quorum queues of RabbitMQ 3.x have no priorities
+                args["x-max-priority"] = topo.MAX_PRIORITY
+            name = n.lane(queue, lane)
+            await ch.queue_declare(name, durable=True, arguments=args)
+            await ch.queue_bind(name, n.level(-1), routing_key=topo.exit_pattern(name))
+        dlq_args = {"x-queue-type": "quorum"} if n.queue_type == "quorum" else {}
+        await ch.queue_declare(n.dlq(queue), durable=True, arguments=dlq_args)
+        await ch.queue_bind(n.dlq(queue), n.dlx, routing_key=queue)
+        await self.state.kv_set({self.keys.queue + queue: b"1"})
+        self._declared.add(queue)
+
+    async def _ensure_cascade(self, link: Link) -> None:
+        """Declare the delay cascade (idempotent; shared by the vhost)."""
+        if self._cascade:
+            return
+        ch = link.channel()
+        n = self.names
+        await ch.exchange_declare(n.level(-1), exchange_type="topic", durable=True)
+        for lvl in range(topo.LEVELS):
+            await ch.exchange_declare(n.level(lvl), exchange_type="topic", durable=True)
+            await ch.queue_declare(
+                n.level_queue(lvl),
+                durable=True,
+                arguments={
+                    "x-queue-type": "quorum",
+                    "x-message-ttl": round(topo.UNIT * 1000 * 2**lvl),
+                    "x-dead-letter-exchange": n.level(lvl - 1),
+                    "x-dead-letter-strategy": "at-least-once",
+                    "x-overflow": "reject-publish",
+                },
+            )
+            await ch.queue_bind(
+                n.level_queue(lvl), n.level(lvl), routing_key=topo.level_pattern(lvl, "1")
+            )
+            await ch.exchange_bind(
+                destination=n.level(lvl - 1),
+                source=n.level(lvl),
+                routing_key=topo.level_pattern(lvl, "0"),
+            )
+        self._cascade = True
+
+    async def _events_exchange(self, link: Link, event_type: str = "") -> str:
+        n = self.names
+        name = n.events if self.exchange_type != "fanout" else f"{n.events}.{event_type}"
+        await link.channel().exchange_declare(name, exchange_type=self.exchange_type, durable=True)
+        return name
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        link = await self._link()
+        try:
+            for q in {*queues, *(b.queue for b in bindings)}:
+                await self._declare_queue(link, q)
+            ch = link.channel()
+            for b in bindings:
+                exchange = await self._events_exchange(link, b.pattern)
+                args: dict[str, Any] | None = None
+                rk = b.pattern
+                if self.exchange_type == "headers":
+                    args, rk = {"x-match": "all", "dw-type": b.pattern}, ""
+                elif self.exchange_type == "fanout":
+                    rk = ""
+                await ch.queue_bind(
+                    self.names.lane(b.queue), exchange, routing_key=rk, arguments=args
+                )
+        except AMQP_ERRORS as exc:
+            raise await self._failed(link, "declare", exc) from exc
+        if bindings:
+            await self.state.kv_set(
+                {
+                    f"{self.keys.binding}{b.queue}\x1f{b.pattern}": str(b.max_attempts).encode()
+                    for b in bindings
+                }
+            )
+            known = {(b.pattern, b.queue): b for b in self._bindings}
+            known.update({(b.pattern, b.queue): b for b in bindings})
+            self._bindings = list(known.values())
+
+    async def _load_bindings(self) -> list[Binding]:
+        found = await self.state.kv_scan(self.keys.binding)
+        out = []
+        for k, v in found.items():
+            queue, pattern = k[len(self.keys.binding) :].split("\x1f", 1)
+            out.append(Binding(pattern, queue, int(v)))
+        self._bindings = out
+        return out
+
+    # -- copies ----------------------------------------------------------------------
+
+    def _copy(
+        self, msg: Message, ver: int, run_at: float, body: bytes | None = None
+    ) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """How to send one copy of a job: straight into its lane, or through the
+        delay cascade when ``run_at`` is ahead."""
+        lane, priority = topo.lane_of(msg.priority)
+        target = self.names.lane(msg.queue, lane)
+        props = spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=2,
+            priority=priority or None,
+            message_id=msg.id,
+            headers={"dw-v": ver},
+        )
+        raw = encode(msg) if body is None else body
+        units = topo.delay_units(run_at - time.time())
+        if units > 0:
+            return self.names.level(topo.LEVELS - 1), topo.delay_key(units, target), raw, props
+        return "", target, raw, props
+
+    def _park(self, raw: Raw, until: float) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """Send a copy as it came back into the cascade until ``until``."""
+        lane_queue = self.names.lane(raw.queue, raw.lane)
+        units = max(1, topo.delay_units(until - time.time()))
+        props = spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=2,
+            message_id=raw.message_id or None,
+            headers={k: v for k, v in raw.headers.items() if k.startswith("dw-")},
+        )
+        key = topo.delay_key(units, lane_queue)
+        return self.names.level(topo.LEVELS - 1), key, raw.body, props
+
+    def _dead_copy(
+        self, msg: Message | None, queue: str, body: bytes | None = None
+    ) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """A dead letter for the DLQ: the whole envelope in the body, the error
+        history (without tracebacks) in headers for people reading the DLQ."""
+        headers: dict[str, Any] = {}
+        if msg is not None:
+            errs = msg.errors
+            headers["x-dw-attempts"] = msg.attempt
+            headers["x-dw-errors"] = orjson.dumps(
+                [
+                    {"attempt": e.attempt, "type": e.type, "message": e.message[:500], "time": e.time}
+                    for e in errs[-20:]
+                ]
+            ).decode()
+            if errs:
+                headers["x-dw-error-type"] = errs[-1].type
+                headers["x-dw-error-message"] = errs[-1].message[:1000]
+        props = spec.Basic.Properties(
+            content_type="application/json",
+            delivery_mode=2,
+            message_id=None if msg is None else msg.id,
+            headers=headers,
+        )
+        raw = body if body is not None else (encode(msg) if msg is not None else b"")
+        return self.names.dlx, queue, raw, props
+
+    async def _send(
+        self, items: list[tuple[str, str, bytes, spec.Basic.Properties]], persist: bool = False
+    ) -> None:
+        """Publish with confirms; with ``persist``, again on a new connection
+        while RabbitMQ is unreachable, for up to ``reconnect`` seconds (a copy
+        sent twice is harmless: the ledger runs a job once per version)."""
+        if not items:
+            return
+        deadline = time.monotonic() + (self.reconnect if persist else 0.0)
+        delay = 0.05
+        while True:
+            link = self._link_for_loop()
+            try:
+                await link.ensure()
+                if any(ex.startswith(self.names.delays) for ex, *_ in items):
+                    await self._ensure_cascade(link)
+                for q in {self._queue_of(rk) for ex, rk, *_ in items if ex == ""}:
+                    if q is not None:
+                        await self._declare_queue(link, q)
+                await link.publish(items)
+                return
+            except (*AMQP_ERRORS, BrokerError) as exc:
+                err = await self._failed(link, "publish", exc)
+                if time.monotonic() + delay > deadline:
+                    raise err from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _queue_of(self, lane_queue: str) -> str | None:
+        for lane in topo.LANES:
+            head = f"{self.names.prefix}.{lane}."
+            if lane_queue.startswith(head):
+                return lane_queue[len(head) :]
+        return None
+
+    # -- enqueue -----------------------------------------------------------------------
+
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
+        if not batch:
+            return []
+        now = time.time()
+        k = self.keys
+        existing = await self.state.kv_get([k.job + m.id for m, _ in batch])
+        ids: list[str] = []
+        fresh: list[tuple[Record, bytes]] = []
+        taken_keys: dict[str, str] = {}
+        seen: set[str] = set()
+        for m, raw in batch:
+            if k.job + m.id in existing or m.id in seen:
+                ids.append(m.id)
+                continue
+            if m.key is not None and m.kind == TASK:
+                holder = taken_keys.get(m.key) or await self._key_holder(m, now)
+                if holder is not None:
+                    ids.append(holder)
+                    continue
+                taken_keys[m.key] = m.id
+            due = m.eta if m.eta is not None and m.eta > now else now
+            state = State.SCHEDULED if due > now else State.READY
+            fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now), raw))
+            seen.add(m.id)
+            ids.append(m.id)
+        if not fresh:
+            return ids
+        written = {k.job + r.msg.id: r.dump() for r, _ in fresh}
+        await self.state.kv_set(written)
+        try:
+            await self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True)
+        except BaseException:
+            # nothing of the batch may stay: forget the records and keys
+            try:
+                await self.state.kv_delete([*written, *(k.key + key for key in taken_keys)])
+            except Exception:
+                log.exception("could not forget the records of a failed enqueue")
+            raise
+        return ids
+
+    async def _key_holder(self, m: Message, now: float) -> str | None:
+        """The id of the job holding ``m.key`` (None: the key is now ``m``'s)."""
+        assert m.key is not None
+        kk = self.keys.key + m.key
+        if await self.state.kv_add(kk, m.id.encode()):
+            return None
+        got = await self.state.kv_get([kk])
+        holder = got.get(kk, b"").decode()
+        rec_raw = (await self.state.kv_get([self.keys.job + holder])) if holder else {}
+        raw = rec_raw.get(self.keys.job + holder)
+        if raw is not None:
+            rec = Record.load(raw)
+            blocks = _UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
+            if rec.shown_state(now) in blocks:
+                return holder
+        await self.state.kv_set({kk: m.id.encode()})  # the holder is gone or done
+        return None
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
+        if not batch:
+            return 0
+        k = self.keys
+        log_keys = [k.log_prefix(m.name) + m.id for m, _ in batch]
+        existing = await self.state.kv_get(log_keys)
+        fresh: list[tuple[Message, bytes]] = []
+        seen: set[str] = set()
+        for (m, raw), lk in zip(batch, log_keys, strict=True):
+            if lk not in existing and m.id not in seen:
+                seen.add(m.id)
+                fresh.append((m, raw))
+        if not fresh:
+            return 0
+        bindings = await self._load_bindings()
+        now = time.time()
+        logged: dict[str, bytes] = {}
+        records: dict[str, bytes] = {}
+        copies: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
+        n = 0
+        link = await self._link()
+        for e, raw in fresh:
+            logged[k.log_prefix(e.name) + e.id] = orjson.dumps({"m": e.to_dict(), "at": now})
+            targets = [b for b in bindings if topo.topic_matches(b.pattern, e.name)]
+            due = e.eta if e.eta is not None and e.eta > now else now
+            dms = [delivery_of(e, b, delivery_id(e.id, b.queue)) for b in targets]
+            for dm in dms:
+                state = State.SCHEDULED if due > now else State.READY
+                rec = Record(msg=dm, state=state, run_at=due, updated_at=now)
+                records[k.job + dm.id] = rec.dump()
+            n += len(dms)
+            if due <= now and e.priority == 0:
+                # one copy; RabbitMQ fans it out to the bound group queues
+                try:
+                    exchange = await self._events_exchange(link, e.name)
+                except AMQP_ERRORS as exc:
+                    raise await self._failed(link, "publish", exc) from exc
+                props = spec.Basic.Properties(
+                    content_type="application/json",
+                    delivery_mode=2,
+                    message_id=e.id,
+                    headers={"dw-type": e.name},
+                )
+                rk = e.name if self.exchange_type in ("topic", "direct") else ""
+                copies.append((exchange, rk, raw, props))
+            else:  # delayed or prioritised: one copy per group, through its lane
+                copies += [self._copy(dm, 0, due) for dm in dms]
+        await self.state.kv_set(logged, ttl=self.event_retention)
+        if records:
+            await self.state.kv_set(records)
+        try:
+            await self._send(copies, True)
+        except BaseException:
+            try:
+                await self.state.kv_delete([*logged, *records])
+            except Exception:
+                log.exception("could not forget the records of a failed publish")
+            raise
+        return n
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        from ...message import from_dict
+
+        found = []
+        for v in (await self.state.kv_scan(self.keys.log_prefix(event_type))).values():
+            d = orjson.loads(v)
+            at = float(d["at"])
+            m = from_dict(d["m"])
+            if since is not None and at < since:
+                continue
+            if until is not None and at > until:
+                continue
+            if cursor is not None and m.id <= cursor:
+                continue
+            found.append(m)
+        found.sort(key=lambda m: m.id)
+        page = found[:limit]
+        return page, (page[-1].id if len(found) > limit else None)
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        link = await self._link()
+        try:
+            for q in queues:
+                await self._declare_queue(link, q)
+            if wait <= 0:
+                return await self._fetch_now(link, queues, limit, lease, worker)
+            return await self._fetch_wait(link, queues, limit, lease, wait, worker)
+        except AMQP_ERRORS as exc:
+            raise await self._failed(link, "fetch", exc) from exc
+
+    def _from_buffer(self, link: Link, queues: Sequence[str], limit: int) -> list[Raw]:
+        wanted = set(queues)
+        picked: list[Raw] = []
+        rest = []
+        for raw in link.buffer:
+            if raw.queue in wanted and len(picked) < limit:
+                picked.append(raw)
+            else:
+                rest.append(raw)
+        if picked:
+            link.buffer.clear()
+            link.buffer.extend(rest)
+        order = {lane: i for i, lane in enumerate(topo.LANES)}
+        picked.sort(key=lambda r: order[r.lane])  # high lane first (a stable sort)
+        return picked
+
+    async def _fetch_now(
+        self, link: Link, queues: Sequence[str], limit: int, lease: float, worker: str
+    ) -> list[Delivery]:
+        """``wait=0``: what is ready now, exactly, by ``basic.get`` in lane order."""
+        out: list[Delivery] = []
+        paused = await self.state.kv_get([self.keys.paused + q for q in queues])
+        open_queues = [q for q in queues if self.keys.paused + q not in paused]
+        while len(out) < limit:
+            raws = self._from_buffer(link, open_queues, limit - len(out))
+            for q in open_queues:
+                for lane in topo.LANES:
+                    while len(raws) < limit - len(out):
+                        raw = await link.get(self.names.lane(q, lane), q, lane)
+                        if raw is None:
+                            break
+                        raws.append(raw)
+            if not raws:
+                break
+            out += await self._admit(link, raws, lease, worker)
+        return out
+
+    async def _fetch_wait(
+        self,
+        link: Link,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        wait: float,
+        worker: str,
+    ) -> list[Delivery]:
+        """``wait>0``: consumers push into this link's buffer (prefetch = the
+        worker's slots when it started); return as soon as something is in."""
+        deadline = time.monotonic() + wait
+        prefetch = link.prefetch or max(1, limit)
+        while True:
+            gen = link.gen
+            await self._watch(link, queues, prefetch)
+            raws = self._from_buffer(link, queues, limit)
+            if raws:
+                out = await self._admit(link, raws, lease, worker)
+                if out:
+                    return out
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            link.arrived.clear()
+            recheck = min(
+                [remaining, *(t - time.time() for t in link.paused_until.values())]
+            )
+            try:
+                await asyncio.wait_for(link.arrived.wait(), max(0.01, recheck))
+            except TimeoutError:
+                pass
+            if gen != link.gen or not link.ok():
+                raise BrokerError("rabbitmq: the connection was lost during a fetch")
+
+    async def _watch(self, link: Link, queues: Sequence[str], prefetch: int) -> None:
+        """Consume every lane of ``queues`` that is not paused."""
+        now = time.time()
+        due = [q for q in queues if link.paused_until.get(q, 0.0) <= now]
+        recheck = [q for q in due if q in link.paused_until]
+        if recheck:
+            paused = await self.state.kv_get([self.keys.paused + q for q in recheck])
+            for q in recheck:
+                if self.keys.paused + q in paused:
+                    link.paused_until[q] = now + 1.0
+                else:
+                    del link.paused_until[q]
+        for q in queues:
+            if q in link.paused_until:
+                continue
+            for lane in topo.LANES:
+                await link.consume(self.names.lane(q, lane), q, lane, prefetch)
+
+    async def _admit(
+        self, link: Link, raws: list[Raw], lease: float, worker: str
+    ) -> list[Delivery]:
+        """Judge copies against their records: run, drop (stale), park (its job
+        is leased to a live worker, or not due yet) or dead-letter."""
+        k = self.keys
+        now = time.time()
+        out: list[Delivery] = []
+        parsed: list[tuple[Raw, Message, str, Message | None]] = []
+        drop: list[int] = []
+        for raw in raws:
+            try:
+                m = decode(raw.body)
+            except MessageDecodeError as exc:
+                out.append(
+                    Delivery(
+                        id=raw.message_id or f"undecodable-{raw.gen}-{raw.tag}",
+                        message=None,
+                        token=Token(0, raw.gen, raw.tag),
+                        lease_until=now + lease,
+                        queue=raw.queue,
+                        raw=raw.body,
+                        decode_error=str(exc),
+                    )
+                )
+                continue
+            if m.kind == EVENT and not m.queue:  # a fanned-out event
+                parsed.append((raw, m, delivery_id(m.id, raw.queue), m))
+            else:
+                parsed.append((raw, m, m.id, None))
+        wanted = [k.job + did for _, _, did, _ in parsed]
+        wanted += [k.paused + q for q in {raw.queue for raw in raws}]
+        wanted += [k.claim + "gone:" + did for _, _, did, ev in parsed if ev is not None]
+        got = await self.state.kv_get(wanted)
+        writes: dict[str, bytes] = {}
+        parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
+        deads: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
+        requeue: list[int] = []
+        for raw, m, did, ev in parsed:
+            if k.paused + raw.queue in got:
+                requeue.append(raw.tag)
+                if raw.queue in link.consumers or True:
+                    link.paused_until[raw.queue] = now + 1.0
+                    for lq in self.names.lanes(raw.queue):
+                        await link.cancel(lq)
+                continue
+            rec_raw = got.get(k.job + did)
+            ver = int(raw.headers.get("dw-v", 0))
+            if rec_raw is None:
+                if ev is None or k.claim + "gone:" + did in got:
+                    drop.append(raw.tag)  # purged or expired
+                    continue
+                rec = Record(
+                    msg=delivery_of(ev, await self._binding(raw.queue, ev.name), did),
+                    state=State.READY,
+                    run_at=now,
+                    updated_at=now,
+                )
+            else:
+                rec = Record.load(rec_raw)
+                if ver < rec.ver or rec.state in FINAL_STATES:
+                    drop.append(raw.tag)  # a stale copy
+                    continue
+                if ver > rec.ver:  # the record of a newer copy was never written
+                    rec.ver, rec.msg = ver, m
+                    rec.state, rec.run_at = State.READY, now
+                if rec.state is State.RUNNING:
+                    if rec.lease_until > now:
+                        parks.append(self._park(raw, rec.lease_until + topo.UNIT))
+                        drop.append(raw.tag)
+                        continue
+                    # its worker's connection died and its lease ran out
+                    rec.msg.errors.append(_lease_error(rec, now, "its connection closed"))
+                    if rec.msg.attempt >= rec.msg.max_attempts:
+                        rec.state, rec.updated_at = State.DEAD, now
+                        rec.ver += 1
+                        deads.append(self._dead_copy(rec.msg, raw.queue))
+                        writes[k.job + did] = rec.dump()
+                        drop.append(raw.tag)
+                        continue
+                elif rec.run_at > now + 0.001:
+                    parks.append(self._park(raw, rec.run_at))  # early: not due yet
+                    drop.append(raw.tag)
+                    continue
+            rec.state = State.RUNNING
+            rec.msg.attempt += 1
+            rec.token += 1
+            rec.lease_until = now + lease
+            rec.worker = worker or None
+            rec.updated_at = now
+            writes[k.job + did] = rec.dump()
+            self._held[did] = (rec.token, rec.lease_until)
+            out.append(
+                Delivery(
+                    id=did,
+                    message=_clone(rec.msg),
+                    token=Token(rec.token, raw.gen, raw.tag),
+                    lease_until=rec.lease_until,
+                    queue=raw.queue,
+                )
+            )
+        if requeue:
+            await link.nack(link.gen, requeue)
+        if writes:
+            writes[k.lease + self.instance] = self._lease_map(now)
+            await self.state.kv_set(writes)
+        if parks or deads:
+            await self._send(parks + deads)
+        if drop:
+            await link.ack(link.gen, drop)
+        return out
+
+    async def _binding(self, queue: str, event_type: str) -> Binding:
+        for refresh in (False, True):
+            bindings = await self._load_bindings() if refresh else self._bindings
+            for b in bindings:
+                if b.queue == queue and topo.topic_matches(b.pattern, event_type):
+                    return b
+        return Binding(event_type, queue)
+
+    def _lease_map(self, now: float) -> bytes:
+        return orjson.dumps({"at": now, "held": self._held})
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    async def _owned(self, ds: Sequence[Delivery]) -> list[tuple[Delivery, Record]]:
+        """The deliveries whose lease is still theirs, with their records."""
+        k = self.keys
+        live = [d for d in ds if d.message is not None]
+        got = await self.state.kv_get([k.job + d.id for d in live]) if live else {}
+        out = []
+        for d in live:
+            raw = got.get(k.job + d.id)
+            if raw is None:
+                continue
+            rec = Record.load(raw)
+            tok = d.token
+            if rec.state is State.RUNNING and isinstance(tok, Token) and rec.token == tok.record:
+                out.append((d, rec))
+        return out
+
+    async def _finish(self, ds: Sequence[Delivery]) -> None:
+        """Ack the deliveries' AMQP messages and forget their leases."""
+        for d in ds:
+            self._held.pop(d.id, None)
+        link = self._links.get(asyncio.get_running_loop())
+        if link is None:
+            return
+        by_gen: dict[int, list[int]] = {}
+        for d in ds:
+            if isinstance(d.token, Token):
+                by_gen.setdefault(d.token.gen, []).append(d.token.tag)
+        try:
+            for gen, tags in by_gen.items():
+                await link.ack(gen, tags)
+        except AMQP_ERRORS as exc:  # RabbitMQ puts them back; the ledger drops them
+            await self._failed(link, "ack", exc)
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        by_ttl: dict[float, dict[str, bytes]] = {}
+        for d, rec in await self._owned(ds):
+            rec.state, rec.updated_at = State.SUCCEEDED, now
+            rec.result = d.result
+            ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
+            by_ttl.setdefault(max(ttl, self.retention), {})[self.keys.job + d.id] = rec.dump()
+        for ttl, items in by_ttl.items():
+            await self.state.kv_set(items, ttl=ttl)
+        await self._finish(ds)
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        await self._again(ds, charge=True)
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        await self._again(ds, charge=False)
+
+    async def _again(self, ds: Sequence[Delivery], charge: bool) -> None:
+        """A new copy, due at ``d.retry_at``; then the old one goes."""
+        now = time.time()
+        writes: dict[str, bytes] = {}
+        copies = []
+        for d, rec in await self._owned(ds):
+            if charge and d.error is not None:
+                rec.msg.errors.append(d.error)
+            if not charge:
+                rec.msg.attempt = max(0, rec.msg.attempt - 1)
+            rec.ver += 1
+            rec.updated_at = now
+            rec.run_at = max(d.retry_at, now)
+            rec.state = State.SCHEDULED if d.retry_at > now else State.READY
+            copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
+            writes[self.keys.job + d.id] = rec.dump()
+        await self._send(copies, True)
+        if writes:
+            await self.state.kv_set(writes)
+        await self._finish(ds)
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        writes: dict[str, bytes] = {}
+        copies = []
+        for d, rec in await self._owned(ds):
+            if d.error is not None:
+                rec.msg.errors.append(d.error)
+            rec.state, rec.updated_at = State.DEAD, now
+            rec.ver += 1
+            copies.append(self._dead_copy(rec.msg, rec.msg.queue))
+            writes[self.keys.job + d.id] = rec.dump()
+        for d in ds:  # undecodable bodies go to the DLQ as they came
+            if d.message is None and isinstance(d.token, Token):
+                copies.append(self._dead_copy(None, d.queue, d.raw or b""))
+        await self._send(copies, True)
+        if writes:
+            await self.state.kv_set(writes)
+        await self._finish(ds)
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        now = time.time()
+        owned = await self._owned(ds)
+        mine = {d.id for d, _ in owned}
+        lost = [d for d in ds if d.id not in mine and d.message is not None]
+        writes: dict[str, bytes] = {}
+        for d, rec in owned:
+            rec.lease_until = d.lease_until = now + lease
+            self._held[d.id] = (rec.token, rec.lease_until)
+            writes[self.keys.job + d.id] = rec.dump()
+        for d in lost:
+            self._held.pop(d.id, None)
+        writes[self.keys.lease + self.instance] = self._lease_map(now)
+        await self.state.kv_set(writes)
+        return lost
+
+    async def rescue(self) -> int:
+        """Jobs whose lease ran out (their worker hung or died) get a new copy
+        (or go dead); each is claimed once, so rescuers never double it."""
+        now = time.time()
+        k = self.keys
+        maps = await self.state.kv_scan(k.lease)
+        expired: dict[str, int] = {}
+        owners: dict[str, dict[str, Any]] = {}
+        for key, raw in maps.items():
+            d = orjson.loads(raw)
+            owners[key] = d
+            for id_, (token, until) in d["held"].items():
+                if until < now:
+                    expired[id_] = int(token)
+        if not expired:
+            return 0
+        got = await self.state.kv_get([k.job + i for i in expired])
+        writes: dict[str, bytes] = {}
+        copies = []
+        for id_, token in expired.items():
+            raw = got.get(k.job + id_)
+            if raw is None:
+                continue
+            rec = Record.load(raw)
+            if rec.state is not State.RUNNING or rec.token != token or rec.lease_until >= now:
+                continue
+            if not await self.state.kv_add(f"{k.claim}rescue:{id_}:{token}", b"1", ttl=3600):
+                continue
+            rec.msg.errors.append(_lease_error(rec, now, "it stopped heartbeating"))
+            rec.ver += 1
+            rec.updated_at = now
+            if rec.msg.attempt >= rec.msg.max_attempts:
+                rec.state = State.DEAD
+                copies.append(self._dead_copy(rec.msg, rec.msg.queue))
+            else:
+                rec.state, rec.run_at = State.READY, now
+                copies.append(self._copy(rec.msg, rec.ver, now))
+            writes[k.job + id_] = rec.dump()
+        await self._send(copies, True)
+        if writes:
+            await self.state.kv_set(writes)
+        # tidy other owners' lease maps: what is rescued or finished leaves them
+        gone = [key for key, d in owners.items() if key != k.lease + self.instance
+                and float(d["at"]) < now - 60 and all(u < now for _, u in d["held"].values())]  # fmt: skip
+        if gone:
+            await self.state.kv_delete(gone)
+        return len(writes)
+
+    # -- admin --------------------------------------------------------------------------------
+
+    async def _records(self) -> list[Record]:
+        found = await self.state.kv_scan(self.keys.job)
+        return [Record.load(v) for v in found.values()]
+
+    async def stats(self) -> list[QueueStats]:
+        now = time.time()
+        k = self.keys
+        queues = {q[len(k.queue) :] for q in await self.state.kv_scan(k.queue)}
+        paused = {q[len(k.paused) :] for q in await self.state.kv_scan(k.paused)}
+        counts: dict[str, dict[str, float]] = {q: {} for q in queues | paused}
+        for rec in await self._records():
+            c = counts.setdefault(rec.msg.queue, {})
+            st = rec.shown_state(now)
+            c[st.value] = c.get(st.value, 0) + 1
+            if st is State.READY:
+                c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
+        return [
+            QueueStats(
+                queue=q,
+                ready=int(c.get("ready", 0)),
+                scheduled=int(c.get("scheduled", 0)),
+                retrying=int(c.get("retrying", 0)),
+                running=int(c.get("running", 0)),
+                dead=int(c.get("dead", 0)),
+                succeeded=int(c.get("succeeded", 0)),
+                cancelled=int(c.get("cancelled", 0)),
+                lag=max(0.0, c.get("lag", 0.0)),
+                paused=q in paused,
+            )
+            for q, c in sorted(counts.items())
+        ]
+
+    async def _matching(self, filter: JobFilter) -> list[Record]:
+        now = time.time()
+        if filter.ids is not None:
+            got = await self.state.kv_get([self.keys.job + i for i in filter.ids])
+            recs = [Record.load(v) for v in got.values()]
+        else:
+            recs = await self._records()
+        return [r for r in recs if filter.matches(r.info(now))]
+
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        now = time.time()
+        recs = sorted(await self._matching(filter), key=lambda r: r.msg.id, reverse=True)
+        if cursor is not None:
+            recs = [r for r in recs if r.msg.id < cursor]
+        page = [r.info(now) for r in recs[:limit]]
+        more = len(recs) > limit
+        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        got = await self.state.kv_get([self.keys.job + id])
+        raw = got.get(self.keys.job + id)
+        return None if raw is None else Record.load(raw).info(time.time())
+
+    async def replay(self, filter: JobFilter) -> int:
+        now = time.time()
+        writes: dict[str, bytes] = {}
+        copies = []
+        for rec in await self._matching(filter):
+            if rec.state is not State.DEAD:
+                continue
+            rec.msg.attempt = 0
+            rec.replays += 1
+            rec.ver += 1
+            rec.state, rec.run_at, rec.updated_at = State.READY, now, now
+            copies.append(self._copy(rec.msg, rec.ver, now))
+            writes[self.keys.job + rec.msg.id] = rec.dump()
+        await self._send(copies, True)
+        if writes:
+            await self.state.kv_set(writes)
+            await self._sweep_dlq({r[len(self.keys.job) :] for r in writes})
+        return len(writes)
+
+    async def purge(self, filter: JobFilter) -> int:
+        k = self.keys
+        gone = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
+        if not gone:
+            return 0
+        keys = [k.job + r.msg.id for r in gone]
+        keys += [k.key + r.msg.key for r in gone if r.msg.key is not None and r.msg.kind == TASK]
+        await self.state.kv_delete(keys)
+        events = {k.claim + "gone:" + r.msg.id: b"1" for r in gone if r.msg.kind == EVENT}
+        if events:  # a fanned-out copy still queued must not bring it back
+            await self.state.kv_set(events, ttl=self.event_retention)
+        await self._sweep_dlq({r.msg.id for r in gone if r.state is State.DEAD})
+        return len(gone)
+
+    async def _sweep_dlq(self, ids: set[str]) -> None:
+        """Take the DLQ copies of jobs that left the dead state out of the DLQ
+        (a read of each DLQ on a channel of its own; the rest go back)."""
+        if not ids:
+            return
+        link = await self._link()
+        queues = {q[len(self.keys.queue) :] for q in await self.state.kv_scan(self.keys.queue)}
+        conn = link.conn
+        if conn is None:
+            return
+        try:
+            ch = await conn.channel()
+            try:
+                for q in queues:
+                    ok = await ch.queue_declare(self.names.dlq(q), passive=True)
+                    for _ in range(int(ok.message_count or 0)):
+                        m = await ch.basic_get(self.names.dlq(q), no_ack=False)
+                        d = m.delivery
+                        if not isinstance(d, spec.Basic.GetOk):
+                            break
+                        if (m.header.properties.message_id or "") in ids:
+                            await ch.basic_ack(d.delivery_tag)
+            finally:
+                await ch.close()  # unacked copies go back to their DLQ
+        except AMQP_ERRORS as exc:
+            log.warning("could not sweep the dead-letter queues: %r", exc)
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        now = time.time()
+        got = await self.state.kv_get([self.keys.job + i for i in ids])
+        out: list[str] = []
+        writes: dict[str, bytes] = {}
+        for i in ids:
+            raw = got.get(self.keys.job + i)
+            if raw is None or i in out:
+                continue
+            rec = Record.load(raw)
+            if rec.shown_state(now) not in CANCELLABLE_STATES:
+                continue
+            rec.state, rec.updated_at = State.CANCELLED, now
+            rec.ver += 1  # its queued copy is stale now
+            writes[self.keys.job + i] = rec.dump()
+            out.append(i)
+        if writes:
+            await self.state.kv_set(writes, ttl=self.retention)
+        return out
+
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        now = time.time()
+        got = await self.state.kv_get([self.keys.job + i for i in ids])
+        out: list[str] = []
+        writes: dict[str, bytes] = {}
+        copies = []
+        for i in ids:
+            raw = got.get(self.keys.job + i)
+            if raw is None or i in out:
+                continue
+            rec = Record.load(raw)
+            if rec.shown_state(now) not in CANCELLABLE_STATES:
+                continue
+            rec.ver += 1
+            rec.run_at, rec.updated_at = at, now
+            rec.state = State.SCHEDULED if at > now else State.READY
+            copies.append(self._copy(rec.msg, rec.ver, at))
+            writes[self.keys.job + i] = rec.dump()
+            out.append(i)
+        await self._send(copies, True)
+        if writes:
+            await self.state.kv_set(writes)
+        return out
+
+    async def pause(self, queue: str) -> None:
+        await self.state.kv_set({self.keys.paused + queue: b"1", self.keys.queue + queue: b"1"})
+        link = self._links.get(asyncio.get_running_loop())
+        if link is not None and link.ok():
+            link.paused_until[queue] = time.time() + 1.0
+            for lq in self.names.lanes(queue):
+                await link.cancel(lq)
+
+    async def resume(self, queue: str) -> None:
+        await self.state.kv_delete([self.keys.paused + queue])
+        link = self._links.get(asyncio.get_running_loop())
+        if link is not None:
+            link.paused_until.pop(queue, None)
+            link.arrived.set()
+
+    # -- coordination: the state store's ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        return await self.state.acquire(name, owner, ttl)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        return await self.state.renew(name, owner, token, ttl)
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        await self.state.release(name, owner, token)
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        return await self.state.kv_get(keys)
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        await self.state.kv_set(items, ttl)
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        return await self.state.kv_add(key, value, ttl)
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        return await self.state.kv_incr(key, amount, ttl)
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        return await self.state.kv_delete(keys)
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        return await self.state.kv_scan(prefix)
+
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        return await self.state.kv_sadd(key, member, ttl)
+
+    async def kv_smembers(self, key: str) -> set[str]:
+        return await self.state.kv_smembers(key)
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        return await self.state.rate_limit(key, rate, per, at)
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        return await self.state.slot_acquire(key, limit, holder, ttl)
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        await self.state.slot_extend(holds, ttl)
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        await self.state.slot_release(holds)
+
+
+def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
+    return ErrorRecord(
+        time=now,
+        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
+        message=f"lease expired: worker {rec.worker or '?'} lost attempt "
+        f"{rec.msg.attempt} ({why})",
+        worker=rec.worker or "",
+        attempt=rec.msg.attempt,
+    )
+
+
+def _clone(m: Message) -> Message:
+    return replace(
+        m,
+        args=list(m.args),
+        kwargs=dict(m.kwargs),
+        headers=dict(m.headers),
+        errors=list(m.errors),
+    )
+
+
+def state_url_option(state_url: str) -> str:
+    """``state_url`` quoted for the ``state=`` option of an amqp:// URL."""
+    return quote(state_url, safe="")

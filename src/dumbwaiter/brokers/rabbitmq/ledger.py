@@ -1,0 +1,122 @@
+"""The job index kept in the companion state store.
+
+RabbitMQ holds messages, not a searchable index: it cannot say where job
+``X`` is, list dead jobs by error type, or tell a stale copy from the current
+one.  So every job has a record in the state store (any dumbwaiter broker,
+through its key-value seam): the envelope, its state, a version that grows
+with each copy of it sent to RabbitMQ, and the fencing token of its current
+lease.  A copy that arrives with an older version than its record is stale
+(retried, rescued, rescheduled or cancelled since) and is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ...message import Message, from_dict
+from ...state import State
+from ..base import JobInfo
+
+
+class Keys:
+    """Key names in the state store, under this app's prefix (user keys of
+    the kv seam pass through unprefixed and never start with ``_rmq``)."""
+
+    def __init__(self, prefix: str) -> None:
+        base = f"_rmq.{prefix}:"
+        self.job = base + "job:"
+        self.key = base + "key:"
+        self.lease = base + "lease:"
+        self.paused = base + "paused:"
+        self.queue = base + "queue:"
+        self.binding = base + "bind:"
+        self.event = base + "event:"
+        self.log = base + "log:"
+        self.claim = base + "claim:"
+
+    def log_prefix(self, event_type: str) -> str:
+        return f"{self.log}{event_type}\x1f"
+
+
+@dataclass(slots=True)
+class Record:
+    msg: Message
+    state: State
+    ver: int = 0
+    token: int = 0
+    run_at: float = 0.0
+    updated_at: float = 0.0
+    worker: str | None = None
+    lease_until: float = 0.0
+    result: bytes | None = None
+    replays: int = 0
+
+    def dump(self) -> bytes:
+        d: dict[str, Any] = {
+            "m": self.msg.to_dict(),
+            "s": self.state.value,
+            "v": self.ver,
+            "t": self.token,
+            "r": self.run_at,
+            "u": self.updated_at,
+            "w": self.worker,
+            "l": self.lease_until,
+            "p": self.replays,
+        }
+        if self.result is not None:
+            d["x"] = self.result.decode()
+        return orjson.dumps(d)
+
+    @classmethod
+    def load(cls, raw: bytes) -> Record:
+        d = orjson.loads(raw)
+        x = d.get("x")
+        return cls(
+            msg=from_dict(d["m"]),
+            state=State(d["s"]),
+            ver=int(d["v"]),
+            token=int(d["t"]),
+            run_at=float(d["r"]),
+            updated_at=float(d["u"]),
+            worker=d.get("w"),
+            lease_until=float(d.get("l") or 0.0),
+            result=None if x is None else x.encode(),
+            replays=int(d.get("p") or 0),
+        )
+
+    def shown_state(self, now: float) -> State:
+        """The state as the seam reports it: a scheduled job that failed
+        before is ``retrying``; one whose time has come is ``ready``."""
+        if self.state is State.SCHEDULED:
+            if self.run_at <= now:
+                return State.READY
+            if self.msg.attempt > 0:
+                return State.RETRYING
+        return self.state
+
+    def info(self, now: float) -> JobInfo:
+        return JobInfo(
+            message=self.msg,
+            state=self.shown_state(now),
+            run_at=self.run_at,
+            updated_at=self.updated_at,
+            worker=self.worker,
+            lease_until=self.lease_until if self.state is State.RUNNING else None,
+            result=self.result,
+            replays=self.replays,
+        )
+
+
+def delivery_id(event_id: str, queue: str) -> str:
+    """The id of an event's delivery to one group queue: derived, so every
+    process that sees the fanned-out copy names it alike, and time-ordered
+    like the event's own UUIDv7 (its first 48 bits are the event's)."""
+    h = hashlib.blake2b(f"{event_id}\x1f{queue}".encode(), digest_size=10).hexdigest()
+    ms = event_id.replace("-", "")[:12]
+    variant = "89ab"[int(h[3], 16) & 3]
+    raw = f"{ms}7{h[:3]}{variant}{h[4:19]}"
+    return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"

@@ -1,0 +1,222 @@
+"""One event loop's AMQP connection: a confirming publisher channel, a
+consumer channel, the consumers and the messages they were handed.
+
+A broker may serve several event loops (a worker's, and the App's portal for
+sync callers), and an aiormq connection belongs to one loop, so each loop
+gets a ``Link``.  When the connection or a channel dies the link is dropped
+whole and the next call opens a new one with a new ``gen``: delivery tags of
+an older generation are never acked (RabbitMQ has already put those
+messages back), which the ``unacked`` set also guards against double acks
+(an unknown tag would close the channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiormq
+from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
+from pamqp import commands as spec
+
+from ...errors import BrokerError
+
+log = logging.getLogger("dumbwaiter.rabbitmq")
+
+_GENS = itertools.count(1)
+
+#: what a dead connection or channel raises
+AMQP_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+
+@dataclass(slots=True)
+class Raw:
+    """A message as RabbitMQ handed it to us, before the ledger judged it."""
+
+    queue: str
+    lane: str
+    tag: int
+    gen: int
+    redelivered: bool
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    message_id: str = ""
+
+
+class Link:
+    def __init__(self, url: str, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.url = url
+        self.name = name
+        self.loop = loop
+        self.conn: AbstractConnection | None = None
+        self.pub: AbstractChannel | None = None
+        self.cons: AbstractChannel | None = None
+        self.gen = 0
+        self.lock = asyncio.Lock()
+        self.buffer: deque[Raw] = deque()
+        self.arrived = asyncio.Event()
+        #: lane queue name -> consumer tag
+        self.consumers: dict[str, str] = {}
+        #: delivery tags of ``cons`` not yet acked or nacked
+        self.unacked: set[int] = set()
+        #: logical queue -> time to look again whether it is still paused
+        self.paused_until: dict[str, float] = {}
+        self.prefetch = 0
+
+    def ok(self) -> bool:
+        return (
+            self.conn is not None
+            and self.conn.is_opened
+            and self.pub is not None
+            and not self.pub.is_closed
+            and self.cons is not None
+            and not self.cons.is_closed
+        )
+
+    async def ensure(self) -> None:
+        if self.ok():
+            return
+        async with self.lock:
+            if self.ok():
+                return
+            await self.drop()
+            try:
+                conn = await aiormq.connect(
+                    self.url, client_properties={"connection_name": self.name}
+                )
+                pub = await conn.channel(publisher_confirms=True)
+                cons = await conn.channel(publisher_confirms=False)
+            except AMQP_ERRORS as exc:
+                raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
+            self.conn, self.pub, self.cons = conn, pub, cons
+            self.gen = next(_GENS)
+            conn.closing.add_done_callback(self._closed)
+
+    def _closed(self, _fut: object) -> None:
+        self.arrived.set()  # a waiting fetch returns and reconnects
+
+    async def drop(self) -> None:
+        """Forget the connection (its unacked messages go back to their queues)."""
+        conn = self.conn
+        self.conn = self.pub = self.cons = None
+        self.buffer.clear()
+        self.consumers.clear()
+        self.unacked.clear()
+        self.prefetch = 0
+        if conn is not None:
+            try:
+                await asyncio.wait_for(conn.close(), 5)
+            except BaseException:  # closing a dead connection may fail any way
+                pass
+
+    def channel(self) -> AbstractChannel:
+        if self.pub is None or self.pub.is_closed:
+            raise BrokerError("rabbitmq: the connection is closed")
+        return self.pub
+
+    def consumer_channel(self) -> AbstractChannel:
+        if self.cons is None or self.cons.is_closed:
+            raise BrokerError("rabbitmq: the connection is closed")
+        return self.cons
+
+    async def consume(self, lane_queue: str, queue: str, lane: str, prefetch: int) -> None:
+        if lane_queue in self.consumers:
+            return
+        ch = self.consumer_channel()
+        if prefetch != self.prefetch:
+            await ch.basic_qos(prefetch_count=prefetch)
+            self.prefetch = prefetch
+        gen = self.gen
+
+        async def on_message(m: DeliveredMessage) -> None:
+            if gen != self.gen:
+                return
+            d = m.delivery
+            assert isinstance(d, spec.Basic.Deliver)
+            props = m.header.properties
+            tag = int(d.delivery_tag or 0)
+            self.unacked.add(tag)
+            self.buffer.append(
+                Raw(
+                    queue=queue,
+                    lane=lane,
+                    tag=tag,
+                    gen=gen,
+                    redelivered=bool(d.redelivered),
+                    body=m.body,
+                    headers=dict(props.headers or {}),
+                    message_id=props.message_id or "",
+                )
+            )
+            self.arrived.set()
+
+        ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
+        self.consumers[lane_queue] = str(ok.consumer_tag)
+
+    async def cancel(self, lane_queue: str) -> None:
+        tag = self.consumers.pop(lane_queue, None)
+        if tag is not None and self.cons is not None and not self.cons.is_closed:
+            await self.cons.basic_cancel(tag)
+
+    async def get(self, lane_queue: str, queue: str, lane: str) -> Raw | None:
+        m = await self.consumer_channel().basic_get(lane_queue, no_ack=False)
+        d = m.delivery
+        if not isinstance(d, spec.Basic.GetOk):
+            return None
+        props = m.header.properties
+        tag = int(d.delivery_tag or 0)
+        self.unacked.add(tag)
+        return Raw(
+            queue=queue,
+            lane=lane,
+            tag=tag,
+            gen=self.gen,
+            redelivered=bool(d.redelivered),
+            body=m.body,
+            headers=dict(props.headers or {}),
+            message_id=props.message_id or "",
+        )
+
+    async def ack(self, gen: int, tags: list[int]) -> None:
+        """Ack the tags of generation ``gen`` still unacked (others are gone)."""
+        if gen != self.gen or self.cons is None or self.cons.is_closed:
+            return
+        for tag in tags:
+            if tag in self.unacked:
+                self.unacked.discard(tag)
+                await self.cons.basic_ack(tag, wait=False)
+
+    async def nack(self, gen: int, tags: list[int]) -> None:
+        if gen != self.gen or self.cons is None or self.cons.is_closed:
+            return
+        for tag in tags:
+            if tag in self.unacked:
+                self.unacked.discard(tag)
+                await self.cons.basic_nack(tag, requeue=True, wait=False)
+
+    async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
+        """Publish and wait for every confirm (pipelined: one round trip)."""
+        if not items:
+            return
+        ch = self.channel()
+        results = await asyncio.gather(
+            *(
+                ch.basic_publish(body, exchange=ex, routing_key=rk, properties=props)
+                for ex, rk, body, props in items
+            ),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            if not isinstance(r, spec.Basic.Ack):
+                raise BrokerError(f"rabbitmq refused a message: {r!r}")
