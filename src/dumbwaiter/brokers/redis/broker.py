@@ -29,7 +29,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -37,7 +37,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from ...errors import BrokerError, InvalidURL, MessageDecodeError
-from ...message import ErrorRecord, Message, encode_checked
+from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import (
@@ -51,16 +51,14 @@ from ..base import (
     QueueStats,
     normalize_error_type,
 )
-from . import lua
-from .client import TRANSIENT, Arg, AsyncLink, SyncLink, Target
+from . import bulk, lua
+from .client import Arg, AsyncLink, SyncLink, Target
 
 T = TypeVar("T")
 log = logging.getLogger("dumbwaiter.redis")
 
 #: finished jobs (without a longer-kept result) are deleted after this many seconds
 DEFAULT_RETENTION = 3600.0
-#: jobs per enqueue script call; a bigger batch is several calls in one pipeline
-ENQUEUE_CHUNK = 1000
 #: jobs moved or deleted per rescue call, and per call of a replay or purge
 HOUSEKEEPING_CHUNK = 1000
 #: jobs an admin walk looks at per call, at most (one call stays short)
@@ -145,23 +143,6 @@ class RedisBroker(Broker):
         except RedisError as exc:
             raise BrokerError(f"redis {script.name}: {exc}") from exc
 
-    async def _persist(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, again with backoff while the server is unreachable or
-        restarting, for up to ``reconnect`` seconds (for idempotent calls)."""
-        deadline = time.monotonic() + self.reconnect
-        delay = 0.05
-        while True:
-            try:
-                return await call()
-            except TRANSIENT as exc:
-                if time.monotonic() + delay > deadline:
-                    raise BrokerError(f"redis {what}: {exc} (gave up after retries)") from exc
-                log.warning("redis %s failed (%s); trying again in %.2f s", what, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except RedisError as exc:
-                raise BrokerError(f"redis {what}: {exc}") from exc
-
     # -- transport -------------------------------------------------------
 
     async def open(self) -> None:
@@ -188,84 +169,11 @@ class RedisBroker(Broker):
         if queues:
             await self._run(self._lua.declare, list(queues))
 
-    def _enqueue_chunks(self, msgs: Iterable[Message]) -> list[list[Arg]]:
-        """The enqueue script's arguments, ``ENQUEUE_CHUNK`` jobs per call.
-
-        Every message is encoded (and size-checked) before anything is sent,
-        so a bad message or a failing iterator stores nothing of the batch.
-        Consecutive jobs that share queue, task, priority, run time and
-        attempts form one group, sent as one header plus id and body per job
-        (a bulk enqueue of one task is one group), which keeps both the
-        packing here and the parsing on the server short.
-        """
-        now = time.time()
-        snow = repr(now)
-        limit = self.max_message_size
-        chunks: list[list[Arg]] = []
-        args: list[Arg] = [snow]
-        group: tuple[Any, ...] | None = None
-        head = count = in_chunk = 0
-        for m in msgs:
-            body = encode_checked(m, limit)
-            eta = m.eta
-            if eta is not None and eta > now:
-                sched, ra = b"1", repr(eta)
-            else:
-                sched, ra = b"0", snow
-            key = m.key if m.key is not None and m.kind == "task" else None
-            g = (m.queue, m.name, m.priority, ra, sched, m.max_attempts, key is not None)
-            if g != group or in_chunk == ENQUEUE_CHUNK:
-                if group is not None:
-                    args[head] = count
-                if in_chunk == ENQUEUE_CHUNK:
-                    chunks.append(args)
-                    args, in_chunk = [snow], 0
-                head, count, group = len(args), 0, g
-                args += (0, *g[:6], b"0" if key is None else b"1")
-            if key is None:
-                args += (m.id, body)
-            else:
-                args += (m.id, key, body)
-            count += 1
-            in_chunk += 1
-        if group is not None:
-            args[head] = count
-            chunks.append(args)
-        return chunks
-
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
-        chunks = self._enqueue_chunks(msgs)
-        if not chunks:
-            return []
-        script = self._lua.enqueue
-
-        async def send() -> list[str]:
-            # in order: a key taken by one chunk holds for the next
-            replies = await self._link().scripts(script, self._keys, chunks)
-            return [i.decode() for r in replies for i in r]
-
-        return await self._persist("enqueue", send)
+        return await bulk.drive_async(self._link(), bulk.Enqueue(self, msgs).plan())
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
-        chunks = self._enqueue_chunks(msgs)
-        if not chunks:
-            return []
-        link = self._sync_link()
-        script = self._lua.enqueue
-        deadline = time.monotonic() + self.reconnect
-        delay = 0.05
-        while True:
-            try:
-                replies = link.scripts(script, self._keys, chunks)
-                return [i.decode() for r in replies for i in r]
-            except TRANSIENT as exc:
-                if time.monotonic() + delay > deadline:
-                    raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
-                log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except RedisError as exc:
-                raise BrokerError(f"redis enqueue: {exc}") from exc
+        return bulk.drive_sync(self._sync_link(), bulk.Enqueue(self, msgs).plan())
 
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""

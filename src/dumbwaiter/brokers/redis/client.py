@@ -228,6 +228,32 @@ class AsyncLink:
         self.free.append(conn)
         return out
 
+    # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
+
+    async def checkout(self) -> Any:
+        if self.generation != self.target.generation:
+            await self.aclose()
+            self.generation = self.target.generation
+        return self.free.pop() if self.free else self.target.new_async()
+
+    def checkin(self, conn: Any) -> None:
+        self.free.append(conn)
+
+    async def discard(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+
+    async def send(self, conn: Any, cmd: tuple[Arg, ...]) -> None:
+        await conn.send_packed_command(_pack(conn, cmd), check_health=False)
+
+    async def read(self, conn: Any) -> Any:
+        """The next reply; an error reply is returned (not raised), so the
+        replies of a pipeline can all be read."""
+        try:
+            return await conn.read_response(disable_decoding=True, timeout=self.target.read_timeout)
+        except ResponseError as exc:
+            return exc
+
     async def aclose(self) -> None:
         conns, self.free = self.free, []
         for conn in conns:
@@ -345,6 +371,34 @@ class SyncLink:
             raise
         self.free.append(conn)
         return out
+
+    # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
+
+    def checkout(self) -> Any:
+        if self.pid != os.getpid() or self.generation != self.target.generation:
+            self.free = []
+            self.pid = os.getpid()
+            self.generation = self.target.generation
+        try:
+            return self.free.pop()
+        except IndexError:
+            return self.target.new_sync()
+
+    def checkin(self, conn: Any) -> None:
+        self.free.append(conn)
+
+    def discard(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+
+    def send(self, conn: Any, cmd: tuple[Arg, ...]) -> None:
+        conn.send_packed_command(_pack(conn, cmd), check_health=False)
+
+    def read(self, conn: Any) -> Any:
+        try:
+            return conn.read_response(disable_decoding=True)
+        except ResponseError as exc:
+            return exc
 
     def close(self) -> None:
         conns, self.free = self.free, []

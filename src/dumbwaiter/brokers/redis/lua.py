@@ -47,6 +47,8 @@ def load(name: str) -> Script:
 
 NAMES = (
     "enqueue",
+    "commit",
+    "unstage",
     "fetch",
     "ack",
     "retry",
@@ -81,6 +83,8 @@ class Scripts:
             setattr(self, name, load(name))
 
     enqueue: Script
+    commit: Script
+    unstage: Script
     fetch: Script
     ack: Script
     retry: Script

@@ -123,3 +123,72 @@ local function forget(jk, id, k)
   redis.call('ZREM', P .. ':ids', id)
   redis.call('DEL', jk)
 end
+
+-- Ready jobs of one queue, just stored or just committed: idle workers of the
+-- queue get them first (each up to its limit, leased to it, in its inbox, so
+-- it starts them without another round trip), the rest wait in the ready
+-- set.  `bodies` may be nil (the bodies are read then).
+local function offer(q, pr, ra, ids, bodies, now)
+  local nnow = tonumber(now)
+  local k = 1
+  if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+    while k <= #ids do
+      local wid, w = take_waiter(q, nnow)
+      if not wid then
+        break
+      end
+      local token = redis.call('INCR', P .. ':fence')
+      local lu = nnow + tonumber(w[2])
+      local batch = {}
+      local limit = tonumber(w[3])
+      while k <= #ids and #batch < limit do
+        local id = ids[k]
+        local jk = jkey(id)
+        redis.call('HSET', jk, 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1],
+          'ib', wid, 'u', now)
+        redis.call('ZADD', P .. ':running', lu, id)
+        local body = bodies and bodies[k] or redis.call('HGET', jk, 'body')
+        batch[#batch + 1] = {id, q, 1, body, '', token, lu}
+        k = k + 1
+      end
+      count(q, 'running', #batch)
+      redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
+    end
+  end
+  if k <= #ids then
+    local ready = {}
+    local score, pre = -tonumber(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
+    for j = k, #ids do
+      ready[#ready + 1] = score
+      ready[#ready + 1] = pre .. ids[j]
+    end
+    redis.call('ZADD', P .. ':ready:' .. q, unpack(ready))
+  end
+end
+
+-- A bulk enqueue stages its chunks (jobs stored but in no set a worker
+-- reads) while it encodes the next ones, then commits them all at once, so
+-- a batch whose producer fails half-way is never half visible.  The staged
+-- groups are listed in `stage:<call>` (queue, kind, priority, run_at, count,
+-- ids...); `staging` holds each call's deadline, after which the rescuer
+-- deletes what a dead producer left.  unstage deletes a call's staged jobs.
+local function unstage(call)
+  local sk = P .. ':stage:' .. call
+  local items = redis.call('LRANGE', sk, 0, -1)
+  local i = 1
+  while i <= #items do
+    local n = tonumber(items[i + 4])
+    for j = i + 5, i + 4 + n do
+      local id = items[j]
+      local jk = jkey(id)
+      local v = redis.call('HMGET', jk, 'q', 'st', 'a', 'ra', 'pr', 'k')
+      if v[2] then
+        unlink(jk, id, v[1], v[2], v[3], v[4], v[5])
+        forget(jk, id, v[6])
+      end
+    end
+    i = i + 5 + n
+  end
+  redis.call('DEL', sk)
+  redis.call('ZREM', P .. ':staging', call)
+end

@@ -1,8 +1,12 @@
 --@include _lib
--- Store jobs.  ARGV: now, then groups of jobs that share their queue, task,
--- priority, run time and attempts (a bulk enqueue is one group):
+-- Store jobs.  ARGV: now, mode, call, deadline, then groups of jobs that
+-- share their queue, task, priority, run time and attempts (a bulk enqueue is
+-- one group):
 --   count, queue, name, priority, run_at, scheduled ('1'/'0'), max_attempts,
 --   keyed ('1'/'0'), then per job: id, [key,] body.
+-- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
+-- which registers the call until `deadline`) stores the jobs for commit.lua
+-- to publish (see _lib.lua, unstage).
 -- Returns each job's id, or the id of the job already stored under the same
 -- id or key.  A job is never stored twice, so a producer may send the same
 -- batch again after a lost reply.
@@ -11,11 +15,20 @@
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
 -- token, its lease), in its inbox, so it starts them without another round
 -- trip.  The rest wait in the queue's ready set.
-local now = ARGV[1]
-local nnow = tonumber(now)
+local now, mode, call = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
-local queues, running, paused = P .. ':queues', P .. ':running', P .. ':paused'
-local n = 2
+local queues = P .. ':queues'
+local stage = nil
+if mode == 'stage1' then
+  redis.call('ZADD', P .. ':staging', ARGV[4], call)
+  mode = 'stage'
+elseif mode == 'stage' and not redis.call('ZSCORE', P .. ':staging', call) then
+  return redis.error_reply('STAGEGONE staged batch ' .. call .. ' expired')
+end
+if mode == 'stage' then
+  stage = P .. ':stage:' .. call
+end
+local n = 5
 while n <= #ARGV do
   local size, q, name, pr, ra = tonumber(ARGV[n]), ARGV[n + 1], ARGV[n + 2], ARGV[n + 3],
     ARGV[n + 4]
@@ -60,7 +73,7 @@ while n <= #ARGV do
       end
       ids[#ids + 1] = 0
       ids[#ids + 1] = id
-      if sched then
+      if sched and not stage then
         redis.call('ZADD', sk, ra, id)
       else
         fresh[#fresh + 1] = id
@@ -72,37 +85,12 @@ while n <= #ARGV do
     redis.call('ZADD', P .. ':ids', unpack(ids))
     redis.call('SADD', queues, q)
   end
-  local k = 1
-  if #fresh > 0 and redis.call('SISMEMBER', paused, q) == 0 then
-    while k <= #fresh do
-      local wid, w = take_waiter(q, nnow)
-      if not wid then
-        break
-      end
-      local token = redis.call('INCR', P .. ':fence')
-      local lu = nnow + tonumber(w[2])
-      local batch = {}
-      local limit = tonumber(w[3])
-      while k <= #fresh and #batch < limit do
-        local id = fresh[k]
-        redis.call('HSET', jkey(id), 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1],
-          'ib', wid)
-        redis.call('ZADD', running, lu, id)
-        batch[#batch + 1] = {id, q, 1, bodies[k], '', token, lu}
-        k = k + 1
-      end
-      count(q, 'running', #batch)
-      redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
+  if stage then
+    if #fresh > 0 then
+      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, #fresh, unpack(fresh))
     end
-  end
-  if k <= #fresh then
-    local ready = {}
-    local score, pre = -tonumber(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
-    for j = k, #fresh do
-      ready[#ready + 1] = score
-      ready[#ready + 1] = pre .. fresh[j]
-    end
-    redis.call('ZADD', P .. ':ready:' .. q, unpack(ready))
+  elseif #fresh > 0 then
+    offer(q, pr, ra, fresh, bodies, now)
   elseif sched and #ids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
     -- waiting workers sleep until the earliest due job: wake one if these
     -- are due earlier

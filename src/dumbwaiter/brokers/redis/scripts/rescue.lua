@@ -2,7 +2,8 @@
 -- Housekeeping, run by every worker about once a second:
 -- 1. jobs whose lease ran out go back to ready with a LeaseExpired error
 --    (dead when that was their last attempt);
--- 2. finished jobs past their retention, and expired kv entries, are deleted.
+-- 2. finished jobs past their retention, expired kv entries, and jobs staged
+--    by a bulk enqueue whose producer died before committing, are deleted.
 -- ARGV: now, limit (per kind and call).  Returns how many leases were rescued.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
@@ -87,6 +88,10 @@ if #gone > 0 then
   redis.call('HDEL', P .. ':kv', unpack(gone))
   redis.call('ZREM', P .. ':kvn', unpack(gone))
   redis.call('ZREM', kvx, unpack(gone))
+end
+-- bulk enqueues whose producer died between staging and commit
+for _, call in ipairs(redis.call('ZRANGEBYSCORE', P .. ':staging', '-inf', now, 'LIMIT', 0, 10)) do
+  unstage(call)
 end
 flush_counts()
 return rescued

@@ -1,0 +1,345 @@
+"""Enqueue: encoding, pipelining, staging, retries, for sync and async callers.
+
+The seam's rule is that a batch is stored whole or not at all when a message
+is too large or the caller's iterator raises, and a producer must not block
+for long on one encoding pass before anything reaches the server.  So:
+
+* a batch of at most ``CHUNK`` jobs is encoded, then sent as one enqueue
+  script call (the usual ``task.enqueue``);
+* a bigger batch is **staged**: each chunk is sent as soon as it is encoded
+  (the server stores it while the next one is encoded, which is what makes a
+  bulk enqueue fast on a small machine), into no set a worker reads; one
+  commit script then publishes them all.  If the iterator raises, the staged
+  jobs are deleted (``unstage``) and the error re-raised.  Chunks with unique
+  keys are not staged (a staged key would be visible to other producers):
+  they are sent after the commit, once everything is encoded;
+* a connection lost on the way (or a script the server forgot) turns a bulk
+  enqueue into the plain form: undo what was staged, send every chunk in one
+  pipeline, and retry that with backoff for up to ``reconnect`` seconds.
+  Resending is safe: a job is never stored twice (same id, same key).
+
+The steps are written once, as generators that yield I/O requests (send a
+command, read a reply, sleep, drop the connection) and get the results back;
+``drive_sync`` and ``drive_async`` run them on a sync or an asyncio
+connection.  An I/O error is thrown into the generator at the request that
+failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseError
+
+from ...errors import BrokerError
+from ...message import Message, encode_checked, uuid7
+from .client import TRANSIENT, Arg, AsyncLink, SyncLink
+
+if TYPE_CHECKING:
+    from .broker import RedisBroker
+
+log = logging.getLogger("dumbwaiter.redis")
+
+#: jobs per enqueue script call
+CHUNK = 1000
+#: seconds a producer may take between staging a bulk enqueue and committing
+#: it; after that the rescuer deletes what it staged (the producer died)
+STAGE_TTL = 600.0
+
+#: what a step asks its driver for; the reply (or None) is sent back in
+Request = tuple[Any, ...]
+Plan = Generator[Request, Any, list[str]]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Up to ``CHUNK`` encoded jobs: groups of (count, queue, name, priority,
+    run_at, scheduled, max_attempts, keyed) then id, [key,] body per job."""
+
+    args: list[Arg]
+    keyed: bool
+
+
+def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
+    """The messages as enqueue script arguments, one chunk at a time.
+
+    Consecutive jobs that share queue, task, priority, run time and attempts
+    form one group: one header, then id and body per job (a bulk enqueue of
+    one task is one group), which keeps both the packing here and the parsing
+    on the server short.  Encoding size-checks each message.
+    """
+    now = time.time()
+    snow = repr(now)
+    args: list[Arg] = []
+    keyed = False
+    group: tuple[Any, ...] | None = None
+    head = count = size = 0
+    for m in msgs:
+        body = encode_checked(m, limit)
+        eta = m.eta
+        if eta is not None and eta > now:
+            sched, ra = b"1", repr(eta)
+        else:
+            sched, ra = b"0", snow
+        key = m.key if m.key is not None and m.kind == "task" else None
+        g = (m.queue, m.name, m.priority, ra, sched, m.max_attempts, key is not None)
+        if size == CHUNK:
+            args[head] = count
+            yield Chunk(args, keyed)
+            args, keyed, group, size = [], False, None, 0
+        if g != group:
+            if group is not None:
+                args[head] = count
+            head, count, group = len(args), 0, g
+            args += (0, *g[:6], b"0" if key is None else b"1")
+        if key is None:
+            args += (m.id, body)
+        else:
+            args += (m.id, key, body)
+            keyed = True
+        count += 1
+        size += 1
+    if group is not None:
+        args[head] = count
+        yield Chunk(args, keyed)
+
+
+class _SourceFailed(Exception):
+    """The caller's iterator (or an encoding) raised: re-raise it as it was."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _take(chunks: Iterator[Chunk]) -> Chunk | None:
+    try:
+        return next(chunks)
+    except StopIteration:
+        return None
+    except BaseException as exc:
+        raise _SourceFailed(exc) from exc
+
+
+def _ids(reply: Any) -> list[str]:
+    if isinstance(reply, BaseException):
+        raise reply
+    return [i.decode() for i in reply]
+
+
+class Enqueue:
+    """One enqueue call's steps (see the module docstring)."""
+
+    def __init__(self, broker: RedisBroker, msgs: Iterable[Message]) -> None:
+        self.b = broker
+        self.source = encode(msgs, broker.max_message_size)
+        self.chunks: list[Chunk] = []
+
+    def _cmd(self, chunk: Chunk, mode: bytes = b"", call: str = "") -> tuple[Arg, ...]:
+        s = self.b._lua.enqueue
+        deadline = repr(time.time() + STAGE_TTL) if mode == b"stage1" else ""
+        return (b"EVALSHA", s.sha, 1, self.b.prefix, repr(time.time()), mode, call, deadline,
+                *chunk.args)  # fmt: skip
+
+    def _script(self, name: str, *args: Arg) -> tuple[Arg, ...]:
+        s = getattr(self.b._lua, name)
+        return (b"EVALSHA", s.sha, 1, self.b.prefix, *args)
+
+    def plan(self) -> Plan:
+        try:
+            first, second = _take(self.source), _take(self.source)
+        except _SourceFailed as failed:  # nothing was sent
+            raise failed.exc from None
+        self.chunks += [c for c in (first, second) if c is not None]
+        if second is None:
+            return (yield from self._plain(None))
+        call = uuid7()
+        try:
+            return (yield from self._staged(call))
+        except _SourceFailed as failed:
+            yield ("reset",)
+            yield from self._undo(call)
+            raise failed.exc from None
+        except (RedisError, OSError) as exc:
+            log.info("bulk enqueue: staging failed (%s); sending it the plain way", exc)
+            yield ("reset",)
+        # the staged way failed (connection lost, script flushed, MOVED...):
+        # encode the rest, then undo and send it all the plain way, retrying
+        while (chunk := _take(self.source)) is not None:
+            self.chunks.append(chunk)
+        return (yield from self._plain(call))
+
+    def _staged(self, call: str) -> Plan:
+        """Stage chunks as they are encoded (one reply outstanding at most),
+        then commit, then send the keyed chunks."""
+        replies: dict[int, Any] = {}
+        sent: list[int] = []
+        # make sure the server knows the scripts: then NOSCRIPT cannot cut
+        # the stream short (unless they are flushed meanwhile: the plain way)
+        scripts = (self.b._lua.enqueue, self.b._lua.commit, self.b._lua.unstage)
+        for s in scripts:
+            yield ("send", (b"SCRIPT", b"LOAD", s.source))
+        i = 0
+        loaded = 0
+        while True:
+            if i == len(self.chunks):
+                chunk = _take(self.source)
+                if chunk is None:
+                    break
+                self.chunks.append(chunk)
+            if not self.chunks[i].keyed:
+                yield ("send", self._cmd(self.chunks[i], b"stage" if sent else b"stage1", call))
+                sent.append(i)
+                while loaded < len(scripts):
+                    _checked((yield ("read",)))
+                    loaded += 1
+                if len(sent) - len(replies) > 1:
+                    replies[sent[len(replies)]] = _checked((yield ("read",)))
+            i += 1
+        while loaded < len(scripts):
+            _checked((yield ("read",)))
+            loaded += 1
+        while len(replies) < len(sent):
+            replies[sent[len(replies)]] = _checked((yield ("read",)))
+        keyed = [k for k, c in enumerate(self.chunks) if c.keyed]
+        yield ("send", self._script("commit", repr(time.time()), call))
+        for k in keyed:
+            yield ("send", self._cmd(self.chunks[k]))
+        _checked((yield ("read",)))
+        for k in keyed:
+            replies[k] = _checked((yield ("read",)))
+        return [i for k in range(len(self.chunks)) for i in _ids(replies[k])]
+
+    def _undo(self, call: str) -> Generator[Request, Any, None]:
+        """Delete what ``call`` staged; if the server is gone, the rescuer
+        does it after STAGE_TTL."""
+        try:
+            yield ("send", self._script("unstage", call))
+            if isinstance((yield ("read",)), NoScriptError):
+                yield ("send", (b"EVAL", self.b._lua.unstage.source, 1, self.b.prefix, call))
+                yield ("read",)
+        except (RedisError, OSError) as exc:
+            log.warning("could not undo a failed bulk enqueue now (%s); it expires by itself", exc)
+
+    def _plain(self, staged: str | None) -> Plan:
+        """Every chunk in one pipeline (after undoing ``staged``), retried
+        with backoff while the server is unreachable or restarting."""
+        deadline = time.monotonic() + self.b.reconnect
+        delay = 0.05
+        while True:
+            try:
+                cmds = [self._cmd(c) for c in self.chunks]
+                if staged is not None:
+                    cmds.insert(0, self._script("unstage", staged))
+                for cmd in cmds:
+                    yield ("send", cmd)
+                replies = []
+                for _ in cmds:
+                    replies.append((yield ("read",)))
+                redirect = next((r for r in replies if isinstance(r, MovedError)), None)
+                if redirect is not None:
+                    self.b._target.moved(redirect.host, redirect.port)
+                    yield ("reset",)
+                    continue
+                if any(isinstance(r, NoScriptError) for r in replies):
+                    for s in (self.b._lua.enqueue, self.b._lua.unstage):
+                        yield ("send", (b"SCRIPT", b"LOAD", s.source))
+                        _checked((yield ("read",)))
+                    continue  # everything again: resending is safe
+                if staged is not None:
+                    _checked(replies.pop(0))
+                return [i for r in replies for i in _ids(r)]
+            except TRANSIENT as exc:
+                yield ("reset",)
+                if time.monotonic() + delay > deadline:
+                    raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
+                log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
+                yield ("sleep", delay)
+                delay = min(delay * 2, 1.0)
+            except RedisError as exc:
+                raise BrokerError(f"redis enqueue: {exc}") from exc
+
+
+def _checked(reply: Any) -> Any:
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
+
+
+def drive_sync(link: SyncLink, plan: Plan) -> list[str]:
+    """Run ``plan`` on one of ``link``'s connections, in this thread."""
+    conn = link.checkout()
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                req = plan.send(value) if error is None else plan.throw(error)
+            except StopIteration as stop:
+                link.checkin(conn)
+                result: list[str] = stop.value
+                return result
+            value = error = None
+            op = req[0]
+            try:
+                if op == "send":
+                    link.send(conn, req[1])
+                elif op == "read":
+                    value = link.read(conn)
+                elif op == "reset":
+                    link.discard(conn)
+                    conn = link.checkout()
+                elif op == "sleep":
+                    time.sleep(req[1])
+            except (RedisError, OSError) as exc:
+                link.discard(conn)  # its state is unknown: never reuse it
+                conn = link.checkout()
+                error = exc
+    except BaseException:
+        link.discard(conn)
+        raise
+    finally:
+        plan.close()
+
+
+async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
+    """Run ``plan`` on one of ``link``'s connections, on this event loop."""
+    conn = await link.checkout()
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                req = plan.send(value) if error is None else plan.throw(error)
+            except StopIteration as stop:
+                link.checkin(conn)
+                result: list[str] = stop.value
+                return result
+            value = error = None
+            op = req[0]
+            try:
+                if op == "send":
+                    await link.send(conn, req[1])
+                elif op == "read":
+                    value = await link.read(conn)
+                elif op == "reset":
+                    await link.discard(conn)
+                    conn = await link.checkout()
+                elif op == "sleep":
+                    await asyncio.sleep(req[1])
+            except (RedisError, OSError) as exc:
+                await link.discard(conn)
+                conn = await link.checkout()
+                error = exc
+    except BaseException:
+        await link.discard(conn)
+        raise
+    finally:
+        plan.close()
+
+
+__all__ = ["CHUNK", "Enqueue", "ResponseError", "drive_async", "drive_sync", "encode"]
