@@ -9,6 +9,7 @@ the shared server.  ``shared_url`` is a fresh prefix on the shared server
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -29,6 +30,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = random.randint(20000, 45000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisServer:
@@ -104,3 +123,57 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def shared_url() -> str:
     """A fresh prefix on the shared server (db 15)."""
     return url(new_prefix())
+
+
+class RedisCluster:
+    """Three primaries on free loopback ports (no replicas), slots spread."""
+
+    def __init__(self, dir: Path) -> None:
+        options = (
+            *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+            *("--cluster-node-timeout", "2000", "--appendonly", "no"),
+        )
+        self.nodes = [RedisServer(dir / f"n{i}", free_cluster_port(), *options) for i in range(3)]
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.dir.mkdir()
+            node.start()
+        cli = shutil.which("redis-cli")
+        assert cli is not None
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+             "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+        # wait until every node agrees the cluster is up
+        import redis
+
+        deadline = time.monotonic() + 30
+        for node in self.nodes:
+            client = redis.Redis(port=node.port)
+            try:
+                while client.cluster("info")["cluster_state"] != "ok":
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("cluster did not come up")
+                    time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
+    ok = REDIS_SERVER is not None and shutil.which("redis-cli") is not None
+    require_service("redis-server", ok, "no redis-server / redis-cli binary on PATH")
+    cluster = RedisCluster(tmp_path)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

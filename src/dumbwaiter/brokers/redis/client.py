@@ -135,13 +135,6 @@ def _eval(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg
     return (b"EVAL", script.source, len(keys), *keys, *args)
 
 
-def _raise_first(replies: list[Any]) -> list[Any]:
-    for r in replies:
-        if isinstance(r, BaseException):
-            raise r
-    return replies
-
-
 class AsyncLink:
     """The connections of one event loop."""
 
@@ -188,45 +181,6 @@ class AsyncLink:
             return await self.call(*_evalsha(script, keys, args))
         except NoScriptError:
             return await self.call(*_eval(script, keys, args))
-
-    async def scripts(
-        self, script: Script, keys: Sequence[Arg], argss: Sequence[Sequence[Arg]]
-    ) -> list[Any]:
-        """Several calls of one script in one pipeline, in order.  After
-        ``NOSCRIPT`` every call is sent again: only for idempotent scripts."""
-        if len(argss) == 1:
-            return [await self.script(script, keys, argss[0])]
-        cmds = [_evalsha(script, keys, a) for a in argss]
-        replies = await self._pipeline(cmds)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            await self.call(b"SCRIPT", b"LOAD", script.source)
-            replies = await self._pipeline(cmds)
-        return _raise_first(replies)
-
-    async def _pipeline(self, cmds: Sequence[tuple[Arg, ...]]) -> list[Any]:
-        if self.generation != self.target.generation:
-            await self.aclose()
-            self.generation = self.target.generation
-        conn = self.free.pop() if self.free else self.target.new_async()
-        out: list[Any] = []
-        try:
-            for cmd in cmds:  # the server runs one while the next is packed
-                await conn.send_packed_command(_pack(conn, cmd), check_health=False)
-            for _ in cmds:
-                try:
-                    out.append(
-                        await conn.read_response(
-                            disable_decoding=True, timeout=self.target.read_timeout
-                        )
-                    )
-                except ResponseError as exc:
-                    out.append(exc)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
-            raise
-        self.free.append(conn)
-        return out
 
     # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
 
@@ -333,44 +287,6 @@ class SyncLink:
             return self.call(*_evalsha(script, keys, args))
         except NoScriptError:
             return self.call(*_eval(script, keys, args))
-
-    def scripts(
-        self, script: Script, keys: Sequence[Arg], argss: Sequence[Sequence[Arg]]
-    ) -> list[Any]:
-        """``AsyncLink.scripts`` for sync callers."""
-        if len(argss) == 1:
-            return [self.script(script, keys, argss[0])]
-        cmds = [_evalsha(script, keys, a) for a in argss]
-        replies = self._pipeline(cmds)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            self.call(b"SCRIPT", b"LOAD", script.source)
-            replies = self._pipeline(cmds)
-        return _raise_first(replies)
-
-    def _pipeline(self, cmds: Sequence[tuple[Arg, ...]]) -> list[Any]:
-        if self.pid != os.getpid() or self.generation != self.target.generation:
-            self.free = []
-            self.pid = os.getpid()
-            self.generation = self.target.generation
-        try:
-            conn = self.free.pop()
-        except IndexError:
-            conn = self.target.new_sync()
-        out: list[Any] = []
-        try:
-            for cmd in cmds:
-                conn.send_packed_command(_pack(conn, cmd), check_health=False)
-            for _ in cmds:
-                try:
-                    out.append(conn.read_response(disable_decoding=True))
-                except ResponseError as exc:
-                    out.append(exc)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                conn.disconnect()
-            raise
-        self.free.append(conn)
-        return out
 
     # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
 

@@ -1,0 +1,77 @@
+"""A Redis Cluster: the broker follows MOVED to the node that owns its slot."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+from redis.crc import key_slot
+
+import dumbwaiter as dw
+from dumbwaiter.brokers import from_url
+from tests.conformance.conftest import msg
+from tests.conformance.helpers import fetch_all
+
+from .conftest import RedisCluster
+
+
+def _owner(cluster: RedisCluster, prefix: str) -> int:
+    """The port of the node that serves the prefix's slot."""
+    slot = key_slot(f"{{dw:{prefix}}}".encode())
+    client = redis.Redis(port=cluster.nodes[0].port)
+    try:
+        for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+    finally:
+        client.close()
+    raise AssertionError(f"no node serves slot {slot}")
+
+
+def _elsewhere(cluster: RedisCluster) -> tuple[str, int]:
+    """A prefix whose slot is not served by the first node, and its owner."""
+    for i in range(100):
+        owner = _owner(cluster, f"app{i}")
+        if owner != cluster.nodes[0].port:
+            return f"app{i}", owner
+    raise AssertionError("every prefix hashed to the first node")
+
+
+async def test_broker_follows_moved_to_its_slot(redis_cluster: RedisCluster) -> None:
+    prefix, owner = _elsewhere(redis_cluster)
+    url = redis_cluster.nodes[0].url(prefix=prefix)  # the wrong node on purpose
+    consumer, producer = from_url(url), from_url(url)
+    try:
+        waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 10.0, "w"))
+        await asyncio.sleep(0.1)
+        m = msg()
+        assert await producer.enqueue([m]) == [m.id]
+        [d] = await asyncio.wait_for(waiting, 10)  # handed over through the inbox
+        assert d.id == m.id
+        await consumer.ack([d])
+        ids = await producer.enqueue([msg() for _ in range(2500)])  # staged bulk
+        assert len(await fetch_all(consumer)) == len(ids) == 2500
+        assert await producer.kv_incr("n") == 1
+        assert await producer.acquire("leader", "me", 30.0) is not None
+        [stats] = await producer.stats()
+        assert (stats.succeeded, stats.running) == (1, 2500)
+    finally:
+        await consumer.close()
+        await producer.close()
+    client = redis.Redis(port=owner)
+    try:
+        assert client.exists(f"{{dw:{prefix}}}:ids")
+    finally:
+        client.close()
+
+
+def test_sync_producer_follows_moved(redis_cluster: RedisCluster) -> None:
+    prefix, _ = _elsewhere(redis_cluster)
+    app = dw.App(redis_cluster.nodes[0].url(prefix=prefix))
+    task = app.task(name="t.job")(lambda i: None)
+    try:
+        job = task.enqueue(1)
+        assert len(task.enqueue_many(range(1500))) == 1500
+        assert job.status() == "ready"
+    finally:
+        app.close()
