@@ -65,7 +65,15 @@ HOUSEKEEPING_CHUNK = 1000
 WALK_BUDGET = 10_000
 #: seconds an idle fetch stays registered as a waiter before it registers again
 WAITER_TTL = 1.0
-_OPTIONS = {"prefix", "retention", "reconnect", "socket_timeout", "connect_timeout"}
+_OPTIONS = {
+    "prefix",
+    "retention",
+    "reconnect",
+    "socket_timeout",
+    "connect_timeout",
+    "wait_replicas",
+    "wait_timeout",
+}
 #: fields of a job as ``get`` and ``list`` read them
 _INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp")
 
@@ -97,6 +105,10 @@ class RedisBroker(Broker):
             self.retention = float(opts.get("retention", DEFAULT_RETENTION))
             #: seconds an enqueue keeps trying while the server is unreachable
             self.reconnect = float(opts.get("reconnect", 30.0))
+            #: an enqueue returns only once this many replicas have its writes
+            #: (``WAIT``), or fails after ``wait_timeout`` seconds
+            self.wait_replicas = int(opts.get("wait_replicas", 0))
+            self.wait_timeout = float(opts.get("wait_timeout", 1.0))
             socket_timeout = float(opts.get("socket_timeout", 30.0))
             connect_timeout = float(opts.get("connect_timeout", 5.0))
             self._target = Target(rest, socket_timeout, connect_timeout)

@@ -209,10 +209,27 @@ class Enqueue:
         yield ("send", self._script("commit", repr(time.time()), call))
         for k in keyed:
             yield ("send", self._cmd(self.chunks[k]))
+        if self.b.wait_replicas:
+            yield ("send", self._wait())
         _checked((yield ("read",)))
         for k in keyed:
             replies[k] = _checked((yield ("read",)))
+        if self.b.wait_replicas:
+            self._confirmed((yield ("read",)))
         return [i for k in range(len(self.chunks)) for i in _ids(replies[k])]
+
+    def _wait(self) -> tuple[Arg, ...]:
+        return (b"WAIT", self.b.wait_replicas, int(self.b.wait_timeout * 1000))
+
+    def _confirmed(self, reply: Any) -> None:
+        """Replicas that acknowledged this connection's writes (``WAIT``)."""
+        got = int(_checked(reply))
+        if got < self.b.wait_replicas:
+            raise BrokerError(
+                f"redis enqueue: stored on the primary, but only {got} of "
+                f"{self.b.wait_replicas} replicas confirmed it within {self.b.wait_timeout} s "
+                "(enqueueing the same jobs again is safe)"
+            )
 
     def _undo(self, call: str) -> Generator[Request, Any, None]:
         """Delete what ``call`` staged; if the server is gone, the rescuer
@@ -235,11 +252,14 @@ class Enqueue:
                 cmds = [self._cmd(c) for c in self.chunks]
                 if staged is not None:
                     cmds.insert(0, self._script("unstage", staged))
+                if self.b.wait_replicas:
+                    cmds.append(self._wait())
                 for cmd in cmds:
                     yield ("send", cmd)
                 replies = []
                 for _ in cmds:
                     replies.append((yield ("read",)))
+                waited = replies.pop() if self.b.wait_replicas else None
                 redirect = next((r for r in replies if isinstance(r, MovedError)), None)
                 if redirect is not None:
                     self.b._target.moved(redirect.host, redirect.port)
@@ -252,7 +272,10 @@ class Enqueue:
                     continue  # everything again: resending is safe
                 if staged is not None:
                     _checked(replies.pop(0))
-                return [i for r in replies for i in _ids(r)]
+                ids = [i for r in replies for i in _ids(r)]
+                if waited is not None:
+                    self._confirmed(waited)
+                return ids
             except TRANSIENT as exc:
                 yield ("reset",)
                 if time.monotonic() + delay > deadline:
