@@ -68,7 +68,8 @@ def _check() -> tuple[bool, str, str]:
             _state = (False, f"{SERVER}: {exc!r}", "")
             return _state
         user = urlsplit(SERVER).username or "guest"
-        if _ctl("add_vhost", VHOST) and _ctl("set_permissions", "-p", VHOST, user, ".*", ".*", ".*"):
+        perms = ("set_permissions", "-p", VHOST, user, ".*", ".*", ".*")
+        if _ctl("add_vhost", VHOST) and _ctl(*perms):
             atexit.register(_ctl, "delete_vhost", VHOST)
             _state = (True, "", VHOST)
         else:

@@ -65,6 +65,12 @@ DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
 _OPTIONS = {"state", "prefix", "queue_type", "delays", "retention", "exchange_type", "reconnect"}
 _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
+#: seconds a copy newer than its record waits for the record to be written
+RECORD_GRACE = 5.0
+#: what a publish that may be tried again on a new connection can raise
+SEND_ERRORS: tuple[type[BaseException], ...] = (BrokerError, *AMQP_ERRORS)
+#: what ``_judge`` decides about a copy RabbitMQ handed out
+_TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
 _UNIQUE_BLOCKS = {
     "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
     "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
@@ -204,7 +210,7 @@ class RabbitMQBroker(Broker):
             name = n.lane(queue, lane)
             await ch.queue_declare(name, durable=True, arguments=args)
             await ch.queue_bind(name, n.level(-1), routing_key=topo.exit_pattern(name))
-        dlq_args = {"x-queue-type": "quorum"} if n.queue_type == "quorum" else {}
+        dlq_args: dict[str, Any] = {"x-queue-type": "quorum"} if n.queue_type == "quorum" else {}
         await ch.queue_declare(n.dlq(queue), durable=True, arguments=dlq_args)
         await ch.queue_bind(n.dlq(queue), n.dlx, routing_key=queue)
         await self.state.kv_set({self.keys.queue + queue: b"1"})
@@ -315,7 +321,10 @@ class RabbitMQBroker(Broker):
             content_type="application/json",
             delivery_mode=2,
             message_id=raw.message_id or None,
-            headers={k: v for k, v in raw.headers.items() if k.startswith("dw-")},
+            headers={
+                "dw-seen": time.time(),
+                **{k: v for k, v in raw.headers.items() if k.startswith("dw-")},
+            },
         )
         key = topo.delay_key(units, lane_queue)
         return self.names.level(topo.LEVELS - 1), key, raw.body, props
@@ -331,7 +340,7 @@ class RabbitMQBroker(Broker):
             headers["x-dw-attempts"] = msg.attempt
             headers["x-dw-errors"] = orjson.dumps(
                 [
-                    {"attempt": e.attempt, "type": e.type, "message": e.message[:500], "time": e.time}
+                    {"attempt": e.attempt, "type": e.type, "message": e.message[:500]}
                     for e in errs[-20:]
                 ]
             ).decode()
@@ -368,7 +377,7 @@ class RabbitMQBroker(Broker):
                         await self._declare_queue(link, q)
                 await link.publish(items)
                 return
-            except (*AMQP_ERRORS, BrokerError) as exc:
+            except SEND_ERRORS as exc:
                 err = await self._failed(link, "publish", exc)
                 if time.monotonic() + delay > deadline:
                     raise err from exc
@@ -610,9 +619,7 @@ class RabbitMQBroker(Broker):
             if remaining <= 0:
                 return []
             link.arrived.clear()
-            recheck = min(
-                [remaining, *(t - time.time() for t in link.paused_until.values())]
-            )
+            recheck = min([remaining, *(t - time.time() for t in link.paused_until.values())])
             try:
                 await asyncio.wait_for(link.arrived.wait(), max(0.01, recheck))
             except TimeoutError:
@@ -645,29 +652,8 @@ class RabbitMQBroker(Broker):
         is leased to a live worker, or not due yet) or dead-letter."""
         k = self.keys
         now = time.time()
-        out: list[Delivery] = []
-        parsed: list[tuple[Raw, Message, str, Message | None]] = []
+        parsed, out = _parse(raws, now + lease)
         drop: list[int] = []
-        for raw in raws:
-            try:
-                m = decode(raw.body)
-            except MessageDecodeError as exc:
-                out.append(
-                    Delivery(
-                        id=raw.message_id or f"undecodable-{raw.gen}-{raw.tag}",
-                        message=None,
-                        token=Token(0, raw.gen, raw.tag),
-                        lease_until=now + lease,
-                        queue=raw.queue,
-                        raw=raw.body,
-                        decode_error=str(exc),
-                    )
-                )
-                continue
-            if m.kind == EVENT and not m.queue:  # a fanned-out event
-                parsed.append((raw, m, delivery_id(m.id, raw.queue), m))
-            else:
-                parsed.append((raw, m, m.id, None))
         wanted = [k.job + did for _, _, did, _ in parsed]
         wanted += [k.paused + q for q in {raw.queue for raw in raws}]
         wanted += [k.claim + "gone:" + did for _, _, did, ev in parsed if ev is not None]
@@ -676,52 +662,30 @@ class RabbitMQBroker(Broker):
         parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
         deads: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
         requeue: list[int] = []
+        judged: set[str] = set()
         for raw, m, did, ev in parsed:
             if k.paused + raw.queue in got:
                 requeue.append(raw.tag)
-                if raw.queue in link.consumers or True:
-                    link.paused_until[raw.queue] = now + 1.0
-                    for lq in self.names.lanes(raw.queue):
-                        await link.cancel(lq)
+                link.paused_until[raw.queue] = now + 1.0
+                for lq in self.names.lanes(raw.queue):
+                    await link.cancel(lq)
                 continue
-            rec_raw = got.get(k.job + did)
-            ver = int(raw.headers.get("dw-v", 0))
-            if rec_raw is None:
-                if ev is None or k.claim + "gone:" + did in got:
-                    drop.append(raw.tag)  # purged or expired
-                    continue
-                rec = Record(
-                    msg=delivery_of(ev, await self._binding(raw.queue, ev.name), did),
-                    state=State.READY,
-                    run_at=now,
-                    updated_at=now,
-                )
-            else:
-                rec = Record.load(rec_raw)
-                if ver < rec.ver or rec.state in FINAL_STATES:
-                    drop.append(raw.tag)  # a stale copy
-                    continue
-                if ver > rec.ver:  # the record of a newer copy was never written
-                    rec.ver, rec.msg = ver, m
-                    rec.state, rec.run_at = State.READY, now
-                if rec.state is State.RUNNING:
-                    if rec.lease_until > now:
-                        parks.append(self._park(raw, rec.lease_until + topo.UNIT))
-                        drop.append(raw.tag)
-                        continue
-                    # its worker's connection died and its lease ran out
-                    rec.msg.errors.append(_lease_error(rec, now, "its connection closed"))
-                    if rec.msg.attempt >= rec.msg.max_attempts:
-                        rec.state, rec.updated_at = State.DEAD, now
-                        rec.ver += 1
-                        deads.append(self._dead_copy(rec.msg, raw.queue))
-                        writes[k.job + did] = rec.dump()
-                        drop.append(raw.tag)
-                        continue
-                elif rec.run_at > now + 0.001:
-                    parks.append(self._park(raw, rec.run_at))  # early: not due yet
-                    drop.append(raw.tag)
-                    continue
+            if did in judged:  # a second copy of a job in this very batch
+                drop.append(raw.tag)
+                continue
+            judged.add(did)
+            verdict, rec = await self._judge(raw, m, did, ev, got, now)
+            if verdict is _PARK:
+                assert rec is not None
+                until = rec.lease_until + topo.UNIT if rec.state is State.RUNNING else rec.run_at
+                parks.append(self._park(raw, until))
+            elif verdict is _DEAD:
+                assert rec is not None
+                deads.append(self._dead_copy(rec.msg, raw.queue))
+                writes[k.job + did] = rec.dump()
+            if verdict is not _TAKE or rec is None:
+                drop.append(raw.tag)
+                continue
             rec.state = State.RUNNING
             rec.msg.attempt += 1
             rec.token += 1
@@ -749,6 +713,57 @@ class RabbitMQBroker(Broker):
         if drop:
             await link.ack(link.gen, drop)
         return out
+
+    async def _judge(
+        self,
+        raw: Raw,
+        m: Message,
+        did: str,
+        ev: Message | None,
+        got: Mapping[str, bytes],
+        now: float,
+    ) -> tuple[str, Record | None]:
+        """What to do with one copy: ``_TAKE`` (run it), ``_DROP`` (stale: its
+        job was retried, rescued, rescheduled, cancelled, purged or finished
+        since), ``_PARK`` (its job is leased to a live worker, or not due) or
+        ``_DEAD`` (its worker died holding the last attempt)."""
+        k = self.keys
+        rec_raw = got.get(k.job + did)
+        ver = int(raw.headers.get("dw-v", 0))
+        if rec_raw is None:
+            if ev is None or k.claim + "gone:" + did in got:
+                return _DROP, None  # purged or expired
+            binding = await self._binding(raw.queue, ev.name)
+            msg = delivery_of(ev, binding, did)
+            return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
+        rec = Record.load(rec_raw)
+        if ver < rec.ver or rec.state in FINAL_STATES:
+            return _DROP, None
+        if ver > rec.ver:
+            # A copy sent before its record is written (the writer publishes
+            # first, so a crash in between loses nothing): wait for the
+            # record; if it never comes, its writer died, and the copy wins.
+            seen = float(raw.headers.get("dw-seen", now))
+            if now - seen < RECORD_GRACE:
+                rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
+                return _PARK, rec
+            rec.ver, rec.msg = ver, m
+            rec.state, rec.run_at = State.READY, now
+        if rec.state is State.RUNNING:
+            if not raw.redelivered and "dw-seen" not in raw.headers:
+                return _DROP, None  # a copy sent twice (a publish tried again)
+            if rec.lease_until > now:
+                return _PARK, rec  # its worker's connection closed: wait out the lease
+            # its worker's connection died and its lease ran out
+            rec.msg.errors.append(_lease_error(rec, now, "its connection closed"))
+            if rec.msg.attempt >= rec.msg.max_attempts:
+                rec.state, rec.updated_at = State.DEAD, now
+                rec.ver += 1
+                return _DEAD, rec
+            return _TAKE, rec
+        if rec.run_at > now + 0.001:
+            return _PARK, rec  # early: not due yet
+        return _TAKE, rec
 
     async def _binding(self, queue: str, event_type: str) -> Binding:
         for refresh in (False, True):
@@ -890,10 +905,10 @@ class RabbitMQBroker(Broker):
         writes: dict[str, bytes] = {}
         copies = []
         for id_, token in expired.items():
-            raw = got.get(k.job + id_)
-            if raw is None:
+            found = got.get(k.job + id_)
+            if found is None:
                 continue
-            rec = Record.load(raw)
+            rec = Record.load(found)
             if rec.state is not State.RUNNING or rec.token != token or rec.lease_until >= now:
                 continue
             if not await self.state.kv_add(f"{k.claim}rescue:{id_}:{token}", b"1", ttl=3600):
@@ -912,8 +927,13 @@ class RabbitMQBroker(Broker):
         if writes:
             await self.state.kv_set(writes)
         # tidy other owners' lease maps: what is rescued or finished leaves them
-        gone = [key for key, d in owners.items() if key != k.lease + self.instance
-                and float(d["at"]) < now - 60 and all(u < now for _, u in d["held"].values())]  # fmt: skip
+        gone = [
+            key
+            for key, d in owners.items()
+            if key != k.lease + self.instance
+            and float(d["at"]) < now - 60
+            and all(u < now for _, u in d["held"].values())
+        ]
         if gone:
             await self.state.kv_delete(gone)
         return len(writes)
@@ -1031,7 +1051,7 @@ class RabbitMQBroker(Broker):
                         if not isinstance(d, spec.Basic.GetOk):
                             break
                         if (m.header.properties.message_id or "") in ids:
-                            await ch.basic_ack(d.delivery_tag)
+                            await ch.basic_ack(int(d.delivery_tag or 0))
             finally:
                 await ch.close()  # unacked copies go back to their DLQ
         except AMQP_ERRORS as exc:
@@ -1144,12 +1164,41 @@ class RabbitMQBroker(Broker):
         await self.state.slot_release(holds)
 
 
+def _parse(
+    raws: list[Raw], lease_until: float
+) -> tuple[list[tuple[Raw, Message, str, Message | None]], list[Delivery]]:
+    """Decode copies: (raw, message, job id, the event if it is a fanned-out
+    one), and deliveries of the undecodable ones for the worker to dead-letter."""
+    parsed: list[tuple[Raw, Message, str, Message | None]] = []
+    bad: list[Delivery] = []
+    for raw in raws:
+        try:
+            m = decode(raw.body)
+        except MessageDecodeError as exc:
+            bad.append(
+                Delivery(
+                    id=raw.message_id or f"undecodable-{raw.gen}-{raw.tag}",
+                    message=None,
+                    token=Token(0, raw.gen, raw.tag),
+                    lease_until=lease_until,
+                    queue=raw.queue,
+                    raw=raw.body,
+                    decode_error=str(exc),
+                )
+            )
+            continue
+        if m.kind == EVENT and not m.queue:  # a fanned-out event
+            parsed.append((raw, m, delivery_id(m.id, raw.queue), m))
+        else:
+            parsed.append((raw, m, m.id, None))
+    return parsed, bad
+
+
 def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
     return ErrorRecord(
         time=now,
         type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
-        message=f"lease expired: worker {rec.worker or '?'} lost attempt "
-        f"{rec.msg.attempt} ({why})",
+        message=f"lease expired: worker {rec.worker or '?'} lost attempt {rec.msg.attempt} ({why})",
         worker=rec.worker or "",
         attempt=rec.msg.attempt,
     )

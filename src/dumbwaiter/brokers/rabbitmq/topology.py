@@ -83,7 +83,8 @@ def delay_units(seconds: float) -> int:
     """Whole units covering ``seconds`` (never early), capped at one pass."""
     if seconds <= 0:
         return 0
-    return min(math.ceil(seconds / UNIT - 1e-9), 2**LEVELS - 1)
+    units: int = math.ceil(seconds / UNIT - 1e-9)
+    return min(units, (1 << LEVELS) - 1)
 
 
 def delay_key(units: int, target: str) -> str:
