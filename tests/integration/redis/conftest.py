@@ -137,7 +137,7 @@ class RedisCluster:
 
     def start(self) -> None:
         for node in self.nodes:
-            node.dir.mkdir()
+            node.dir.mkdir(parents=True)
             node.start()
         cli = shutil.which("redis-cli")
         assert cli is not None
@@ -171,9 +171,16 @@ class RedisCluster:
 def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
     ok = REDIS_SERVER is not None and shutil.which("redis-cli") is not None
     require_service("redis-server", ok, "no redis-server / redis-cli binary on PATH")
-    cluster = RedisCluster(tmp_path)
+    for attempt in range(3):  # a port picked free may be taken before the node binds it
+        cluster = RedisCluster(tmp_path / f"cluster{attempt}")
+        try:
+            cluster.start()
+            break
+        except (RuntimeError, TimeoutError, subprocess.SubprocessError):
+            cluster.stop()
+            if attempt == 2:
+                raise
     try:
-        cluster.start()
         yield cluster
     finally:
         cluster.stop()
