@@ -31,6 +31,7 @@ from .task import DEFAULT_RESULT_TTL, Task
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .outbox import Outbox
     from .schedule import Policy, Schedule
     from .workflow import Signature
 
@@ -170,6 +171,15 @@ class App:
     def job(self, id: str) -> Job:
         """A handle for a job enqueued elsewhere."""
         return Job(self, id)
+
+    def outbox(self, conn: Any) -> Outbox:
+        """Send jobs and events inside the transaction ``conn`` is in (sqlite3,
+        psycopg, SQLAlchemy; sync or async): ``app.outbox(conn).enqueue(task,
+        ...)`` / ``.publish(event)`` (``aenqueue`` / ``apublish`` for async
+        connections).  Nothing is sent if the transaction rolls back."""
+        from .outbox import Outbox
+
+        return Outbox(self, conn)
 
     def subscribe(
         self,

@@ -97,6 +97,29 @@ class Context:
         value = self.message.headers.get("causation_id")
         return None if value is None else str(value)
 
+    # -- the inbox: exactly-once effects in the handler's own database ----------
+
+    @property
+    def consumer(self) -> str:
+        """Who consumes this message, for the inbox: the group's queue for an
+        event, the task's name for a job."""
+        return self.message.queue if self.message.kind == "event" else self.message.name
+
+    def inbox(self, conn: Any) -> bool:
+        """Mark this message handled in ``conn``'s transaction; False if it was
+        (see ``dumbwaiter.inbox``).  sqlite3, psycopg or SQLAlchemy, sync."""
+        from .inbox import mark_sync
+        from .sqldb import adapt
+
+        return mark_sync(adapt(conn), self.consumer, self.event_id)
+
+    async def ainbox(self, conn: Any) -> bool:
+        """``inbox`` for async connections (psycopg or SQLAlchemy)."""
+        from .inbox import mark
+        from .sqldb import adapt
+
+        return await mark(adapt(conn), self.consumer, self.event_id)
+
     # -- checkpoints (batch shards and other long jobs) -------------------------
 
     @property

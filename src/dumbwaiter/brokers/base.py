@@ -26,9 +26,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
+
+if TYPE_CHECKING:
+    from ..sqldb import Sql
 from ..state import State
 
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
@@ -297,6 +300,25 @@ class Broker(abc.ABC):
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         """``enqueue`` for sync callers, where ``capabilities.sync_enqueue``."""
         raise NotImplementedError(f"{type(self).__name__} has no sync enqueue path")
+
+    # The transactional outbox's fast path (where ``capabilities.transactional_outbox``):
+    # when the caller's connection is to the broker's own database, jobs and
+    # events are written by the caller's transaction itself.
+
+    async def owns_connection(self, sql: Sql) -> bool:
+        """Whether ``sql`` (the caller's connection) is this broker's database."""
+        return False
+
+    def owns_connection_sync(self, sql: Sql) -> bool:
+        return False
+
+    async def enqueue_with(self, sql: Sql, msgs: Sequence[Message]) -> None:
+        """Store jobs and publish events inside the caller's transaction on
+        ``sql`` (where ``owns_connection(sql)``): nothing is visible before its commit."""
+        raise NotImplementedError(f"{type(self).__name__} cannot join the caller's transaction")
+
+    def enqueue_with_sync(self, sql: Sql, msgs: Sequence[Message]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot join the caller's transaction")
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         """Keep each event (kind ``event``) in the event log and deliver it to

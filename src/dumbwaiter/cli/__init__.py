@@ -30,6 +30,7 @@ COMMANDS = {
     "schedules": "schedules:schedules",
     "events": "events:events",
     "batches": "batches:batches",
+    "relay": "relay:relay",
     "publish": "events:publish",
     "dashboard": "dashboard:dashboard",
     "alerts": "alerts:alerts",

@@ -70,6 +70,15 @@ log = logging.getLogger("dumbwaiter.cli")
     "the app's periodic tasks.",
 )
 @click.option(
+    "--with-relay",
+    "relay_source",
+    metavar="URL",
+    envvar="DUMBWAITER_OUTBOX_URL",
+    default=None,
+    help="Also relay the transactional outbox of the database at URL (sqlite:///PATH or "
+    "postgresql://...) to the broker; one replica leads [env DUMBWAITER_OUTBOX_URL].",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     default=None,
@@ -99,6 +108,7 @@ def worker(
     heartbeat: float | None,
     grace: float,
     with_scheduler: bool,
+    relay_source: str | None,
     metrics_port: int | None,
     alerts: bool | None,
     log_level: str,
@@ -123,6 +133,10 @@ def worker(
         from ..scheduler import Scheduler  # imported only when asked for
 
         services.append(Scheduler(app))
+    if relay_source:
+        from ..relay import service as relay_service
+
+        services.append(relay_service(relay_source))
     services += _observability(app, metrics_port, alerts)
     w = Worker(app, config, services=services)
     asyncio.run(_serve(w))

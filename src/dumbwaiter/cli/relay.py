@@ -1,0 +1,76 @@
+"""``dumbwaiter relay``: move the transactional outbox of a database to the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import click
+
+from ..relay import Relay
+from .common import app_options, resolve_app
+
+
+@click.command()
+@app_options
+@click.option(
+    "--source",
+    metavar="URL",
+    envvar="DUMBWAITER_OUTBOX_URL",
+    required=True,
+    help="The database holding dw_outbox: sqlite:///PATH or postgresql://... "
+    "[env DUMBWAITER_OUTBOX_URL].",
+)
+@click.option("--batch", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option(
+    "--retention",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Seconds relayed rows are kept before they are pruned.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="Seconds the leading relay holds its lease; a standby takes over after it.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def relay(
+    app_spec: str | None,
+    url: str | None,
+    source: str,
+    batch: int,
+    retention: float,
+    lease: float,
+    log_level: str,
+) -> None:
+    """Relay committed outbox rows to the broker, in order, until SIGTERM.
+
+    Run any number: one leads, the others take over when it stops."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
+    )
+    app = resolve_app(app_spec, url)
+    r = Relay(app, source, batch=batch, retention=retention, lease=lease)
+
+    async def main() -> None:
+        task = asyncio.create_task(r.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await app.broker.close()
+
+    asyncio.run(main())
+    click.echo(f"relayed {r.relayed} message(s)", err=True)

@@ -1,0 +1,100 @@
+"""The relay as real processes: SIGKILLed mid-batch, and several at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dumbwaiter as dw
+from dumbwaiter.relay import Relay
+from tests.apps import outboxapp
+
+ROOT = Path(__file__).resolve().parents[3]
+N = 3000
+
+
+def _fill_shop(app: dw.App, shop: Path) -> None:
+    conn = sqlite3.connect(shop)
+    conn.execute("PRAGMA journal_mode=WAL")  # an application database, as most run it
+    conn.execute("CREATE TABLE ledger (n INTEGER)")
+    for start in range(0, N, 500):
+        with conn:  # committed in transactions of 500 orders
+            for n in range(start, start + 500):
+                app.outbox(conn).publish(outboxapp.OrderPaid(n=n))
+    conn.close()
+
+
+def _count(shop: Path, sql: str) -> int:
+    conn = sqlite3.connect(shop, timeout=30)
+    try:
+        return int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_relay_killed_mid_batch_loses_nothing_and_duplicates_are_dropped(tmp_path: Path) -> None:
+    url, shop = f"sqlite:///{tmp_path}/broker.db", tmp_path / "shop.db"
+    app = dw.App(url)
+    app.subscribe(outboxapp.OrderPaid, group="ledger")(outboxapp.ledger.fn)
+    asyncio.run(app._declare())
+    _fill_shop(app, shop)
+    env = {**os.environ, "OUTBOXAPP_URL": url, "OUTBOXAPP_SHOP": str(shop), "PYTHONPATH": str(ROOT)}
+    relay_cmd = [sys.executable, "-m", "dumbwaiter", "relay", "--app", "tests.apps.outboxapp:app",
+                 "--source", f"sqlite:///{shop}", "--batch", "100", "--lease", "1",
+                 "--log-level", "WARNING"]  # fmt: skip
+    worker_cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app",
+                  "tests.apps.outboxapp:app", "-c", "16", "--log-level", "WARNING"]  # fmt: skip
+    relay = subprocess.Popen(relay_cmd, cwd=ROOT, env=env)
+    worker = subprocess.Popen(worker_cmd, cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while _count(shop, "SELECT count(*) FROM dw_outbox WHERE relayed_at IS NOT NULL") < N // 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        relay.send_signal(signal.SIGKILL)  # mid-run, maybe between send and mark
+        assert relay.wait(timeout=10) == -signal.SIGKILL
+        relay = subprocess.Popen(relay_cmd, cwd=ROOT, env=env)
+        while _count(shop, "SELECT count(*) FROM ledger") < N:
+            assert time.monotonic() < deadline + 60, "not every order reached the ledger"
+            time.sleep(0.05)
+    finally:
+        for p in (relay, worker):
+            p.send_signal(signal.SIGTERM)
+        for p in (relay, worker):
+            p.wait(timeout=30)
+    assert _count(shop, "SELECT count(*) FROM ledger") == N  # each effect once
+    assert _count(shop, "SELECT count(DISTINCT n) FROM ledger") == N
+    assert _count(shop, "SELECT count(*) FROM dw_outbox WHERE relayed_at IS NULL") == 0
+    app.close()
+
+
+def test_several_relays_hand_each_row_to_one(tmp_path: Path) -> None:
+    url, shop = f"sqlite:///{tmp_path}/broker.db", tmp_path / "shop.db"
+    app = dw.App(url)
+    app.subscribe(outboxapp.OrderPaid, group="ledger")(outboxapp.ledger.fn)
+    asyncio.run(app._declare())
+    _fill_shop(app, shop)
+    relays = [Relay(app, f"sqlite:///{shop}", batch=200, lease=5.0) for _ in range(3)]
+
+    def left() -> int:
+        return _count(shop, "SELECT count(*) FROM dw_outbox WHERE relayed_at IS NULL")
+
+    async def run() -> None:
+        tasks = [asyncio.create_task(r.run()) for r in relays]
+        while left() > 0:  # noqa: ASYNC110 - the outbox lives in another database
+            await asyncio.sleep(0.02)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(run())
+    assert sum(r.relayed for r in relays) == N  # no row was sent by two relays
+    [stats] = [s for s in asyncio.run(app.broker.stats()) if s.queue == "group:ledger"]
+    assert stats.ready == N
+    app.close()
