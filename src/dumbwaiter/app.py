@@ -168,6 +168,11 @@ class App:
         self.tasks[name] = task
         return task
 
+    def use(self, *middleware: Middleware) -> None:
+        """Add middleware after the app was built (the outermost stays first):
+        the CLI adds metrics and tracing this way."""
+        self.middleware = Chain([*self.middleware.middleware, *middleware])
+
     def job(self, id: str) -> Job:
         """A handle for a job enqueued elsewhere."""
         return Job(self, id)

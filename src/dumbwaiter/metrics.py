@@ -524,12 +524,9 @@ def install(app: App, middleware: Middleware) -> None:
     """Add ``middleware`` to ``app``'s chain (last, so innermost) unless one of
     its class is there already: the CLI adds what its options ask for to an
     app loaded from the user's module."""
-    from .middleware import Chain
-
-    current = app.middleware.middleware
-    if any(type(m) is type(middleware) for m in current):
+    if any(type(m) is type(middleware) for m in app.middleware.middleware):
         return
-    app.middleware = Chain([*current, middleware])
+    app.use(middleware)
 
 
 def register_collector(registry: CollectorRegistry, cache: StatsCache) -> QueueCollector:

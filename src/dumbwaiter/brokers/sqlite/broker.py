@@ -1008,12 +1008,13 @@ class SQLiteBroker(Broker):
 
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         def run() -> dict[str, bytes]:
+            # a range on the primary key (not substr(), which scans every row)
             rows = self._worker_conn().execute(
-                "SELECT key, value FROM dw_kv WHERE substr(key, 1, length(?)) = ?"
+                "SELECT key, value FROM dw_kv WHERE key >= ? AND key < ?"
                 " AND (expires IS NULL OR expires > ?)",
-                (prefix, prefix, time.time()),
+                (prefix, prefix + "\U0010ffff", time.time()),
             )
-            return {k: bytes(v) for k, v in rows}
+            return {k: bytes(v) for k, v in rows if k.startswith(prefix)}
 
         return await self._run(run)
 
