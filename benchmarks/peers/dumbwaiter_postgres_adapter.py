@@ -17,6 +17,8 @@ from dumbwaiter_adapter import DumbwaiterAdapter, _app
 from peers.adapters.base import Adapter
 from peers.common import PG_DSN, pg_execute
 
+from dumbwaiter.brokers.postgres import PostgresBroker
+
 SCHEMA = "dumbwaiter_bench"
 _sep = "&" if "?" in PG_DSN else "?"
 POSTGRES_URL = f"{PG_DSN}{_sep}schema={SCHEMA}&application_name=dumbwaiter-bench"
@@ -39,6 +41,17 @@ class DumbwaiterPostgresAdapter(DumbwaiterAdapter):
     def __init__(self) -> None:
         super().__init__("dumbwaiter-postgres", "postgres", POSTGRES_URL, "postgres_app")
 
+    def open(self) -> None:
+        # Producer-side clients are created here, not at the first enqueue
+        # (the harness: "called once per run, before enqueues"; pgqueuer's
+        # adapter connects here too): the sync pool connects and the schema
+        # version is checked.  Not timed.
+        super().open()
+        assert self._app is not None
+        broker = self._app.broker
+        assert isinstance(broker, PostgresBroker)
+        broker.open_sync()
+
     def worker_cmd(self, concurrency: int) -> list[str]:
         # the base class names its own module in --app; the App is defined here
         cmd = super().worker_cmd(concurrency)
@@ -50,8 +63,6 @@ class DumbwaiterPostgresAdapter(DumbwaiterAdapter):
             f"SELECT to_regclass('{SCHEMA}.dw_schema_version') IS NOT NULL", fetch=True
         )
         if not exists[0][0]:
-            from dumbwaiter.brokers.postgres import PostgresBroker
-
             PostgresBroker(POSTGRES_URL).migrate()
         pg_execute("TRUNCATE " + ", ".join(f"{SCHEMA}.{t}" for t in TABLES))
 

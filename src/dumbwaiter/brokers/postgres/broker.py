@@ -36,6 +36,7 @@ from typing import Any, ClassVar, TypeVar
 import orjson
 import psycopg
 from psycopg import sql
+from psycopg.adapt import PyFormat
 from psycopg.copy import QueuedLibpqWriter
 from psycopg_pool import ConnectionPool
 
@@ -267,6 +268,13 @@ class PostgresBroker(Broker):
                 self._sync_pool = pool
             return self._sync_pool
 
+    def open_sync(self) -> None:
+        """Open the sync producers' pool now and check the schema (an app's
+        start-up), so that the first ``enqueue`` does not pay for connecting."""
+        with self._sync().connection() as conn:
+            if not self._schema_ok:
+                self._check_schema_sync(conn)
+
     # -- transport -------------------------------------------------------
 
     async def open(self) -> None:
@@ -405,7 +413,9 @@ class PostgresBroker(Broker):
         now = time.time()
         later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
         async with conn.transaction():
-            async with conn.cursor().copy(self.q.copy) as cp:
+            cur = conn.cursor()
+            _fast_bytea(cur)
+            async with cur.copy(self.q.copy) as cp:
                 cp.set_types(_COPY_TYPES)
                 for r in itertools.chain(head, (self._row(m) for m in rest)):
                     kept.append(r)
@@ -483,6 +493,7 @@ class PostgresBroker(Broker):
         later: list[tuple[Any, ...]] = []
         with conn.transaction():
             cur = conn.cursor()
+            _fast_bytea(cur)
             # the writer thread sends while this one encodes: the server stores
             # the first rows while the last ones are being made
             with cur.copy(self.q.copy, writer=QueuedLibpqWriter(cur)) as cp:
@@ -861,6 +872,13 @@ def _close_later(st: _LoopState) -> None:
 #: 16 bytes of the UUID, typed bytea here: the binary form of a uuid column is
 #: those bytes, and this avoids building a uuid.UUID per job.
 _COPY_TYPES = ["bytea", "text", "text", "text", "int4", "int4", "text", "bytea"]
+
+
+def _fast_bytea(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """COPY picks dumpers by column type, and for bytea psycopg's lookup by type
+    finds its pure-Python DB-API ``Binary`` dumper; this cursor gets the
+    (C, where psycopg has it) dumper of ``bytes`` instead."""
+    cur.adapters.register_dumper(bytes, cur.adapters.get_dumper(bytes, PyFormat.BINARY))
 
 
 def _binary_row(r: tuple[Any, ...]) -> tuple[Any, ...]:
