@@ -92,7 +92,9 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 class RedisBroker(Broker):
-    capabilities: ClassVar[Capabilities] = Capabilities(sync_enqueue=True, multi_process=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        sync_enqueue=True, multi_process=True, limits=True
+    )
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
 
     def __init__(self, url: str) -> None:
@@ -331,7 +333,7 @@ class RedisBroker(Broker):
             return
         args: list[Arg] = [repr(time.time())]
         for d in ds:
-            args += (d.id, d.token)
+            args += (d.id, d.token, repr(d.retry_at))
         await self._run(self._lua.requeue, args)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
@@ -451,6 +453,12 @@ class RedisBroker(Broker):
         r = await self._run(self._lua.cancel, [repr(now), repr(now + self.retention), *ids])
         return [i.decode() for i in r]
 
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        if not ids:
+            return []
+        r = await self._run(self._lua.reschedule, [repr(time.time()), repr(at), *ids])
+        return [i.decode() for i in r]
+
     async def pause(self, queue: str) -> None:
         await self._run(self._lua.pause, [repr(time.time()), queue, b"1"])
 
@@ -507,6 +515,27 @@ class RedisBroker(Broker):
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         r = await self._run(self._lua.kv_scan, [repr(time.time()), prefix])
         return {r[i].decode(): r[i + 1] for i in range(0, len(r), 2)}
+
+    # -- flow control ------------------------------------------------------------
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        args: list[Arg] = [key, rate, repr(per), repr(at), repr(at - per), repr(at + per)]
+        args += (repr(at - 2 * per), f"{at!r}:{secrets.token_hex(6)}")
+        return float(await self._run(self._lua.rate_limit, args))
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        now = time.time()
+        args: list[Arg] = [b"acquire", key, limit, holder, repr(now), repr(now + ttl)]
+        return bool(await self._run(self._lua.slots, args))
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        if holds:
+            args: list[Arg] = [b"extend", repr(time.time() + ttl)]
+            await self._run(self._lua.slots, args + [x for h in holds for x in h])
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        if holds:
+            await self._run(self._lua.slots, [b"release", *(x for h in holds for x in h)])
 
 
 # -- replies -------------------------------------------------------------------

@@ -59,7 +59,8 @@ Plan = Generator[Request, Any, list[str]]
 @dataclass(slots=True)
 class Chunk:
     """Up to ``CHUNK`` encoded jobs: groups of (count, queue, name, priority,
-    run_at, scheduled, max_attempts, keyed) then id, [key,] body per job."""
+    run_at, scheduled, max_attempts, keyed) then id, [key, unique,] body per
+    job (``unique``: the ``unique`` header, see enqueue.lua)."""
 
     args: list[Arg]
     keyed: bool
@@ -100,7 +101,8 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
         if key is None:
             args += (m.id, body)
         else:
-            args += (m.id, key, body)
+            unique = m.headers.get("unique", "") if m.headers else ""
+            args += (m.id, key, unique if unique in ("active", "queued") else "", body)
             keyed = True
         count += 1
         size += 1

@@ -57,6 +57,7 @@ NAMES = (
     "extend",
     "rescue",
     "cancel",
+    "reschedule",
     "list",
     "replay",
     "purge",
@@ -72,6 +73,8 @@ NAMES = (
     "kv_incr",
     "kv_delete",
     "kv_scan",
+    "rate_limit",
+    "slots",
 )
 
 
@@ -93,6 +96,7 @@ class Scripts:
     extend: Script
     rescue: Script
     cancel: Script
+    reschedule: Script
     list: Script
     replay: Script
     purge: Script
@@ -108,6 +112,8 @@ class Scripts:
     kv_incr: Script
     kv_delete: Script
     kv_scan: Script
+    rate_limit: Script
+    slots: Script
 
 
 _scripts: Scripts | None = None

@@ -3,7 +3,11 @@
 -- share their queue, task, priority, run time and attempts (a bulk enqueue is
 -- one group):
 --   count, queue, name, priority, run_at, scheduled ('1'/'0'), max_attempts,
---   keyed ('1'/'0'), then per job: id, [key,] body.
+--   keyed ('1'/'0'), then per job: id, [key, unique,] body.
+-- `unique` says while a stored job with the same key blocks a new one:
+-- '' for as long as it is stored, 'active' while it is queued or running,
+-- 'queued' while it is queued.  A holder that no longer blocks gives its key
+-- to the new job.
 -- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
 -- which registers the call until `deadline`) stores the jobs for commit.lua
 -- to publish (see _lib.lua, unstage).
@@ -15,6 +19,10 @@
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
 -- token, its lease), in its inbox, so it starts them without another round
 -- trip.  The rest wait in the queue's ready set.
+local BLOCKS = {
+  active = {scheduled = true, ready = true, running = true},
+  queued = {scheduled = true, ready = true},
+}
 local now, mode, call = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
 local queues = P .. ':queues'
@@ -34,7 +42,7 @@ while n <= #ARGV do
     ARGV[n + 4]
   local sched, ma, keyed = ARGV[n + 5] == '1', ARGV[n + 6], ARGV[n + 7] == '1'
   n = n + 8
-  local step = keyed and 3 or 2
+  local step = keyed and 4 or 2
   local jks = {}
   for j = 0, size - 1 do
     jks[j + 1] = jkey(ARGV[n + j * step])
@@ -49,9 +57,9 @@ while n <= #ARGV do
     first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
   end
   for j = 1, size do
-    local id, key, body = ARGV[n], '', ARGV[n + step - 1]
+    local id, key, unique, body = ARGV[n], '', '', ARGV[n + step - 1]
     if keyed then
-      key = ARGV[n + 1]
+      key, unique = ARGV[n + 1], ARGV[n + 2]
     end
     n = n + step
     local jk = jks[j]
@@ -60,6 +68,13 @@ while n <= #ARGV do
       held = id
     elseif key ~= '' then
       held = redis.call('HGET', P .. ':keys', key)
+      if held and unique ~= '' then
+        local st = redis.call('HGET', jkey(held), 'st')
+        if not BLOCKS[unique][st] then
+          redis.call('HDEL', jkey(held), 'k') -- its key no longer blocks: free it
+          held = false
+        end
+      end
     end
     if held then
       out[#out + 1] = held
