@@ -153,3 +153,38 @@ async def test_builtin_error_types_match_with_or_without_module(broker: Broker) 
     assert len((await broker.list_jobs(JobFilter(error_type="builtins.ValueError"))).items) == 1
     assert len((await broker.list_jobs(JobFilter(error_type="ValueError"))).items) == 1
     assert (await broker.list_jobs(JobFilter(error_type="KeyError"))).items == []
+
+
+async def test_stats_agree_with_the_stored_jobs_after_every_kind_of_change(broker: Broker) -> None:
+    """However stats are kept (counted, or counters), they match the jobs."""
+    await broker.enqueue([msg(args=[i]) for i in range(12)] + [msg(eta=time.time() + 3600)])
+    ds = await broker.fetch(["default"], 10, 30.0, 0)
+    retry, dead, ack, back = ds[:2], ds[2:4], ds[4:7], ds[7:]
+    for d in retry:
+        d.error, d.retry_at = error(), time.time() + 3600
+    for d in dead:
+        d.error = error()
+    await broker.retry(retry)
+    await broker.dead(dead)
+    await broker.ack(ack)
+    await broker.requeue(back)
+    waiting = (await broker.list_jobs(JobFilter(state=State.READY))).items
+    await broker.cancel([waiting[0].message.id])
+    await broker.replay(JobFilter(ids=(dead[0].id,)))
+    await broker.purge(JobFilter(ids=(ack[0].id,)))
+    [s] = await broker.stats()
+    counts = {}
+    for state in State:
+        counts[state] = len((await broker.list_jobs(JobFilter(state=state), None, 100)).items)
+    assert (s.ready, s.scheduled, s.retrying, s.running) == (
+        counts[State.READY],
+        counts[State.SCHEDULED],
+        counts[State.RETRYING],
+        counts[State.RUNNING],
+    )
+    assert (s.dead, s.succeeded, s.cancelled) == (
+        counts[State.DEAD],
+        counts[State.SUCCEEDED],
+        counts[State.CANCELLED],
+    )
+    assert (s.ready, s.retrying, s.dead, s.succeeded, s.cancelled) == (5, 2, 1, 2, 1)

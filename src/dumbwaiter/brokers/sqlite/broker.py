@@ -26,6 +26,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -61,6 +62,8 @@ log = logging.getLogger("dumbwaiter.sqlite")
 DEFAULT_RETENTION = 3600.0
 SCHEMA_VERSION = 1
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
+#: rows per INSERT statement (11 parameters each, under SQLite's 32,766 limit)
+_INSERT_CHUNK = 2000
 #: header "unique" -> the states in which a key's holder no longer blocks a new job
 _UNIQUE_RELEASE = {
     "active": "('succeeded', 'dead', 'cancelled')",
@@ -289,6 +292,31 @@ class SQLiteBroker(Broker):
             )
         return rows
 
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> int:
+        """Insert (ignoring duplicates) in multi-row statements, and count what
+        went in per queue and state from RETURNING: one counter update per
+        batch, not a trigger per row."""
+        added: Counter[tuple[str, str]] = Counter()
+        for start in range(0, len(rows), _INSERT_CHUNK):
+            chunk = rows[start : start + _INSERT_CHUNK]
+            params = [v for r in chunk for v in r[:11]]
+            values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(chunk))
+            added.update(
+                conn.execute(
+                    "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority,"
+                    f" run_at, updated_at, max_attempts, key, body) VALUES {values}"
+                    " RETURNING queue, state",
+                    params,
+                ).fetchall()
+            )
+        if added:
+            conn.executemany(
+                "INSERT INTO dw_counts (queue, state, n) VALUES (?,?,?)"
+                " ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n",
+                [(q, st, n) for (q, st), n in added.items()],
+            )
+        return sum(added.values())
+
     def _insert(
         self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]], remember: bool = True
     ) -> list[str]:
@@ -298,12 +326,7 @@ class SQLiteBroker(Broker):
                 conn.execute(
                     f"UPDATE dw_jobs SET key=NULL WHERE key=? AND state IN {mode}", (r[9],)
                 )
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority, run_at,"
-            " updated_at, max_attempts, key, body) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            rows if not rows or len(rows[0]) == 11 else [r[:11] for r in rows],
-        )
+        inserted = self._insert_rows(conn, rows)
         new_queues = {r[1] for r in rows} - (self._known_queues if remember else set())
         if new_queues:
             conn.executemany(
@@ -313,7 +336,7 @@ class SQLiteBroker(Broker):
                 self._known_queues |= new_queues
         ids = [r[0] for r in rows]
         keyed = any(r[9] is not None for r in rows)
-        if keyed and conn.total_changes - before < len(rows) + len(new_queues):
+        if keyed and inserted < len(rows):
             # some were duplicates: report the id of the job that holds each key
             keys = [r[9] for r in rows if r[9] is not None]
             found = dict(
@@ -717,27 +740,22 @@ class SQLiteBroker(Broker):
             counts[name] = {}
             if is_paused:
                 paused.add(name)
-        for queue, state, n in c.execute(
-            "SELECT queue, state, count(*) FROM dw_jobs GROUP BY queue, state"
-        ):
-            counts.setdefault(queue, {})[state] = n
-        retrying = dict(
-            c.execute(
-                "SELECT queue, count(*) FROM dw_jobs WHERE state='scheduled' AND attempt>0"
-                " GROUP BY queue"
-            ).fetchall()
-        )
-        lags = dict(
-            c.execute(
-                "SELECT queue, min(run_at) FROM dw_jobs WHERE state='ready' GROUP BY queue"
-            ).fetchall()
-        )
+        for queue, state, n in c.execute("SELECT queue, state, n FROM dw_counts"):
+            counts.setdefault(queue, {})[state] = n  # kept by triggers: no row counting
+        lags = {}  # per queue, so each min() is one probe of dw_jobs_ready_age
+        for q, n in counts.items():
+            if n.get("ready", 0) > 0:
+                row = c.execute(
+                    "SELECT min(run_at) FROM dw_jobs WHERE state='ready' AND queue=?", (q,)
+                ).fetchone()
+                if row[0] is not None:
+                    lags[q] = row[0]
         return [
             QueueStats(
                 queue=q,
                 ready=n.get("ready", 0),
-                scheduled=n.get("scheduled", 0) - retrying.get(q, 0),
-                retrying=retrying.get(q, 0),
+                scheduled=n.get("scheduled", 0),
+                retrying=n.get("retrying", 0),
                 running=n.get("running", 0),
                 dead=n.get("dead", 0),
                 succeeded=n.get("succeeded", 0),
