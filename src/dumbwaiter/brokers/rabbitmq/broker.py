@@ -65,6 +65,8 @@ DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
 _OPTIONS = {"state", "prefix", "queue_type", "delays", "retention", "exchange_type", "reconnect"}
 _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
+#: seconds of lease left under which an outcome reads the record (fencing)
+SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
 #: what a publish that may be tried again on a new connection can raise
@@ -146,6 +148,8 @@ class RabbitMQBroker(Broker):
         self._links: dict[asyncio.AbstractEventLoop, Link] = {}
         #: jobs this broker object leased: id -> (token, lease_until)
         self._held: dict[str, tuple[int, float]] = {}
+        #: the records of those jobs as this broker last wrote them
+        self._recs: dict[str, Record] = {}
         self._declared: set[str] = set()
         self._cascade = False
         self._bindings: list[Binding] = []
@@ -609,6 +613,10 @@ class RabbitMQBroker(Broker):
         while True:
             gen = link.gen
             await self._watch(link, queues, prefetch)
+            for _ in range(2):  # let deliveries already read off the socket land
+                if not link.buffer or len(link.buffer) >= limit:
+                    break
+                await asyncio.sleep(0)
             raws = self._from_buffer(link, queues, limit)
             if raws:
                 out = await self._admit(link, raws, lease, worker)
@@ -694,6 +702,7 @@ class RabbitMQBroker(Broker):
             rec.updated_at = now
             writes[k.job + did] = rec.dump()
             self._held[did] = (rec.token, rec.lease_until)
+            self._recs[did] = rec
             out.append(
                 Delivery(
                     id=did,
@@ -736,7 +745,7 @@ class RabbitMQBroker(Broker):
             binding = await self._binding(raw.queue, ev.name)
             msg = delivery_of(ev, binding, did)
             return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
-        rec = Record.load(rec_raw)
+        rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if ver < rec.ver or rec.state in FINAL_STATES:
             return _DROP, None
         if ver > rec.ver:
@@ -779,12 +788,27 @@ class RabbitMQBroker(Broker):
     # -- outcomes --------------------------------------------------------------------------
 
     async def _owned(self, ds: Sequence[Delivery]) -> list[tuple[Delivery, Record]]:
-        """The deliveries whose lease is still theirs, with their records."""
+        """The deliveries whose lease is still theirs, with their records.
+
+        A lease with more than ``SURE`` seconds to run is ours without asking
+        the state store: only an expired lease is rescued or taken over (and
+        admin calls never touch running jobs), so the record this broker
+        wrote at fetch or heartbeat is still the record.  Others are read."""
         k = self.keys
-        live = [d for d in ds if d.message is not None]
-        got = await self.state.kv_get([k.job + d.id for d in live]) if live else {}
+        now = time.time()
         out = []
-        for d in live:
+        ask = []
+        for d in ds:
+            tok = d.token
+            if d.message is None or not isinstance(tok, Token):
+                continue
+            rec = self._recs.get(d.id)
+            if rec is not None and rec.token == tok.record and d.lease_until > now + SURE:
+                out.append((d, rec))
+            else:
+                ask.append(d)
+        got = await self.state.kv_get([k.job + d.id for d in ask]) if ask else {}
+        for d in ask:
             raw = got.get(k.job + d.id)
             if raw is None:
                 continue
@@ -797,7 +821,9 @@ class RabbitMQBroker(Broker):
     async def _finish(self, ds: Sequence[Delivery]) -> None:
         """Ack the deliveries' AMQP messages and forget their leases."""
         for d in ds:
-            self._held.pop(d.id, None)
+            if self._held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
+                self._held.pop(d.id, None)
+                self._recs.pop(d.id, None)
         link = self._links.get(asyncio.get_running_loop())
         if link is None:
             return
@@ -878,9 +904,12 @@ class RabbitMQBroker(Broker):
         for d, rec in owned:
             rec.lease_until = d.lease_until = now + lease
             self._held[d.id] = (rec.token, rec.lease_until)
+            self._recs[d.id] = rec
             writes[self.keys.job + d.id] = rec.dump()
         for d in lost:
-            self._held.pop(d.id, None)
+            if self._held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
+                self._held.pop(d.id, None)
+                self._recs.pop(d.id, None)
         writes[self.keys.lease + self.instance] = self._lease_map(now)
         await self.state.kv_set(writes)
         return lost

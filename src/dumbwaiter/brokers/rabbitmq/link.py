@@ -190,10 +190,23 @@ class Link:
         """Ack the tags of generation ``gen`` still unacked (others are gone)."""
         if gen != self.gen or self.cons is None or self.cons.is_closed:
             return
-        for tag in tags:
-            if tag in self.unacked:
-                self.unacked.discard(tag)
-                await self.cons.basic_ack(tag, wait=False)
+        mine = {t for t in tags if t in self.unacked}
+        if not mine:
+            return
+        # One frame with ``multiple`` covers the longest run of the oldest
+        # unacked tags that are all being acked (jobs mostly end in order).
+        upto = 0
+        for t in sorted(self.unacked):
+            if t not in mine:
+                break
+            upto = t
+        if upto:
+            await self.cons.basic_ack(upto, multiple=True, wait=False)
+        self.unacked -= {t for t in mine if t <= upto}
+        for t in sorted(mine):
+            if t > upto:
+                self.unacked.discard(t)
+                await self.cons.basic_ack(t, wait=False)
 
     async def nack(self, gen: int, tags: list[int]) -> None:
         if gen != self.gen or self.cons is None or self.cons.is_closed:
