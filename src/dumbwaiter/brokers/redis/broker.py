@@ -11,11 +11,14 @@ lists them).  The braces are a Redis Cluster hash tag: all of an app's keys
 hash to one slot, so multi-key scripts are legal on a cluster, and the
 broker follows ``MOVED`` to the node that owns the slot.
 
-Idle workers block on the server: enqueue leaves a token in the queue's
-``wake`` list and an idle fetch waits in ``BLPOP`` on the wake lists of its
-queues (until the earliest scheduled job is due, at most ``wait``), then
-claims.  Sync producers (``enqueue_sync``) use blocking sockets of their
-own thread: no event loop, no thread hop.
+Idle workers block on the server: an idle fetch registers as a waiter of
+its queues and waits in ``BLPOP`` on an inbox of its own (until the earliest
+scheduled job is due, at most ``wait``).  The enqueue script hands ready jobs
+straight into a waiter's inbox, already leased to it, so a job starts one
+hop after its enqueue; other transitions that make jobs ready leave a
+wake-up there instead.  Sync producers (``enqueue_sync``) use blocking
+sockets of their own thread: no event loop, no thread hop.  Enqueue itself
+(chunking, staging of big batches, retries) is in ``bulk.py``.
 
 Connection loss: an enqueue is sent again, with backoff, for up to
 ``reconnect`` seconds (a job is never stored twice, so resending a batch
@@ -30,7 +33,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -54,7 +57,6 @@ from ..base import (
 from . import bulk, lua
 from .client import Arg, AsyncLink, SyncLink, Target
 
-T = TypeVar("T")
 log = logging.getLogger("dumbwaiter.redis")
 
 #: finished jobs (without a longer-kept result) are deleted after this many seconds
@@ -124,7 +126,6 @@ class RedisBroker(Broker):
         self._links: dict[asyncio.AbstractEventLoop, AsyncLink] = {}
         self._last: AsyncLink | None = None
         self._sync: SyncLink | None = None
-        self._background: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<RedisBroker {self.prefix}>"
@@ -184,9 +185,13 @@ class RedisBroker(Broker):
             await self._run(self._lua.declare, list(queues))
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        if type(msgs) is list and len(msgs) == 1 and not self.wait_replicas:
+            return [await bulk.enqueue_one_async(self, self._link(), msgs[0])]
         return await bulk.drive_async(self._link(), bulk.Enqueue(self, msgs).plan())
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        if type(msgs) is list and len(msgs) == 1 and not self.wait_replicas:
+            return [bulk.enqueue_one_sync(self, self._sync_link(), msgs[0])]
         return bulk.drive_sync(self._sync_link(), bulk.Enqueue(self, msgs).plan())
 
     async def fetch(

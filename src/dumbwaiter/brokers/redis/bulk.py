@@ -289,6 +289,49 @@ class Enqueue:
                 raise BrokerError(f"redis enqueue: {exc}") from exc
 
 
+def _one_args(broker: RedisBroker, m: Message) -> list[Arg]:
+    [chunk] = encode([m], broker.max_message_size)
+    return [repr(time.time()), b"", "", "", *chunk.args]
+
+
+def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
+    """The usual ``task.enqueue``: one job, one script call, no pipeline to
+    drive; retried with backoff like the rest."""
+    args = _one_args(broker, m)
+    deadline = time.monotonic() + broker.reconnect
+    delay = 0.05
+    while True:
+        try:
+            return str(link.script(broker._lua.enqueue, broker._keys, args)[0].decode())
+        except TRANSIENT as exc:
+            if time.monotonic() + delay > deadline:
+                raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
+            log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except RedisError as exc:
+            raise BrokerError(f"redis enqueue: {exc}") from exc
+
+
+async def enqueue_one_async(broker: RedisBroker, link: AsyncLink, m: Message) -> str:
+    """``enqueue_one_sync`` for async callers."""
+    args = _one_args(broker, m)
+    deadline = time.monotonic() + broker.reconnect
+    delay = 0.05
+    while True:
+        try:
+            reply = await link.script(broker._lua.enqueue, broker._keys, args)
+            return str(reply[0].decode())
+        except TRANSIENT as exc:
+            if time.monotonic() + delay > deadline:
+                raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
+            log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        except RedisError as exc:
+            raise BrokerError(f"redis enqueue: {exc}") from exc
+
+
 def _checked(reply: Any) -> Any:
     if isinstance(reply, BaseException):
         raise reply
