@@ -9,7 +9,7 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker, JobFilter
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import error, eventually
+from tests.conformance.helpers import error, eventually, fetch_all
 from tests.integration.redis.server import SERVER, new_prefix, url
 
 
@@ -80,5 +80,26 @@ async def test_expired_kv_entries_are_swept() -> None:
             assert client.zcard(f"{{dw:{prefix}}}:kvx") == 0
         finally:
             client.close()
+    finally:
+        await broker.close()
+
+
+async def test_one_rescue_prunes_more_than_one_call_does() -> None:
+    """More jobs finish per second than one script call prunes: rescue()
+    calls it again until they are all gone."""
+    prefix = new_prefix()
+    broker = from_url(url(prefix, retention="0.2"))
+    try:
+        n = 2500
+        await broker.enqueue([msg() for _ in range(n)])
+        await broker.ack(await fetch_all(broker))
+
+        async def left_after_rescue() -> int:
+            await broker.rescue()
+            return (await broker.stats())[0].succeeded
+
+        seen: list[int] = []
+        await eventually(left_after_rescue, lambda k: seen.append(k) or k == 0)
+        assert set(seen) <= {0, n}  # nothing yet, or everything in one rescue()
     finally:
         await broker.close()

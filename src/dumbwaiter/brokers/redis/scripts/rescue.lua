@@ -4,7 +4,8 @@
 --    (dead when that was their last attempt);
 -- 2. finished jobs past their retention, expired kv entries, and jobs staged
 --    by a bulk enqueue whose producer died before committing, are deleted.
--- ARGV: now, limit (per kind and call).  Returns how many leases were rescued.
+-- ARGV: now, limit (per kind and call).  Returns {leases rescued, 1 if there
+-- is more to do than one call does}.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local etype = 'dumbwaiter.errors.LeaseExpired'
@@ -94,4 +95,6 @@ for _, call in ipairs(redis.call('ZRANGEBYSCORE', P .. ':staging', '-inf', now, 
   unstage(call)
 end
 flush_counts()
-return rescued
+-- more than one call's worth: the caller calls again
+local more = (#expired >= limit or #old >= limit) and 1 or 0
+return {rescued, more}
