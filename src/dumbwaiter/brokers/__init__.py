@@ -30,6 +30,7 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "rediss": ("dumbwaiter.brokers.redis", "RedisBroker", "redis"),
     "postgresql": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
     "postgres": ("dumbwaiter.brokers.postgres", "PostgresBroker", "postgres"),
+    "nats": ("dumbwaiter.brokers.nats", "NatsBroker", "nats"),
     "amqp": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
     "amqps": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
 }

@@ -1,0 +1,5 @@
+"""``nats://``: the NATS JetStream broker (docs/nats.md)."""
+
+from .broker import NatsBroker
+
+__all__ = ["NatsBroker"]

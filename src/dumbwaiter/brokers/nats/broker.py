@@ -1,0 +1,900 @@
+"""``nats://HOST:PORT?prefix=NAME``: the JetStream broker.
+
+How the seam maps onto JetStream (docs/nats.md has the full story):
+
+* **enqueue** publishes the job's envelope twice, pipelined, in one round
+  trip: a *pointer* to the work stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated
+  by ``Nats-Msg-Id`` = job id) and an index entry ``dw.NS.j.e.ID`` created
+  only if absent (so ``get`` finds a job nobody has touched yet, and a
+  duplicate id is recognised for as long as jobs are kept).  A job with an
+  ``eta`` goes to the delay subjects ``dw.NS.d.QUEUE.s`` instead.
+* **fetch** pulls from one durable pull consumer per queue and priority
+  level (higher levels first) and *claims* each delivery by creating the
+  job's state record (``dw.NS.j.s.ID``) with a compare-and-set; the record's
+  sequence is the delivery's fencing token (records.py).  An idle fetch
+  parks a pull request with ``expires`` on every level it may take from.
+* **ack / retry / dead / requeue** rewrite the record with a compare-and-set
+  on the token (a late worker's settle is refused), then ``+ACK`` the
+  pointer.  A retry, a requeue or a rescue publishes a new pointer (a delay
+  entry while it waits) with a fresh generation; dead letters go to the DLQ
+  stream with every error.
+* **lease**: the record's ``lease_until``; **extend** rewrites it and sends
+  ``+WPI`` so JetStream does not redeliver (AckWait is only the backstop).
+  Each process lists its running jobs in its holder message (HOLD stream);
+  **rescue** reads those and gives expired jobs back with a ``LeaseExpired``
+  error.  A pointer that JetStream redelivers after AckWait is rescued by
+  the fetch that gets it.
+* **delays**: delay entries are held by JetStream itself with
+  ``-NAK {"delay": ...}`` on the ``delay`` consumer and moved to the work
+  subjects when due (the promoter, one per fetching process).
+
+The broker serves several event loops (an App's sync calls run on its
+portal loop, a worker on its own): each loop gets its own connection
+(``_Link``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import orjson
+
+from ...errors import BrokerError, MessageDecodeError
+from ...message import Message, encode_checked, from_dict
+from ...state import State
+from ..base import (
+    Binding,
+    Capabilities,
+    Delivery,
+    delivery_of,
+)
+from . import records as R
+from .admin import Admin
+from .coord import Coordination
+from .core import (
+    MAX_HOLD,
+    SWEEP_EVERY,
+    UNIQUE_BLOCKS,
+    Ptr,
+    delivery_id,
+    env_of,
+    lease_error,
+    queue_of,
+)
+from .link import Link
+from .names import untok
+from .puller import Pulled
+from .records import Token
+from .store import Stored, is_conflict
+from .wire import (
+    JetStreamError,
+    Reply,
+    Unavailable,
+    header,
+    headers,
+    pub_ack,
+)
+
+log = logging.getLogger("dumbwaiter.nats")
+_NS_PER_S = 1_000_000_000
+#: the lock one process holds while it rescues expired leases for everyone
+_LOCK_RESCUE = "dw:rescue"
+#: headers of a job's index entry: created only if absent, with its run time
+_INDEX_HDR = b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 0\r\nDw-Ra: %s\r\nDw-U: %s\r\n\r\n"
+
+
+class NatsBroker(Admin, Coordination):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        native_delay=True,
+        priorities=True,
+        blocking_fetch=True,
+        # nats-py is asyncio-only: a sync producer goes through the App's
+        # portal (one thread hop per call); see docs/nats.md
+        sync_enqueue=False,
+        multi_process=True,
+        results=True,
+        # the server's default max_payload is 1 MiB; a state record carries the
+        # envelope plus its errors, so envelopes get the rest
+        max_message_size=1024 * 1024 - 128 * 1024,
+        events=True,
+        ordered_keys=False,
+        limits=True,
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("nats",)
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        link = await self._link()
+        if queues:
+            await self._merge_config(link, b"queues", lambda q: sorted(set(q or []) | set(queues)))
+        if bindings:
+
+            def merge(cur: Any) -> Any:
+                table: dict[str, dict[str, int]] = {k: dict(v) for k, v in (cur or {}).items()}
+                for b in bindings:
+                    table.setdefault(b.pattern, {})[b.queue] = b.max_attempts
+                return table
+
+            await self._merge_config(link, b"bind", merge)
+        for q in queues:
+            await link.puller(q, 0)
+
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        prepared = self._encode(msgs)
+        if not prepared:
+            return []
+        return [i for i, _ in await self._store_jobs(prepared)]
+
+    def _encode(self, msgs: Iterable[Message]) -> list[tuple[Message, bytes]]:
+        """Encode (and size-check) every message before anything is sent."""
+        limit = self.max_message_size
+        return [(m, encode_checked(m, limit)) for m in msgs]
+
+    async def _store_jobs(self, prepared: list[tuple[Message, bytes]]) -> list[tuple[str, bool]]:
+        """Store jobs; (id, newly stored) per message.  Retried with backoff
+        while NATS is unreachable (every write here is idempotent)."""
+        deadline = time.monotonic() + self.settings.reconnect
+        delay = 0.05
+        while True:
+            try:
+                link = await self._link()
+                return await self._store_once(link, prepared)
+            except Unavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise BrokerError(f"nats enqueue: {exc} (gave up after retries)") from exc
+                log.warning("nats enqueue failed (%s); trying again in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _store_once(
+        self, link: Link, prepared: list[tuple[Message, bytes]]
+    ) -> list[tuple[str, bool]]:
+        now = time.time()
+        result: list[tuple[str, bool] | None] = [None] * len(prepared)
+        send = list(range(len(prepared)))
+        if any(m.key is not None and m.kind == "task" for m, _ in prepared):
+            send = await self._take_keys(link, prepared, result)
+        n = self.n
+        wire = link.wire
+        futs: list[tuple[int, asyncio.Future[Reply], asyncio.Future[Reply]]] = []
+        sat = repr(now)
+        for i in send:
+            m, body = prepared[i]
+            mid = m.id.encode()
+            ra = m.eta if m.eta is not None and m.eta > now else now
+            idx = wire.request(
+                n.je + mid,
+                body,
+                _INDEX_HDR % (repr(ra).encode(), sat.encode()),
+            )
+            if ra > now:
+                subject = n.delayed(m.queue, b"s")
+                hdr = headers(
+                    (b"Nats-Msg-Id", mid), (b"Dw-Id", mid), (b"Dw-G", b"0"),
+                    (b"Dw-P", m.priority), (b"Dw-At", repr(ra)),
+                )  # fmt: skip
+            else:
+                subject = n.pointer(m.queue, m.priority)
+                hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
+                if m.priority:
+                    link.level_seen(m.queue, m.priority)
+            futs.append((i, idx, wire.request(subject, body, hdr)))
+        await wire.flush()
+        for i, idx_f, ptr_f in futs:
+            new = True
+            try:
+                pub_ack(await idx_f, "index")
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    raise
+                new = False  # this id is stored already
+            pub_ack(await ptr_f, "pointer")
+            result[i] = (prepared[i][0].id, new)
+        return [r if r is not None else ("", False) for r in result]
+
+    async def _take_keys(
+        self,
+        link: Link,
+        prepared: list[tuple[Message, bytes]],
+        result: list[tuple[str, bool] | None],
+    ) -> list[int]:
+        """Resolve task keys before storing: a key held by a stored job (in a
+        state its unique mode blocks) makes the message that job.  Returns the
+        indexes still to store."""
+        send: list[int] = []
+        first: dict[str, int] = {}
+        for i, (m, _) in enumerate(prepared):
+            if m.key is None or m.kind != "task":
+                send.append(i)
+                continue
+            if m.key in first:  # the same key earlier in this batch wins
+                result[i] = (prepared[first[m.key]][0].id, False)
+                continue
+            first[m.key] = i
+            holder = await self._claim_key(link, m)
+            if holder is None:
+                send.append(i)
+            else:
+                result[i] = (holder, False)
+        for key, i in first.items():
+            if result[i] is None:
+                continue
+            for j, (m, _) in enumerate(prepared):  # batch duplicates follow their winner
+                if j != i and m.key == key and m.kind == "task":
+                    result[j] = result[i]
+        return send
+
+    async def _claim_key(self, link: Link, m: Message) -> str | None:
+        """Take ``m.key`` for ``m`` (None) or return the id of the job holding it."""
+        assert m.key is not None
+        subject = self.n.unique(m.key)
+        value = orjson.dumps({"id": m.id, "key": m.key})
+        blocks = UNIQUE_BLOCKS.get(str(m.headers.get("unique", "")))
+        for _ in range(50):
+            cur = await link.store.read(self.n.jobs, subject)
+            if cur is not None:
+                held = orjson.loads(cur.data)
+                holder = str(held.get("id"))
+                if holder == m.id:
+                    return None
+                info = await self._get(link, holder)
+                if info is not None and (blocks is None or info.state.value in blocks):
+                    return holder
+            try:
+                await link.store.put(subject, value, cur.seq if cur else 0)
+                return None
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    raise
+        raise BrokerError(f"nats: the key {m.key!r} kept changing hands; gave up")
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        if limit <= 0 or not queues:
+            return []
+        link = await self._link()
+        link.start_promoter()
+        deadline = time.monotonic() + wait
+        out: list[Delivery] = []
+        while True:
+            plan = await link.plan(queues)
+            for puller in plan:
+                need = limit - len(out)
+                if need <= 0:
+                    break
+                items = await puller.pull(need)
+                if items:
+                    out += await self._claim_shielded(link, items, lease, worker)
+            if out or wait <= 0:
+                return out
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return out
+            # nothing ready: park a one-message request on every level and
+            # wake at the first delivery (the loop then claims from the stash)
+            waits = [p.request(1, remaining) for p in plan]
+            await link.wire.flush()
+            done, _ = await asyncio.wait(
+                waits, timeout=remaining + 1.0, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not link.wire.connected:
+                raise Unavailable("the connection to NATS was lost during a fetch")
+            if not done:
+                return out
+
+    async def _claim_shielded(
+        self, link: Link, items: list[Pulled], lease: float, worker: str
+    ) -> list[Delivery]:
+        """Claim; if the fetch is cancelled meanwhile, give back what was
+        claimed (a cancelled fetch leaves nothing leased)."""
+        task = asyncio.ensure_future(self._claim(link, items, lease, worker))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.requeue(await task)
+            raise
+
+    async def _claim(
+        self, link: Link, items: list[Pulled], lease: float, worker: str
+    ) -> list[Delivery]:
+        now = time.time()
+        until = now + lease
+        fast: list[tuple[Ptr, dict[str, Any]]] = []
+        slow: list[Ptr] = []
+        for it in items:
+            p = Ptr.of(it, self.n)
+            if p.queue in link.paused_now():
+                link.wire.publish(it.reply, b'-NAK {"delay":%d}' % _NS_PER_S)
+                continue
+            link.holder.running(p.id, p.queue, until, p.reply, worker)
+            if p.gen == "0" and p.env is not None:
+                env = p.env
+                env["attempt"] = int(env.get("attempt", 0)) + 1
+                fast.append((p, env))
+            else:
+                slow.append(p)
+        if not fast and not slow:
+            return []
+        link.holder.write()
+        store = link.store
+        futs = [
+            store.put_req(
+                self.n.js + p.id.encode(),
+                R.dumps(self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, 0)),
+                0,
+            )
+            for p, env in fast
+        ]
+        results = await link.wire.gather(futs)
+        out: list[Delivery] = []
+        for (p, env), r in zip(fast, results, strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            try:
+                ack = pub_ack(r, "claim")
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    raise
+                slow.append(p)  # someone wrote the record first: look at it
+                continue
+            tok = Token(ack.seq, ack.seq, p.reply, p.gen, 0, now, link.holder.id, worker)
+            out.append(self._delivery(p, env, tok, until))
+        if slow:
+            got = await asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
+            out += [d for d in got if d is not None]
+        dropped = {p.id for p in slow} - {d.id for d in out}
+        if dropped:
+            link.holder.forget(dropped)
+        return out
+
+    def _running(
+        self,
+        gen: str,
+        env: dict[str, Any],
+        now: float,
+        until: float,
+        worker: str,
+        reply: bytes,
+        link: Link,
+        claim: int,
+        run_at: float,
+        replays: int,
+    ) -> dict[str, Any]:
+        return {
+            R.ST: R.RUNNING,
+            R.ENV: env,
+            R.GEN: gen,
+            R.RUN_AT: run_at,
+            R.UPDATED: now,
+            R.WORKER: worker,
+            R.LEASE: until,
+            R.CLAIM: claim,
+            R.ACK: reply.decode(),
+            R.HOLDER: link.holder.id,
+            R.REPLAYS: replays,
+        }
+
+    def _delivery(self, p: Ptr, env: dict[str, Any], tok: Token, until: float) -> Delivery:
+        try:
+            msg: Message | None = from_dict(env)
+            err = None
+        except MessageDecodeError as exc:
+            msg, err = None, str(exc)
+        return Delivery(
+            id=p.id,
+            message=msg,
+            token=tok,
+            lease_until=until,
+            queue=p.queue,
+            raw=None if msg is not None else p.data,
+            decode_error=err,
+        )
+
+    async def _claim_slow(self, link: Link, p: Ptr, until: float, worker: str) -> Delivery | None:
+        """Claim a pointer whose job has a state record: look at it first."""
+        store = link.store
+        subject = self.n.js + p.id.encode()
+        for _ in range(20):
+            now = time.time()
+            cur = await store.read(self.n.jobs, subject)
+            if cur is None:
+                if p.env is None:
+                    env: dict[str, Any] = {"id": p.id, "queue": p.queue}
+                    claim_env = None
+                else:
+                    env = dict(p.env)
+                    env["attempt"] = int(env.get("attempt", 0)) + 1
+                    claim_env = env
+                rec = self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, 0)
+                expect = 0
+                replays, run_at = 0, now
+            else:
+                old = R.loads(cur.data)
+                st = old.get(R.ST)
+                if old.get(R.GEN) != p.gen:
+                    self._drop(link, p)  # a stale pointer: the job moved on
+                    return None
+                if st in R.WAITING:
+                    if float(old.get(R.RUN_AT, 0)) > now + 0.05:
+                        self._hold(link, p, float(old[R.RUN_AT]) - now)
+                        return None
+                    env = old[R.ENV]
+                elif st == R.RUNNING:
+                    if float(old.get(R.LEASE, 0)) > now:
+                        self._hold(link, p, float(old[R.LEASE]) - now + 0.05)
+                        return None
+                    env = old[R.ENV]
+                    env.setdefault("errors", []).append(lease_error(old, now))
+                    if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
+                        await self._bury(link, old, cur.seq, now)
+                        return None
+                else:
+                    if st == State.DEAD.value:
+                        await self._dlq_publish(link, old)
+                    self._drop(link, p)
+                    return None
+                env["attempt"] = int(env.get("attempt", 0)) + 1
+                claim_env = env
+                replays, run_at = int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now))
+                rec = self._running(
+                    p.gen, env, now, until, worker, p.reply, link, 0, run_at, replays
+                )
+                expect = cur.seq
+            try:
+                ack = await store.put(subject, R.dumps(rec), expect)
+            except JetStreamError as exc:
+                if is_conflict(exc):
+                    continue
+                raise
+            tok = Token(ack.seq, ack.seq, p.reply, p.gen, replays, run_at, link.holder.id, worker)
+            if claim_env is None:
+                return Delivery(
+                    id=p.id, message=None, token=tok, lease_until=until, queue=p.queue,
+                    raw=p.data, decode_error=p.error or "undecodable message",
+                )  # fmt: skip
+            return self._delivery(p, claim_env, tok, until)
+        log.warning("nats: gave up claiming job %s (its record kept changing)", p.id)
+        self._hold(link, p, 0.5)
+        return None
+
+    def _drop(self, link: Link, p: Ptr) -> None:
+        with contextlib.suppress(Unavailable):
+            link.wire.publish(p.reply, b"+ACK")
+
+    def _hold(self, link: Link, p: Ptr, seconds: float) -> None:
+        with contextlib.suppress(Unavailable):
+            link.wire.publish(p.reply, b'-NAK {"delay":%d}' % int(max(seconds, 0.001) * _NS_PER_S))
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+
+        def final(d: Delivery, tok: Token) -> dict[str, Any]:
+            rec = self._settled(d, tok, State.SUCCEEDED.value, now)
+            if d.result is not None:
+                rec[R.RESULT] = d.result.decode()
+            return rec
+
+        done = await self._settle(ds, final, "ok")
+        long = [
+            d for d in done
+            if d.result is not None and d.result_ttl and d.result_ttl > self.retention
+        ]  # fmt: skip
+        if long:
+            link = await self._link()
+            for d in long:
+                assert isinstance(d.token, Token) and d.result_ttl is not None
+                rec = final(d, d.token)
+                await self._kv_put_raw(
+                    link, self.n.c + b"res." + d.id.encode(), R.dumps(rec), d.result_ttl
+                )
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        moves: dict[str, tuple[str, float]] = {}
+
+        def waiting(d: Delivery, tok: Token) -> dict[str, Any]:
+            gen, at = moves[d.id]
+            env = env_of(d)
+            if d.error is not None:
+                env.setdefault("errors", []).append(d.error.to_dict())
+            attempt = int(env.get("attempt", 0))
+            rec = self._settled(d, tok, R.waiting_state(attempt, at, now), now, env)
+            rec[R.GEN], rec[R.RUN_AT] = gen, at
+            return rec
+
+        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now, charge=False)
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+        moves: dict[str, tuple[str, float]] = {}
+
+        def waiting(d: Delivery, tok: Token) -> dict[str, Any]:
+            gen, at = moves[d.id]
+            env = env_of(d)
+            env["attempt"] = max(0, int(env.get("attempt", 0)) - 1)
+            rec = self._settled(d, tok, R.waiting_state(int(env["attempt"]), at, now), now, env)
+            rec[R.GEN], rec[R.RUN_AT] = gen, at
+            return rec
+
+        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now, charge=True)
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        now = time.time()
+
+        def buried(d: Delivery, tok: Token) -> dict[str, Any]:
+            env = env_of(d)
+            if d.error is not None:
+                env.setdefault("errors", []).append(d.error.to_dict())
+            return self._settled(d, tok, State.DEAD.value, now, env)
+
+        await self._settle(ds, buried, "dead")
+
+    def _settled(
+        self, d: Delivery, tok: Token, state: str, now: float, env: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return {
+            R.ST: state,
+            R.ENV: env if env is not None else env_of(d),
+            R.GEN: tok.gen,
+            R.RUN_AT: tok.run_at,
+            R.UPDATED: now,
+            R.WORKER: tok.worker,
+            R.BY: tok.claim,
+            R.HOLDER: tok.holder,
+            R.REPLAYS: tok.replays,
+        }
+
+    async def _move(
+        self,
+        ds: Sequence[Delivery],
+        moves: dict[str, tuple[str, float]],
+        build: Any,
+        when: Any,
+        now: float,
+        charge: bool,
+    ) -> None:
+        """Retry or requeue: publish each job's next pointer (or delay entry)
+        with a new generation, then move its record there.  The pointer goes
+        first: if the record write then loses (the lease was lost), the new
+        pointer is stale and dropped when delivered; the other way round a
+        crash in between would leave a waiting job without a pointer."""
+        held = [d for d in ds if isinstance(d.token, Token)]
+        if not held:
+            return
+        link = await self._link()
+        futs = []
+        for d in held:
+            gen, at = R.new_gen(), when(d)
+            moves[d.id] = (gen, at)
+            rec = build(d, d.token)
+            futs.append(
+                self._repoint_req(link, d.id, d.queue or queue_of(d), rec[R.ENV], gen, at, now)
+            )
+        for r in await link.wire.gather(futs):
+            if isinstance(r, BaseException):
+                raise r
+            pub_ack(r, "pointer")
+        await self._settle(held, build, None)
+
+    async def _rewrite(
+        self, link: Link, ds: list[Delivery], build: Any
+    ) -> tuple[list[tuple[Delivery, dict[str, Any], int]], list[Delivery]]:
+        """Compare-and-set each delivery's record to ``build(d, token)`` on its
+        token; returns (written: delivery, record, new sequence) and the
+        deliveries whose lease was lost.
+
+        A conflict is looked at before it counts as a lost lease: the record
+        still running under our claim (a heartbeat came in between, or our
+        own write whose reply was lost) is written again on its current
+        sequence, and a record our claim already moved to the same state
+        (a retried settle) is done."""
+        store = link.store
+        written: list[tuple[Delivery, dict[str, Any], int]] = []
+        lost: list[Delivery] = []
+        todo = ds
+        for _ in range(10):
+            recs = [build(d, d.token) for d in todo]
+            futs = [
+                store.put_req(self.n.js + d.id.encode(), R.dumps(rec), d.token.seq)
+                for d, rec in zip(todo, recs, strict=True)
+            ]
+            check: list[tuple[Delivery, dict[str, Any]]] = []
+            for d, rec, r in zip(todo, recs, await link.wire.gather(futs), strict=True):
+                if isinstance(r, BaseException):
+                    raise r
+                try:
+                    written.append((d, rec, pub_ack(r, "settle").seq))
+                except JetStreamError as exc:
+                    if not is_conflict(exc):
+                        raise
+                    check.append((d, rec))
+            if not check:
+                break
+            curs = await store.read_many(self.n.jobs, [self.n.js + d.id.encode() for d, _ in check])
+            again: list[Delivery] = []
+            for (d, rec), cur in zip(check, curs, strict=True):
+                tok: Token = d.token
+                old = R.loads(cur.data) if cur is not None else {}
+                if old.get(R.ST) == R.RUNNING and cur and R.claim_of(old, cur.seq) == tok.claim:
+                    tok.seq = cur.seq  # still ours: write again
+                    again.append(d)
+                elif cur and old.get(R.BY) == tok.claim and old.get(R.ST) == rec[R.ST]:
+                    written.append((d, rec, cur.seq))  # our own earlier write
+                else:
+                    lost.append(d)
+            if not again:
+                break
+            todo = again
+        return written, lost
+
+    async def _settle(
+        self, ds: Sequence[Delivery], build: Any, count: str | None
+    ) -> list[Delivery]:
+        """Write each delivery's final record (compare-and-set on its token),
+        then ``+ACK`` its pointer; a delivery whose lease was lost is ignored.
+        Returns the deliveries that settled."""
+        held = [d for d in ds if isinstance(d.token, Token)]
+        if not held:
+            return []
+        link = await self._link()
+        written, lost = await self._rewrite(link, held, build)
+        for d, rec, _ in written:
+            if count == "dead":
+                await self._dlq_publish(link, rec, d.id)
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(d.token.reply, b"+ACK")
+            link.holder.finished(d.id, d.queue or queue_of(d), count)
+        if lost:
+            link.holder.forget({d.id for d in lost})
+        link.holder.write()
+        await link.wire.flush()
+        return [d for d, _, _ in written]
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        held = [d for d in ds if isinstance(d.token, Token)]
+        lost = [d for d in ds if not isinstance(d.token, Token)]
+        if not held:
+            return lost
+        link = await self._link()
+        until = time.time() + lease
+
+        def running(d: Delivery, tok: Token) -> dict[str, Any]:
+            rec = self._running(
+                tok.gen, env_of(d), time.time(), until, tok.worker, tok.reply, link,
+                tok.claim, tok.run_at, tok.replays,
+            )  # fmt: skip
+            rec[R.HOLDER] = tok.holder
+            return rec
+
+        written, gone = await self._rewrite(link, held, running)
+        for d, _, seq in written:
+            d.token.seq = seq
+            d.lease_until = until
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(d.token.reply, b"+WPI")
+            link.holder.extended(d.id, until)
+        lost += gone
+        if gone:
+            link.holder.forget({d.id for d in gone})
+        link.holder.write()
+        await link.wire.flush()
+        return lost
+
+    async def rescue(self) -> int:
+        link = await self._link()
+        if await self.acquire(_LOCK_RESCUE, link.holder.id, 5.0) is None:
+            return 0
+        n = 0
+        for h in await self._holders(link):
+            n += await self._rescue_holder(link, h)
+        now = time.monotonic()
+        if now - link.swept >= SWEEP_EVERY:
+            link.swept = now
+            try:
+                await self._sweep_kv(link)
+            except Unavailable:
+                raise
+            except Exception:
+                log.exception("nats: kv expiry sweep failed")
+        return n
+
+    async def _rescue_holder(self, link: Link, h: tuple[str, Stored, dict[str, Any]]) -> int:
+        """Give back the expired jobs one process listed; tidy its list."""
+        holder, cur, content = h
+        now = time.time()
+        run: dict[str, list[Any]] = content.get("run", {})
+        expired = [(jid, e) for jid, e in run.items() if float(e[1]) < now]
+        if not expired:
+            return 0
+        recs = await link.store.read_many(
+            self.n.jobs, [self.n.js + jid.encode() for jid, _ in expired]
+        )
+        n = 0
+        remove: set[str] = set()
+        credit: dict[str, list[int]] = {}
+        written_at = float(content.get("t", 0.0))
+        for (jid, entry), rc in zip(expired, recs, strict=True):
+            if rc is None:
+                remove.add(jid)
+                continue
+            rec = R.loads(rc.data)
+            st = rec.get(R.ST)
+            if st == R.RUNNING:
+                if float(rec.get(R.LEASE, 0)) >= now:
+                    continue  # extended since the list was written
+                if await self._rescue_one(link, rec, rc.seq, now):
+                    n += 1
+                remove.add(jid)
+                continue
+            if rec.get(R.HOLDER) == holder and float(rec.get(R.UPDATED, 0)) >= written_at:
+                # settled by that process after it last wrote its list (it died in between)
+                if st in (State.SUCCEEDED.value, State.CANCELLED.value):
+                    c = credit.setdefault(str(entry[0]), [0, 0])
+                    c[0 if st == State.SUCCEEDED.value else 1] += 1
+                elif st == State.DEAD.value:
+                    await self._dlq_publish(link, rec)
+                if entry[2]:
+                    with contextlib.suppress(Unavailable):
+                        link.wire.publish(str(entry[2]).encode(), b"+ACK")
+            remove.add(jid)
+        if remove and holder != link.holder.id:
+            await self._tidy_holder(link, holder, cur, content, remove, credit, now)
+        elif remove:
+            link.holder.forget(remove)
+            for queue, (ok, cx) in credit.items():
+                link.holder.count(queue, ok, cx, now)
+            link.holder.write()
+            await link.wire.flush()
+        return n
+
+    async def _tidy_holder(
+        self,
+        link: Link,
+        holder: str,
+        cur: Stored,
+        content: dict[str, Any],
+        remove: set[str],
+        credit: dict[str, list[int]],
+        now: float,
+    ) -> None:
+        run = {k: v for k, v in content.get("run", {}).items() if k not in remove}
+        fin = content.get("fin", {})
+        minute = str(int(now // 60))
+        for queue, (ok, cx) in credit.items():
+            b = fin.setdefault(queue, {}).setdefault(minute, [0, 0])
+            b[0] += ok
+            b[1] += cx
+        new = {"t": content.get("t", now), "run": run, "fin": fin}
+        with contextlib.suppress(JetStreamError):  # it wrote meanwhile: next pass
+            await link.store.put(self.n.h + holder.encode(), orjson.dumps(new), cur.seq)
+
+    async def _rescue_one(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+        env = rec[R.ENV]
+        env.setdefault("errors", []).append(lease_error(rec, now))
+        if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
+            return await self._bury(link, rec, seq, now)
+        jid = str(env["id"])
+        queue = str(env.get("queue", ""))
+        gen = R.new_gen()
+        pub_ack(
+            await self._await(link, self._repoint_req(link, jid, queue, env, gen, now, now)),
+            "pointer",
+        )
+        reply = str(rec.get(R.ACK) or "")
+        new = {
+            R.ST: State.READY.value,
+            R.ENV: env,
+            R.GEN: gen,
+            R.RUN_AT: now,
+            R.UPDATED: now,
+            R.WORKER: rec.get(R.WORKER),
+            R.BY: R.claim_of(rec, seq),
+            R.REPLAYS: rec.get(R.REPLAYS, 0),
+        }
+        try:
+            await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
+        except JetStreamError as exc:
+            if is_conflict(exc):
+                return False
+            raise
+        if reply:
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(reply.encode(), b"+ACK")
+        return True
+
+    async def _promote(self, link: Link, items: list[Pulled]) -> None:
+        """Move due delay entries to the work subjects; hold the others."""
+        now = time.time()
+        wire = link.wire
+        moves: list[tuple[Pulled, asyncio.Future[Reply]]] = []
+        for it in items:
+            at = float(header(it.hdr, b"Dw-At") or 0)
+            if at > now + 0.001:
+                hold = min(at - now, MAX_HOLD)
+                wire.publish(it.reply, b'-NAK {"delay":%d}' % int(hold * _NS_PER_S))
+                continue
+            parts = it.subject.split(b".")
+            queue = untok(parts[-2])
+            prio = int(header(it.hdr, b"Dw-P") or 0)
+            jid = (header(it.hdr, b"Dw-Id") or b"").decode()
+            gen = (header(it.hdr, b"Dw-G") or b"0").decode()
+            if prio:
+                link.level_seen(queue, prio)
+            hdr = headers((b"Nats-Msg-Id", f"{jid}:{gen}:due"), (b"Dw-Id", jid), (b"Dw-G", gen))
+            moves.append((it, wire.request(self.n.pointer(queue, prio), it.data, hdr)))
+        await wire.flush()
+        for it, fut in moves:
+            try:
+                pub_ack(await fut, "promote")
+            except (JetStreamError, Unavailable, BrokerError):
+                log.warning("nats: could not move a due job; it is looked at again", exc_info=True)
+                continue
+            wire.publish(it.reply, b"+ACK")
+        await wire.flush()
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        events = self._encode(msgs)
+        if not events:
+            return 0
+        link = await self._link()
+        table: dict[str, dict[str, int]] = await self._config(link, b"bind") or {}
+        deliveries: list[tuple[Message, bytes]] = []
+        for m, _ in events:
+            for queue, attempts in sorted(table.get(m.name, {}).items()):
+                b = Binding(m.name, queue, attempts)
+                d = delivery_of(m, b, delivery_id(m.id, queue))
+                deliveries.append((d, encode_checked(d, None)))
+        made = await self._store_jobs(deliveries) if deliveries else []
+        futs = [
+            link.wire.request(self.n.event_subject(m.name), body, headers((b"Nats-Msg-Id", m.id)))
+            for m, body in events
+        ]
+        for r in await link.wire.gather(futs):
+            if isinstance(r, BaseException):
+                raise r
+            pub_ack(r, "event")
+        return sum(1 for _, new in made if new)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        link = await self._link()
+        subject = self.n.event_subject(event_type)
+        found = await link.store.scan(
+            self.n.events,
+            subject,
+            start_seq=int(cursor) + 1 if cursor else None,
+            start_time=since if not cursor else None,
+            limit=None,
+        )
+        page: list[Message] = []
+        last = 0
+        more = False
+        for m in found:
+            if since is not None and m.time < since:
+                continue
+            if until is not None and m.time > until:
+                break
+            if len(page) >= limit:
+                more = True
+                break
+            try:
+                page.append(from_dict(orjson.loads(m.data)))
+            except (MessageDecodeError, orjson.JSONDecodeError):
+                continue
+            last = m.seq
+        return page, (str(last) if more else None)
+
+
+#: header "unique" -> the states in which a key's holder blocks a new job (None: every state)

@@ -1,0 +1,316 @@
+"""Coordination on NATS: locks with fencing tokens, the kv store and the
+cluster-wide rate and concurrency limits.
+
+Everything is a compare-and-set on one subject of the KV stream (one message
+per subject); a lock's fencing token is the stream sequence of the write that
+took it, so it grows with every change of owner.  JetStream (2.9) has no
+per-message TTL: a value with a ``ttl`` carries its expiry in a header (reads
+treat it as absent once expired) and a note in the work stream's
+``dw.NS.t.MINUTE`` subject, so the sweeper deletes it when its minute is
+over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ...flow import window_wait
+from .core import Core, Hdrs, live, lock_token
+from .link import Link
+from .names import key_of, tok
+from .store import Stored, is_conflict
+from .wire import (
+    JetStreamError,
+    pub_ack,
+)
+
+
+class Coordination(Core):
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        link = await self._link()
+        subject = self.n.c + b"lock." + tok(name)
+        for _ in range(50):
+            now = time.time()
+            cur = await link.store.read(self.n.kv, subject)
+            held = orjson.loads(cur.data) if cur is not None else None
+            if held is not None and held["x"] > now and held["o"] != owner:
+                return None
+            keep = held is not None and held["o"] == owner and held["x"] > now
+            value = {"o": owner, "x": now + ttl, "t": held["t"] if keep and held else 0}
+            try:
+                ack = await link.store.put(subject, orjson.dumps(value), cur.seq if cur else 0)
+            except JetStreamError as exc:
+                if is_conflict(exc):
+                    continue
+                raise
+            if keep and held:
+                return int(held["t"])
+            value["t"] = ack.seq  # the token: the sequence of the write that took it
+            with contextlib.suppress(JetStreamError):
+                await link.store.put(subject, orjson.dumps(value), ack.seq)
+            return ack.seq
+        return None
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        link = await self._link()
+        subject = self.n.c + b"lock." + tok(name)
+        for _ in range(50):
+            now = time.time()
+            cur = await link.store.read(self.n.kv, subject)
+            if cur is None:
+                return False
+            held = orjson.loads(cur.data)
+            if held["o"] != owner or lock_token(held, cur) != token or held["x"] <= now:
+                return False
+            value = {"o": owner, "x": now + ttl, "t": token}
+            try:
+                await link.store.put(subject, orjson.dumps(value), cur.seq)
+                return True
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    raise
+        return False
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        link = await self._link()
+        subject = self.n.c + b"lock." + tok(name)
+        cur = await link.store.read(self.n.kv, subject)
+        if cur is None:
+            return
+        held = orjson.loads(cur.data)
+        if held["o"] == owner and lock_token(held, cur) == token:
+            await link.store.delete(self.n.kv, cur.seq)
+
+    async def _kv_put_raw(self, link: Link, subject: bytes, data: bytes, ttl: float | None) -> None:
+        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl else ()
+        ack = await link.store.put(subject, data, None, extra)
+        if ttl:
+            await self._expire_later(link, [(subject, ack.seq)], ttl)
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        link = await self._link()
+        now = time.time()
+        found = await link.store.read_many(self.n.kv, [self._kv_subject(k) for k in keys])
+        out = {}
+        for k, cur in zip(keys, found, strict=True):
+            v = live(cur, now)
+            if v is not None:
+                out[k] = v
+        return out
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        if not items:
+            return
+        link = await self._link()
+        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl is not None else ()
+        subjects = [self._kv_subject(k) for k in items]
+        futs = [
+            link.store.put_req(s, bytes(v), None, extra)
+            for s, v in zip(subjects, items.values(), strict=True)
+        ]
+        seqs = []
+        for s, r in zip(subjects, await link.wire.gather(futs), strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            seqs.append((s, pub_ack(r, "kv_set").seq))
+        if ttl is not None:
+            await self._expire_later(link, seqs, ttl)
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        link = await self._link()
+        subject = self._kv_subject(key)
+        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl is not None else ()
+        for _ in range(50):
+            cur = await link.store.read(self.n.kv, subject)
+            if live(cur, time.time()) is not None:
+                return False
+            try:
+                ack = await link.store.put(subject, bytes(value), cur.seq if cur else 0, extra)
+            except JetStreamError as exc:
+                if is_conflict(exc):
+                    continue
+                raise
+            if ttl is not None:
+                await self._expire_later(link, [(subject, ack.seq)], ttl)
+            return True
+        return False
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        link = await self._link()
+        subject = self._kv_subject(key)
+        out: dict[str, Any] = {}
+
+        async def change(cur: Stored | None) -> tuple[bytes, Hdrs]:
+            now = time.time()
+            value = live(cur, now)
+            if value is not None:
+                exp = cur.get(b"Dw-Exp") if cur is not None else None
+                extra: Hdrs = ((b"Dw-Exp", exp),) if exp else ()
+                new = int(value) + amount
+            else:
+                extra = ((b"Dw-Exp", repr(now + ttl)),) if ttl is not None else ()
+                new = amount
+            out["v"], out["fresh"] = new, value is None
+            return str(new).encode(), extra
+
+        ack = await link.store.cas(self.n.kv, subject, change)
+        if ttl is not None and out.get("fresh") and ack is not None:
+            await self._expire_later(link, [(subject, ack.seq)], ttl)
+        return int(out["v"])
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        link = await self._link()
+        now = time.time()
+        found = await link.store.read_many(self.n.kv, [self._kv_subject(k) for k in keys])
+        alive = [cur.seq for cur in found if cur is not None and live(cur, now) is not None]
+        gone = [cur.seq for cur in found if cur is not None and live(cur, now) is None]
+        await link.store.delete_many(self.n.kv, alive + gone)
+        return len(alive)
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        link = await self._link()
+        parts = prefix.split(":")
+        whole = parts[:-1]  # complete tokens narrow the scan on the server
+        filt = self.n.k + b"".join(tok(p) + b"." for p in whole) + b">"
+        now = time.time()
+        out = {}
+        for m in await link.store.scan(self.n.kv, filt, last_per_subject=True):
+            key = key_of(m.subject[len(self.n.k) :])
+            if not key.startswith(prefix):
+                continue
+            v = live(Stored(m.seq, m.subject, m.hdr, m.data), now)
+            if v is not None:
+                out[key] = v
+        return out
+
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        link = await self._link()
+        subject = self._kv_subject(key)
+        out: dict[str, Any] = {}
+
+        async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
+            now = time.time()
+            value = live(cur, now)
+            members = set(orjson.loads(value)) if value is not None else set()
+            out["n"] = len(members | {member})
+            out["fresh"] = value is None
+            if member in members:
+                return None
+            members.add(member)
+            if value is not None and cur is not None and cur.get(b"Dw-Exp"):
+                extra: Hdrs = ((b"Dw-Exp", cur.get(b"Dw-Exp") or b""),)
+            elif value is None and ttl is not None:
+                extra = ((b"Dw-Exp", repr(now + ttl)),)
+            else:
+                extra = ()
+            return orjson.dumps(sorted(members)), extra
+
+        ack = await link.store.cas(self.n.kv, subject, change)
+        if ttl is not None and out.get("fresh") and ack is not None:
+            await self._expire_later(link, [(subject, ack.seq)], ttl)
+        return int(out["n"])
+
+    async def kv_smembers(self, key: str) -> set[str]:
+        link = await self._link()
+        value = await self._kv_read(link, self._kv_subject(key))
+        return set(orjson.loads(value)) if value is not None else set()
+
+    async def _expire_later(self, link: Link, items: list[tuple[bytes, int]], ttl: float) -> None:
+        """Note when these writes expire: the sweeper deletes them then (a
+        read treats them as absent already)."""
+        minute = int((time.time() + ttl) // 60) + 1
+        body = orjson.dumps([[s.decode(), seq] for s, seq in items])
+        await link.store.put(self.n.t + b"%d" % minute, body)
+
+    async def _sweep_kv(self, link: Link) -> None:
+        """Delete kv entries whose time ran out (see ``_expire_later``)."""
+        now_minute = int(time.time() // 60)
+        buckets = await link.store.subjects(self.n.work, self.n.t + b"*")
+        for subject in sorted(buckets):
+            minute = int(subject[len(self.n.t) :])
+            if minute > now_minute:
+                continue
+            seqs: list[int] = []
+            async for m in link.store.walk(self.n.work, subject):
+                seqs += [int(seq) for _, seq in orjson.loads(m.data)]
+            await link.store.delete_many(self.n.kv, seqs)
+            await link.wire.api(f"STREAM.PURGE.{self.n.work}", {"filter": subject.decode()})
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        link = await self._link()
+        out: dict[str, float] = {}
+
+        async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
+            times = [
+                t for t in (orjson.loads(cur.data) if cur is not None else []) if t > at - 2 * per
+            ]
+            times.sort()
+            wait = window_wait(times, at, rate, per)
+            out["w"] = wait
+            if wait > 0:
+                return None
+            times.append(at)
+            times.sort()
+            return orjson.dumps(times), ()
+
+        await link.store.cas(self.n.kv, self.n.c + b"rate." + tok(key), change)
+        return out["w"]
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        link = await self._link()
+        out: dict[str, bool] = {}
+
+        async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
+            now = time.time()
+            held = {h: x for h, x in (orjson.loads(cur.data) if cur else {}).items() if x > now}
+            if holder not in held and len(held) >= limit:
+                out["ok"] = False
+                return None
+            held[holder] = now + ttl
+            out["ok"] = True
+            return orjson.dumps(held), ()
+
+        await link.store.cas(self.n.kv, self.n.c + b"slot." + tok(key), change)
+        return out["ok"]
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        await self._slots(
+            holds, lambda held, h, now: held.__setitem__(h, now + ttl) if h in held else None
+        )
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        await self._slots(holds, lambda held, h, now: held.pop(h, None))
+
+    async def _slots(self, holds: Sequence[tuple[str, str]], op: Any) -> None:
+        if not holds:
+            return
+        link = await self._link()
+        by_key: dict[str, list[str]] = {}
+        for key, holder in holds:
+            by_key.setdefault(key, []).append(holder)
+        for key, holders in by_key.items():
+
+            async def change(
+                cur: Stored | None, holders: list[str] = holders
+            ) -> tuple[bytes, Hdrs] | None:
+                if cur is None:
+                    return None
+                now = time.time()
+                held = {h: x for h, x in orjson.loads(cur.data).items() if x > now}
+                before = dict(held)
+                for h in holders:
+                    op(held, h, now)
+                if held == before:
+                    return None
+                return orjson.dumps(held), ()
+
+            await link.store.cas(self.n.kv, self.n.c + b"slot." + tok(key), change)

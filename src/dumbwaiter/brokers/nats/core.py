@@ -1,0 +1,390 @@
+"""What every part of the NATS broker shares: connections per event loop,
+configuration entries, job lookups, pointer publishing and removal.
+
+``NatsBroker`` (broker.py) is ``Core`` + ``Admin`` (admin.py) +
+``Coordination`` (coord.py) + the transport; docs/nats.md describes the
+layout they share (names.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from ...errors import LeaseExpired, MessageDecodeError
+from ...message import ErrorRecord
+from ...state import State
+from ..base import (
+    Broker,
+    Delivery,
+    JobInfo,
+)
+from . import records as R
+from .link import Link
+from .names import Names, Settings, digest, key_tokens, parse_url, untok
+from .puller import Pulled
+from .store import Stored, ack_meta, is_conflict, stored
+from .wire import (
+    JetStreamError,
+    Reply,
+    Unavailable,
+    header,
+    headers,
+)
+
+log = logging.getLogger("dumbwaiter.nats")
+
+_NS_PER_S = 1_000_000_000
+#: the longest a delay entry is held in one go (entries are looked at again)
+MAX_HOLD = 3600.0
+#: seconds between kv expiry sweeps (under the maintenance lock)
+SWEEP_EVERY = 15.0
+#: an expected last sequence no stream reaches: a publish carrying it is never stored
+_NEVER = b"9223372036854775807"
+
+Hdrs = tuple[tuple[bytes, bytes | str | int | float], ...]
+
+
+class Core(Broker):
+    """Connections, shared lookups and pointer bookkeeping (see the module doc)."""
+
+    async def _promote(self, link: Link, items: list[Pulled]) -> None:
+        """Move due delay entries to the work subjects (the transport's part)."""
+        raise NotImplementedError
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.settings: Settings = parse_url(url)
+        self.n = Names(self.settings)
+        self.retention = self.settings.retention
+        self._links: dict[asyncio.AbstractEventLoop, Link] = {}
+        self._last: Link | None = None
+
+    def __repr__(self) -> str:
+        return f"<NatsBroker {self.n.ns}>"
+
+    async def _link(self) -> Link:
+        loop = asyncio.get_running_loop()
+        link = self._last
+        if link is None or link.loop is not loop:
+            link = self._links.get(loop)
+            if link is None:
+                for old in [lk for lk in self._links.values() if lk.loop.is_closed()]:
+                    old.wire.abandon()
+                    del self._links[old.loop]
+                link = self._links[loop] = Link(self, loop)
+            self._last = link
+        if not link.ready:
+            await link.start()
+        return link
+
+    async def open(self) -> None:
+        await self._link()
+
+    async def close(self) -> None:
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        links, self._links, self._last = self._links, {}, None
+        for loop, link in links.items():
+            if loop is current:
+                await link.stop()
+            elif loop.is_closed():
+                link.wire.abandon()
+            elif loop.is_running():
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(link.stop(), loop).result(10)
+
+    async def _merge_config(self, link: Link, name: bytes, fn: Any) -> Any:
+        out: dict[str, Any] = {}
+
+        async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
+            old = orjson.loads(cur.data) if cur is not None and cur.data else None
+            new = fn(old)
+            out["v"] = new
+            if new == old:
+                return None
+            return orjson.dumps(new), ()
+
+        await link.store.cas(self.n.kv, self.n.c + name, change)
+        return out.get("v")
+
+    async def _config(self, link: Link, name: bytes) -> Any:
+        cur = await link.store.read(self.n.kv, self.n.c + name)
+        return orjson.loads(cur.data) if cur is not None and cur.data else None
+
+    async def _get(self, link: Link, jid: str) -> JobInfo | None:
+        s, e = await link.store.read_many(
+            self.n.jobs, [self.n.js + jid.encode(), self.n.je + jid.encode()]
+        )
+        now = time.time()
+        if s is not None:
+            return R.info_of(R.loads(s.data), now)
+        if e is not None:
+            return fresh_of(e, now)
+        kept = await self._kv_read(link, self.n.c + b"res." + jid.encode())
+        if kept is not None:
+            return R.info_of(R.loads(kept), now)
+        return None
+
+    def _kv_subject(self, key: str) -> bytes:
+        return self.n.k + key_tokens(key)
+
+    async def _kv_read(self, link: Link, subject: bytes) -> bytes | None:
+        cur = await link.store.read(self.n.kv, subject)
+        return live(cur, time.time())
+
+    async def _holders(self, link: Link) -> list[tuple[str, Stored, dict[str, Any]]]:
+        subjects = await link.store.subjects(self.n.hold, self.n.h + b"*")
+        names = sorted(subjects)
+        out = []
+        for subject, cur in zip(names, await link.store.read_many(self.n.hold, names), strict=True):
+            if cur is not None and cur.data:
+                out.append((subject[len(self.n.h) :].decode(), cur, orjson.loads(cur.data)))
+        return out
+
+    def _repoint_req(
+        self,
+        link: Link,
+        jid: str,
+        queue: str,
+        env: dict[str, Any],
+        gen: str,
+        at: float,
+        now: float,
+    ) -> asyncio.Future[Reply]:
+        """Publish a job's next pointer: to the work subjects if due, else a delay entry."""
+        body = orjson.dumps(env)
+        prio = int(env.get("priority", 0))
+        mid = f"{jid}:{gen}"
+        if at > now + 0.001:
+            kind = b"r" if int(env.get("attempt", 0)) > 0 else b"s"
+            return link.wire.request(
+                self.n.delayed(queue, kind),
+                body,
+                headers(
+                    (b"Nats-Msg-Id", mid), (b"Dw-Id", jid), (b"Dw-G", gen),
+                    (b"Dw-P", prio), (b"Dw-At", repr(at)),
+                ),
+            )  # fmt: skip
+        if prio:
+            link.level_seen(queue, prio)
+        return link.wire.request(
+            self.n.pointer(queue, prio),
+            body,
+            headers((b"Nats-Msg-Id", mid), (b"Dw-Id", jid), (b"Dw-G", gen)),
+        )
+
+    @staticmethod
+    async def _await(link: Link, fut: asyncio.Future[Reply]) -> Reply:
+        await link.wire.flush()
+        return await fut
+
+    async def _dlq_publish(self, link: Link, rec: dict[str, Any], jid: str | None = None) -> None:
+        """Put a dead job's record into the DLQ stream (idempotent per generation)."""
+        env = rec.get(R.ENV) or {}
+        jid = jid or str(env.get("id", ""))
+        queue = str(env.get("queue", "") or "?")
+        await link.store.put(
+            self.n.dead(queue),
+            R.dumps(rec),
+            None,
+            ((b"Nats-Msg-Id", f"dead:{jid}:{rec.get(R.GEN)}"), (b"Dw-Id", jid)),
+        )
+
+    async def _bury(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+        """A job out of attempts after losing its worker: dead-letter it."""
+        rec = {**rec, R.ST: State.DEAD.value, R.UPDATED: now, R.BY: R.claim_of(rec, seq)}
+        reply = str(rec.pop(R.ACK, "") or "")
+        rec.pop(R.LEASE, None)
+        try:
+            await link.store.put(self.n.js + str(rec[R.ENV]["id"]).encode(), R.dumps(rec), seq)
+        except JetStreamError as exc:
+            if is_conflict(exc):
+                return False
+            raise
+        await self._dlq_publish(link, rec)
+        if reply:
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(reply.encode(), b"+ACK")
+        return True
+
+    async def _unpoint(self, link: Link, jid: str, old: dict[str, Any]) -> None:
+        """Take a waiting job's pointer (or delay entry) out of the work stream,
+        so the counts stay exact after a cancel, purge or reschedule.
+
+        The pointer is found by its ``Nats-Msg-Id`` (a publish that can never
+        be stored, with that id, answers "duplicate of sequence N" while the
+        id is inside the de-duplication window); older than that, by time."""
+        gen = str(old.get(R.GEN, "0"))
+        ids = [f"{jid}:{gen}:due", jid if gen == "0" else f"{jid}:{gen}"]
+        futs = [
+            link.wire.request(
+                self.n.t + b"probe",
+                b"",
+                headers((b"Nats-Msg-Id", mid), (b"Nats-Expected-Last-Sequence", _NEVER)),
+            )
+            for mid in ids
+        ]
+        seqs = []
+        for r in await link.wire.gather(futs):
+            if isinstance(r, Reply):
+                d = orjson.loads(r.data)
+                if d.get("duplicate"):
+                    seqs.append(int(d["seq"]))
+        for seq in seqs:
+            await link.store.delete(self.n.work, seq)
+        if seqs:
+            return
+        env = old.get(R.ENV) or {}
+        queue, prio = str(env.get("queue", "")), int(env.get("priority", 0))
+        when = float(old.get(R.UPDATED) or time.time())
+        ra = float(old.get(R.RUN_AT) or when)
+        for subject, around in (
+            (self.n.pointer(queue, prio), max(when, ra)),
+            (self.n.pointer(queue, prio), when),
+            (self.n.delayed(queue, b"s"), when),
+            (self.n.delayed(queue, b"r"), when),
+        ):
+            found = await self._find(link, subject, jid, around)
+            if found:
+                await link.store.delete(self.n.work, found)
+                return
+
+    async def _find(self, link: Link, subject: bytes, jid: str, around: float) -> int | None:
+        """The sequence of job ``jid``'s message on ``subject``, published
+        near ``around``: a binary search by time, then a short walk."""
+        info = await link.wire.api(f"STREAM.INFO.{self.n.work}")
+        lo = int(info["state"].get("first_seq", 1))
+        hi = int(info["state"].get("last_seq", 0))
+        path = b"$JS.API.DIRECT.GET." + self.n.work.encode()
+        sub = subject.decode()
+        while lo < hi:
+            mid = (lo + hi) // 2
+            m = stored(await link.wire.call(path, orjson.dumps({"seq": mid, "next_by_subj": sub})))
+            if m is None or m.time >= around - 2.0:
+                hi = mid
+            else:
+                lo = m.seq + 1
+        async for m in link.store.walk(self.n.work, subject, lo):
+            if (m.get(b"Dw-Id") or b"").decode() == jid:
+                return m.seq
+            if m.time > around + 30.0:
+                break
+        return None
+
+
+UNIQUE_BLOCKS: dict[str, frozenset[str] | None] = {
+    "active": frozenset({"scheduled", "ready", "retrying", "running"}),
+    "queued": frozenset({"scheduled", "ready", "retrying"}),
+}
+
+
+class Ptr:
+    """A delivered pointer, decoded."""
+
+    __slots__ = ("data", "env", "error", "gen", "id", "queue", "reply")
+
+    def __init__(self, it: Pulled, queue: str, names: Names) -> None:
+        self.reply = it.reply
+        self.data = it.data
+        self.queue = queue
+        self.error: str | None = None
+        self.env: dict[str, Any] | None
+        try:
+            env = orjson.loads(it.data)
+            if not isinstance(env, dict):
+                raise MessageDecodeError("message body is not a JSON object")
+            self.env = env
+        except (orjson.JSONDecodeError, MessageDecodeError) as exc:
+            self.env, self.error = None, f"message body is not a valid envelope: {exc}"
+        jid = header(it.hdr, b"Dw-Id")
+        if jid:
+            self.id = jid.decode()
+        elif self.env is not None and isinstance(self.env.get("id"), str):
+            self.id = self.env["id"]
+        else:
+            self.id = f"nats-{ack_meta(it.reply).stream_seq}"
+        self.gen = (header(it.hdr, b"Dw-G") or b"0").decode()
+
+    @classmethod
+    def of(cls, it: Pulled, names: Names) -> Ptr:
+        parts = it.subject.split(b".")
+        return cls(it, untok(parts[-2]) if len(parts) >= 2 else "?", names)
+
+
+def env_of(d: Delivery) -> dict[str, Any]:
+    if d.message is not None:
+        return d.message.to_dict()
+    return {"id": d.id, "kind": "task", "name": "?", "queue": d.queue, "attempt": 1}
+
+
+def queue_of(d: Delivery) -> str:
+    return d.message.queue if d.message is not None else "?"
+
+
+def lease_error(rec: dict[str, Any], now: float) -> dict[str, Any]:
+    worker = str(rec.get(R.WORKER) or "")
+    attempt = int((rec.get(R.ENV) or {}).get("attempt", 0))
+    return ErrorRecord(
+        time=now,
+        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
+        message=f"lease expired: worker {worker or '?'} stopped heartbeating "
+        f"during attempt {attempt}",
+        worker=worker,
+        attempt=attempt,
+    ).to_dict()
+
+
+def fresh_of(e: Stored, now: float) -> JobInfo:
+    env = orjson.loads(e.data)
+    ra = float(e.get(b"Dw-Ra") or now)
+    u = float(e.get(b"Dw-U") or ra)
+    return R.fresh_info(env, ra, u, now)
+
+
+def fresh_record(e: Stored | None, now: float) -> dict[str, Any]:
+    """A fresh job's index entry as a state record (its first transition)."""
+    assert e is not None
+    env = orjson.loads(e.data)
+    ra = float(e.get(b"Dw-Ra") or now)
+    return {
+        R.ST: R.waiting_state(0, ra, now),
+        R.ENV: env,
+        R.GEN: "0",
+        R.RUN_AT: ra,
+        R.UPDATED: float(e.get(b"Dw-U") or ra),
+        R.REPLAYS: 0,
+    }
+
+
+def live(cur: Stored | None, now: float) -> bytes | None:
+    if cur is None:
+        return None
+    exp = cur.get(b"Dw-Exp")
+    if exp is not None and float(exp) <= now:
+        return None
+    return cur.data
+
+
+def lock_token(held: dict[str, Any], cur: Stored) -> int:
+    return int(held.get("t") or cur.seq)
+
+
+def delivery_id(event_id: str, queue: str) -> str:
+    """The id of an event's delivery to one group: derived from both, so a
+    second publish of the event makes the same ids (and stores nothing), and
+    time-ordered like the event's own UUIDv7."""
+    h = digest(event_id + "\x00" + queue) + digest(queue + "\x00" + event_id)
+    ts = event_id.replace("-", "")[:12]
+    if len(ts) != 12 or any(c not in "0123456789abcdef" for c in ts):
+        ts = h[20:32]
+    variant = "%x" % (0x8 | (int(h[3], 16) & 0x3))
+    v = ts + "7" + h[0:3] + variant + h[4:19]
+    return f"{v[:8]}-{v[8:12]}-{v[12:16]}-{v[16:20]}-{v[20:]}"

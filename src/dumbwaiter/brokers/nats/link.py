@@ -1,0 +1,334 @@
+"""One event loop's connection to NATS, and the process' holder list.
+
+A broker object may serve several event loops (an App's sync calls run on
+its portal loop, a worker on its own loop): each gets a ``Link`` of its own
+with its connection, pullers, caches and background tasks (the promoter and
+the stash reaper).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ...errors import BrokerError
+from ...message import uuid7
+from .names import prio_of, untok
+from .puller import GRACE, Puller
+from .store import Store
+from .wire import (
+    CONSUMER_NOT_FOUND,
+    STREAM_NAME_IN_USE,
+    JetStreamError,
+    Unavailable,
+    Wire,
+)
+
+if TYPE_CHECKING:
+    from .core import Core
+
+log = logging.getLogger("dumbwaiter.nats")
+_NS_PER_S = 1_000_000_000
+#: seconds a process trusts its cached priority levels and paused queues
+CACHE_TTL = 1.0
+#: AckWait of the delay consumer: how late a delayed job can be after the
+#: process that was moving it died
+DELAY_ACK_WAIT = 5.0
+
+
+class Holder:
+    """This connection's running jobs and finish counts, written to its own
+    subject of the HOLD stream (see the module doc: leases and stats)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:24]
+        self.id = f"{host}-{os.getpid()}-{uuid7()[-12:]}"
+        self.run: dict[str, list[Any]] = {}
+        self.fin: dict[str, dict[str, list[int]]] = {}
+        self.dirty = False
+
+    def running(self, jid: str, queue: str, until: float, reply: bytes, worker: str) -> None:
+        self.run[jid] = [queue, until, reply.decode(), worker]
+        self.dirty = True
+
+    def extended(self, jid: str, until: float) -> None:
+        e = self.run.get(jid)
+        if e is not None:
+            e[1] = until
+            self.dirty = True
+
+    def finished(self, jid: str, queue: str, count: str | None) -> None:
+        self.run.pop(jid, None)
+        if count == "ok":
+            self.count(queue, 1, 0, time.time())
+        self.dirty = True
+
+    def forget(self, ids: set[str]) -> None:
+        for jid in ids:
+            self.run.pop(jid, None)
+        self.dirty = True
+
+    def count(self, queue: str, ok: int, cx: int, now: float) -> None:
+        b = self.fin.setdefault(queue, {}).setdefault(str(int(now // 60)), [0, 0])
+        b[0] += ok
+        b[1] += cx
+        self.dirty = True
+
+    def write(self) -> None:
+        """Queue a write of the whole list (sent with the next flush; the last
+        write wins, and writes from one connection arrive in order)."""
+        if not self.dirty:
+            return
+        now = time.time()
+        oldest = str(int((now - self.link.broker.retention) // 60))
+        for q in list(self.fin):
+            buckets = {m: c for m, c in self.fin[q].items() if m >= oldest}
+            if buckets:
+                self.fin[q] = buckets
+            else:
+                del self.fin[q]
+        body = orjson.dumps({"t": now, "run": self.run, "fin": self.fin})
+        try:
+            self.link.wire.publish(self.link.broker.n.h + self.id.encode(), body)
+            self.dirty = False
+        except Unavailable:
+            pass
+
+
+class Link:
+    """One event loop's connection and what it caches."""
+
+    def __init__(self, broker: Core, loop: asyncio.AbstractEventLoop) -> None:
+        self.broker = broker
+        self.loop = loop
+        s = broker.settings
+        options: dict[str, Any] = {
+            "name": s.name,
+            "connect_timeout": s.connect_timeout,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "ping_interval": 5,
+            "max_outstanding_pings": 3,
+        }
+        if s.user is not None:
+            options["user"] = s.user
+            options["password"] = s.password or ""
+        if s.token is not None:
+            options["token"] = s.token
+        if s.tls:
+            import ssl
+
+            options["tls"] = ssl.create_default_context()
+        self.wire = Wire(s.servers, options, s.timeout, self._disconnected, self._reconnected)
+        self.store = Store(self.wire, broker.n)
+        self.holder = Holder(self)
+        self.ready = False
+        self._starting: asyncio.Future[None] | None = None
+        self.pullers: dict[tuple[str, int], Puller] = {}
+        self._made: set[str] = set()
+        self.levels: dict[str, set[int]] = {}
+        self.levels_at = 0.0
+        self.paused: tuple[float, frozenset[str]] | None = None
+        self._promoter: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self.swept = 0.0
+
+    async def start(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        fut = self._starting
+        try:
+            await asyncio.shield(fut)
+        except BaseException:
+            if fut.done():
+                self._starting = None
+            raise
+
+    async def _start(self) -> None:
+        await self.wire.connect()
+        try:
+            await self._streams()
+        except BaseException:
+            await self.wire.close()
+            raise
+        self.ready = True
+        self._reaper = self.loop.create_task(self._reap())
+
+    async def _streams(self) -> None:
+        b = self.broker
+        for cfg in b.n.stream_configs(b.settings, b.event_retention):
+            name = cfg["name"]
+            try:
+                await self.wire.api(f"STREAM.CREATE.{name}", cfg)
+            except JetStreamError as exc:
+                if exc.err_code != STREAM_NAME_IN_USE:
+                    raise BrokerError(f"nats: cannot create stream {name}: {exc}") from exc
+                try:
+                    await self.wire.api(f"STREAM.UPDATE.{name}", cfg)
+                except JetStreamError as exc2:
+                    log.warning("nats: stream %s exists with other settings (%s)", name, exc2)
+
+    async def stop(self) -> None:
+        for task in (self._promoter, self._reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._promoter = self._reaper = None
+        if self.ready:
+            for p in self.pullers.values():
+                with contextlib.suppress(Exception):
+                    await p.stop()
+            with contextlib.suppress(Exception):
+                if self.holder.run:
+                    self.holder.dirty = True
+                self.holder.write()
+                await self.wire.flush()
+        self.pullers.clear()
+        self.ready = False
+        self._starting = None
+        await self.wire.close()
+
+    def _disconnected(self) -> None:
+        for p in self.pullers.values():
+            p.fail()
+
+    def _reconnected(self) -> None:
+        self._made.clear()  # a restarted server may have lost memory-stored consumers
+        self.holder.dirty = True
+
+    # -- consumers and what to pull from ---------------------------------------------
+
+    async def consumer(self, name: str, subject: bytes, ack_wait: float) -> None:
+        if name in self._made:
+            return
+        cfg = {
+            "durable_name": name,
+            "deliver_policy": "all",
+            "ack_policy": "explicit",
+            "ack_wait": int(ack_wait * _NS_PER_S),
+            "max_deliver": -1,
+            "filter_subject": subject.decode(),
+            "replay_policy": "instant",
+            "max_ack_pending": -1,
+            "max_waiting": 4096,
+        }
+        stream = self.broker.n.work
+        try:
+            await self.wire.api(
+                f"CONSUMER.DURABLE.CREATE.{stream}.{name}", {"stream_name": stream, "config": cfg}
+            )
+        except JetStreamError as exc:
+            if "already" not in str(exc).lower() and exc.err_code != CONSUMER_NOT_FOUND:
+                raise
+        self._made.add(name)
+
+    async def puller(self, queue: str, prio: int) -> Puller:
+        key = (queue, prio)
+        p = self.pullers.get(key)
+        if p is not None and not p.gone:
+            return p
+        n = self.broker.n
+        name = n.consumer(queue, prio)
+        if p is not None:
+            self._made.discard(name)
+        await self.consumer(name, n.pointer(queue, prio), self.broker.settings.ack_wait)
+        if p is None:
+            p = Puller(self.wire, n.work, name)
+            await p.start()
+            self.pullers[key] = p
+        p.gone = False
+        return p
+
+    def level_seen(self, queue: str, prio: int) -> None:
+        self.levels.setdefault(queue, {0}).add(prio)
+
+    async def plan(self, queues: Sequence[str]) -> list[Puller]:
+        """The pullers a fetch takes from, in order: each queue's levels,
+        highest first; paused queues left out."""
+        now = time.monotonic()
+        if now - self.levels_at > CACHE_TTL:
+            n = self.broker.n
+            found = await self.store.subjects(n.work, n.w + b"*.*")
+            for subject in found:
+                parts = subject[len(n.w) :].split(b".")
+                if len(parts) == 2:
+                    self.level_seen(untok(parts[0]), prio_of(parts[1]))
+            self.levels_at = now
+        paused = await self.paused_set()
+        out = []
+        for q in queues:
+            if q in paused:
+                continue
+            for prio in sorted(self.levels.get(q, {0}) | {0}, reverse=True):
+                out.append(await self.puller(q, prio))
+        return out
+
+    async def paused_set(self) -> frozenset[str]:
+        now = time.monotonic()
+        if self.paused is None or now - self.paused[0] > CACHE_TTL:
+            found = await self.broker._config(self, b"paused")
+            self.paused = (now, frozenset(found or []))
+        return self.paused[1]
+
+    def paused_now(self) -> frozenset[str]:
+        return self.paused[1] if self.paused is not None else frozenset()
+
+    # -- background ------------------------------------------------------------------
+
+    def start_promoter(self) -> None:
+        if self._promoter is None or self._promoter.done():
+            self._promoter = self.loop.create_task(self._promote_loop())
+
+    async def _promote_loop(self) -> None:
+        """Move due delay entries to the work subjects (see the module doc)."""
+        n = self.broker.n
+        backoff = 0.05
+        p: Puller | None = None
+        while True:
+            try:
+                if p is None or p.gone:
+                    await self.consumer(n.delay_consumer, n.d + b">", DELAY_ACK_WAIT)
+                    if p is None:
+                        p = Puller(self.wire, n.work, n.delay_consumer)
+                        await p.start()
+                    p.gone = False
+                items = await p.pull(256)
+                if not items:
+                    fut = p.request(1, 5.0)
+                    await self.wire.flush()
+                    await asyncio.wait_for(fut, 10.0)
+                    items = p.take(256)
+                if items:
+                    await self.broker._promote(self, items)
+                backoff = 0.05
+            except asyncio.CancelledError:
+                if p is not None:
+                    with contextlib.suppress(Exception):
+                        await p.stop()
+                raise
+            except Exception as exc:
+                if not isinstance(exc, Unavailable | TimeoutError):
+                    log.exception("nats: moving due jobs failed; trying again")
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _reap(self) -> None:
+        """Hand back what stale pull requests delivered and nobody took."""
+        while True:
+            await asyncio.sleep(GRACE)
+            for p in list(self.pullers.values()):
+                if p.stash and not p.waits:
+                    p.give_back()
+            with contextlib.suppress(Exception):
+                await self.wire.flush()

@@ -1,0 +1,307 @@
+"""URL options, stream and subject names of one app namespace.
+
+Everything of a namespace ``NS`` (``?prefix=NS``, default ``dumbwaiter``)
+lives in six streams whose subjects start with ``dw.NS.``:
+
+=================  ==========================  ======================================
+stream             subjects                    what
+=================  ==========================  ======================================
+``DW_NS_WORK``     ``dw.NS.w.QUEUE.PRIO``      job pointers (work-queue retention:
+                   ``dw.NS.d.QUEUE.KIND``      gone once acked), delayed entries
+                   ``dw.NS.t.MINUTE``          (eta, retries) and kv expiry marks
+``DW_NS_JOBS``     ``dw.NS.j.e.ID``            the job index: envelope at enqueue,
+                   ``dw.NS.j.s.ID``            state record from the first transition,
+                   ``dw.NS.j.k.HASH``          unique keys; one message per subject,
+                                               ``max_age`` = retention
+``DW_NS_DLQ``      ``dw.NS.x.QUEUE``           dead letters with every error
+``DW_NS_HOLD``     ``dw.NS.h.HOLDER``          each process' running jobs and finish
+                                               counts (leases, stats)
+``DW_NS_EVENTS``   ``dw.NS.e.DOMAIN.ACTION``   the event log (``event_retention``)
+``DW_NS_KV``       ``dw.NS.k.KEY...``          the kv store, locks, limits, config
+                   ``dw.NS.c....``
+=================  ==========================  ======================================
+
+docs/nats.md explains each.  Queue names, kv keys and event types become
+subject tokens through ``tok`` (letters, digits, ``_`` and ``-`` stay; every
+other byte is written ``=HH``), so any string is a valid, reversible token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ...errors import InvalidURL
+
+_NS = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_NS_PER_S = 1_000_000_000
+
+#: options dumbwaiter reads from the URL's query (the rest is refused)
+OPTIONS = {
+    "prefix": "namespace: stream and subject names (default dumbwaiter)",
+    "retention": "seconds finished jobs stay visible (JOBS max_age; default 3600)",
+    "dead_retention": "seconds dead letters are kept (0: until purged; default 0)",
+    "ack_wait": "JetStream AckWait of the work consumers, seconds (default 30)",
+    "dupe_window": "Nats-Msg-Id de-duplication window, seconds (default 120)",
+    "storage": "file (default) or memory",
+    "replicas": "stream replicas in a cluster (default 1)",
+    "reconnect": "seconds an enqueue keeps retrying while NATS is unreachable (default 30)",
+    "timeout": "seconds a request waits for its reply (default 10)",
+    "connect_timeout": "seconds to connect (default 5)",
+    "name": "client connection name shown by the server",
+    "tls": "true: connect with TLS (system CA bundle)",
+    "token": "auth token",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    servers: list[str]
+    ns: str
+    retention: float = 3600.0
+    dead_retention: float = 0.0
+    ack_wait: float = 30.0
+    dupe_window: float = 120.0
+    storage: str = "file"
+    replicas: int = 1
+    reconnect: float = 30.0
+    timeout: float = 10.0
+    connect_timeout: float = 5.0
+    name: str = "dumbwaiter"
+    tls: bool = False
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+
+
+def parse_url(url: str) -> Settings:
+    """``nats://[user:pass@]host[:port][,host2[:port2]...][/NS][?options]``."""
+    parts = urlsplit(url)
+    if parts.scheme != "nats":
+        raise InvalidURL(f"not a nats URL: {url!r}")
+    netloc = parts.netloc
+    user = password = None
+    if "@" in netloc:
+        cred, netloc = netloc.rsplit("@", 1)
+        user, _, password = cred.partition(":")
+        user, password = unquote(user), unquote(password) if password else None
+    hosts = [h for h in netloc.split(",") if h] or ["127.0.0.1:4222"]
+    servers = [f"nats://{h}" if ":" in h.rsplit("]", 1)[-1] else f"nats://{h}:4222" for h in hosts]
+    opts: dict[str, str] = {}
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        if k not in OPTIONS:
+            raise InvalidURL(
+                f"nats URL {url!r}: unknown option {k!r}; known: {', '.join(sorted(OPTIONS))}"
+            )
+        opts[k] = v
+    path_ns = parts.path.strip("/")
+    ns = opts.pop("prefix", "") or path_ns or "dumbwaiter"
+    if not _NS.match(ns):
+        raise InvalidURL(
+            f"nats URL {url!r}: namespace {ns!r} must be 1-48 letters, digits, '_' or '-'"
+        )
+    try:
+        s = Settings(
+            servers=servers,
+            ns=ns,
+            retention=_pos(opts, "retention", 3600.0),
+            dead_retention=float(opts.get("dead_retention", 0.0)),
+            ack_wait=_pos(opts, "ack_wait", 30.0),
+            dupe_window=_pos(opts, "dupe_window", 120.0),
+            storage=opts.get("storage", "file"),
+            replicas=int(opts.get("replicas", 1)),
+            reconnect=float(opts.get("reconnect", 30.0)),
+            timeout=_pos(opts, "timeout", 10.0),
+            connect_timeout=_pos(opts, "connect_timeout", 5.0),
+            name=opts.get("name", "dumbwaiter"),
+            tls=opts.get("tls", "").lower() in ("1", "true", "yes"),
+            token=opts.get("token"),
+            user=user,
+            password=password,
+        )
+    except ValueError as exc:
+        raise InvalidURL(f"bad option in nats URL {url!r}: {exc}") from None
+    if s.storage not in ("file", "memory"):
+        raise InvalidURL(f"nats URL {url!r}: storage must be 'file' or 'memory'")
+    return s
+
+
+def _pos(opts: dict[str, str], key: str, default: float) -> float:
+    value = float(opts.get(key, default))
+    if value <= 0:
+        raise ValueError(f"{key} must be positive")
+    return value
+
+
+def tok(text: str) -> bytes:
+    """``text`` as one subject token (reversible, see the module doc)."""
+    raw = text.encode()
+    if raw and all(b in _SAFE for b in raw):
+        return raw
+    if not raw:
+        return b"="
+    return b"".join(bytes((b,)) if b in _SAFE else b"=%02X" % b for b in raw)
+
+
+def untok(token: bytes) -> str:
+    if token == b"=":
+        return ""
+    if b"=" not in token:
+        return token.decode()
+    out = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == 61:  # "="
+            out.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            out.append(token[i])
+            i += 1
+    return out.decode()
+
+
+def key_tokens(key: str) -> bytes:
+    """A kv key as subject tokens, split at ``:`` so prefix scans can filter."""
+    return b".".join(tok(part) for part in key.split(":"))
+
+
+def key_of(tokens: bytes) -> str:
+    return ":".join(untok(t) for t in tokens.split(b"."))
+
+
+def prio_tok(priority: int) -> bytes:
+    return b"p%d" % priority if priority >= 0 else b"n%d" % -priority
+
+
+def prio_of(token: bytes) -> int:
+    return int(token[1:]) if token[:1] == b"p" else -int(token[1:])
+
+
+def digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+class Names:
+    """Stream names, subjects and consumer names of one namespace."""
+
+    def __init__(self, s: Settings) -> None:
+        ns = s.ns
+        self.ns = ns
+        self.work = f"DW_{ns}_WORK"
+        self.jobs = f"DW_{ns}_JOBS"
+        self.dlq = f"DW_{ns}_DLQ"
+        self.hold = f"DW_{ns}_HOLD"
+        self.events = f"DW_{ns}_EVENTS"
+        self.kv = f"DW_{ns}_KV"
+        self.streams = (self.work, self.jobs, self.dlq, self.hold, self.events, self.kv)
+        b = b"dw." + ns.encode() + b"."
+        self.base = b
+        self.w = b + b"w."
+        self.d = b + b"d."
+        self.t = b + b"t."
+        self.je = b + b"j.e."
+        self.js = b + b"j.s."
+        self.jk = b + b"j.k."
+        self.x = b + b"x."
+        self.h = b + b"h."
+        self.e = b + b"e."
+        self.k = b + b"k."
+        self.c = b + b"c."
+        self.delay_consumer = "delay"
+        self._direct = {
+            name: b"$JS.API.DIRECT.GET." + name.encode() + b"." for name in self.streams
+        }
+
+    def direct(self, stream: str, subject: bytes) -> bytes:
+        """Subject of a direct get of the last message on ``subject``."""
+        return self._direct[stream] + subject
+
+    def pointer(self, queue: str, priority: int) -> bytes:
+        return self.w + tok(queue) + b"." + prio_tok(priority)
+
+    def delayed(self, queue: str, kind: bytes) -> bytes:
+        return self.d + tok(queue) + b"." + kind
+
+    def dead(self, queue: str) -> bytes:
+        return self.x + tok(queue)
+
+    def consumer(self, queue: str, priority: int) -> str:
+        """Durable work consumer of one queue and priority level."""
+        return f"w_{digest(queue)}_{prio_tok(priority).decode()}"
+
+    def event_subject(self, event_type: str) -> bytes:
+        return self.e + b".".join(tok(part) for part in event_type.split("."))
+
+    def unique(self, key: str) -> bytes:
+        return self.jk + digest(key).encode() + digest(key[::-1]).encode()
+
+    def stream_configs(self, s: Settings, event_retention: float) -> list[dict[str, Any]]:
+        """The six streams' JetStream configurations (see the module doc)."""
+        common: dict[str, Any] = {
+            "storage": s.storage,
+            "num_replicas": s.replicas,
+            "discard": "old",
+            "allow_direct": True,
+        }
+        ns_ = self.base.decode()
+        retention_ns = int(s.retention * _NS_PER_S)
+        dupe_ns = int(s.dupe_window * _NS_PER_S)
+        event_ns = int(event_retention * _NS_PER_S)
+
+        def window(max_age: int) -> int:
+            return dupe_ns if not max_age else min(dupe_ns, max_age)
+
+        return [
+            {
+                **common,
+                "name": self.work,
+                "subjects": [ns_ + "w.>", ns_ + "d.>", ns_ + "t.>"],
+                "retention": "workqueue",
+                "duplicate_window": dupe_ns,
+            },
+            {
+                **common,
+                "name": self.jobs,
+                "subjects": [ns_ + "j.>"],
+                "retention": "limits",
+                "max_age": retention_ns,
+                "max_msgs_per_subject": 1,
+                "duplicate_window": window(retention_ns),
+            },
+            {
+                **common,
+                "name": self.dlq,
+                "subjects": [ns_ + "x.>"],
+                "retention": "limits",
+                "max_age": int(s.dead_retention * _NS_PER_S),
+                "duplicate_window": window(int(s.dead_retention * _NS_PER_S)),
+            },
+            {
+                **common,
+                "name": self.hold,
+                "subjects": [ns_ + "h.>"],
+                "retention": "limits",
+                "max_age": retention_ns,
+                "max_msgs_per_subject": 1,
+                "duplicate_window": window(retention_ns),
+            },
+            {
+                **common,
+                "name": self.events,
+                "subjects": [ns_ + "e.>"],
+                "retention": "limits",
+                "max_age": event_ns,
+                "duplicate_window": window(event_ns),
+            },
+            {
+                **common,
+                "name": self.kv,
+                "subjects": [ns_ + "k.>", ns_ + "c.>"],
+                "retention": "limits",
+                "max_msgs_per_subject": 1,
+            },
+        ]

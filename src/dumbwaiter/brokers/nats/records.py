@@ -1,0 +1,124 @@
+"""The job's state record, the pointer headers and the delivery token.
+
+A job is a *pointer* message in the work stream (its envelope, on the subject
+of its queue and priority) plus, once anything happened to it, a *state
+record* in the jobs stream (``dw.NS.j.s.ID``): the envelope with its current
+attempt and errors, the state, and the lease while it runs.  The record is
+the truth; pointers only bring jobs to workers.  Every change of a record is
+a compare-and-set on its subject's last sequence, so two processes can never
+both move a job: a claim, a settle, a heartbeat, a rescue, a cancel each win
+or see that someone else did.
+
+A pointer carries a generation (``Dw-G``): a pointer whose generation is not
+the record's is stale (the job was retried, rescheduled, replayed, rescued
+since) and is dropped when it is delivered.  Generation ``0`` is the
+enqueue's pointer of a job that has no record yet: its claim creates the
+record (``expect=0``) in one round trip.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ...errors import MessageDecodeError
+from ...message import Message, from_dict
+from ...state import State
+from ..base import JobInfo
+
+#: record field names (short: a record is written at every transition)
+ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, RESULT = (
+    "st", "m", "g", "ra", "u", "w", "lu", "c", "ack", "h", "by", "rp", "res",
+)  # fmt: skip
+
+RUNNING = State.RUNNING.value
+WAITING = frozenset({State.READY.value, State.SCHEDULED.value, State.RETRYING.value})
+FINAL = frozenset({State.SUCCEEDED.value, State.DEAD.value, State.CANCELLED.value})
+#: a purged job's record: gone for ``get``, and its pointers are dropped
+PURGED = "purged"
+
+
+def new_gen() -> str:
+    """A fresh generation: random, so two writers never pick the same one."""
+    return secrets.token_hex(6)
+
+
+@dataclass(slots=True)
+class Token:
+    """What a delivery holds: the claim's sequence (stable while it holds the
+    job), the record's latest sequence (the next compare-and-set), the
+    JetStream ack subject of the pointer it came with, and record fields a
+    settle rewrites."""
+
+    claim: int
+    seq: int
+    reply: bytes
+    gen: str
+    replays: int
+    run_at: float
+    holder: str
+    worker: str
+
+
+def claim_of(rec: dict[str, Any], seq: int) -> int:
+    """The claim a running record belongs to: its ``c`` field, or its own
+    sequence when it is the claim's write itself (``c`` is 0 there)."""
+    return int(rec.get(CLAIM) or seq)
+
+
+def dumps(rec: dict[str, Any]) -> bytes:
+    return orjson.dumps(rec)
+
+
+def loads(data: bytes) -> dict[str, Any]:
+    d = orjson.loads(data)
+    if not isinstance(d, dict):
+        raise MessageDecodeError("NATS job record is not a JSON object")
+    return d
+
+
+def info_of(rec: dict[str, Any], now: float) -> JobInfo | None:
+    """The admin view of a state record (None for a purged job)."""
+    st = rec.get(ST)
+    if st == PURGED or st is None:
+        return None
+    msg = message_of(rec)
+    state = State(st)
+    return JobInfo(
+        message=msg,
+        state=state,
+        run_at=rec.get(RUN_AT),
+        updated_at=rec.get(UPDATED),
+        worker=rec.get(WORKER),
+        lease_until=rec.get(LEASE) if st == RUNNING else None,
+        result=rec[RESULT].encode() if rec.get(RESULT) is not None else None,
+        replays=int(rec.get(REPLAYS, 0)),
+    )
+
+
+def message_of(rec: dict[str, Any]) -> Message:
+    env = rec.get(ENV)
+    if isinstance(env, dict):
+        try:
+            return from_dict(env)
+        except MessageDecodeError:
+            pass
+    return Message(id=str(rec.get("id", "?")), kind="task", name="?", queue=str(rec.get("q", "?")))
+
+
+def waiting_state(attempt: int, run_at: float, now: float) -> str:
+    """The state of a job waiting to run: scheduled, retrying (failed
+    before) or ready."""
+    if run_at > now:
+        return State.RETRYING.value if attempt > 0 else State.SCHEDULED.value
+    return State.READY.value
+
+
+def fresh_info(env: dict[str, Any], run_at: float, enqueued: float, now: float) -> JobInfo:
+    """The admin view of a job that has no state record yet (just enqueued)."""
+    msg = from_dict(env)
+    state = State.SCHEDULED if run_at > now else State.READY
+    return JobInfo(message=msg, state=state, run_at=run_at, updated_at=enqueued)
