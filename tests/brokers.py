@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.integration.nats.server import nats_url
 from tests.integration.postgres.server import postgres_url
 from tests.integration.rabbitmq.server import rabbitmq_url
 from tests.integration.redis.server import redis_url
@@ -36,6 +37,7 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "postgres": postgres_url,
     "redis": redis_url,
     "rabbitmq": rabbitmq_url,
+    "nats": nats_url,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]

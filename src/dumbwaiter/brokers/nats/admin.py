@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ...errors import BrokerError, MessageDecodeError
+from ...errors import MessageDecodeError
 from ...state import CANCELLABLE_STATES, State
 from ..base import (
     JobFilter,
@@ -33,13 +33,12 @@ from .core import (
     fresh_record,
 )
 from .link import Link
-from .names import prio_of, untok
+from .names import Names, prio_of, untok
 from .store import Stored, is_conflict, stored
 from .wire import (
     JetStreamError,
     Reply,
     header,
-    pub_ack,
 )
 
 
@@ -48,32 +47,38 @@ class Admin(Core):
         return await self._get(await self._link(), id)
 
     async def stats(self) -> list[QueueStats]:
+        """Counts from JetStream's bookkeeping (see the module doc), read in an
+        order that never loses a job moving while they are read.
+
+        Every move adds the job to its next place before it leaves the last
+        one, so each place is read before the places jobs move to from it:
+        delay subjects, then the work consumers (due jobs come from the
+        delay subjects), then the holder lists (claimed jobs come from the
+        work consumers), then the delay subjects and the DLQ again (retried
+        and dead jobs come from the holders).  A job may be seen twice while
+        it moves, never not at all; at rest every count is exact."""
         link = await self._link()
         n = self.n
         store = link.store
-        work, dead, holders, declared, paused = await asyncio.gather(
-            store.subjects(n.work, n.base + b"*.>"),
-            store.subjects(n.dlq, n.x + b"*"),
-            self._holders(link),
+        declared, paused, first = await asyncio.gather(
             self._config(link, b"queues"),
             self._config(link, b"paused"),
+            store.subjects(n.work, n.base + b"*.>"),
         )
+        levels, delayed = _work_subjects(n, first)
+        queues: set[str] = set(declared or []) | set(paused or []) | set(levels)
+        queues |= {q for q, _ in delayed}
+        keys = sorted({(q, p) for q in queues for p in {0, *levels.get(q, {})}})
+        consumers = await self._consumer_infos(link, keys)
+        holders = await self._holders(link)
+        second, dead = await asyncio.gather(
+            store.subjects(n.work, n.base + b"*.>"), store.subjects(n.dlq, n.x + b"*")
+        )
+        levels2, delayed2 = _work_subjects(n, second)
+        for k, c in delayed2.items():
+            delayed[k] = max(delayed.get(k, 0), c)
         now = time.time()
-        queues: set[str] = set(declared or []) | set(paused or [])
-        levels: dict[str, dict[int, int]] = {}
-        delayed: dict[tuple[str, bytes], int] = {}
-        for subject, count in work.items():
-            parts = subject[len(n.base) :].split(b".")
-            if parts[0] == b"w" and len(parts) == 3:
-                q = untok(parts[1])
-                levels.setdefault(q, {})[prio_of(parts[2])] = count
-                queues.add(q)
-            elif parts[0] == b"d" and len(parts) == 3:
-                q = untok(parts[1])
-                delayed[(q, parts[2])] = count
-                queues.add(q)
         dead_by = {untok(s[len(n.x) :]): c for s, c in dead.items()}
-        queues |= set(dead_by)
         running: dict[str, int] = {}
         fin: dict[str, list[int]] = {}
         oldest = str(int((now - self.retention) // 60))
@@ -86,86 +91,91 @@ class Admin(Core):
                     if minute >= oldest:
                         f[0] += ok
                         f[1] += cx
-        queues |= set(running) | set(fin)
-        ready_lag = await self._ready(link, levels, running, now)
+        queues |= set(dead_by) | set(running) | set(fin) | {q for q, _ in delayed}
+        ready, lag = await self._ready(link, consumers, levels2, running, now)
         out = []
         for q in sorted(queues):
-            ready, lag = ready_lag.get(q, (0, 0.0))
             f = fin.get(q, [0, 0])
             out.append(
                 QueueStats(
                     queue=q,
-                    ready=ready,
+                    ready=ready.get(q, 0),
                     scheduled=delayed.get((q, b"s"), 0),
                     retrying=delayed.get((q, b"r"), 0),
                     running=running.get(q, 0),
                     dead=dead_by.get(q, 0),
                     succeeded=f[0],
                     cancelled=f[1],
-                    lag=lag,
+                    lag=lag.get(q, 0.0),
                     paused=q in (paused or []),
                 )
             )
         return out
 
-    async def _ready(
-        self,
-        link: Link,
-        levels: dict[str, dict[int, int]],
-        running: dict[str, int],
-        now: float,
-    ) -> dict[str, tuple[int, float]]:
-        """Per queue: jobs ready, and the age of the oldest ready pointer.
-
-        Ready = pointers not delivered yet (``num_pending``) plus pointers
-        delivered but not claimed (a fetch between pull and claim, a stash):
-        the consumers' ``num_ack_pending`` less the claimed (running) jobs.
-        So a job is counted somewhere at every moment of a fetch."""
+    async def _consumer_infos(
+        self, link: Link, keys: list[tuple[str, int]]
+    ) -> dict[tuple[str, int], tuple[int, int, int] | None]:
+        """(not yet delivered, delivered and not acked, first undelivered
+        sequence) of each work consumer; None where it does not exist yet."""
         wire = link.wire
-        keys = [(q, p) for q, lv in levels.items() for p in lv]
         futs = [
             wire.request(
                 f"$JS.API.CONSUMER.INFO.{self.n.work}.{self.n.consumer(q, p)}".encode(), b""
             )
             for q, p in keys
         ]
-        infos = await wire.gather(futs)
-        firsts: list[asyncio.Future[Reply] | None] = []
-        pending: dict[str, int] = {}
-        delivered: dict[str, int] = {}
-        for (q, p), r in zip(keys, infos, strict=True):
-            start, count, unacked = 1, levels[q][p], 0
-            if isinstance(r, Reply):
-                d = orjson.loads(r.data) if r.data else {}
+        out: dict[tuple[str, int], tuple[int, int, int] | None] = {}
+        for key, r in zip(keys, await wire.gather(futs), strict=True):
+            out[key] = None
+            if isinstance(r, Reply) and r.data:
+                d = orjson.loads(r.data)
                 if "error" not in d:
-                    count = int(d.get("num_pending", 0))
-                    unacked = int(d.get("num_ack_pending", 0))
                     start = int((d.get("delivered") or {}).get("stream_seq", 0)) + 1
-            pending[q] = pending.get(q, 0) + count
-            delivered[q] = delivered.get(q, 0) + unacked
-            firsts.append(
-                wire.request(
-                    b"$JS.API.DIRECT.GET." + self.n.work.encode(),
-                    orjson.dumps({"seq": start, "next_by_subj": self.n.pointer(q, p).decode()}),
-                )
-                if count
-                else None
-            )
-        await wire.flush()
-        lags: dict[str, float] = {}
-        for (q, _), f in zip(keys, firsts, strict=True):
-            if f is None:
-                continue
-            try:
-                m = stored(await f)
-            except BrokerError:
-                m = None
-            if m is not None:
-                lags[q] = max(lags.get(q, 0.0), now - m.time)
-        return {
-            q: (pending[q] + max(0, delivered[q] - running.get(q, 0)), max(lags.get(q, 0.0), 0.0))
-            for q in pending
-        }
+                    out[key] = (
+                        int(d.get("num_pending", 0)),
+                        int(d.get("num_ack_pending", 0)),
+                        start,
+                    )
+        return out
+
+    async def _ready(
+        self,
+        link: Link,
+        consumers: dict[tuple[str, int], tuple[int, int, int] | None],
+        counts: dict[str, dict[int, int]],
+        running: dict[str, int],
+        now: float,
+    ) -> tuple[dict[str, int], dict[str, float]]:
+        """Per queue: jobs ready, and the age of the oldest ready pointer.
+
+        Ready = pointers not delivered yet plus pointers delivered but not
+        claimed (a fetch between pull and claim, a stash): the consumers'
+        ``num_ack_pending`` less the claimed (running) jobs.  A level whose
+        consumer does not exist yet (nobody fetched) counts its pointers."""
+        wire = link.wire
+        ready: dict[str, int] = {}
+        unclaimed: dict[str, int] = {}
+        firsts: list[tuple[str, asyncio.Future[Reply]]] = []
+        path = b"$JS.API.DIRECT.GET." + self.n.work.encode()
+        for (q, p), info in consumers.items():
+            if info is None:
+                pending, unacked, start = counts.get(q, {}).get(p, 0), 0, 1
+            else:
+                pending, unacked, start = info
+            ready[q] = ready.get(q, 0) + pending
+            unclaimed[q] = unclaimed.get(q, 0) + unacked
+            if pending:
+                body = orjson.dumps({"seq": start, "next_by_subj": self.n.pointer(q, p).decode()})
+                firsts.append((q, wire.request(path, body)))
+        for q, extra in unclaimed.items():
+            ready[q] += max(0, extra - running.get(q, 0))
+        lag: dict[str, float] = {}
+        for (q, _), r in zip(firsts, await wire.gather([f for _, f in firsts]), strict=True):
+            if isinstance(r, Reply):
+                m = stored(r) if r.status in (0, 404) else None
+                if m is not None:
+                    lag[q] = max(lag.get(q, 0.0), now - m.time)
+        return ready, lag
 
     async def _all(self, link: Link) -> list[JobInfo]:
         """Every job in the index (a scan: admin listings without a narrower filter)."""
@@ -242,27 +252,28 @@ class Admin(Core):
             cur = await link.store.read(self.n.jobs, subject)
             old = R.loads(cur.data) if cur is not None else rec
             info = R.info_of(old, now)
-            if info is None or info.state is not State.DEAD or not filter.matches(info):
-                if info is None or info.state is not State.DEAD:
-                    await link.store.delete(self.n.dlq, seq)  # replayed or purged already
+            if info is None or info.state is not State.DEAD:
+                # replayed (or purged) already: a replay that died after its
+                # record write may not have published the pointer yet
+                if cur is not None and old.get(R.ST) in R.WAITING:
+                    await self._ensure_pointer(link, jid, old, cur.seq)
+                await link.store.delete(self.n.dlq, seq)
+                continue
+            if not filter.matches(info):
                 continue
             env = dict(old[R.ENV])
             env["attempt"] = 0
-            gen = R.new_gen()
-            queue = str(env.get("queue", ""))
             new = {
-                R.ST: State.READY.value, R.ENV: env, R.GEN: gen, R.RUN_AT: now,
+                R.ST: State.READY.value, R.ENV: env, R.GEN: R.new_gen(), R.RUN_AT: now,
                 R.UPDATED: now, R.REPLAYS: int(old.get(R.REPLAYS, 0)) + 1,
             }  # fmt: skip
-            fut = self._repoint_req(link, jid, queue, env, gen, now, now)
-            pointer = pub_ack(await self._await(link, fut), "replay").seq
             try:
-                await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
+                ack = await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
             except JetStreamError as exc:
                 if not is_conflict(exc):
                     raise
-                await link.store.delete(self.n.work, pointer)
                 continue
+            await self._ensure_pointer(link, jid, new, ack.seq)
             await link.store.delete(self.n.dlq, seq)
             n += 1
         return n
@@ -360,8 +371,8 @@ class Admin(Core):
         return out
 
     async def _reschedule_one(self, link: Link, jid: str, at: float) -> bool:
-        """The new pointer first, then the record (as in ``_move``); a pointer
-        whose record write lost is deleted again."""
+        """The record first, then its new pointer, then the old pointer out
+        (as in ``_move``: a stale pointer repairs a missing one)."""
         subject = self.n.js + jid.encode()
         for _ in range(50):
             now = time.time()
@@ -377,19 +388,16 @@ class Admin(Core):
             info = R.info_of(old, now)
             if info is None or info.state not in CANCELLABLE_STATES:
                 return False
-            gen = R.new_gen()
             env = old[R.ENV]
-            fut = self._repoint_req(link, jid, str(env.get("queue", "")), env, gen, at, now)
-            seq = pub_ack(await self._await(link, fut), "reschedule").seq
             state = R.waiting_state(int(env.get("attempt", 0)), at, now)
-            new = {**old, R.ST: state, R.RUN_AT: at, R.UPDATED: now, R.GEN: gen}
+            new = {**old, R.ST: state, R.RUN_AT: at, R.UPDATED: now, R.GEN: R.new_gen()}
             try:
-                await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
+                ack = await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
             except JetStreamError as exc:
                 if not is_conflict(exc):
                     raise
-                await link.store.delete(self.n.work, seq)
                 continue
+            await self._ensure_pointer(link, jid, new, ack.seq)
             await self._unpoint(link, jid, old)
             return True
         return False
@@ -404,3 +412,20 @@ class Admin(Core):
         link = await self._link()
         await self._merge_config(link, b"paused", lambda p: sorted(set(p or []) - {queue}))
         link.paused = None
+
+
+def _work_subjects(
+    n: Names, subjects: dict[bytes, int]
+) -> tuple[dict[str, dict[int, int]], dict[tuple[str, bytes], int]]:
+    """Pointer counts per queue and level, delay entries per (queue, kind)."""
+    levels: dict[str, dict[int, int]] = {}
+    delayed: dict[tuple[str, bytes], int] = {}
+    for subject, count in subjects.items():
+        parts = subject[len(n.base) :].split(b".")
+        if len(parts) != 3:
+            continue
+        if parts[0] == b"w":
+            levels.setdefault(untok(parts[1]), {})[prio_of(parts[2])] = count
+        elif parts[0] == b"d":
+            delayed[(untok(parts[1]), parts[2])] = count
+    return levels, delayed

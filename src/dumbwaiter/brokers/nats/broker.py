@@ -111,6 +111,7 @@ class NatsBroker(Admin, Coordination):
         link = await self._link()
         if queues:
             await self._merge_config(link, b"queues", lambda q: sorted(set(q or []) | set(queues)))
+            link.queues |= set(queues)
         if bindings:
 
             def merge(cur: Any) -> Any:
@@ -156,6 +157,10 @@ class NatsBroker(Admin, Coordination):
         now = time.time()
         result: list[tuple[str, bool] | None] = [None] * len(prepared)
         send = list(range(len(prepared)))
+        new_queues = {m.queue for m, _ in prepared} - link.queues
+        if new_queues:  # queues stay listed (stats) once they were used
+            await self._merge_config(link, b"queues", lambda q: sorted(set(q or []) | new_queues))
+            link.queues |= new_queues
         if any(m.key is not None and m.kind == "task" for m, _ in prepared):
             send = await self._take_keys(link, prepared, result)
         n = self.n
@@ -174,9 +179,12 @@ class NatsBroker(Admin, Coordination):
             if ra > now:
                 subject = n.delayed(m.queue, b"s")
                 hdr = headers(
-                    (b"Nats-Msg-Id", mid), (b"Dw-Id", mid), (b"Dw-G", b"0"),
-                    (b"Dw-P", m.priority), (b"Dw-At", repr(ra)),
-                )  # fmt: skip
+                    (b"Nats-Msg-Id", mid),
+                    (b"Dw-Id", mid),
+                    (b"Dw-G", b"0"),
+                    (b"Dw-P", m.priority),
+                    (b"Dw-At", repr(ra)),
+                )
             else:
                 subject = n.pointer(m.queue, m.priority)
                 hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
@@ -313,8 +321,8 @@ class NatsBroker(Admin, Coordination):
                 link.wire.publish(it.reply, b'-NAK {"delay":%d}' % _NS_PER_S)
                 continue
             link.holder.running(p.id, p.queue, until, p.reply, worker)
-            if p.gen == "0" and p.env is not None:
-                env = p.env
+            if p.env is not None and (p.gen == "0" or p.seq):
+                env = dict(p.env)
                 env["attempt"] = int(env.get("attempt", 0)) + 1
                 fast.append((p, env))
             else:
@@ -326,8 +334,10 @@ class NatsBroker(Admin, Coordination):
         futs = [
             store.put_req(
                 self.n.js + p.id.encode(),
-                R.dumps(self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, 0)),
-                0,
+                R.dumps(
+                    self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, p.replays)
+                ),
+                p.seq,
             )
             for p, env in fast
         ]
@@ -343,7 +353,7 @@ class NatsBroker(Admin, Coordination):
                     raise
                 slow.append(p)  # someone wrote the record first: look at it
                 continue
-            tok = Token(ack.seq, ack.seq, p.reply, p.gen, 0, now, link.holder.id, worker)
+            tok = Token(ack.seq, ack.seq, p.reply, p.gen, p.replays, now, link.holder.id, worker)
             out.append(self._delivery(p, env, tok, until))
         if slow:
             got = await asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
@@ -397,71 +407,78 @@ class NatsBroker(Admin, Coordination):
         )
 
     async def _claim_slow(self, link: Link, p: Ptr, until: float, worker: str) -> Delivery | None:
-        """Claim a pointer whose job has a state record: look at it first."""
-        store = link.store
+        """Claim a pointer after looking at its job's record."""
         subject = self.n.js + p.id.encode()
         for _ in range(20):
             now = time.time()
-            cur = await store.read(self.n.jobs, subject)
-            if cur is None:
-                if p.env is None:
-                    env: dict[str, Any] = {"id": p.id, "queue": p.queue}
-                    claim_env = None
-                else:
-                    env = dict(p.env)
-                    env["attempt"] = int(env.get("attempt", 0)) + 1
-                    claim_env = env
-                rec = self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, 0)
-                expect = 0
-                replays, run_at = 0, now
-            else:
-                old = R.loads(cur.data)
-                st = old.get(R.ST)
-                if old.get(R.GEN) != p.gen:
-                    self._drop(link, p)  # a stale pointer: the job moved on
-                    return None
-                if st in R.WAITING:
-                    if float(old.get(R.RUN_AT, 0)) > now + 0.05:
-                        self._hold(link, p, float(old[R.RUN_AT]) - now)
-                        return None
-                    env = old[R.ENV]
-                elif st == R.RUNNING:
-                    if float(old.get(R.LEASE, 0)) > now:
-                        self._hold(link, p, float(old[R.LEASE]) - now + 0.05)
-                        return None
-                    env = old[R.ENV]
-                    env.setdefault("errors", []).append(lease_error(old, now))
-                    if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
-                        await self._bury(link, old, cur.seq, now)
-                        return None
-                else:
-                    if st == State.DEAD.value:
-                        await self._dlq_publish(link, old)
-                    self._drop(link, p)
-                    return None
-                env["attempt"] = int(env.get("attempt", 0)) + 1
-                claim_env = env
-                replays, run_at = int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now))
-                rec = self._running(
-                    p.gen, env, now, until, worker, p.reply, link, 0, run_at, replays
-                )
-                expect = cur.seq
+            cur = await link.store.read(self.n.jobs, subject)
+            plan = await self._claim_plan(link, p, cur, now)
+            if plan is None:
+                return None
+            env, replays, run_at = plan
+            rec = self._running(p.gen, env, now, until, worker, p.reply, link, 0, run_at, replays)
             try:
-                ack = await store.put(subject, R.dumps(rec), expect)
+                ack = await link.store.put(subject, R.dumps(rec), cur.seq if cur else 0)
             except JetStreamError as exc:
                 if is_conflict(exc):
                     continue
                 raise
             tok = Token(ack.seq, ack.seq, p.reply, p.gen, replays, run_at, link.holder.id, worker)
-            if claim_env is None:
+            if p.env is None and cur is None:
                 return Delivery(
-                    id=p.id, message=None, token=tok, lease_until=until, queue=p.queue,
-                    raw=p.data, decode_error=p.error or "undecodable message",
-                )  # fmt: skip
-            return self._delivery(p, claim_env, tok, until)
+                    id=p.id,
+                    message=None,
+                    token=tok,
+                    lease_until=until,
+                    queue=p.queue,
+                    raw=p.data,
+                    decode_error=p.error or "undecodable message",
+                )
+            return self._delivery(p, env, tok, until)
         log.warning("nats: gave up claiming job %s (its record kept changing)", p.id)
         self._hold(link, p, 0.5)
         return None
+
+    async def _claim_plan(
+        self, link: Link, p: Ptr, cur: Stored | None, now: float
+    ) -> tuple[dict[str, Any], int, float] | None:
+        """What claiming ``p`` means given its job's record: the envelope to
+        run (attempt counted up), replays and run time; or None after
+        dropping a stale pointer or holding back one that comes early."""
+        if cur is None:  # no record (yet, or any more: retention): the pointer has it all
+            env: dict[str, Any] = dict(p.env) if p.env else {"id": p.id, "queue": p.queue}
+            env["attempt"] = int(env.get("attempt", 0)) + 1
+            return env, p.replays, now
+        old = R.loads(cur.data)
+        st = old.get(R.ST)
+        if old.get(R.GEN) != p.gen:
+            # a stale pointer: the job moved on.  If it waits, make sure its
+            # own pointer exists (the mover may have died before publishing it)
+            if st in R.WAITING:
+                await self._ensure_pointer(link, p.id, old, cur.seq)
+            self._drop(link, p)
+            return None
+        env = old[R.ENV]
+        if st in R.WAITING:
+            if float(old.get(R.RUN_AT, 0)) > now + 0.05:
+                self._hold(link, p, float(old[R.RUN_AT]) - now)
+                return None
+        elif st == R.RUNNING:
+            if float(old.get(R.LEASE, 0)) > now:  # its worker is alive: not ours
+                self._hold(link, p, float(old[R.LEASE]) - now + 0.05)
+                return None
+            # JetStream redelivered it after AckWait: its worker died
+            env.setdefault("errors", []).append(lease_error(old, now))
+            if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
+                await self._bury(link, old, cur.seq, now)
+                return None
+        else:
+            if st == State.DEAD.value:  # finish a dead-lettering cut short
+                await self._dlq_publish(link, old)
+            self._drop(link, p)
+            return None
+        env["attempt"] = int(env.get("attempt", 0)) + 1
+        return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now))
 
     def _drop(self, link: Link, p: Ptr) -> None:
         with contextlib.suppress(Unavailable):
@@ -559,28 +576,46 @@ class NatsBroker(Admin, Coordination):
         now: float,
         charge: bool,
     ) -> None:
-        """Retry or requeue: publish each job's next pointer (or delay entry)
-        with a new generation, then move its record there.  The pointer goes
-        first: if the record write then loses (the lease was lost), the new
-        pointer is stale and dropped when delivered; the other way round a
-        crash in between would leave a waiting job without a pointer."""
+        """Retry or requeue: move each job's record to its next run (a new
+        generation), then publish the pointer (or delay entry) of that
+        generation, then ``+ACK`` the old pointer.  A process dying in between
+        leaves the old pointer unacked: JetStream redelivers it, and the fetch
+        that finds it stale publishes the missing pointer (``_claim_slow``)."""
         held = [d for d in ds if isinstance(d.token, Token)]
         if not held:
             return
-        link = await self._link()
-        futs = []
         for d in held:
-            gen, at = R.new_gen(), when(d)
-            moves[d.id] = (gen, at)
-            rec = build(d, d.token)
+            moves[d.id] = (R.new_gen(), when(d))
+        link = await self._link()
+        written, lost = await self._rewrite(link, held, build)
+        futs = []
+        for d, rec, seq in written:
+            gen, at = moves[d.id]
             futs.append(
-                self._repoint_req(link, d.id, d.queue or queue_of(d), rec[R.ENV], gen, at, now)
+                self._repoint_req(
+                    link,
+                    d.id,
+                    d.queue or queue_of(d),
+                    rec[R.ENV],
+                    gen,
+                    at,
+                    now,
+                    seq,
+                    int(rec.get(R.REPLAYS, 0)),
+                )
             )
         for r in await link.wire.gather(futs):
             if isinstance(r, BaseException):
                 raise r
             pub_ack(r, "pointer")
-        await self._settle(held, build, None)
+        for d, _, _ in written:
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(d.token.reply, b"+ACK")
+            link.holder.finished(d.id, d.queue or queue_of(d), None)
+        if lost:
+            link.holder.forget({d.id for d in lost})
+        link.holder.write()
+        await link.wire.flush()
 
     async def _rewrite(
         self, link: Link, ds: list[Delivery], build: Any
@@ -666,9 +701,17 @@ class NatsBroker(Admin, Coordination):
 
         def running(d: Delivery, tok: Token) -> dict[str, Any]:
             rec = self._running(
-                tok.gen, env_of(d), time.time(), until, tok.worker, tok.reply, link,
-                tok.claim, tok.run_at, tok.replays,
-            )  # fmt: skip
+                tok.gen,
+                env_of(d),
+                time.time(),
+                until,
+                tok.worker,
+                tok.reply,
+                link,
+                tok.claim,
+                tok.run_at,
+                tok.replays,
+            )
             rec[R.HOLDER] = tok.holder
             return rec
 
@@ -775,17 +818,14 @@ class NatsBroker(Admin, Coordination):
             await link.store.put(self.n.h + holder.encode(), orjson.dumps(new), cur.seq)
 
     async def _rescue_one(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+        """Give back a job whose lease ran out: record (with a ``LeaseExpired``
+        error) first, then its new pointer, then ``+ACK`` the old delivery."""
         env = rec[R.ENV]
         env.setdefault("errors", []).append(lease_error(rec, now))
         if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
             return await self._bury(link, rec, seq, now)
         jid = str(env["id"])
-        queue = str(env.get("queue", ""))
         gen = R.new_gen()
-        pub_ack(
-            await self._await(link, self._repoint_req(link, jid, queue, env, gen, now, now)),
-            "pointer",
-        )
         reply = str(rec.get(R.ACK) or "")
         new = {
             R.ST: State.READY.value,
@@ -798,11 +838,12 @@ class NatsBroker(Admin, Coordination):
             R.REPLAYS: rec.get(R.REPLAYS, 0),
         }
         try:
-            await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
+            ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
         except JetStreamError as exc:
             if is_conflict(exc):
                 return False
             raise
+        await self._ensure_pointer(link, jid, new, ack.seq)
         if reply:
             with contextlib.suppress(Unavailable):
                 link.wire.publish(reply.encode(), b"+ACK")
@@ -826,7 +867,13 @@ class NatsBroker(Admin, Coordination):
             gen = (header(it.hdr, b"Dw-G") or b"0").decode()
             if prio:
                 link.level_seen(queue, prio)
-            hdr = headers((b"Nats-Msg-Id", f"{jid}:{gen}:due"), (b"Dw-Id", jid), (b"Dw-G", gen))
+            hdr = headers(
+                (b"Nats-Msg-Id", f"{jid}:{gen}:due"),
+                (b"Dw-Id", jid),
+                (b"Dw-G", gen),
+                (b"Dw-S", header(it.hdr, b"Dw-S") or b"0"),
+                (b"Dw-Rp", header(it.hdr, b"Dw-Rp") or b"0"),
+            )
             moves.append((it, wire.request(self.n.pointer(queue, prio), it.data, hdr)))
         await wire.flush()
         for it, fut in moves:

@@ -35,6 +35,7 @@ from .wire import (
     Unavailable,
     header,
     headers,
+    pub_ack,
 )
 
 log = logging.getLogger("dumbwaiter.nats")
@@ -158,28 +159,43 @@ class Core(Broker):
         gen: str,
         at: float,
         now: float,
+        seq: int = 0,
+        replays: int = 0,
     ) -> asyncio.Future[Reply]:
-        """Publish a job's next pointer: to the work subjects if due, else a delay entry."""
+        """Publish a job's pointer for generation ``gen`` (its record, at
+        sequence ``seq``, was written first): to the work subjects if due,
+        else a delay entry.  Its ``Nats-Msg-Id`` makes publishing it twice
+        harmless (``_ensure_pointer``)."""
         body = orjson.dumps(env)
         prio = int(env.get("priority", 0))
-        mid = f"{jid}:{gen}"
+        pairs: list[tuple[bytes, bytes | str | int | float]] = [
+            (b"Nats-Msg-Id", jid if gen == "0" else f"{jid}:{gen}"),
+            (b"Dw-Id", jid),
+            (b"Dw-G", gen),
+            (b"Dw-S", seq),
+        ]
+        if replays:
+            pairs.append((b"Dw-Rp", replays))
         if at > now + 0.001:
             kind = b"r" if int(env.get("attempt", 0)) > 0 else b"s"
-            return link.wire.request(
-                self.n.delayed(queue, kind),
-                body,
-                headers(
-                    (b"Nats-Msg-Id", mid), (b"Dw-Id", jid), (b"Dw-G", gen),
-                    (b"Dw-P", prio), (b"Dw-At", repr(at)),
-                ),
-            )  # fmt: skip
+            pairs += [(b"Dw-P", prio), (b"Dw-At", repr(at))]
+            return link.wire.request(self.n.delayed(queue, kind), body, headers(*pairs))
         if prio:
             link.level_seen(queue, prio)
-        return link.wire.request(
-            self.n.pointer(queue, prio),
-            body,
-            headers((b"Nats-Msg-Id", mid), (b"Dw-Id", jid), (b"Dw-G", gen)),
-        )
+        return link.wire.request(self.n.pointer(queue, prio), body, headers(*pairs))
+
+    async def _ensure_pointer(self, link: Link, jid: str, rec: dict[str, Any], seq: int) -> None:
+        """Publish the pointer a waiting record expects, unless it exists (its
+        ``Nats-Msg-Id`` is still in the de-duplication window): the repair
+        after a process died between writing a record and its pointer."""
+        env = rec.get(R.ENV) or {}
+        now = time.time()
+        at = float(rec.get(R.RUN_AT) or now)
+        fut = self._repoint_req(
+            link, jid, str(env.get("queue", "")), env, str(rec.get(R.GEN, "0")), at, now,
+            seq, int(rec.get(R.REPLAYS, 0)),
+        )  # fmt: skip
+        pub_ack(await self._await(link, fut), "pointer")
 
     @staticmethod
     async def _await(link: Link, fut: asyncio.Future[Reply]) -> Reply:
@@ -289,7 +305,7 @@ UNIQUE_BLOCKS: dict[str, frozenset[str] | None] = {
 class Ptr:
     """A delivered pointer, decoded."""
 
-    __slots__ = ("data", "env", "error", "gen", "id", "queue", "reply")
+    __slots__ = ("data", "env", "error", "gen", "id", "queue", "replays", "reply", "seq")
 
     def __init__(self, it: Pulled, queue: str, names: Names) -> None:
         self.reply = it.reply
@@ -312,6 +328,9 @@ class Ptr:
         else:
             self.id = f"nats-{ack_meta(it.reply).stream_seq}"
         self.gen = (header(it.hdr, b"Dw-G") or b"0").decode()
+        #: the record's sequence when this pointer was published (0: none yet)
+        self.seq = int(header(it.hdr, b"Dw-S") or 0)
+        self.replays = int(header(it.hdr, b"Dw-Rp") or 0)
 
     @classmethod
     def of(cls, it: Pulled, names: Names) -> Ptr:

@@ -137,6 +137,8 @@ class Link:
         self.pullers: dict[tuple[str, int], Puller] = {}
         self._made: set[str] = set()
         self.levels: dict[str, set[int]] = {}
+        #: queues this connection has registered (the config entry "queues")
+        self.queues: set[str] = set()
         self.levels_at = 0.0
         self.paused: tuple[float, frozenset[str]] | None = None
         self._promoter: asyncio.Task[None] | None = None
