@@ -197,28 +197,41 @@ class RabbitMQBroker(Broker):
     # -- topology ------------------------------------------------------------------
 
     async def _declare_queue(self, link: Link, queue: str) -> None:
+        """The main lane and the DLQ of ``queue`` (priority lanes: ``_declare_lane``)."""
         if queue in self._declared:
             return
         await self._ensure_cascade(link)
         ch = link.channel()
         n = self.names
         await ch.exchange_declare(n.dlx, exchange_type="direct", durable=True)
-        dead_letter = {"x-dead-letter-exchange": n.dlx, "x-dead-letter-routing-key": queue}
-        for lane in topo.LANES:
-            args: dict[str, Any] = dict(dead_letter)
-            if lane == topo.MAIN:
-                if n.queue_type == "quorum":
-                    args["x-queue-type"] = "quorum"
-            else:  # quorum queues of RabbitMQ 3.x have no priorities
-                args["x-max-priority"] = topo.MAX_PRIORITY
-            name = n.lane(queue, lane)
-            await ch.queue_declare(name, durable=True, arguments=args)
-            await ch.queue_bind(name, n.level(-1), routing_key=topo.exit_pattern(name))
-        dlq_args: dict[str, Any] = {"x-queue-type": "quorum"} if n.queue_type == "quorum" else {}
-        await ch.queue_declare(n.dlq(queue), durable=True, arguments=dlq_args)
+        await self._declare_lane(link, queue, topo.MAIN)
+        await ch.queue_declare(n.dlq(queue), durable=True, arguments=self._queue_args())
         await ch.queue_bind(n.dlq(queue), n.dlx, routing_key=queue)
         await self.state.kv_set({self.keys.queue + queue: b"1"})
         self._declared.add(queue)
+
+    def _queue_args(self, dead_letter_to: str | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        if self.names.queue_type == "quorum":
+            args["x-queue-type"] = "quorum"
+        if dead_letter_to is not None:
+            args["x-dead-letter-exchange"] = self.names.dlx
+            args["x-dead-letter-routing-key"] = dead_letter_to
+        return args
+
+    async def _declare_lane(self, link: Link, queue: str, lane: str) -> None:
+        """One lane of ``queue``, bound to the cascade's exit.  The priority
+        lanes are made when the first job of that priority comes, and are
+        recorded in the state store so that every fetcher reads them."""
+        name = self.names.lane(queue, lane)
+        if name in self._declared:
+            return
+        ch = link.channel()
+        await ch.queue_declare(name, durable=True, arguments=self._queue_args(queue))
+        await ch.queue_bind(name, self.names.level(-1), routing_key=topo.exit_pattern(name))
+        if lane != topo.MAIN:
+            await self.state.kv_set({f"{self.keys.lane}{queue}\x1f{lane}": b"1"})
+        self._declared.add(name)
 
     async def _ensure_cascade(self, link: Link) -> None:
         """Declare the delay cascade (idempotent; shared by the vhost)."""
@@ -302,12 +315,11 @@ class RabbitMQBroker(Broker):
     ) -> tuple[str, str, bytes, spec.Basic.Properties]:
         """How to send one copy of a job: straight into its lane, or through the
         delay cascade when ``run_at`` is ahead."""
-        lane, priority = topo.lane_of(msg.priority)
+        lane = topo.lane_of(msg.priority)
         target = self.names.lane(msg.queue, lane)
         props = spec.Basic.Properties(
             content_type="application/json",
             delivery_mode=2,
-            priority=priority or None,
             message_id=msg.id,
             headers={"dw-v": ver},
         )
@@ -376,9 +388,10 @@ class RabbitMQBroker(Broker):
                 await link.ensure()
                 if any(ex.startswith(self.names.delays) for ex, *_ in items):
                     await self._ensure_cascade(link)
-                for q in {self._queue_of(rk) for ex, rk, *_ in items if ex == ""}:
-                    if q is not None:
-                        await self._declare_queue(link, q)
+                for target in {self._target_of(ex, rk) for ex, rk, *_ in items}:
+                    if target is not None:
+                        await self._declare_queue(link, target[0])
+                        await self._declare_lane(link, *target)
                 await link.publish(items)
                 return
             except SEND_ERRORS as exc:
@@ -388,11 +401,19 @@ class RabbitMQBroker(Broker):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def _queue_of(self, lane_queue: str) -> str | None:
+    def _target_of(self, exchange: str, routing_key: str) -> tuple[str, str] | None:
+        """(queue, lane) a copy is for: sent to a lane by name, or through the
+        cascade with the lane's name after the delay bits."""
+        if exchange == "":
+            lane_queue = routing_key
+        elif exchange == self.names.level(topo.LEVELS - 1):
+            lane_queue = routing_key.split(".", topo.LEVELS)[-1]
+        else:
+            return None
         for lane in topo.LANES:
             head = f"{self.names.prefix}.{lane}."
             if lane_queue.startswith(head):
-                return lane_queue[len(head) :]
+                return lane_queue[len(head) :], lane
         return None
 
     # -- enqueue -----------------------------------------------------------------------
@@ -581,12 +602,11 @@ class RabbitMQBroker(Broker):
     ) -> list[Delivery]:
         """``wait=0``: what is ready now, exactly, by ``basic.get`` in lane order."""
         out: list[Delivery] = []
-        paused = await self.state.kv_get([self.keys.paused + q for q in queues])
-        open_queues = [q for q in queues if self.keys.paused + q not in paused]
+        lanes = await self._lanes(queues)
         while len(out) < limit:
-            raws = self._from_buffer(link, open_queues, limit - len(out))
-            for q in open_queues:
-                for lane in topo.LANES:
+            raws = self._from_buffer(link, list(lanes), limit - len(out))
+            for q, qlanes in lanes.items():
+                for lane in qlanes:
                     while len(raws) < limit - len(out):
                         raw = await link.get(self.names.lane(q, lane), q, lane)
                         if raw is None:
@@ -627,7 +647,7 @@ class RabbitMQBroker(Broker):
             if remaining <= 0:
                 return []
             link.arrived.clear()
-            recheck = min([remaining, *(t - time.time() for t in link.paused_until.values())])
+            recheck = min(remaining, max(0.0, link.looked_at + 1.0 - time.time()))
             try:
                 await asyncio.wait_for(link.arrived.wait(), max(0.01, recheck))
             except TimeoutError:
@@ -635,23 +655,34 @@ class RabbitMQBroker(Broker):
             if gen != link.gen or not link.ok():
                 raise BrokerError("rabbitmq: the connection was lost during a fetch")
 
+    async def _lanes(self, queues: Sequence[str]) -> dict[str, list[str]]:
+        """The lanes of each queue that is not paused, in fetch order (one read)."""
+        k = self.keys
+        wanted = [k.paused + q for q in queues]
+        wanted += [f"{k.lane}{q}\x1f{lane}" for q in queues for lane in (topo.HIGH, topo.LOW)]
+        got = await self.state.kv_get(wanted)
+        return {
+            q: [lane for lane in topo.LANES if lane == topo.MAIN or f"{k.lane}{q}\x1f{lane}" in got]
+            for q in queues
+            if k.paused + q not in got
+        }
+
     async def _watch(self, link: Link, queues: Sequence[str], prefetch: int) -> None:
-        """Consume every lane of ``queues`` that is not paused."""
+        """Consume every lane of ``queues`` that is not paused; look again
+        every second for pauses lifted and priority lanes made since."""
         now = time.time()
-        due = [q for q in queues if link.paused_until.get(q, 0.0) <= now]
-        recheck = [q for q in due if q in link.paused_until]
-        if recheck:
-            paused = await self.state.kv_get([self.keys.paused + q for q in recheck])
-            for q in recheck:
-                if self.keys.paused + q in paused:
+        if now >= link.looked_at + 1.0 or any(q not in link.looked for q in queues):
+            lanes = await self._lanes(queues)
+            link.looked_at, link.looked = now, set(queues)
+            for q in queues:
+                if q in lanes:
+                    link.paused_until.pop(q, None)
+                    for lane in lanes[q]:
+                        await link.consume(self.names.lane(q, lane), q, lane, prefetch)
+                elif q not in link.paused_until:
                     link.paused_until[q] = now + 1.0
-                else:
-                    del link.paused_until[q]
-        for q in queues:
-            if q in link.paused_until:
-                continue
-            for lane in topo.LANES:
-                await link.consume(self.names.lane(q, lane), q, lane, prefetch)
+                    for lq in self.names.lanes(q):
+                        await link.cancel(lq)
 
     async def _admit(
         self, link: Link, raws: list[Raw], lease: float, worker: str
@@ -1143,6 +1174,7 @@ class RabbitMQBroker(Broker):
         link = self._links.get(asyncio.get_running_loop())
         if link is not None:
             link.paused_until.pop(queue, None)
+            link.looked_at = 0.0
             link.arrived.set()
 
     # -- coordination: the state store's ------------------------------------------------------

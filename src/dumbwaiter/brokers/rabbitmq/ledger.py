@@ -35,6 +35,7 @@ class Keys:
         self.lease = base + "lease:"
         self.paused = base + "paused:"
         self.queue = base + "queue:"
+        self.lane = base + "lane:"
         self.binding = base + "bind:"
         self.event = base + "event:"
         self.log = base + "log:"

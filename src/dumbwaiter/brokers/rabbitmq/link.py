@@ -71,6 +71,9 @@ class Link:
         #: logical queue -> time to look again whether it is still paused
         self.paused_until: dict[str, float] = {}
         self.prefetch = 0
+        #: when ``_watch`` last read pauses and lanes, and for which queues
+        self.looked_at = 0.0
+        self.looked: set[str] = set()
 
     def ok(self) -> bool:
         return (
@@ -112,6 +115,8 @@ class Link:
         self.consumers.clear()
         self.unacked.clear()
         self.prefetch = 0
+        self.looked_at = 0.0
+        self.looked = set()
         if conn is not None:
             try:
                 await asyncio.wait_for(conn.close(), 5)

@@ -2,11 +2,17 @@
 
 For one logical queue ``Q`` under the prefix ``P``:
 
-* ``P.q.Q``: the main lane, a quorum queue (priority 0, the usual case);
-* ``P.p.Q`` / ``P.n.Q``: the high and low priority lanes, classic queues with
-  ``x-max-priority`` (RabbitMQ 3.x quorum queues have no priorities);
+* ``P.q.Q``: the main lane (priority 0, the usual case);
+* ``P.p.Q`` / ``P.n.Q``: the lanes of jobs with a priority above / below 0,
+  made when the first such job comes.  A fetch drains high, main, low in that
+  order; within a lane jobs are first come, first served.  (Quorum queues of
+  RabbitMQ 3.x have no priorities, and a classic ``x-max-priority`` queue
+  keeps a backing queue and its index files per level: hundreds of them ran
+  the server out of file handles.)
 * ``P.dlq.Q``: the dead-letter queue, bound to the ``P.dlx`` exchange with
   routing key ``Q``; every lane dead-letters there natively too.
+
+All are quorum queues (``queue_type=classic`` makes them classic).
 
 Events go through ``P.events`` (a topic exchange by default) to each group's
 main lane, bound by the group's event type patterns.
@@ -35,8 +41,6 @@ LEVELS = 26
 #: lanes of a queue in the order a fetch drains them: high, main, low
 HIGH, MAIN, LOW = "p", "q", "n"
 LANES = (HIGH, MAIN, LOW)
-#: the largest AMQP priority of the classic priority lanes
-MAX_PRIORITY = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +74,13 @@ class Names:
         return f"{self.delays}.{n}"
 
 
-def lane_of(priority: int) -> tuple[str, int]:
-    """The lane a job of ``priority`` goes to, and its AMQP priority there."""
+def lane_of(priority: int) -> str:
+    """The lane a job of ``priority`` goes to."""
     if priority > 0:
-        return HIGH, min(priority, MAX_PRIORITY)
+        return HIGH
     if priority < 0:
-        return LOW, max(0, MAX_PRIORITY + priority)
-    return MAIN, 0
+        return LOW
+    return MAIN
 
 
 def delay_units(seconds: float) -> int:
