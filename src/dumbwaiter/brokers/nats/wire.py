@@ -104,14 +104,16 @@ class PubAck(NamedTuple):
 
 def pub_ack(r: Reply, what: str) -> PubAck:
     """Decode a JetStream publish acknowledgement; raise on its error."""
-    if r.status == 503:
-        raise JetStreamError(f"{what}: no stream takes this subject (503 no responders)", 503)
+    if r.status == 503:  # JetStream is (re)starting, or no stream takes the subject
+        raise Unavailable(f"{what}: no stream answered (503 no responders)")
     try:
         d = orjson.loads(r.data)
     except orjson.JSONDecodeError:
         raise JetStreamError(f"{what}: unexpected reply {r.data[:200]!r}") from None
     err = d.get("error")
     if err is not None:
+        if int(err.get("code", 0)) == 503:
+            raise Unavailable(f"{what}: {err.get('description', err)}")
         raise JetStreamError(
             f"{what}: {err.get('description', err)}",
             int(err.get("code", 0)),
@@ -423,9 +425,11 @@ class Wire:
         payload = b"" if body is None else orjson.dumps(body)
         r = await self.call(b"$JS.API." + path.encode(), payload, None, timeout)
         if r.status == 503:
-            raise JetStreamError(f"JetStream API {path}: JetStream is not enabled (503)", 503)
+            raise Unavailable(f"JetStream API {path}: no answer (503: JetStream not ready?)")
         d = orjson.loads(r.data) if r.data else {}
         err = d.get("error")
+        if err is not None and int(err.get("code", 0)) == 503:
+            raise Unavailable(f"JetStream API {path}: {err.get('description', err)}")
         if err is not None:
             raise JetStreamError(
                 f"JetStream API {path}: {err.get('description', err)}",
@@ -470,8 +474,7 @@ class Wire:
     def _fail_all(self, exc: BaseException) -> None:
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+            _fail(fut, exc)
 
     async def _sweep(self) -> None:
         """Fail requests whose reply did not come within their timeout."""
@@ -481,5 +484,12 @@ class Wire:
             late = [t for t, (_, deadline) in self._pending.items() if deadline <= now]
             for token in late:
                 fut, _ = self._pending.pop(token)
-                if not fut.done():
-                    fut.set_exception(BrokerError("NATS request timed out (no reply)"))
+                _fail(fut, Unavailable("NATS request timed out (no reply)"))
+
+
+def _fail(fut: asyncio.Future[Reply], exc: BaseException) -> None:
+    """Fail a request; marked as seen, since a caller that gave up on its batch
+    at an earlier failure never awaits the rest (their awaiters still raise)."""
+    if not fut.done():
+        fut.set_exception(exc)
+        fut.exception()
