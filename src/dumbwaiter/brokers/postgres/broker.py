@@ -63,8 +63,10 @@ T = TypeVar("T")
 
 #: name of the lock whose holder prunes finished jobs (one leader at a time)
 MAINTENANCE_LOCK = "dumbwaiter:maintenance"
-#: rows one prune statement deletes (several statements per prune, if needed)
+#: rows one prune statement deletes, and at most per round: a leader that
+#: falls behind prunes again at its next rescue (each second), not a round later
 PRUNE_BATCH = 5000
+PRUNE_ROUND = 100_000
 #: batches of at least this many jobs are written with COPY
 COPY_MIN = 64
 #: field names of a stored row (see PostgresBroker._row), as query parameters
@@ -122,6 +124,7 @@ class PostgresBroker(Broker):
         #: this broker's name as a candidate maintenance leader
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._next_prune = 0.0
+        self._prune_behind = False
 
     def __repr__(self) -> str:
         return f"<PostgresBroker schema={self.schema!r}>"
@@ -678,7 +681,9 @@ class PostgresBroker(Broker):
         now = time.monotonic()
         if now >= self._next_prune:
             self._next_prune = now + self.opts.prune_interval
-            await self.maintain()
+            if await self.maintain() and self._prune_behind:
+                # more expired rows than one round deletes: again next rescue
+                self._next_prune = now
         return n
 
     async def maintain(self) -> bool:
@@ -688,14 +693,17 @@ class PostgresBroker(Broker):
         if await self.acquire(MAINTENANCE_LOCK, self._owner, ttl) is None:
             return False
 
-        async def prune(c: psycopg.AsyncConnection[Any]) -> None:
-            for _ in range(20):  # at most 100,000 rows per round; the rest next time
+        async def prune(c: psycopg.AsyncConnection[Any]) -> bool:
+            behind = True
+            for _ in range(PRUNE_ROUND // PRUNE_BATCH):  # short statements, short locks
                 cur = await c.execute(self.q.prune_jobs, (PRUNE_BATCH,))
                 if cur.rowcount < PRUNE_BATCH:
+                    behind = False
                     break
             await c.execute(self.q.prune_kv)
+            return behind
 
-        await self._run(prune, work=True)
+        self._prune_behind = await self._run(prune, work=True)
         return True
 
     # -- admin -----------------------------------------------------------
