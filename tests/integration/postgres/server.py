@@ -14,6 +14,7 @@ import itertools
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from tests.conftest import require_service
 
@@ -30,14 +31,30 @@ def _check() -> tuple[bool, str]:
         try:
             import psycopg
 
-            with psycopg.connect(SERVER, connect_timeout=3) as conn:
-                conn.execute("SELECT 1")
+            try:
+                with psycopg.connect(SERVER, connect_timeout=3) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.OperationalError as exc:
+                if "does not exist" not in str(exc):
+                    raise
+                _create_database()  # a fresh server (CI) may not have it yet
             _reachable = (True, "")
         except ImportError as exc:
             _reachable = (False, f"psycopg is not installed ({exc}): pip install -e '.[dev]'")
         except Exception as exc:
             _reachable = (False, f"{SERVER}: {exc}")
     return _reachable
+
+
+def _create_database() -> None:
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(SERVER)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def new_schema() -> str:
