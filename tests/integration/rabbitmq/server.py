@@ -45,7 +45,10 @@ def _ctl(*args: str) -> bool:
 
 
 def _probe(url: str) -> None:
+    """Open and close one AMQP connection, on a thread of its own (the caller
+    may be inside a running event loop: an async fixture)."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     import aiormq
 
@@ -53,7 +56,8 @@ def _probe(url: str) -> None:
         conn = await asyncio.wait_for(aiormq.connect(url), 5)
         await conn.close()
 
-    asyncio.run(go())
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, go()).result()
 
 
 def _check() -> tuple[bool, str, str]:

@@ -1,0 +1,231 @@
+"""What only the RabbitMQ broker does: the delay cascade's routing, the DLQ
+with its error history, topic fan-out with patterns, quorum queues, a state
+store on another engine, and the lease mapping (hung and crashed workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiormq
+import orjson
+import pytest
+from pamqp import commands as spec
+
+from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Binding, Broker, JobFilter
+from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
+from dumbwaiter.message import EVENT, TASK, Message, uuid7
+from dumbwaiter.state import State
+from tests.conformance.helpers import error, eventually
+from tests.integration.rabbitmq import server
+from tests.integration.redis.server import new_prefix as redis_prefix
+from tests.integration.redis.server import url as redis_state_url
+
+CTL = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+
+
+def job(queue: str = "default", **kw: object) -> Message:
+    kw.setdefault("max_attempts", 4)
+    return Message(id=uuid7(), kind=TASK, name="t.job", queue=queue, created_at=time.time(), **kw)  # type: ignore[arg-type]
+
+
+def event(type_: str) -> Message:
+    return Message(id=uuid7(), kind=EVENT, name=type_, queue="", payload={}, created_at=time.time())
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    made: list[Broker] = []
+
+    def new() -> RabbitMQBroker:
+        b = from_url(url)
+        assert isinstance(b, RabbitMQBroker)
+        made.append(b)
+        return b
+
+    yield new
+    for b in made:
+        await b.close()
+
+
+@pytest.fixture
+async def broker(make: Callable[[], RabbitMQBroker]) -> RabbitMQBroker:
+    b = make()
+    await b.open()
+    return b
+
+
+# -- the delay cascade, as arithmetic -------------------------------------------------
+
+
+def _route(units: int, target: str) -> tuple[list[int], str]:
+    """Follow a delayed message through the cascade's bindings: the levels it
+    rests in, and where it comes out."""
+    key = topology.delay_key(units, target)
+    rested = []
+    for n in range(topology.LEVELS - 1, -1, -1):
+        if topology.topic_matches(topology.level_pattern(n, "1"), key):
+            rested.append(n)
+        else:
+            assert topology.topic_matches(topology.level_pattern(n, "0"), key)
+    assert topology.topic_matches(topology.exit_pattern(target), key)
+    return rested, target
+
+
+@pytest.mark.parametrize("units", [1, 2, 3, 100, 1234567, (1 << topology.LEVELS) - 1])
+def test_a_delay_rests_in_the_levels_of_its_bits(units: int) -> None:
+    rested, _ = _route(units, "dw.q.some.queue:with.dots")
+    assert sum(1 << n for n in rested) == units  # total time = units x UNIT
+    assert not topology.topic_matches(topology.exit_pattern("dw.q.other"), "0." * 26 + "dw.q.x")
+
+
+def test_delays_round_up_and_never_deliver_early() -> None:
+    assert topology.delay_units(0) == 0
+    assert topology.delay_units(0.001) == 1
+    assert topology.delay_units(topology.UNIT) == 1
+    assert topology.delay_units(topology.UNIT * 3 + 0.001) == 4
+    assert topology.delay_units(10**12) == (1 << topology.LEVELS) - 1  # one pass, then again
+
+
+def test_topic_patterns() -> None:
+    assert topology.topic_matches("order.*", "order.created")
+    assert not topology.topic_matches("order.*", "order.created.v2")
+    assert topology.topic_matches("order.#", "order.created.v2")
+    assert topology.topic_matches("#", "anything.at.all")
+    assert not topology.topic_matches("order.created", "order.paid")
+
+
+# -- against the server -------------------------------------------------------------------
+
+
+async def _read_queue(name: str) -> list[tuple[bytes, dict[str, Any]]]:
+    """Every message of a queue, put back afterwards (the channel closes unacked)."""
+    conn = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await conn.channel()
+        out: list[tuple[bytes, dict[str, Any]]] = []
+        while True:
+            m = await ch.basic_get(name, no_ack=False)
+            if not isinstance(m.delivery, spec.Basic.GetOk):
+                return out
+            out.append((m.body, dict(m.header.properties.headers or {})))
+    finally:
+        await conn.close()
+
+
+async def test_dead_letters_keep_their_error_history_and_leave_the_dlq_on_replay(
+    broker: RabbitMQBroker,
+) -> None:
+    m = job()
+    await broker.enqueue([m])
+    [d] = await broker.fetch(["default"], 1, 30.0, 0)
+    d.error, d.retry_at = error(message="first"), 0.0
+    await broker.retry([d])
+    [d] = await broker.fetch(["default"], 1, 30.0, 0)
+    d.error = error(kind="myapp.PaymentDeclined", message="last", attempt=2)
+    await broker.dead([d])
+    [(body, headers)] = await _read_queue(broker.names.dlq("default"))
+    assert [e["message"] for e in orjson.loads(body)["errors"]] == ["first", "last"]
+    assert headers["x-dw-error-type"] == "myapp.PaymentDeclined"
+    assert headers["x-dw-attempts"] == 2
+    history = orjson.loads(str(headers["x-dw-errors"]))
+    assert [(e["attempt"], e["message"]) for e in history] == [(1, "first"), (2, "last")]
+    assert await broker.replay(JobFilter(state=State.DEAD)) == 1
+    assert await _read_queue(broker.names.dlq("default")) == []
+    [again] = await broker.fetch(["default"], 1, 30.0, 0)
+    assert again.id == m.id and again.message is not None and again.message.attempt == 1
+
+
+async def test_events_fan_out_by_topic_pattern(broker: RabbitMQBroker) -> None:
+    await broker.declare(
+        ["group:orders", "group:created"],
+        [Binding("order.*", "group:orders"), Binding("order.created", "group:created")],
+    )
+    assert await broker.publish([event("order.created"), event("order.paid")]) == 3
+    assert await broker.publish([event("invoice.sent")]) == 0
+    orders = await broker.fetch(["group:orders"], 10, 30.0, 0)
+    created = await broker.fetch(["group:created"], 10, 30.0, 0)
+    assert sorted(d.message.name for d in orders if d.message) == ["order.created", "order.paid"]
+    assert [d.message.name for d in created if d.message] == ["order.created"]
+    assert {d.id for d in orders}.isdisjoint({d.id for d in created})  # a delivery each
+
+
+@pytest.mark.skipif(not os.path.exists(CTL), reason="rabbitmqctl reads the queue types")
+async def test_queues_are_quorum_queues(broker: RabbitMQBroker) -> None:
+    await broker.enqueue([job(), job(priority=3)])
+    vhost = server.amqp_base().rsplit("/", 1)[-1]
+    cmd = [CTL, "-q", "list_queues", "-p", vhost, "name", "type"]
+    done = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=60, check=True
+    )
+    out = done.stdout
+    types = dict(line.split()[:2] for line in out.splitlines() if line.strip())
+    n = broker.names
+    for name in (n.lane("default"), n.lane("default", topology.HIGH), n.dlq("default")):
+        assert types.get(name) == "quorum", (name, types.get(name))
+
+
+async def test_a_state_store_on_redis(tmp_path: Path) -> None:
+    state = redis_state_url(redis_prefix())
+    b = from_url(server.url(server.new_prefix(), state))
+    try:
+        await b.open()
+        assert b.capabilities.multi_process
+        m = job()
+        await b.enqueue([m])
+        [d] = await b.fetch(["default"], 1, 30.0, 0)
+        await b.ack([d])
+        info = await b.get(m.id)
+        assert info is not None and info.state is State.SUCCEEDED
+        await b.kv_set({"k": b"v"})
+        assert await b.kv_get(["k"]) == {"k": b"v"}
+    finally:
+        await b.close()
+
+
+async def test_a_hung_workers_job_comes_back_and_its_late_ack_does_not_count(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    hung, alive = make(), make()
+    await hung.open()
+    await alive.open()
+    m = job()
+    await alive.enqueue([m])
+    [stale] = await hung.fetch(["default"], 1, 0.3, 0, "w-hung")
+    assert await eventually(alive.rescue, lambda n: n > 0) == 1
+    [d] = await alive.fetch(["default"], 1, 30.0, 0, "w-alive")
+    assert d.message is not None and d.message.attempt == 2
+    await hung.ack([stale])  # wakes up late: fenced off
+    info = await alive.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-alive"
+    await hung.close()  # its copy goes back to the queue: stale, dropped
+    assert await alive.fetch(["default"], 1, 30.0, 0.5) == []
+    await alive.ack([d])
+    info = await alive.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_crashed_workers_job_waits_out_its_lease_then_runs_elsewhere(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    crashed, other = make(), make()
+    await crashed.open()
+    await other.open()
+    m = job()
+    await other.enqueue([m])
+    [d] = await crashed.fetch(["default"], 1, 1.0, 0, "w-crashed")
+    await crashed.close()  # the connection drops with the job unacked
+    assert await other.fetch(["default"], 1, 30.0, 0) == []  # parked while the lease runs
+    [again] = await asyncio.wait_for(other.fetch(["default"], 1, 30.0, 30.0), 20)
+    assert again.id == m.id and time.time() >= d.lease_until
+    assert again.message is not None and again.message.attempt == 2
+    [err] = again.message.errors
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-crashed"
