@@ -3,8 +3,8 @@ and procrastinate on the same server and database (the harness' ``PG_DSN``,
 database ``bench``).
 
 dumbwaiter's tables live in a schema of their own (``dumbwaiter_bench``), so
-resetting them never touches the peers' tables: ``reset`` applies the
-migrations the first time (as pgqueuer's adapter runs ``pgq install``) and
+resetting them never touches the peers' tables: ``reset`` applies pending
+migrations (as pgqueuer's adapter runs ``pgq install`` the first time) and
 then truncates dumbwaiter's tables.  The URL has no ``?migrate=auto``: the
 worker runs on a migrated schema, as in production.
 
@@ -22,7 +22,7 @@ from dumbwaiter.brokers.postgres import PostgresBroker
 SCHEMA = "dumbwaiter_bench"
 _sep = "&" if "?" in PG_DSN else "?"
 POSTGRES_URL = f"{PG_DSN}{_sep}schema={SCHEMA}&application_name=dumbwaiter-bench"
-TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv")
+TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv", "dw_events", "dw_bindings")
 
 # Creating an App opens no connection until first use.
 postgres_app, POSTGRES_TASKS = _app(POSTGRES_URL)
@@ -59,11 +59,7 @@ class DumbwaiterPostgresAdapter(DumbwaiterAdapter):
         return cmd
 
     def reset(self) -> None:
-        exists = pg_execute(
-            f"SELECT to_regclass('{SCHEMA}.dw_schema_version') IS NOT NULL", fetch=True
-        )
-        if not exists[0][0]:
-            PostgresBroker(POSTGRES_URL).migrate()
+        PostgresBroker(POSTGRES_URL).migrate()  # pending migrations only; none: nothing
         pg_execute("TRUNCATE " + ", ".join(f"{SCHEMA}.{t}" for t in TABLES))
 
     def pending(self) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import psycopg
@@ -56,8 +57,9 @@ def test_migrate_command_upgrades_from_empty_then_has_nothing_to_do(
     broker = PostgresBroker(url)
     try:
         assert broker.enqueue_sync([m := msg()]) == [m.id]
+        assert broker.migrate(dry_run=True) == []  # nothing pending
     finally:
-        broker.migrate(dry_run=True)  # harmless on an up-to-date schema
+        asyncio.run(broker.close())
 
 
 async def test_sql_files_run_by_hand_satisfy_the_broker(
@@ -108,8 +110,36 @@ async def test_a_newer_schema_is_refused(
 async def test_concurrent_auto_migrations_apply_once(
     make_broker: Callable[..., PostgresBroker],
 ) -> None:
-    import asyncio
-
     brokers = [make_broker() for _ in range(4)]
     await asyncio.gather(*(b.stats() for b in brokers))  # each connects and migrates
     assert brokers[0].schema_version() == SCHEMA_VERSION
+
+
+async def test_an_upgrade_applies_only_what_is_pending(
+    make_url: Callable[..., str], schema: str
+) -> None:
+    """A schema left at version 1 (as an older dumbwaiter made it) is upgraded
+    explicitly, by the next migrations only, and its jobs survive."""
+    assert SCHEMA_VERSION >= 2
+    with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
+        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
+        conn.execute(migration_sql(1).encode())
+    url = make_url(migrate="check")
+    refused = PostgresBroker(url)
+    with pytest.raises(ConfigurationError, match="version 1; this version of dumbwaiter needs"):
+        refused.enqueue_sync([msg()])
+    await refused.close()
+    kept = PostgresBroker(make_url(migrate="check"))
+    with psycopg.connect(server.SERVER, autocommit=True) as conn:  # a job of the old version
+        conn.execute(
+            f'INSERT INTO "{schema}".dw_jobs (id, queue, name, kind, max_attempts, body)'  # type: ignore[arg-type]
+            " VALUES (gen_random_uuid(), 'default', 'old', 'task', 1, '\\x7b7d')"
+        )
+    result = CliRunner().invoke(main, ["migrate", "--url", url])
+    assert result.exit_code == 0, result.output
+    assert "0001" not in result.output and "applied 0002_events" in result.output
+    assert f"version 1 -> {SCHEMA_VERSION}" in result.output
+    [stats] = await kept.stats()
+    assert stats.ready == 1
+    await kept.close()

@@ -41,10 +41,11 @@ from psycopg.copy import QueuedLibpqWriter
 from psycopg_pool import ConnectionPool
 
 from ...errors import MessageDecodeError
-from ...message import ErrorRecord, Message, encode_checked
+from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import (
+    Binding,
     Broker,
     Capabilities,
     Delivery,
@@ -52,6 +53,7 @@ from ..base import (
     JobInfo,
     Page,
     QueueStats,
+    delivery_of,
     normalize_error_type,
 )
 from . import migrations
@@ -71,6 +73,8 @@ PRUNE_ROUND = 100_000
 COPY_MIN = 64
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 _ROW_FIELDS = ("id", "queue", "name", "kind", "priority", "max_attempts", "key", "body", "eta")
+#: the cursor of a first page of events
+_NIL_UUID = "00000000-0000-0000-0000-000000000000"
 #: how long a producer keeps retrying an enqueue while the server is unreachable
 RECONNECT_FOR = 15.0
 
@@ -105,7 +109,7 @@ class _LoopState:
 
 class PostgresBroker(Broker):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True
+        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
 
@@ -310,11 +314,104 @@ class PostgresBroker(Broker):
             else:
                 pool.close()
 
-    async def declare(self, queues: Sequence[str], bindings: Sequence[Any] = ()) -> None:
-        new = sorted(set(queues) - self._known_queues)
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        new = sorted({*queues, *(b.queue for b in bindings)} - self._known_queues)
         if new:
             await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
             self._known_queues.update(new)
+        if bindings:
+            params = (
+                [b.pattern for b in bindings],
+                [b.queue for b in bindings],
+                [b.max_attempts for b in bindings],
+            )
+            await self._run(lambda c: c.execute(self.q.bind, params))
+
+    # -- events ------------------------------------------------------------------
+    #
+    # One transaction per publish: the new events go to the log (a stored id
+    # is skipped, so a relay that publishes twice delivers once), then one job
+    # per bound queue, inserted like any enqueue (its NOTIFY goes out at commit).
+
+    def _events(self, msgs: Iterable[Message]) -> tuple[list[Message], dict[str, Any]]:
+        events = list(msgs)
+        limit = self.max_message_size
+        params = {
+            "id": [m.id for m in events],
+            "type": [m.name for m in events],
+            "body": [encode_checked(m, limit) for m in events],
+        }
+        return events, params
+
+    def _deliveries(
+        self, events: list[Message], logged: set[str], bound: list[Any]
+    ) -> list[tuple[Any, ...]]:
+        by_type: dict[str, list[Binding]] = {}
+        for pattern, queue, attempts in bound:
+            by_type.setdefault(pattern, []).append(Binding(pattern, queue, attempts))
+        return [
+            self._row(delivery_of(m, b, uuid7()))
+            for m in events
+            if m.id in logged
+            for b in by_type.get(m.name, ())
+        ]
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        events, params = self._events(msgs)
+        if not events:
+            return 0
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            async with c.transaction():
+                logged = {
+                    r[0] for r in await (await c.execute(self.q.log_events, params)).fetchall()
+                }
+                types = sorted({m.name for m in events if m.id in logged})
+                bound = await (await c.execute(self.q.bindings_of, (types,))).fetchall()
+                rows = self._deliveries(events, logged, bound)
+                if rows:
+                    await self._ainsert(c, rows)
+                return len(rows)
+
+        return await self._run(run)
+
+    def publish_sync(self, msgs: Iterable[Message]) -> int:
+        events, params = self._events(msgs)
+        if not events:
+            return 0
+        with self._sync().connection() as c, c.transaction():
+            if not self._schema_ok:
+                self._check_schema_sync(c)
+            logged = {r[0] for r in c.execute(self.q.log_events, params).fetchall()}
+            types = sorted({m.name for m in events if m.id in logged})
+            bound = c.execute(self.q.bindings_of, (types,)).fetchall()
+            rows = self._deliveries(events, logged, bound)
+            if rows:
+                self._insert(c, rows)
+            return len(rows)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        params = {
+            "type": event_type,
+            "after": cursor if cursor and _is_uuid(cursor) else _NIL_UUID,
+            "since": since,
+            "until": until,
+            "limit": limit + 1,
+        }
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
+            return await (await c.execute(self.q.list_events, params)).fetchall()
+
+        rows = await self._run(run)
+        page = [decode(bytes(body)) for _, body in rows[:limit]]
+        return page, (page[-1].id if len(rows) > limit else None)
 
     # -- enqueue -----------------------------------------------------------------
     #
@@ -701,7 +798,8 @@ class PostgresBroker(Broker):
                     behind = False
                     break
             await c.execute(self.q.prune_kv)
-            return behind
+            cur = await c.execute(self.q.prune_events, (self.event_retention, PRUNE_BATCH))
+            return behind or cur.rowcount == PRUNE_BATCH
 
         self._prune_behind = await self._run(prune, work=True)
         return True

@@ -226,6 +226,31 @@ class Queries:
         )
         self.purge_prefix = f"DELETE FROM {jobs} WHERE state <> 'running' AND "
 
+        # -- events --------------------------------------------------------
+        events, bindings = f"{s}.dw_events", f"{s}.dw_bindings"
+        self.log_events = q(
+            f"INSERT INTO {events} (id, type, body) SELECT * FROM unnest(%(id)s::uuid[],"
+            " %(type)s::text[], %(body)s::bytea[]) ON CONFLICT DO NOTHING RETURNING id::text"
+        )
+        self.bindings_of = q(
+            f"SELECT pattern, queue, max_attempts FROM {bindings} WHERE pattern = ANY(%s::text[])"
+        )
+        self.bind = q(
+            f"INSERT INTO {bindings} (pattern, queue, max_attempts) SELECT * FROM"
+            " unnest(%s::text[], %s::text[], %s::int4[]) ON CONFLICT (pattern, queue)"
+            " DO UPDATE SET max_attempts = excluded.max_attempts"
+        )
+        self.list_events = q(
+            f"SELECT id::text, body FROM {events} WHERE type = %(type)s AND id > %(after)s::uuid"
+            " AND (%(since)s::float8 IS NULL OR published_at >= to_timestamp(%(since)s::float8))"
+            " AND (%(until)s::float8 IS NULL OR published_at <= to_timestamp(%(until)s::float8))"
+            " ORDER BY id LIMIT %(limit)s"
+        )
+        self.prune_events = q(
+            f"DELETE FROM {events} WHERE id IN (SELECT id FROM {events}"
+            " WHERE published_at < now() - make_interval(secs => %s) LIMIT %s)"
+        )
+
         # -- coordination --------------------------------------------------
         locks = f"{s}.dw_locks"
         self.acquire = q(
