@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 
 import psycopg
@@ -143,3 +144,11 @@ async def test_an_upgrade_applies_only_what_is_pending(
     [stats] = await kept.stats()
     assert stats.ready == 1
     await kept.close()
+
+
+def test_migration_files_are_safe_to_paste_anywhere() -> None:
+    """No ``%`` (DB-API drivers with pyformat parameters would read it) and no
+    ``:name`` (SQLAlchemy's text() would read a bind parameter)."""
+    for m in migrations():
+        assert "%" not in m.sql, m.name
+        assert not re.search(r"(?<!:):[A-Za-z_]", m.sql), m.name

@@ -53,7 +53,7 @@ CREATE INDEX dw_jobs_expires ON dw_jobs (expires_at) WHERE expires_at IS NOT NUL
 CREATE INDEX dw_jobs_dead ON dw_jobs (queue, id) WHERE state = 'dead';
 
 -- Every state change is a new row version; vacuum this table well before the
--- default 20% of it is dead, so the partial indexes above stay small, and
+-- default fifth of it is dead, so the partial indexes above stay small, and
 -- leave room in each page for the new versions of its rows.
 ALTER TABLE dw_jobs SET (
     fillfactor = 85,
