@@ -25,7 +25,10 @@ class DumbwaiterRedisAdapter(DumbwaiterAdapter):
     """Lua scripts per transition; idle workers block in BLPOP on a wake list."""
 
     dists = ("dumbwaiter", "orjson", "redis", "hiredis")
-    bulk_api = "task.enqueue_many(ids) (one pipeline of enqueue scripts, 1,000 jobs each)"
+    bulk_api = (
+        "task.enqueue_many(ids) (chunks of 1,000 jobs staged while the next is encoded, "
+        "then one commit script)"
+    )
     notes = (
         "Redis (redis-py connections with hiredis, driven directly), prefix {dw:bench} in db 1; "
         "sync producer on a blocking socket, one EVALSHA per enqueue; every transition one Lua "
