@@ -84,8 +84,8 @@ log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000
 #: the lock one process holds while it rescues expired leases for everyone
 _LOCK_RESCUE = "dw:rescue"
-#: headers of a job's index entry: created only if absent, with its run time
-_INDEX_HDR = b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: 0\r\nDw-Ra: %s\r\nDw-U: %s\r\n\r\n"
+#: publishes handed to the socket at a time by a bulk enqueue
+SEND_CHUNK = 512
 
 
 class NatsBroker(Admin, Coordination):
@@ -154,54 +154,59 @@ class NatsBroker(Admin, Coordination):
     async def _store_once(
         self, link: Link, prepared: list[tuple[Message, bytes]]
     ) -> list[tuple[str, bool]]:
+        """Publish every job's index entry and pointer (a delay entry for an
+        ``eta``), all pipelined, then wait for every PubAck.  A job is new
+        unless JetStream calls its pointer a duplicate (``Nats-Msg-Id`` = id,
+        inside the de-duplication window)."""
         now = time.time()
         result: list[tuple[str, bool] | None] = [None] * len(prepared)
-        send = list(range(len(prepared)))
+        send = range(len(prepared))
         new_queues = {m.queue for m, _ in prepared} - link.queues
         if new_queues:  # queues stay listed (stats) once they were used
             await self._merge_config(link, b"queues", lambda q: sorted(set(q or []) | new_queues))
             link.queues |= new_queues
         if any(m.key is not None and m.kind == "task" for m, _ in prepared):
-            send = await self._take_keys(link, prepared, result)
+            send = await self._take_keys(link, prepared, result)  # type: ignore[assignment]
         n = self.n
-        wire = link.wire
-        futs: list[tuple[int, asyncio.Future[Reply], asyncio.Future[Reply]]] = []
-        sat = repr(now)
+        je = n.je
+        index_hdr = b"NATS/1.0\r\nDw-U: %s\r\nDw-Ra: " % repr(now).encode()
+        subjects = link.subjects
+        items: list[tuple[bytes, bytes, bytes | None]] = []
         for i in send:
             m, body = prepared[i]
             mid = m.id.encode()
-            ra = m.eta if m.eta is not None and m.eta > now else now
-            idx = wire.request(
-                n.je + mid,
-                body,
-                _INDEX_HDR % (repr(ra).encode(), sat.encode()),
-            )
-            if ra > now:
+            if m.eta is not None and m.eta > now:
+                ra = repr(m.eta).encode()
                 subject = n.delayed(m.queue, b"s")
                 hdr = headers(
-                    (b"Nats-Msg-Id", mid),
-                    (b"Dw-Id", mid),
-                    (b"Dw-G", b"0"),
-                    (b"Dw-P", m.priority),
-                    (b"Dw-At", repr(ra)),
-                )
+                    (b"Nats-Msg-Id", mid), (b"Dw-Id", mid), (b"Dw-G", b"0"),
+                    (b"Dw-P", m.priority), (b"Dw-At", ra),
+                )  # fmt: skip
             else:
-                subject = n.pointer(m.queue, m.priority)
+                ra = b"0"
+                key = (m.queue, m.priority)
+                cached = subjects.get(key)
+                if cached is None:
+                    cached = subjects[key] = n.pointer(m.queue, m.priority)
+                    if m.priority:
+                        link.level_seen(m.queue, m.priority)
+                subject = cached
                 hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
-                if m.priority:
-                    link.level_seen(m.queue, m.priority)
-            futs.append((i, idx, wire.request(subject, body, hdr)))
-        await wire.flush()
-        for i, idx_f, ptr_f in futs:
-            new = True
-            try:
-                pub_ack(await idx_f, "index")
-            except JetStreamError as exc:
-                if not is_conflict(exc):
-                    raise
-                new = False  # this id is stored already
-            pub_ack(await ptr_f, "pointer")
-            result[i] = (prepared[i][0].id, new)
+            items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+            items.append((subject, body, hdr))
+        batches = []
+        for k in range(0, len(items), SEND_CHUNK):
+            # send each chunk as soon as it is built (and let nats-py's flusher
+            # write it): the server stores one chunk while the next is built
+            batches.append(link.wire.batch(items[k : k + SEND_CHUNK]))
+            await link.wire.flush()
+            if len(items) > SEND_CHUNK:
+                await asyncio.sleep(0)
+        replies = [r for b in batches for r in await b.wait()]
+        for k, i in enumerate(send):
+            pub_ack(replies[2 * k], "index")
+            ptr = pub_ack(replies[2 * k + 1], "pointer")
+            result[i] = (prepared[i][0].id, not ptr.duplicate)
         return [r if r is not None else ("", False) for r in result]
 
     async def _take_keys(
@@ -269,13 +274,17 @@ class NatsBroker(Admin, Coordination):
         link.start_promoter()
         deadline = time.monotonic() + wait
         out: list[Delivery] = []
+        woke = False
         while True:
             plan = await link.plan(queues)
             for puller in plan:
                 need = limit - len(out)
                 if need <= 0:
                     break
-                items = await puller.pull(need)
+                # what a long poll brought is claimed at once: another pull
+                # first would cost a round trip of latency (the worker fetches
+                # again for more as soon as it has started these)
+                items = puller.take(need) if woke else await puller.pull(need)
                 if items:
                     out += await self._claim_shielded(link, items, lease, worker)
             if out or wait <= 0:
@@ -283,17 +292,19 @@ class NatsBroker(Admin, Coordination):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return out
-            # nothing ready: park a one-message request on every level and
-            # wake at the first delivery (the loop then claims from the stash)
-            waits = [p.request(1, remaining) for p in plan]
-            await link.wire.flush()
-            done, _ = await asyncio.wait(
-                waits, timeout=remaining + 1.0, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not link.wire.connected:
-                raise Unavailable("the connection to NATS was lost during a fetch")
-            if not done:
-                return out
+            if not woke or not any(p.stash for p in plan):
+                # nothing ready: park a one-message request on every level
+                # and wake at the first delivery (claimed from the stash)
+                waits = [p.request(1, remaining) for p in plan]
+                await link.wire.flush()
+                done, _ = await asyncio.wait(
+                    waits, timeout=remaining + 1.0, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not link.wire.connected:
+                    raise Unavailable("the connection to NATS was lost during a fetch")
+                if not done:
+                    return out
+            woke = any(p.stash for p in plan)
 
     async def _claim_shielded(
         self, link: Link, items: list[Pulled], lease: float, worker: str

@@ -231,9 +231,9 @@ class Coordination(Core):
         body = orjson.dumps([[s.decode(), seq] for s, seq in items])
         await link.store.put(self.n.t + b"%d" % minute, body)
 
-    async def _sweep_kv(self, link: Link) -> None:
+    async def _sweep_kv(self, link: Link, now: float | None = None) -> None:
         """Delete kv entries whose time ran out (see ``_expire_later``)."""
-        now_minute = int(time.time() // 60)
+        now_minute = int((time.time() if now is None else now) // 60)
         buckets = await link.store.subjects(self.n.work, self.n.t + b"*")
         for subject in sorted(buckets):
             minute = int(subject[len(self.n.t) :])

@@ -363,8 +363,8 @@ def lease_error(rec: dict[str, Any], now: float) -> dict[str, Any]:
 
 def fresh_of(e: Stored, now: float) -> JobInfo:
     env = orjson.loads(e.data)
-    ra = float(e.get(b"Dw-Ra") or now)
-    u = float(e.get(b"Dw-U") or ra)
+    u = float(e.get(b"Dw-U") or now)
+    ra = float(e.get(b"Dw-Ra") or 0) or u  # 0: ready at once (when enqueued)
     return R.fresh_info(env, ra, u, now)
 
 
@@ -372,13 +372,14 @@ def fresh_record(e: Stored | None, now: float) -> dict[str, Any]:
     """A fresh job's index entry as a state record (its first transition)."""
     assert e is not None
     env = orjson.loads(e.data)
-    ra = float(e.get(b"Dw-Ra") or now)
+    u = float(e.get(b"Dw-U") or now)
+    ra = float(e.get(b"Dw-Ra") or 0) or u
     return {
         R.ST: R.waiting_state(0, ra, now),
         R.ENV: env,
         R.GEN: "0",
         R.RUN_AT: ra,
-        R.UPDATED: float(e.get(b"Dw-U") or ra),
+        R.UPDATED: u,
         R.REPLAYS: 0,
     }
 

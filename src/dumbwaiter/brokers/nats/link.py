@@ -139,9 +139,12 @@ class Link:
         self.levels: dict[str, set[int]] = {}
         #: queues this connection has registered (the config entry "queues")
         self.queues: set[str] = set()
+        #: pointer subjects by (queue, priority)
+        self.subjects: dict[tuple[str, int], bytes] = {}
         self.levels_at = 0.0
         self.paused: tuple[float, frozenset[str]] | None = None
         self._promoter: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.swept = 0.0
 
@@ -181,12 +184,12 @@ class Link:
                     log.warning("nats: stream %s exists with other settings (%s)", name, exc2)
 
     async def stop(self) -> None:
-        for task in (self._promoter, self._reaper):
+        for task in (self._promoter, self._reaper, self._refreshing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._promoter = self._reaper = None
+        self._promoter = self._reaper = self._refreshing = None
         if self.ready:
             for p in self.pullers.values():
                 with contextlib.suppress(Exception):
@@ -257,17 +260,15 @@ class Link:
 
     async def plan(self, queues: Sequence[str]) -> list[Puller]:
         """The pullers a fetch takes from, in order: each queue's levels,
-        highest first; paused queues left out."""
-        now = time.monotonic()
-        if now - self.levels_at > CACHE_TTL:
-            n = self.broker.n
-            found = await self.store.subjects(n.work, n.w + b"*.*")
-            for subject in found:
-                parts = subject[len(n.w) :].split(b".")
-                if len(parts) == 2:
-                    self.level_seen(untok(parts[0]), prio_of(parts[1]))
-            self.levels_at = now
-        paused = await self.paused_set()
+        highest first; paused queues left out.  Levels and pauses are cached
+        (``CACHE_TTL``) and refreshed in the background, off the fetch's path."""
+        if self.paused is None or not self.levels_at:
+            await self.refresh()
+        elif time.monotonic() - self.levels_at > CACHE_TTL and (
+            self._refreshing is None or self._refreshing.done()
+        ):
+            self._refreshing = self.loop.create_task(self._refresh_quietly())
+        paused = self.paused_now()
         out = []
         for q in queues:
             if q in paused:
@@ -276,12 +277,26 @@ class Link:
                 out.append(await self.puller(q, prio))
         return out
 
-    async def paused_set(self) -> frozenset[str]:
+    async def refresh(self) -> None:
+        """Learn the priority levels in use (from the work subjects) and the
+        paused queues (from their config entry)."""
+        n = self.broker.n
+        found, paused = await asyncio.gather(
+            self.store.subjects(n.work, n.w + b"*.*"), self.broker._config(self, b"paused")
+        )
+        for subject in found:
+            parts = subject[len(n.w) :].split(b".")
+            if len(parts) == 2:
+                self.level_seen(untok(parts[0]), prio_of(parts[1]))
         now = time.monotonic()
-        if self.paused is None or now - self.paused[0] > CACHE_TTL:
-            found = await self.broker._config(self, b"paused")
-            self.paused = (now, frozenset(found or []))
-        return self.paused[1]
+        self.levels_at = now
+        self.paused = (now, frozenset(paused or []))
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:  # the next fetch tries again; the cache stays as it was
+            log.debug("nats: refreshing levels and pauses failed", exc_info=True)
 
     def paused_now(self) -> frozenset[str]:
         return self.paused[1] if self.paused is not None else frozenset()

@@ -97,6 +97,20 @@ class Reply(NamedTuple):
             return 0
 
 
+class Batch:
+    """Replies of a batch of requests (``Wire.batch``), in request order."""
+
+    __slots__ = ("fut", "left", "replies")
+
+    def __init__(self, fut: asyncio.Future[list[Reply]], n: int) -> None:
+        self.fut = fut
+        self.left = n
+        self.replies: list[Reply] = [Reply(None, b"")] * n
+
+    async def wait(self) -> list[Reply]:
+        return await self.fut
+
+
 class PubAck(NamedTuple):
     seq: int
     duplicate: bool
@@ -104,6 +118,22 @@ class PubAck(NamedTuple):
 
 def pub_ack(r: Reply, what: str) -> PubAck:
     """Decode a JetStream publish acknowledgement; raise on its error."""
+    d = r.data
+    if d[:10] == b'{"stream":' and b'"error"' not in d:  # the usual answer, without JSON
+        i = d.find(b'"seq":')
+        if i > 0:
+            i += 6
+            j = d.find(b",", i)
+            if j < 0:
+                j = d.find(b"}", i)
+            try:
+                return PubAck(int(d[i:j]), b'"duplicate"' in d)
+            except ValueError:
+                pass
+    return _pub_ack_slow(r, what)
+
+
+def _pub_ack_slow(r: Reply, what: str) -> PubAck:
     if r.status == 503:  # JetStream is (re)starting, or no stream takes the subject
         raise Unavailable(f"{what}: no stream answered (503 no responders)")
     try:
@@ -259,6 +289,9 @@ class Wire:
         self._next = 0
         #: outstanding requests: token -> (future, deadline)
         self._pending: dict[bytes, tuple[asyncio.Future[Reply], float]] = {}
+        #: outstanding batched requests: token -> (batch, index); batch -> deadline
+        self._slots: dict[bytes, tuple[Batch, int]] = {}
+        self._batches: dict[Batch, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -407,6 +440,34 @@ class Wire:
         await self.flush()
         return await fut
 
+    def batch(self, items: list[tuple[bytes, bytes, bytes | None]]) -> Batch:
+        """Queue one request per (subject, data, header block); ``Batch.wait``
+        returns every reply in order.  One future for the whole batch: a bulk
+        enqueue makes two requests per job."""
+        self.check()
+        b = Batch(asyncio.get_running_loop().create_future(), len(items))
+        if not items:
+            b.fut.set_result(b.replies)
+            return b
+        deadline = time.monotonic() + self.timeout
+        prefix = self._prefix
+        nc = self.nc
+        pending = nc._pending
+        size = 0
+        slots = self._slots
+        n = self._next
+        for i, (subject, data, hdr) in enumerate(items):
+            n += 1
+            token = b"%x" % n
+            slots[token] = (b, i)
+            cmd = pub_cmd(subject, data, prefix + token, hdr)
+            pending.append(cmd)
+            size += len(cmd)
+        self._next = n
+        nc._pending_data_size += size
+        self._batches[b] = deadline
+        return b
+
     async def gather(self, futs: list[asyncio.Future[Reply]]) -> list[Reply | BaseException]:
         """Flush, then wait for every reply; failures are returned, not raised."""
         await self.flush()
@@ -467,7 +528,18 @@ class Wire:
         return self._prefix[:-1] + b"s%x" % self._next
 
     def _on_reply(self, subject: bytes, reply: bytes, hdr: bytes | None, data: bytes) -> None:
-        entry = self._pending.pop(subject[len(self._prefix) :], None)
+        token = subject[len(self._prefix) :]
+        slot = self._slots.pop(token, None)
+        if slot is not None:
+            b, i = slot
+            b.replies[i] = Reply(hdr, data)
+            b.left -= 1
+            if not b.left:
+                self._batches.pop(b, None)
+                if not b.fut.done():
+                    b.fut.set_result(b.replies)
+            return
+        entry = self._pending.pop(token, None)
         if entry is not None and not entry[0].done():
             entry[0].set_result(Reply(hdr, data))
 
@@ -475,6 +547,9 @@ class Wire:
         pending, self._pending = self._pending, {}
         for fut, _ in pending.values():
             _fail(fut, exc)
+        batches, self._batches, self._slots = self._batches, {}, {}
+        for b in batches:
+            _fail(b.fut, exc)
 
     async def _sweep(self) -> None:
         """Fail requests whose reply did not come within their timeout."""
@@ -485,9 +560,12 @@ class Wire:
             for token in late:
                 fut, _ = self._pending.pop(token)
                 _fail(fut, Unavailable("NATS request timed out (no reply)"))
+            for b in [b for b, deadline in self._batches.items() if deadline <= now]:
+                del self._batches[b]
+                _fail(b.fut, Unavailable("NATS request timed out (no reply)"))
 
 
-def _fail(fut: asyncio.Future[Reply], exc: BaseException) -> None:
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
     """Fail a request; marked as seen, since a caller that gave up on its batch
     at an earlier failure never awaits the rest (their awaiters still raise)."""
     if not fut.done():

@@ -1,0 +1,285 @@
+"""The NATS broker's own behaviour, beyond the conformance suite: subject
+encoding, the protocol parser, JetStream redelivery as the lease backstop,
+stale pull requests, pointer bookkeeping, kv expiry and repairs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.brokers.nats import NatsBroker
+from dumbwaiter.brokers.nats import records as R
+from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
+from dumbwaiter.brokers.nats.store import parse_time
+from dumbwaiter.brokers.nats.wire import _Parser, header, headers
+from dumbwaiter.errors import InvalidURL
+from dumbwaiter.state import State
+from tests.conformance.conftest import msg
+from tests.conformance.helpers import eventually
+
+
+@pytest.fixture
+async def make(shared_url: str) -> AsyncIterator[Callable[..., NatsBroker]]:
+    """Brokers on the test's namespace; extra URL options per broker."""
+    made: list[Broker] = []
+
+    def make(**options: str) -> NatsBroker:
+        url = shared_url + "".join(f"&{k}={v}" for k, v in options.items())
+        b = from_url(url)
+        assert isinstance(b, NatsBroker)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        await b.close()
+
+
+# -- names, parsing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["default", "group:email", "a.b c*>", "", "ü/ñ=", "=41", "-_", "x" * 200]
+)
+def test_tokens_are_valid_subject_tokens_and_reversible(text: str) -> None:
+    t = tok(text)
+    assert t and all(c not in t for c in b". *>\t\r\n")
+    assert untok(t) == text
+
+
+def test_kv_keys_split_at_colons_for_prefix_scans() -> None:
+    key = "inbox:group:email:01a2-b3"
+    assert key_tokens(key) == b"inbox.group.email.01a2-b3"
+    assert key_of(key_tokens(key)) == key
+    assert key_of(key_tokens("a::b:")) == "a::b:"
+
+
+def test_url_options_and_errors() -> None:
+    s = parse_url("nats://u:p%40ss@h1:4223,h2/app?ack_wait=5&retention=60&storage=memory")
+    assert s.servers == ["nats://h1:4223", "nats://h2:4222"]
+    assert (s.ns, s.user, s.password, s.ack_wait, s.retention, s.storage) == (
+        "app", "u", "p@ss", 5.0, 60.0, "memory",
+    )  # fmt: skip
+    assert parse_url("nats://127.0.0.1:4222?prefix=x").ns == "x"
+    with pytest.raises(InvalidURL, match="unknown option 'bogus'"):
+        parse_url("nats://h?bogus=1")
+    with pytest.raises(InvalidURL, match="namespace"):
+        parse_url("nats://h?prefix=a.b")
+    with pytest.raises(InvalidURL, match="storage"):
+        parse_url("nats://h?storage=tape")
+
+
+def test_server_timestamps_parse_to_unix_seconds() -> None:
+    assert parse_time(b"2026-11-29T18:27:57.344063103Z") == pytest.approx(1795976877.344063)
+    assert parse_time(b"2026-11-29T19:27:57+01:00") == pytest.approx(1795976877.0)
+
+
+async def test_parser_handles_any_split_of_the_stream() -> None:
+    """Messages, headers, pings and payloads arriving a byte at a time."""
+    got: list[tuple[bytes, bytes, bytes | None, bytes]] = []
+    other: list[Any] = []
+
+    class NC:
+        async def _process_msg(self, *a: Any) -> None:
+            other.append(a)
+
+        async def _process_ping(self) -> None:
+            other.append("ping")
+
+        async def _process_pong(self) -> None:
+            other.append("pong")
+
+        async def _process_info(self, info: Any) -> None:
+            other.append(info)
+
+    hdr = headers((b"Dw-Id", b"x1"), (b"Dw-G", 0))
+    stream = (
+        b'INFO {"max_payload":1}\r\nPING\r\n'
+        + b"MSG a.b 7 r.x 5\r\nhello\r\n"
+        + b"HMSG c 7 %d %d\r\n%sbody\r\n" % (len(hdr), len(hdr) + 4, hdr)
+        + b"MSG other 9 3\r\nabc\r\n+OK\r\nPONG\r\n"
+        + b"MSG e 7 0\r\n\r\n"
+    )
+    p = _Parser(NC(), {7: lambda s, r, h, d: got.append((s, r, h, d))})
+    for i in range(len(stream)):
+        await p.parse(stream[i : i + 1])
+    assert got == [
+        (b"a.b", b"r.x", None, b"hello"),
+        (b"c", b"", hdr, b"body"),
+        (b"e", b"", None, b""),
+    ]
+    assert header(got[1][2], b"Dw-Id") == b"x1" and header(got[1][2], b"Dw-G") == b"0"
+    assert other == [{"max_payload": 1}, "ping", (9, b"other", b"", b"abc", None), "pong"]
+
+
+# -- JetStream as the lease's backstop --------------------------------------------
+
+
+async def test_a_job_redelivered_after_ack_wait_is_rescued_by_the_fetch_that_gets_it(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """No rescue() runs: JetStream redelivers the pointer after AckWait and the
+    fetch records the lost lease itself."""
+    b = make(ack_wait="1")
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 0.2, 0, "w-dead")
+    [again] = await asyncio.wait_for(b.fetch(["default"], 1, 30.0, 10.0, "w-new"), 15)
+    assert again.id == m.id and again.message is not None and again.message.attempt == 2
+    [err] = again.message.errors
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-dead"
+    await b.ack([d])  # the first worker, late: fenced off
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-new"
+
+
+async def test_a_live_workers_job_redelivered_by_jetstream_is_not_taken(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """AckWait shorter than the lease: the redelivery is held back, not claimed."""
+    b = make(ack_wait="1")
+    await b.open()
+    await b.enqueue([msg()])
+    [d] = await b.fetch(["default"], 1, 60.0, 0, "w-alive")
+    assert await b.fetch(["default"], 1, 30.0, 2.0, "w-other") == []
+    await b.ack([d])
+    assert (await b.get(d.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_what_a_cancelled_long_poll_receives_goes_to_the_next_fetcher(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The cancelled fetch's pull request stays on the server and takes the next
+    job; that process hands it back within GRACE instead of sitting on it."""
+    a, b = make(), make()
+    await a.open()
+    await b.open()
+    waiting = asyncio.create_task(a.fetch(["default"], 10, 30.0, 30.0))
+    await asyncio.sleep(0.05)  # let the long poll reach the server
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    m = msg()
+    await b.enqueue([m])
+    [d] = await asyncio.wait_for(b.fetch(["default"], 10, 30.0, 10.0), 15)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+
+
+# -- pointer bookkeeping ---------------------------------------------------------------
+
+
+async def test_cancel_takes_the_pointer_out_even_after_the_dedupe_window(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """Within the window a pointer is found by its Nats-Msg-Id, after it by time."""
+    b = make(dupe_window="0.5")
+    await b.open()
+    old, new = msg(), msg()
+    await b.enqueue([old])
+    link = await b._link()
+
+    async def in_window() -> bool:
+        r = await link.wire.call(
+            b.n.t + b"probe",
+            b"",
+            headers((b"Nats-Msg-Id", old.id), (b"Nats-Expected-Last-Sequence", 2**62)),
+        )
+        return b'"duplicate"' in r.data
+
+    await eventually(in_window, lambda found: not found)  # the window passed
+    await b.enqueue([new])
+    assert sorted(await b.cancel([old.id, new.id])) == sorted([old.id, new.id])
+    [s] = [s for s in await b.stats() if s.queue == "default"]
+    assert (s.ready, s.cancelled) == (0, 2)
+    assert await b.fetch(["default"], 10, 30.0, 0) == []
+
+
+async def test_a_mover_that_died_between_record_and_pointer_is_repaired(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A retry writes the record first, then the new pointer, then acks the old
+    one.  If the process dies after the record, JetStream redelivers the old
+    pointer; the fetch that finds it stale publishes the missing one."""
+    b = make(ack_wait="1")
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    link = await b._link()
+    cur = await link.store.read(b.n.jobs, b.n.js + m.id.encode())
+    assert cur is not None
+    rec = R.loads(cur.data)
+    rec.update({R.ST: "ready", R.GEN: R.new_gen(), R.RUN_AT: time.time(), R.BY: cur.seq})
+    await link.store.put(b.n.js + m.id.encode(), R.dumps(rec), cur.seq)  # ... and "dies"
+    [again] = await asyncio.wait_for(b.fetch(["default"], 1, 30.0, 10.0), 15)
+    assert again.id == m.id and again.message is not None and again.message.attempt == 2
+    await b.ack([d])  # the dead mover's delivery is fenced off
+    await b.ack([again])
+    assert (await b.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_priority_levels_of_other_processes_are_learned(
+    make: Callable[..., NatsBroker],
+) -> None:
+    consumer, producer = make(), make()
+    await consumer.open()
+    await producer.open()
+    assert await consumer.fetch(["default"], 1, 30.0, 0) == []  # caches: level 0 only
+    low, high = msg(priority=0), msg(priority=7)
+    await producer.enqueue([low, high])
+
+    async def first() -> str:
+        ds = await consumer.fetch(["default"], 1, 30.0, 0)
+        for d in ds:
+            await consumer.requeue([d])
+        return ds[0].id if ds else ""
+
+    await eventually(first, lambda i: i == high.id)
+
+
+# -- kv expiry ----------------------------------------------------------------------------
+
+
+async def test_expired_kv_entries_are_deleted_by_the_sweep(
+    make: Callable[..., NatsBroker],
+) -> None:
+    b = make()
+    await b.open()
+    await b.kv_set({"short:a": b"1", "short:b": b"2"}, ttl=0.1)
+    await b.kv_set({"keep": b"3"})
+    link = await b._link()
+    assert set(await link.store.subjects(b.n.kv, b.n.k + b">")) == {
+        b.n.k + b"short.a", b.n.k + b"short.b", b.n.k + b"keep",
+    }  # fmt: skip
+    await eventually(lambda: b.kv_get(["short:a"]), lambda d: d == {})  # reads see it gone
+    await b._sweep_kv(link, now=time.time() + 180)  # the sweeper, once its minute is over
+    assert set(await link.store.subjects(b.n.kv, b.n.k + b">")) == {b.n.k + b"keep"}
+    assert await link.store.subjects(b.n.work, b.n.t + b"*") == {}
+
+
+# -- names of anything --------------------------------------------------------------------
+
+
+async def test_queues_keys_and_event_types_with_any_characters(
+    make: Callable[..., NatsBroker],
+) -> None:
+    b = make()
+    await b.open()
+    q = "emails.high priority/ü*"
+    m = msg(queue=q)
+    await b.enqueue([m])
+    [d] = await b.fetch([q], 1, 30.0, 0)
+    assert d.id == m.id and d.queue == q
+    await b.ack([d])
+    assert {s.queue: s.succeeded for s in await b.stats()}[q] == 1
+    await b.kv_set({"a:b.c": b"1", "a:b": b"2", "a:bc": b"3", "ab": b"4"})
+    assert await b.kv_scan("a:b") == {"a:b.c": b"1", "a:b": b"2", "a:bc": b"3"}
+    assert await b.kv_scan("a:b.") == {"a:b.c": b"1"}
+    listed = await b.list_jobs(JobFilter(queue=q))
+    assert [i.message.id for i in listed.items] == [m.id]
