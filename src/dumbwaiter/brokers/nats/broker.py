@@ -70,7 +70,7 @@ from .link import Link
 from .names import untok
 from .puller import Pulled
 from .records import Token
-from .store import Stored, is_conflict
+from .store import Stored, cas_item, is_conflict
 from .wire import (
     JetStreamError,
     Reply,
@@ -331,7 +331,7 @@ class NatsBroker(Admin, Coordination):
             if p.queue in link.paused_now():
                 link.wire.publish(it.reply, b'-NAK {"delay":%d}' % _NS_PER_S)
                 continue
-            link.holder.running(p.id, p.queue, until, p.reply, worker)
+            link.holder.running(p.id, p.queue, until)
             if p.env is not None and (p.gen == "0" or p.seq):
                 env = dict(p.env)
                 env["attempt"] = int(env.get("attempt", 0)) + 1
@@ -341,22 +341,25 @@ class NatsBroker(Admin, Coordination):
         if not fast and not slow:
             return []
         link.holder.write()
-        store = link.store
-        futs = [
-            store.put_req(
-                self.n.js + p.id.encode(),
-                R.dumps(
-                    self._running(p.gen, env, now, until, worker, p.reply, link, 0, now, p.replays)
-                ),
-                p.seq,
-            )
-            for p, env in fast
-        ]
-        results = await link.wire.gather(futs)
+        js = self.n.js
+        batch = link.wire.batch(
+            [
+                cas_item(
+                    js + p.id.encode(),
+                    R.dumps(
+                        self._running(
+                            p.gen, env, now, until, worker, p.reply, link, 0, now, p.replays
+                        )
+                    ),
+                    p.seq,
+                )
+                for p, env in fast
+            ]
+        )
+        await link.wire.flush()
+        results = await batch.wait()
         out: list[Delivery] = []
         for (p, env), r in zip(fast, results, strict=True):
-            if isinstance(r, BaseException):
-                raise r
             try:
                 ack = pub_ack(r, "claim")
             except JetStreamError as exc:
@@ -576,6 +579,7 @@ class NatsBroker(Admin, Coordination):
             R.BY: tok.claim,
             R.HOLDER: tok.holder,
             R.REPLAYS: tok.replays,
+            R.ACK: tok.reply.decode(),
         }
 
     async def _move(
@@ -646,14 +650,15 @@ class NatsBroker(Admin, Coordination):
         todo = ds
         for _ in range(10):
             recs = [build(d, d.token) for d in todo]
-            futs = [
-                store.put_req(self.n.js + d.id.encode(), R.dumps(rec), d.token.seq)
-                for d, rec in zip(todo, recs, strict=True)
-            ]
+            batch = link.wire.batch(
+                [
+                    cas_item(self.n.js + d.id.encode(), R.dumps(rec), d.token.seq)
+                    for d, rec in zip(todo, recs, strict=True)
+                ]
+            )
+            await link.wire.flush()
             check: list[tuple[Delivery, dict[str, Any]]] = []
-            for d, rec, r in zip(todo, recs, await link.wire.gather(futs), strict=True):
-                if isinstance(r, BaseException):
-                    raise r
+            for d, rec, r in zip(todo, recs, await batch.wait(), strict=True):
                 try:
                     written.append((d, rec, pub_ack(r, "settle").seq))
                 except JetStreamError as exc:
@@ -793,9 +798,9 @@ class NatsBroker(Admin, Coordination):
                     c[0 if st == State.SUCCEEDED.value else 1] += 1
                 elif st == State.DEAD.value:
                     await self._dlq_publish(link, rec)
-                if entry[2]:
+                if rec.get(R.ACK):  # the pointer may not have been acked either
                     with contextlib.suppress(Unavailable):
-                        link.wire.publish(str(entry[2]).encode(), b"+ACK")
+                        link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
             remove.add(jid)
         if remove and holder != link.holder.id:
             await self._tidy_holder(link, holder, cur, content, remove, credit, now)

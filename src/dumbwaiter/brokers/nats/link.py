@@ -56,8 +56,9 @@ class Holder:
         self.fin: dict[str, dict[str, list[int]]] = {}
         self.dirty = False
 
-    def running(self, jid: str, queue: str, until: float, reply: bytes, worker: str) -> None:
-        self.run[jid] = [queue, until, reply.decode(), worker]
+    def running(self, jid: str, queue: str, until: float) -> None:
+        """A claim: [queue, lease until] (the record has the rest)."""
+        self.run[jid] = [queue, until]
         self.dirty = True
 
     def extended(self, jid: str, until: float) -> None:

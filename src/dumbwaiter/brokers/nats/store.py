@@ -96,6 +96,12 @@ def stored(r: Reply) -> Stored | None:
     return Stored(int(seq) if seq else 0, subject, r.hdr, r.data)
 
 
+def cas_item(subject: bytes, data: bytes, expect: int) -> tuple[bytes, bytes, bytes]:
+    """A compare-and-set write for ``Wire.batch``: only if ``subject``'s last
+    sequence is still ``expect`` (0: only if it has no message)."""
+    return subject, data, b"NATS/1.0\r\nNats-Expected-Last-Subject-Sequence: %d\r\n\r\n" % expect
+
+
 def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, JetStreamError) and exc.err_code == WRONG_LAST_SEQUENCE
 
