@@ -1,0 +1,250 @@
+"""The PostgreSQL broker's admin, coordination and key-value parts.
+
+Admin calls read and change ``dw_jobs`` for the CLI and the dashboard; they
+use the durable pool (their changes are flushed before they return).  Locks
+are rows of ``dw_locks`` whose fencing tokens come from the sequence
+``dw_fence``; ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` takes a free or
+expired lock (or renews our own) in one atomic statement.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from ...state import State
+from ..base import (
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    normalize_error_type,
+)
+from .core import PostgresCore
+from .rows import info_row, is_uuid
+
+
+class PostgresAdmin(PostgresCore):
+    """Admin, coordination and the key-value store."""
+
+    # -- admin -----------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[QueueStats]:
+            queues = await (await c.execute(self.q.queues)).fetchall()
+            counts = await (await c.execute(self.q.counts)).fetchall()
+            return _stats(queues, counts)
+
+        return await self._run(run)
+
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        where, params = _where(filter)
+        if cursor is not None:
+            where += " AND id < %s::uuid"
+            params.append(cursor)
+        query = (self.q.list_prefix + where + " ORDER BY id DESC LIMIT %s").encode()
+        params.append(limit + 1)
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
+            return await (await c.execute(query, params)).fetchall()
+
+        rows = await self._run(run)
+        items = [info_row(r) for r in rows[:limit]]
+        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+
+    async def get(self, id: str) -> JobInfo | None:
+        try:
+            uuid.UUID(id)
+        except ValueError:
+            return None
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> Any:
+            return await (await c.execute(self.q.get, (id,))).fetchone()
+
+        row = await self._run(run)
+        return None if row is None else info_row(row)
+
+    async def replay(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        query = (self.q.replay_prefix + where + self.q.replay_suffix).encode()
+        params = [*params, self.q.channel]
+        query = query.replace(b"%(channel)s", b"%s")
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(query, params)).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(run)
+
+    async def purge(self, filter: JobFilter) -> int:
+        where, params = _where(filter)
+        query = (self.q.purge_prefix + where).encode()
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            return (await c.execute(query, params)).rowcount
+
+        return await self._run(run)
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        valid = [i for i in ids if is_uuid(i)]
+        if not valid:
+            return []
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[str]:
+            cur = await c.execute(self.q.cancel, (self.retention, valid))
+            return [r[0] for r in await cur.fetchall()]
+
+        return await self._run(run)
+
+    async def pause(self, queue: str) -> None:
+        await self._set_paused(queue, True)
+
+    async def resume(self, queue: str) -> None:
+        await self._set_paused(queue, False)
+
+    async def _set_paused(self, queue: str, paused: bool) -> None:
+        params = {"queue": queue, "paused": paused, "channel": self.q.channel}
+        await self._run(lambda c: c.execute(self.q.set_paused, params))
+        self._known_queues.add(queue)
+
+    # -- coordination ------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        params = {"name": name, "owner": owner, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int | None:
+            row = await (await c.execute(self.q.acquire, params)).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(run)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
+            return (await c.execute(self.q.renew, params)).rowcount == 1
+
+        return await self._run(run)
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        params = {"name": name, "owner": owner, "token": token}
+        await self._run(lambda c: c.execute(self.q.release, params))
+
+    # -- key-value ---------------------------------------------------------------
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
+            cur = await c.execute(self.q.kv_get, (list(keys),))
+            return {k: bytes(v) for k, v in await cur.fetchall()}
+
+        return await self._run(run)
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        if not items:
+            return
+        params = {"keys": list(items), "values": [bytes(v) for v in items.values()], "ttl": ttl}
+        await self._run(lambda c: c.execute(self.q.kv_set, params))
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        params = {"key": key, "value": bytes(value), "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
+            return (await (await c.execute(self.q.kv_add, params)).fetchone()) is not None
+
+        return await self._run(run)
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        params = {"key": key, "amount": amount, "ttl": ttl}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(self.q.kv_incr, params)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        # not idempotent: a retry after a lost reply could count twice
+        return await self._run(run, retry=False)
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+            row = await (await c.execute(self.q.kv_delete, (list(keys),))).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._run(run)
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
+            cur = await c.execute(self.q.kv_scan, (prefix,))
+            return {k: bytes(v) for k, v in await cur.fetchall()}
+
+        return await self._run(run)
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _where(f: JobFilter) -> tuple[str, list[Any]]:
+    """SQL conditions (positional ``%s`` parameters) for an admin filter."""
+    clauses = ["true"]
+    params: list[Any] = []
+    if f.queue is not None:
+        clauses.append("queue = %s")
+        params.append(f.queue)
+    if f.name is not None:
+        clauses.append("name = %s")
+        params.append(f.name)
+    if f.state is not None:
+        if f.state is State.RETRYING:
+            clauses.append("state = 'scheduled' AND attempt > 0")
+        elif f.state is State.SCHEDULED:
+            clauses.append("state = 'scheduled' AND attempt = 0")
+        else:
+            clauses.append("state = %s")
+            params.append(str(f.state))
+    if f.ids is not None:
+        clauses.append("id = ANY(%s::uuid[])")
+        params.append([i for i in f.ids if is_uuid(i)])
+    if f.since is not None:
+        clauses.append("updated_at >= to_timestamp(%s)")
+        params.append(f.since)
+    if f.until is not None:
+        clauses.append("updated_at <= to_timestamp(%s)")
+        params.append(f.until)
+    if f.error_type is not None:
+        wanted = normalize_error_type(f.error_type)
+        clauses.append("(last_error_type = %s OR right(last_error_type, %s) = %s)")
+        params += [wanted, len(wanted) + 1, "." + wanted]
+    return " AND ".join(clauses), params
+
+
+def _stats(queues: list[Any], counts: list[Any]) -> list[QueueStats]:
+    table: dict[str, dict[str, float]] = {name: {} for name, _ in queues}
+    paused = {name for name, p in queues if p}
+    for queue, state, retrying, n, age in counts:
+        c = table.setdefault(queue, {})
+        key = "retrying" if retrying else state
+        c[key] = c.get(key, 0) + n
+        if state == "ready" and age is not None:
+            c["lag"] = max(c.get("lag", 0.0), float(age))
+    return [
+        QueueStats(
+            queue=q,
+            ready=int(c.get("ready", 0)),
+            scheduled=int(c.get("scheduled", 0)),
+            retrying=int(c.get("retrying", 0)),
+            running=int(c.get("running", 0)),
+            dead=int(c.get("dead", 0)),
+            succeeded=int(c.get("succeeded", 0)),
+            cancelled=int(c.get("cancelled", 0)),
+            lag=max(0.0, c.get("lag", 0.0)),
+            paused=q in paused,
+        )
+        for q, c in sorted(table.items())
+    ]
+
+
+__all__ = ["PostgresAdmin"]

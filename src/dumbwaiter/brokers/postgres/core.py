@@ -1,0 +1,299 @@
+"""The PostgreSQL broker's connections: URL, pools per event loop, schema check.
+
+``PostgresCore`` holds what every part of the broker shares: the options of
+the URL, the sync producers' pool, one ``_LoopState`` per event loop (two
+small pools and a LISTEN connection), the schema version check and
+``migrate``.  ``admin.PostgresAdmin`` adds the admin, coordination and
+key-value parts; ``broker.PostgresBroker`` the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from ..base import Binding, Broker
+from . import migrations
+from .connection import LoopPool, Options, check_sync, parse_url
+from .listen import Listener
+from .queries import Queries
+
+T = TypeVar("T")
+
+#: name of the lock whose holder prunes finished jobs (one leader at a time)
+MAINTENANCE_LOCK = "dumbwaiter:maintenance"
+#: rows one prune statement deletes, and at most per round: a leader that
+#: falls behind prunes again at its next rescue (each second), not a round later
+PRUNE_BATCH = 5000
+PRUNE_ROUND = 100_000
+#: batches of at least this many jobs are written with COPY
+COPY_MIN = 64
+#: how long a producer keeps retrying an enqueue while the server is unreachable
+RECONNECT_FOR = 15.0
+
+
+class _LoopState:
+    """The async connections of one event loop.
+
+    ``pool`` serves enqueues, admin, locks and the key-value store: every
+    commit is flushed to disk before it returns.  ``work`` serves a worker's
+    own transitions (claim, ack, retry, dead, requeue, heartbeat, rescue,
+    prune) with ``synchronous_commit`` as the URL's ``worker_sync_commit``
+    (``off`` by default): the server's crash can then undo the last few
+    hundred milliseconds of them, which only makes those jobs run again
+    (their claim or outcome is rolled back, the job never disappears), and it
+    saves a disk flush per batch.  The SQLite broker makes the same trade.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pool: LoopPool,
+        work: LoopPool,
+        listener: Listener,
+    ):
+        self.loop = loop
+        self.pool = pool
+        self.work = work
+        self.listener = listener
+        #: claims whose fetch was cancelled mid-flight, being given back
+        self.giving_back: set[asyncio.Task[None]] = set()
+
+
+class PostgresCore(Broker):
+    """What the parts of the PostgreSQL broker share (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.opts: Options = parse_url(url)
+        self.schema = self.opts.schema
+        self.retention = self.opts.retention
+        self.q = Queries(self.schema)
+        self._lock = threading.Lock()
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pid = os.getpid()
+        self._schema_ok = False
+        self._known_queues: set[str] = set()
+        #: this broker's name as a candidate maintenance leader
+        self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
+        self._next_prune = 0.0
+        self._prune_behind = False
+
+    def __repr__(self) -> str:
+        return f"<PostgresBroker schema={self.schema!r}>"
+
+    # -- connections -------------------------------------------------------
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, "prepare_threshold": self.opts.prepare_threshold}
+
+    async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(self.opts.conninfo, **self._conn_kwargs())
+        if not self._schema_ok:
+            try:
+                await self._acheck_schema(conn)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def _aconnect_work(self) -> psycopg.AsyncConnection[Any]:
+        conn = await self._aconnect()
+        if self.opts.worker_sync_commit != "on":
+            await conn.execute(
+                sql.SQL("SET synchronous_commit = {}").format(
+                    sql.Literal(self.opts.worker_sync_commit)
+                )
+            )
+        return conn
+
+    async def _acheck_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._judge_schema(await migrations.acurrent_version(conn, self.schema))
+        if not self._schema_ok:  # migrate=auto and behind
+            await asyncio.to_thread(self.migrate)
+            self._schema_ok = True
+
+    def _check_schema_sync(self, conn: psycopg.Connection[Any]) -> None:
+        self._judge_schema(migrations.current_version(conn, self.schema))
+        if not self._schema_ok:
+            self.migrate()
+            self._schema_ok = True
+
+    def _judge_schema(self, found: int) -> None:
+        if found > migrations.SCHEMA_VERSION:
+            raise migrations.too_new(self.schema, found)
+        if found == migrations.SCHEMA_VERSION:
+            self._schema_ok = True
+        elif self.opts.migrate != "auto":
+            raise migrations.too_old(self.schema, found)
+
+    def migrate(self, dry_run: bool = False) -> list[migrations.Migration]:
+        """Apply the pending migrations in one transaction; return them.
+
+        Concurrent migrators of the same schema wait for each other (an
+        advisory lock), so many workers started with ``?migrate=auto`` at once
+        apply each migration once."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn, conn.transaction():
+            conn.execute(migrations.lock_query(self.schema))
+            current = migrations.current_version(conn, self.schema)
+            if current > migrations.SCHEMA_VERSION:
+                raise migrations.too_new(self.schema, current)
+            pending = [m for m in migrations.migrations() if m.version > current]
+            if dry_run:
+                return pending
+            for m in pending:
+                conn.execute(migrations.prelude(self.schema))
+                conn.execute(m.sql.encode())
+        self._schema_ok = True
+        return pending
+
+    def schema_version(self) -> int:
+        """The version recorded in the database (0: no dumbwaiter tables)."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn:
+            return migrations.current_version(conn, self.schema)
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        st = self._states.get(loop)
+        if st is not None and self._pid == os.getpid():
+            return st
+        with self._lock:
+            self._after_fork()
+            for other in [s for lp, s in self._states.items() if lp.is_closed()]:
+                # asyncio.run() ended that loop (and cancelled its tasks)
+                other.pool.abandon()
+                other.work.abandon()
+                other.listener.abandon()
+                del self._states[other.loop]
+            st = _LoopState(
+                loop,
+                LoopPool(self._aconnect, self.opts.pool_max),
+                LoopPool(self._aconnect_work, self.opts.pool_max),
+                Listener(self.q.channel, self._aconnect),
+            )
+            self._states[loop] = st
+        return st
+
+    def _after_fork(self) -> None:
+        """A forked child must not use (or close) its parent's connections."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._states = {}
+            self._sync_pool = None
+
+    async def _run(
+        self,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        retry: bool = True,
+        work: bool = False,
+    ) -> T:
+        """``fn`` on a pooled connection (of the worker pool if ``work``).  If
+        the connection turns out dead (the server restarted, or ended our
+        session), an idempotent ``fn`` is run once more on a fresh one."""
+        st = self._state()
+        pool = st.work if work else st.pool
+        try:
+            async with pool.connection() as conn:
+                return await fn(conn)
+        except psycopg.OperationalError:
+            if not retry:
+                raise
+        async with pool.connection() as conn:
+            return await fn(conn)
+
+    def _sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool = self._sync_pool
+        if pool is not None and os.getpid() == self._pid:
+            return pool
+        with self._lock:
+            self._after_fork()
+            if self._sync_pool is None:
+                pool = ConnectionPool(
+                    self.opts.conninfo,
+                    min_size=1,
+                    max_size=self.opts.sync_pool_max,
+                    kwargs=self._conn_kwargs(),
+                    check=check_sync,
+                    # a server that stays down fails the call after this long
+                    timeout=RECONNECT_FOR,
+                    open=False,
+                    name=f"dumbwaiter-{self.schema}",
+                )
+                pool.open(wait=False)
+                self._sync_pool = pool
+            return self._sync_pool
+
+    def open_sync(self) -> None:
+        """Open the sync producers' pool now and check the schema (an app's
+        start-up), so that the first ``enqueue`` does not pay for connecting."""
+        with self._sync().connection() as conn:
+            if not self._schema_ok:
+                self._check_schema_sync(conn)
+
+    # -- transport -------------------------------------------------------
+
+    async def open(self) -> None:
+        self._state()
+        await self._run(_noop)
+
+    async def close(self) -> None:
+        with self._lock:
+            states, self._states = self._states, {}
+            pool, self._sync_pool = self._sync_pool, None
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        for loop, st in states.items():
+            if loop is current:
+                await st.listener.close()
+                await asyncio.gather(*st.giving_back, return_exceptions=True)
+                await st.pool.close()
+                await st.work.close()
+            elif loop.is_closed() or not loop.is_running():
+                st.listener.abandon()
+                st.pool.abandon()
+                st.work.abandon()
+            else:  # another thread's running loop: let it close its own
+                loop.call_soon_threadsafe(_close_later, st)
+        if pool is not None:
+            if current is not None:
+                await asyncio.to_thread(pool.close)
+            else:
+                pool.close()
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        new = sorted({*queues, *(b.queue for b in bindings)} - self._known_queues)
+        if new:
+            await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
+            self._known_queues.update(new)
+        if bindings:
+            params = (
+                [b.pattern for b in bindings],
+                [b.queue for b in bindings],
+                [b.max_attempts for b in bindings],
+            )
+            await self._run(lambda c: c.execute(self.q.bind, params))
+
+
+async def _noop(conn: psycopg.AsyncConnection[Any]) -> None:
+    return None
+
+
+def _close_later(st: _LoopState) -> None:
+    async def go() -> None:
+        await st.listener.close()
+        await st.pool.close()
+        await st.work.close()
+
+    st.loop.create_task(go())
