@@ -58,8 +58,8 @@ class Options:
 
     conninfo: str
     schema: str = "public"
-    #: connections kept open per event loop (worker, admin)
-    pool_min: int = 0
+    #: connections the sync producers' pool keeps open (and opens at start)
+    pool_min: int = 1
     #: most connections per event loop
     pool_max: int = 10
     #: most connections of the sync producer pool
@@ -96,7 +96,7 @@ def parse_url(url: str) -> Options:
         opts = Options(
             conninfo=conninfo,
             schema=ours.pop("schema", "public"),
-            pool_min=int(ours.pop("pool_min", 0)),
+            pool_min=int(ours.pop("pool_min", 1)),
             pool_max=int(ours.pop("pool_max", 10)),
             sync_pool_max=int(ours.pop("sync_pool_max", 10)),
             migrate=ours.pop("migrate", "check").lower(),
@@ -116,8 +116,10 @@ def parse_url(url: str) -> Options:
         raise InvalidURL(f"migrate= takes 'check' or 'auto', not {opts.migrate!r}")
     if not opts.schema or len(opts.schema) > 50:
         raise InvalidURL(f"schema= must name a schema of 1 to 50 characters: {opts.schema!r}")
-    if opts.pool_max < 2 or opts.sync_pool_max < 1 or opts.pool_min > opts.pool_max:
-        raise InvalidURL("pool sizes: need pool_max >= 2, sync_pool_max >= 1, pool_min <= pool_max")
+    if opts.pool_max < 2 or opts.sync_pool_max < 1 or not 0 <= opts.pool_min <= opts.sync_pool_max:
+        raise InvalidURL(
+            "pool sizes: need pool_max >= 2, sync_pool_max >= 1, 0 <= pool_min <= sync_pool_max"
+        )
     return opts
 
 

@@ -220,7 +220,7 @@ class PostgresCore(Broker):
             if self._sync_pool is None:
                 pool = ConnectionPool(
                     self.opts.conninfo,
-                    min_size=1,
+                    min_size=self.opts.pool_min,
                     max_size=self.opts.sync_pool_max,
                     kwargs=self._conn_kwargs(),
                     check=check_sync,
