@@ -27,22 +27,36 @@ from peers.common import AMQP_URL, amqp_delete_queues, amqp_queue_depth
 from dumbwaiter.brokers.rabbitmq import topology
 
 PREFIX = "dwbench"
-DELAYS = f"{PREFIX}.delay"
 STATE_PATH = SCRATCH / "dumbwaiter-rabbitmq-state.db"
-RABBITMQ_URL = (
-    f"{AMQP_URL}?prefix={PREFIX}&delays={DELAYS}&state={quote(f'sqlite:///{STATE_PATH}', safe='')}"
-)
 
+
+def _url(prefix: str, state: Path, **options: str) -> str:
+    query = {"prefix": prefix, "delays": f"{prefix}.delay", **options}
+    query["state"] = quote(f"sqlite:///{state}", safe="")
+    return AMQP_URL + "?" + "&".join(f"{k}={v}" for k, v in query.items())
+
+
+RABBITMQ_URL = _url(PREFIX, STATE_PATH)
 # Creating an App opens no connection until first use.
 rabbitmq_app, RABBITMQ_TASKS = _app(RABBITMQ_URL)
 
-NAMES = topology.Names(PREFIX, DELAYS)
-QUEUES = [
-    *NAMES.lanes("default"),
-    NAMES.dlq("default"),
-    *(NAMES.level_queue(n) for n in range(topology.LEVELS)),
-]
-EXCHANGES = [NAMES.dlx, NAMES.events, *(NAMES.level(n) for n in range(-1, topology.LEVELS))]
+# The same on classic queues (queue_type=classic), to show what quorum
+# queues' fsync-before-confirm costs next to peers that use classic queues.
+CLASSIC_PREFIX = "dwbenchc"
+CLASSIC_STATE_PATH = SCRATCH / "dumbwaiter-rabbitmq-classic-state.db"
+CLASSIC_URL = _url(CLASSIC_PREFIX, CLASSIC_STATE_PATH, queue_type="classic")
+rabbitmq_classic_app, _ = _app(CLASSIC_URL)
+
+
+def _names(prefix: str) -> tuple[list[str], list[str]]:
+    names = topology.Names(prefix, f"{prefix}.delay")
+    queues = [
+        *names.lanes("default"),
+        names.dlq("default"),
+        *(names.level_queue(n) for n in range(topology.LEVELS)),
+    ]
+    exchanges = [names.dlx, names.events, *(names.level(n) for n in range(-1, topology.LEVELS))]
+    return queues, exchanges
 
 
 class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
@@ -58,8 +72,18 @@ class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
         "producer (aenqueue), no thread hop."
     )
 
-    def __init__(self) -> None:
-        super().__init__("dumbwaiter-rabbitmq", "rabbitmq", RABBITMQ_URL, "rabbitmq_app")
+    def __init__(
+        self,
+        name: str = "dumbwaiter-rabbitmq",
+        prefix: str = PREFIX,
+        state: Path = STATE_PATH,
+        app_attr: str = "rabbitmq_app",
+    ) -> None:
+        url = RABBITMQ_URL if prefix == PREFIX else CLASSIC_URL
+        super().__init__(name, "rabbitmq", url, app_attr)
+        self.prefix = prefix
+        self.state = state
+        self.queues, self.exchanges = _names(prefix)
 
     async def open(self) -> None:  # type: ignore[override]
         super().open()
@@ -82,14 +106,31 @@ class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
         return cmd
 
     def reset(self) -> None:
-        amqp_delete_queues(*QUEUES)
-        _delete_exchanges(EXCHANGES)
-        STATE_PATH.parent.mkdir(parents=True, exist_ok=True)
+        amqp_delete_queues(*self.queues)
+        _delete_exchanges(self.exchanges)
+        self.state.parent.mkdir(parents=True, exist_ok=True)
         for suffix in ("", "-wal", "-shm"):
-            Path(f"{STATE_PATH}{suffix}").unlink(missing_ok=True)
+            Path(f"{self.state}{suffix}").unlink(missing_ok=True)
 
     def pending(self) -> int | None:
-        return amqp_queue_depth(NAMES.lane("default"))
+        return amqp_queue_depth(self.queues[1])  # the main lane
+
+
+class DumbwaiterRabbitMQClassicAdapter(DumbwaiterRabbitMQAdapter):
+    """The same broker with ``queue_type=classic`` (not the default)."""
+
+    notes = (
+        "As dumbwaiter-rabbitmq but queue_type=classic: classic durable queues (single node, "
+        "not replicated), persistent messages, confirms awaited; for comparison only."
+    )
+
+    def __init__(self) -> None:
+        super().__init__(
+            "dumbwaiter-rabbitmq-classic",
+            CLASSIC_PREFIX,
+            CLASSIC_STATE_PATH,
+            "rabbitmq_classic_app",
+        )
 
 
 def _delete_exchanges(names: list[str]) -> None:
@@ -104,4 +145,4 @@ def _delete_exchanges(names: list[str]) -> None:
         conn.close()
 
 
-ADAPTERS: list[Adapter] = [DumbwaiterRabbitMQAdapter()]
+ADAPTERS: list[Adapter] = [DumbwaiterRabbitMQAdapter(), DumbwaiterRabbitMQClassicAdapter()]

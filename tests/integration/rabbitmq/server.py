@@ -101,10 +101,60 @@ def url(prefix: str, state: str, **options: str) -> str:
 
 
 def rabbitmq_url(tmp_path: Path) -> str:
-    """The conformance suite's URL: one prefix and one state file per test."""
+    """The conformance suite's URL: one prefix and one state file per test.
+
+    A new test's first call deletes the queues of the tests before it (they
+    have ended: tests run one after the other), so a run never holds more
+    than a few tests' quorum queues: each holds file handles of the shared
+    server, and a few hundred exhaust its default limit."""
     prefix = _made.get(tmp_path)
     if prefix is None:
-        base = amqp_base()  # skip before making anything
-        del base
+        amqp_base()  # skip before making anything
+        for old_path, old_prefix in list(_made.items()):
+            _delete_queues(old_prefix, _state_of(old_path))
+            del _made[old_path]
         prefix = _made[tmp_path] = new_prefix()
-    return url(prefix, f"sqlite:///{tmp_path}/rabbitmq-state.db")
+    return url(prefix, _state_of(tmp_path))
+
+
+def _state_of(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/rabbitmq-state.db"
+
+
+def _delete_queues(prefix: str, state: str) -> None:
+    """Delete the queues and exchanges the state store of ``prefix`` lists."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def go() -> None:
+        import aiormq
+
+        from dumbwaiter.brokers import from_url
+        from dumbwaiter.brokers.rabbitmq.ledger import Keys
+        from dumbwaiter.brokers.rabbitmq.topology import LANES, Names
+
+        keys, names = Keys(prefix), Names(prefix, "dw.delay")
+        store = from_url(state)
+        try:
+            queues = {k[len(keys.queue) :] for k in await store.kv_scan(keys.queue)}
+            dlqs = {k[len(keys.dlq) :] for k in await store.kv_scan(keys.dlq)}
+        finally:
+            await store.close()
+        conn = await aiormq.connect(amqp_base())
+        try:
+            ch = await conn.channel()
+            for q in queues:
+                for lane in LANES:
+                    await ch.queue_delete(names.lane(q, lane), if_unused=False, if_empty=False)
+            for q in dlqs:
+                await ch.queue_delete(names.dlq(q), if_unused=False, if_empty=False)
+            for x in (names.dlx, names.events):
+                await ch.exchange_delete(x)
+        finally:
+            await conn.close()
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, go()).result(timeout=60)
+    except Exception:  # the vhost is deleted at exit anyway
+        pass

@@ -161,6 +161,8 @@ async def test_events_fan_out_by_topic_pattern(broker: RabbitMQBroker) -> None:
 @pytest.mark.skipif(not os.path.exists(CTL), reason="rabbitmqctl reads the queue types")
 async def test_queues_are_quorum_queues(broker: RabbitMQBroker) -> None:
     await broker.enqueue([job(), job(priority=3)])
+    [d] = await broker.fetch(["default"], 1, 30.0, 0)
+    await broker.dead([d])  # the DLQ is made with the first dead letter
     vhost = server.amqp_base().rsplit("/", 1)[-1]
     cmd = [CTL, "-q", "list_queues", "-p", vhost, "name", "type"]
     done = await asyncio.to_thread(

@@ -62,7 +62,16 @@ log = logging.getLogger("dumbwaiter.rabbitmq")
 DEFAULT_RETENTION = 3600.0
 #: the state store when the URL names none (fine on one machine only)
 DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
-_OPTIONS = {"state", "prefix", "queue_type", "delays", "retention", "exchange_type", "reconnect"}
+_OPTIONS = {
+    "state",
+    "prefix",
+    "queue_type",
+    "delays",
+    "retention",
+    "exchange_type",
+    "reconnect",
+    "prefetch",
+}
 _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
 #: seconds of lease left under which an outcome reads the record (fencing)
@@ -126,6 +135,8 @@ class RabbitMQBroker(Broker):
             self.retention = float(opts.get("retention", DEFAULT_RETENTION))
             #: seconds an enqueue keeps trying while RabbitMQ is unreachable
             self.reconnect = float(opts.get("reconnect", 30.0))
+            #: consumer prefetch (0: twice the worker's concurrency)
+            self.prefetch = int(opts.get("prefetch", 0))
         except ValueError as exc:
             raise InvalidURL(f"bad option in amqp URL {url!r}: {exc}") from None
         self.names = topo.Names(prefix, opts.get("delays") or "dw.delay", queue_type)
@@ -191,24 +202,38 @@ class RabbitMQBroker(Broker):
         for lp, link in list(self._links.items()):
             if lp is loop:
                 await link.drop()
+            elif lp.is_running() and not lp.is_closed():  # another loop's (the portal's)
+                asyncio.run_coroutine_threadsafe(link.drop(), lp)
         self._links.clear()
         await self.state.close()
 
     # -- topology ------------------------------------------------------------------
 
     async def _declare_queue(self, link: Link, queue: str) -> None:
-        """The main lane and the DLQ of ``queue`` (priority lanes: ``_declare_lane``)."""
+        """The main lane of ``queue`` (priority lanes: ``_declare_lane``; the
+        DLQ: ``_declare_dlq``, when the first job dies)."""
         if queue in self._declared:
             return
         await self._ensure_cascade(link)
-        ch = link.channel()
-        n = self.names
-        await ch.exchange_declare(n.dlx, exchange_type="direct", durable=True)
         await self._declare_lane(link, queue, topo.MAIN)
-        await ch.queue_declare(n.dlq(queue), durable=True, arguments=self._queue_args())
-        await ch.queue_bind(n.dlq(queue), n.dlx, routing_key=queue)
         await self.state.kv_set({self.keys.queue + queue: b"1"})
         self._declared.add(queue)
+
+    async def _declare_dlq(self, link: Link, queue: str) -> None:
+        """The dead-letter exchange and ``queue``'s DLQ.  Made on first use:
+        every quorum queue holds file handles of the server's (a few hundred
+        fit in RabbitMQ's default limit), and most queues never see a dead
+        letter.  Nothing dead-letters natively before: dumbwaiter never
+        rejects, and its lanes have no length or delivery limit."""
+        name = self.names.dlq(queue)
+        if name in self._declared:
+            return
+        ch = link.channel()
+        await ch.exchange_declare(self.names.dlx, exchange_type="direct", durable=True)
+        await ch.queue_declare(name, durable=True, arguments=self._queue_args())
+        await ch.queue_bind(name, self.names.dlx, routing_key=queue)
+        await self.state.kv_set({self.keys.dlq + queue: b"1"})
+        self._declared.add(name)
 
     def _queue_args(self, dead_letter_to: str | None = None) -> dict[str, Any]:
         args: dict[str, Any] = {}
@@ -388,10 +413,13 @@ class RabbitMQBroker(Broker):
                 await link.ensure()
                 if any(ex.startswith(self.names.delays) for ex, *_ in items):
                     await self._ensure_cascade(link)
-                for target in {self._target_of(ex, rk) for ex, rk, *_ in items}:
+                for ex, rk in {(ex, rk) for ex, rk, *_ in items}:
+                    target = self._target_of(ex, rk)
                     if target is not None:
                         await self._declare_queue(link, target[0])
                         await self._declare_lane(link, *target)
+                    elif ex == self.names.dlx:
+                        await self._declare_dlq(link, rk)
                 await link.publish(items)
                 return
             except SEND_ERRORS as exc:
@@ -626,10 +654,12 @@ class RabbitMQBroker(Broker):
         wait: float,
         worker: str,
     ) -> list[Delivery]:
-        """``wait>0``: consumers push into this link's buffer (prefetch = the
-        worker's slots when it started); return as soon as something is in."""
+        """``wait>0``: consumers push into this link's buffer; return as soon
+        as something is in.  The consumer prefetch is ``prefetch=`` or twice
+        the slots the worker asked for first (its concurrency): the most a
+        worker holds, running plus its own prefetch of short jobs."""
         deadline = time.monotonic() + wait
-        prefetch = link.prefetch or max(1, limit)
+        prefetch = link.prefetch or self.prefetch or 2 * max(1, limit)
         while True:
             gen = link.gen
             await self._watch(link, queues, prefetch)
@@ -1096,7 +1126,7 @@ class RabbitMQBroker(Broker):
         if not ids:
             return
         link = await self._link()
-        queues = {q[len(self.keys.queue) :] for q in await self.state.kv_scan(self.keys.queue)}
+        queues = {q[len(self.keys.dlq) :] for q in await self.state.kv_scan(self.keys.dlq)}
         conn = link.conn
         if conn is None:
             return

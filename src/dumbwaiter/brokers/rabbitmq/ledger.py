@@ -36,6 +36,7 @@ class Keys:
         self.paused = base + "paused:"
         self.queue = base + "queue:"
         self.lane = base + "lane:"
+        self.dlq = base + "dlq:"
         self.binding = base + "bind:"
         self.event = base + "event:"
         self.log = base + "log:"

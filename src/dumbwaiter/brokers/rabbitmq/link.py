@@ -17,7 +17,7 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
@@ -28,6 +28,12 @@ from ...errors import BrokerError
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
 _GENS = itertools.count(1)
+#: seconds to open a connection and its channels (a stuck server must not
+#: hang a worker: the call fails and is tried again)
+CONNECT_TIMEOUT = 10.0
+#: seconds to wait for the confirms of one batch before the connection is
+#: given up and the batch sent again on a new one (a copy sent twice is harmless)
+CONFIRM_TIMEOUT = 30.0
 
 #: what a dead connection or channel raises
 AMQP_ERRORS: tuple[type[BaseException], ...] = (
@@ -93,11 +99,12 @@ class Link:
                 return
             await self.drop()
             try:
-                conn = await aiormq.connect(
-                    self.url, client_properties={"connection_name": self.name}
-                )
-                pub = await conn.channel(publisher_confirms=True)
-                cons = await conn.channel(publisher_confirms=False)
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    conn = await aiormq.connect(
+                        self.url, client_properties={"connection_name": self.name}
+                    )
+                    pub = await conn.channel(publisher_confirms=True)
+                    cons = await conn.channel(publisher_confirms=False)
             except AMQP_ERRORS as exc:
                 raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
             self.conn, self.pub, self.cons = conn, pub, cons
@@ -225,16 +232,25 @@ class Link:
         """Publish and wait for every confirm (pipelined: one round trip)."""
         if not items:
             return
-        ch = self.channel()
-        results = await asyncio.gather(
-            *(
-                ch.basic_publish(body, exchange=ex, routing_key=rk, properties=props)
-                for ex, rk, body, props in items
-            ),
-            return_exceptions=True,
-        )
+        # the concrete channel: its basic_publish takes ``wait``
+        ch = cast(aiormq.Channel, self.channel())
+        results = await asyncio.wait_for(self._publish(ch, items), CONFIRM_TIMEOUT)
         for r in results:
             if isinstance(r, BaseException):
                 raise r
             if not isinstance(r, spec.Basic.Ack):
                 raise BrokerError(f"rabbitmq refused a message: {r!r}")
+
+    @staticmethod
+    async def _publish(
+        ch: aiormq.Channel, items: list[tuple[str, str, bytes, spec.Basic.Properties]]
+    ) -> list[Any]:
+        return await asyncio.gather(
+            *(
+                # wait=False: queue the frames without waiting for each to
+                # reach the socket; the confirms are what is awaited
+                ch.basic_publish(body, exchange=ex, routing_key=rk, properties=props, wait=False)
+                for ex, rk, body, props in items
+            ),
+            return_exceptions=True,
+        )
