@@ -4,9 +4,11 @@
 test process makes a vhost of its own (``dw-test-<run>``, with
 ``rabbitmqctl``, which needs the node's Erlang cookie: root on the CI and
 development machines) and deletes it, with everything in it, when it exits;
-without ``rabbitmqctl`` it uses the URL's vhost and deletes the queues and
-exchanges of its prefixes one by one.  Each test's state store is a SQLite
-file in its ``tmp_path`` (shared by every process of the test).
+without ``rabbitmqctl`` it uses the URL's vhost (where the delay cascade
+``dw.delay.*`` then stays).  Either way each conformance test's queues are
+deleted when the next test starts (``rabbitmq_url``).  Each test's state
+store is a SQLite file in its ``tmp_path`` (shared by every process of the
+test).
 """
 
 from __future__ import annotations
