@@ -5,10 +5,16 @@
 
 1. empty queue: enqueue ``--n`` no-op jobs (bulk), start one worker process
    (``dumbwaiter worker -c 32``), drain them: jobs/s = n / (last end - first
-   start), as the peers harness measures W1;
+   start), as the peers harness measures W1 (``--reps`` times);
 2. backlog: enqueue ``--backlog`` no-op jobs, start the worker again and
    drain them all; report the whole drain and the drain of each tenth (the
-   first tenths run while most of the backlog is still queued).
+   first tenths run while most of the backlog is still queued);
+3. empty queue again (``--reps`` times), with the backlog's million
+   finished jobs still kept (retention), so a machine that got busier or
+   quieter during the long drain shows in the baseline.
+
+The machine's load average is recorded at each step: on a shared machine it
+tells a slower drain from a busier machine.
 
 Completion is recorded the harness' way: each job appends one line to a plain
 file (one ``write(2)``), never to the broker.  Only the keys of the URL's
@@ -64,9 +70,21 @@ def _clean(url: str) -> None:
         client.close()
 
 
-def _lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+class _Tail:
+    """Counts the completion file's lines, reading only what was appended
+    since the last call (re-reading a file of a million lines five times a
+    second would take a core of the two this machine has)."""
+
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "rb")  # closed by close()
+        self.lines = 0
+
+    def count(self) -> int:
+        self.lines += self.f.read().count(b"\n")
+        return self.lines
+
+    def close(self) -> None:
+        self.f.close()
 
 
 def _drain(url: str, n: int, folder: Path, concurrency: int) -> dict[str, float]:
@@ -83,15 +101,17 @@ def _drain(url: str, n: int, folder: Path, concurrency: int) -> dict[str, float]
         "-q", "default", "-c", str(concurrency), "--log-level", "warning",
     ]  # fmt: skip
     worker = subprocess.Popen(cmd, env=env, cwd=folder)
+    tail = _Tail(done)
     try:
         deadline = time.monotonic() + max(120.0, n / 2000)
-        while _lines(done) < n:
+        while tail.count() < n:
             if worker.poll() is not None:
                 raise RuntimeError(f"worker exited with {worker.returncode}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{_lines(done)} of {n} jobs ran")
+                raise TimeoutError(f"{tail.lines} of {n} jobs ran")
             time.sleep(0.2)
     finally:
+        tail.close()
         worker.terminate()
         worker.wait(timeout=60)
     starts: list[float] = []
@@ -109,6 +129,10 @@ def _drain(url: str, n: int, folder: Path, concurrency: int) -> dict[str, float]
         a, b = starts[k * tenth], starts[min((k + 1) * tenth, n - 1)]
         out[f"tenth_{k + 1}"] = tenth / (b - a) if b > a else 0.0
     return out
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
 
 
 def main() -> None:
@@ -130,12 +154,18 @@ def main() -> None:
     app = dw.App(args.url)
     noop = app.task(name="noop")(lambda i: None)
     results: dict[str, object] = {"url": args.url, "n": args.n, "backlog": args.backlog}
-    try:
-        empty = []
+
+    def empty_drains(clean: bool) -> list[dict[str, float]]:
+        out = []
         for _ in range(args.reps):
-            _clean(args.url)
-            noop.enqueue_many(range(args.n))
-            empty.append(_drain(args.url, args.n, folder, args.concurrency))
+            if clean:
+                _clean(args.url)
+            noop.enqueue_many(range(args.backlog, args.backlog + args.n))
+            out.append({**_drain(args.url, args.n, folder, args.concurrency), "load": _load()})
+        return out
+
+    try:
+        empty = empty_drains(clean=True)
         results["empty"] = empty
         _clean(args.url)
         t = time.perf_counter()
@@ -144,18 +174,29 @@ def main() -> None:
         results["backlog_enqueue_per_s"] = args.backlog / (time.perf_counter() - t)
         info = redis.Redis.from_url(args.url.split("?")[0]).info("memory")
         results["redis_used_memory_mb"] = info["used_memory"] / 2**20
+        results["load_before_backlog"] = _load()
         results["full"] = _drain(args.url, args.backlog, folder, args.concurrency)
+        results["load_after_backlog"] = _load()
+        after = empty_drains(clean=False)
+        results["empty_after"] = after
     finally:
         app.close()
         _clean(args.url)
 
-    empty_rates = sorted(r["jobs_per_s"] for r in empty)  # type: ignore[attr-defined]
+    empty_rates = sorted(r["jobs_per_s"] for r in empty + after)
     base = empty_rates[len(empty_rates) // 2]
     full = results["full"]
     assert isinstance(full, dict)
+    for label, runs in (("before", empty), ("after", after)):
+        rates = ", ".join(f"{r['jobs_per_s']:,.0f} (load {r['load']:.1f})" for r in runs)
+        print(f"empty-queue drains {label} the backlog: {rates}")
     print(
-        f"| drain | jobs/s | ÷ empty |\n|---|--:|--:|\n| empty queue ({args.n:,} jobs) "
-        f"| {base:,.0f} | 1.00 |"
+        f"load average {results['load_before_backlog']:.1f} when the backlog drain started, "
+        f"{results['load_after_backlog']:.1f} when it ended\n"
+    )
+    print(
+        f"| drain | jobs/s | ÷ empty |\n|---|--:|--:|\n| empty queue ({args.n:,} jobs, median "
+        f"of the drains before and after) | {base:,.0f} | 1.00 |"
     )
     print(
         f"| backlog of {args.backlog:,}, whole drain | {full['jobs_per_s']:,.0f} "
