@@ -231,3 +231,36 @@ async def test_a_crashed_workers_job_waits_out_its_lease_then_runs_elsewhere(
     assert again.message is not None and again.message.attempt == 2
     [err] = again.message.errors
     assert err.type.endswith("LeaseExpired") and err.worker == "w-crashed"
+
+
+async def test_a_job_whose_record_was_lost_still_runs(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state store lost a record (a crash of a store that does not sync
+    every commit): the copy RabbitMQ confirmed waits a moment, then runs."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECORD_GRACE", 0.3)
+    m = job()
+    await broker.enqueue([m])
+    await broker.state.kv_delete([broker.keys.job + m.id])
+    assert await broker.fetch(["default"], 1, 30.0, 0) == []  # parked, waiting for it
+    [d] = await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 30.0), 20)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+    await broker.ack([d])
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
+    purged, cancelled = job(), job()
+    await broker.enqueue([purged, cancelled])
+    assert await broker.purge(JobFilter(ids=(purged.id,))) == 1
+    assert await broker.cancel([cancelled.id]) == [cancelled.id]
+    assert await broker.fetch(["default"], 10, 30.0, 0) == []
+    assert await broker.fetch(["default"], 10, 30.0, 0.5) == []

@@ -725,7 +725,7 @@ class RabbitMQBroker(Broker):
         drop: list[int] = []
         wanted = [k.job + did for _, _, did, _ in parsed]
         wanted += [k.paused + q for q in {raw.queue for raw in raws}]
-        wanted += [k.claim + "gone:" + did for _, _, did, ev in parsed if ev is not None]
+        wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
         got = await self.state.kv_get(wanted)
         writes: dict[str, bytes] = {}
         parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
@@ -801,11 +801,20 @@ class RabbitMQBroker(Broker):
         rec_raw = got.get(k.job + did)
         ver = int(raw.headers.get("dw-v", 0))
         if rec_raw is None:
-            if ev is None or k.claim + "gone:" + did in got:
-                return _DROP, None  # purged or expired
-            binding = await self._binding(raw.queue, ev.name)
-            msg = delivery_of(ev, binding, did)
-            return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
+            if k.claim + "gone:" + did in got:
+                return _DROP, None  # purged: its tombstone outlives its copies
+            if ev is not None:  # a fanned-out event whose publisher knew no binding
+                binding = await self._binding(raw.queue, ev.name)
+                msg = delivery_of(ev, binding, did)
+                return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
+            # No record: its enqueue is between the publish and a failed
+            # compensation, or the state store lost it (a crash of a store
+            # that does not sync every commit).  Wait a moment for it; then
+            # the copy, which RabbitMQ confirmed, is the truth.
+            seen = float(raw.headers.get("dw-seen", now))
+            if now - seen < RECORD_GRACE:
+                return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
+            return _TAKE, Record(msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if ver < rec.ver or rec.state in FINAL_STATES:
             return _DROP, None
@@ -1113,10 +1122,12 @@ class RabbitMQBroker(Broker):
             return 0
         keys = [k.job + r.msg.id for r in gone]
         keys += [k.key + r.msg.key for r in gone if r.msg.key is not None and r.msg.kind == TASK]
+        # a tombstone each, kept until every copy still queued has come up
+        # (a copy without a record would otherwise run)
+        now = time.time()
+        ttl = max(self._outlive(r, now) for r in gone)
+        await self.state.kv_set({k.claim + "gone:" + r.msg.id: b"1" for r in gone}, ttl=ttl)
         await self.state.kv_delete(keys)
-        events = {k.claim + "gone:" + r.msg.id: b"1" for r in gone if r.msg.kind == EVENT}
-        if events:  # a fanned-out copy still queued must not bring it back
-            await self.state.kv_set(events, ttl=self.event_retention)
         await self._sweep_dlq({r.msg.id for r in gone if r.state is State.DEAD})
         return len(gone)
 
@@ -1163,9 +1174,16 @@ class RabbitMQBroker(Broker):
             rec.ver += 1  # its queued copy is stale now
             writes[self.keys.job + i] = rec.dump()
             out.append(i)
-        if writes:
-            await self.state.kv_set(writes, ttl=self.retention)
+        if writes:  # kept until their queued copies have come up and been dropped
+            ttl = max(self._outlive(Record.load(v), now) for v in writes.values())
+            await self.state.kv_set(writes, ttl=ttl)
         return out
+
+    def _outlive(self, rec: Record, now: float) -> float:
+        """Seconds a record or tombstone must stay so that the job's queued
+        copy (due at ``run_at``) finds it: retention past the due time."""
+        keep = self.event_retention if rec.msg.kind == EVENT else self.retention
+        return max(keep, rec.run_at - now + keep)
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         now = time.time()
