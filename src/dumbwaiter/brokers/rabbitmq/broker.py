@@ -291,7 +291,11 @@ class RabbitMQBroker(Broker):
     async def _events_exchange(self, link: Link, event_type: str = "") -> str:
         n = self.names
         name = n.events if self.exchange_type != "fanout" else f"{n.events}.{event_type}"
-        await link.channel().exchange_declare(name, exchange_type=self.exchange_type, durable=True)
+        if name not in self._declared:
+            await link.channel().exchange_declare(
+                name, exchange_type=self.exchange_type, durable=True
+            )
+            self._declared.add(name)
         return name
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
