@@ -54,6 +54,9 @@ log = logging.getLogger("dumbwaiter.nats")
 #: (subject, reply, header block or None, payload) -> None; must not block
 Handler = Callable[[bytes, bytes, "bytes | None", bytes], None]
 
+#: bytes waiting in the socket's buffer above which ``flush`` waits for it to drain
+_HIGH_WATER = 4 * 1024 * 1024
+
 _REQUIRED = (
     "_ps", "_pending", "_pending_data_size", "_flush_pending", "_process_msg", "_transport",
 )  # fmt: skip
@@ -296,6 +299,7 @@ class Wire:
         self._batches: dict[Batch, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        self._write_soon = False
 
     # -- connection ---------------------------------------------------------------
 
@@ -416,25 +420,42 @@ class Wire:
         self.send(pub_cmd(subject, data, b"", hdr))
 
     async def flush(self) -> None:
-        """Write everything queued to the socket now.
+        """Have everything queued written to the socket at the end of this
+        event loop turn.
 
-        nats-py's own flush wakes its flusher task, which writes one event
-        loop turn later; a request's latency does not need that turn.  Writing
-        here is safe: the flusher copies and clears the buffer without an
-        await in between, on this same loop, and both write in queue order.
-        Backpressure is nats-py's: ``drain`` waits only when the transport's
-        buffer is over its high-water mark."""
+        One write per turn, whoever asked: a thousand request handlers that
+        each enqueue a job in the same turn share one ``send``.  nats-py's own
+        flush wakes its flusher task instead, a turn or two later; a
+        request's latency does not need that.  Writing from here is safe: the
+        flusher copies and clears the buffer without an await in between, on
+        this same loop, and both write in queue order.  Backpressure stays
+        nats-py's: this waits while the socket's buffer is over its
+        high-water mark."""
+        nc = self.nc
+        if nc is None or not nc._pending_data_size:
+            return
+        if not self._write_soon:
+            self._write_soon = True
+            asyncio.get_running_loop().call_soon(self._write)
+        transport = nc._transport
+        writer = getattr(transport, "_io_writer", None)
+        if writer is not None and writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await transport.drain()
+
+    def _write(self) -> None:
+        self._write_soon = False
         nc = self.nc
         if nc is None or not nc._pending_data_size:
             return
         transport = nc._transport
         if not nc.is_connected or transport is None:
-            await nc._flush_pending()  # (reconnecting: nats-py keeps it for later)
-            return
+            return  # reconnecting: nats-py writes its buffer once connected
         pending, nc._pending = nc._pending, []
         nc._pending_data_size = 0
-        transport.writelines(pending)
-        await transport.drain()
+        try:
+            transport.writelines(pending)
+        except Exception:  # the connection broke: nats-py notices and reconnects
+            log.debug("nats: write failed", exc_info=True)
 
     def request(
         self, subject: bytes, data: bytes, hdr: bytes | None = None, timeout: float | None = None
