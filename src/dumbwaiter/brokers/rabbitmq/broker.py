@@ -456,6 +456,8 @@ class RabbitMQBroker(Broker):
             return []
         now = time.time()
         k = self.keys
+        if len(batch) == 1 and (batch[0][0].key is None or batch[0][0].kind != TASK):
+            return [await self._enqueue_one(*batch[0], now)]
         existing = await self.state.kv_get([k.job + m.id for m, _ in batch])
         ids: list[str] = []
         fresh: list[tuple[Record, bytes]] = []
@@ -479,17 +481,54 @@ class RabbitMQBroker(Broker):
         if not fresh:
             return ids
         written = {k.job + r.msg.id: r.dump() for r, _ in fresh}
-        await self.state.kv_set(written)
-        try:
-            await self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True)
-        except BaseException:
+        # The records and the copies go out together: a copy that reaches a
+        # worker before its record waits for it (``_judge``), so the enqueue
+        # costs the longer of the two round trips, not their sum.
+        stored, sent = await asyncio.gather(
+            self.state.kv_set(written),
+            self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True),
+            return_exceptions=True,
+        )
+        if isinstance(sent, BaseException):
             # nothing of the batch may stay: forget the records and keys
             try:
                 await self.state.kv_delete([*written, *(k.key + key for key in taken_keys)])
             except Exception:
                 log.exception("could not forget the records of a failed enqueue")
-            raise
+            raise sent
+        if isinstance(stored, BaseException):
+            raise stored  # the confirmed copies still run (after the record grace)
         return ids
+
+    async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
+        """One job without a unique key (the usual producer call): the record
+        is added only if absent, in the same state-store call that checks for
+        a duplicate id, while the copy is being confirmed."""
+        due = m.eta if m.eta is not None and m.eta > now else now
+        rec = Record(
+            msg=m,
+            state=State.SCHEDULED if due > now else State.READY,
+            run_at=due,
+            updated_at=now,
+        )
+        key = self.keys.job + m.id
+        added, sent = await asyncio.gather(
+            self.state.kv_add(key, rec.dump()),
+            self._send([self._copy(m, 0, due, raw)], True),
+            return_exceptions=True,
+        )
+        if isinstance(sent, BaseException):
+            if added is True:
+                try:
+                    await self.state.kv_delete([key])
+                except Exception:
+                    log.exception("could not forget the record of a failed enqueue")
+            raise sent
+        if isinstance(added, BaseException):
+            raise added  # the confirmed copy still runs (after the record grace)
+        # added False: the id was enqueued before; the extra copy is dropped
+        # when it comes up (the job's record already had it)
+        return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
         """The id of the job holding ``m.key`` (None: the key is now ``m``'s)."""
