@@ -300,6 +300,7 @@ class Wire:
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
         self._write_soon = False
+        self._wrote_this_turn = False
 
     # -- connection ---------------------------------------------------------------
 
@@ -420,21 +421,25 @@ class Wire:
         self.send(pub_cmd(subject, data, b"", hdr))
 
     async def flush(self) -> None:
-        """Have everything queued written to the socket at the end of this
-        event loop turn.
+        """Write everything queued to the socket: the first flush of an event
+        loop turn at once, later ones of the same turn together at its end.
 
-        One write per turn, whoever asked: a thousand request handlers that
-        each enqueue a job in the same turn share one ``send``.  nats-py's own
-        flush wakes its flusher task instead, a turn or two later; a
-        request's latency does not need that.  Writing from here is safe: the
-        flusher copies and clears the buffer without an await in between, on
-        this same loop, and both write in queue order.  Backpressure stays
-        nats-py's: this waits while the socket's buffer is over its
-        high-water mark."""
+        So a lone request pays no extra turn, and a thousand request handlers
+        that each enqueue a job in one turn share two ``send`` calls instead
+        of making a thousand.  (nats-py's own flush wakes its flusher task, a
+        turn or two later.)  Writing from here is safe: the flusher copies and
+        clears the buffer without an await in between, on this same loop, and
+        both write in queue order.  Backpressure stays nats-py's: this waits
+        while the socket's buffer is over its high-water mark."""
         nc = self.nc
         if nc is None or not nc._pending_data_size:
             return
-        if not self._write_soon:
+        if not self._wrote_this_turn:
+            self._wrote_this_turn = True
+            loop = asyncio.get_running_loop()
+            loop.call_soon(self._turn_over)
+            self._write()
+        elif not self._write_soon:
             self._write_soon = True
             asyncio.get_running_loop().call_soon(self._write)
         transport = nc._transport
@@ -442,8 +447,11 @@ class Wire:
         if writer is not None and writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await transport.drain()
 
+    def _turn_over(self) -> None:
+        self._wrote_this_turn = False
+
     def _write(self) -> None:
-        self._write_soon = False
+        self._write_soon = False  # (also when called at once: a scheduled one finds nothing)
         nc = self.nc
         if nc is None or not nc._pending_data_size:
             return
