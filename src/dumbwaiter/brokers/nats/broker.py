@@ -72,6 +72,7 @@ from .puller import Pulled
 from .records import Token
 from .store import Stored, cas_item, is_conflict
 from .wire import (
+    Batch,
     JetStreamError,
     Reply,
     Unavailable,
@@ -309,26 +310,53 @@ class NatsBroker(Admin, Coordination):
     async def _claim_shielded(
         self, link: Link, items: list[Pulled], lease: float, worker: str
     ) -> list[Delivery]:
-        """Claim; if the fetch is cancelled meanwhile, give back what was
-        claimed (a cancelled fetch leaves nothing leased)."""
-        task = asyncio.ensure_future(self._claim(link, items, lease, worker))
+        """Claim delivered pointers (see ``_claim``); if the fetch is cancelled
+        meanwhile, give back what was claimed: a cancelled fetch leaves
+        nothing leased.  No task of its own on the usual path: each event
+        loop turn a fetch waits for is a turn behind every running job."""
+        fast, slow, batch, now, until = self._claim_send(link, items, lease, worker)
+        out: list[Delivery] = []
         try:
-            return await asyncio.shield(task)
+            results = await asyncio.shield(batch.fut) if fast else []
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
-                await self.requeue(await task)
+                out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
+                await self.requeue(out)
+            self._give_back(link, slow)
             raise
+        out = self._claimed(link, fast, results, slow, now, until, worker)
+        if slow:
+            task = asyncio.ensure_future(
+                asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
+            )
+            try:
+                got = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self.requeue(out + [d for d in await task if d is not None])
+                raise
+            out += [d for d in got if d is not None]
+            dropped = {p.id for p in slow} - {d.id for d in out}
+            if dropped:
+                link.holder.forget(dropped)
+        return out
 
-    async def _claim(
+    def _claim_send(
         self, link: Link, items: list[Pulled], lease: float, worker: str
-    ) -> list[Delivery]:
+    ) -> tuple[list[tuple[Ptr, dict[str, Any]]], list[Ptr], Batch, float, float]:
+        """Decode the pointers and send the claims of those that need no
+        look at their record first: a compare-and-set that creates a fresh
+        job's record, or rewrites it on the sequence its pointer names.  The
+        holder list goes first (a crash in between lists a job that is not
+        running: harmless)."""
         now = time.time()
         until = now + lease
         fast: list[tuple[Ptr, dict[str, Any]]] = []
         slow: list[Ptr] = []
+        paused = link.paused_now()
         for it in items:
             p = Ptr.of(it, self.n)
-            if p.queue in link.paused_now():
+            if p.queue in paused:
                 link.wire.publish(it.reply, b'-NAK {"delay":%d}' % _NS_PER_S)
                 continue
             link.holder.running(p.id, p.queue, until)
@@ -338,9 +366,8 @@ class NatsBroker(Admin, Coordination):
                 fast.append((p, env))
             else:
                 slow.append(p)
-        if not fast and not slow:
-            return []
-        link.holder.write()
+        if fast or slow:
+            link.holder.write()
         js = self.n.js
         batch = link.wire.batch(
             [
@@ -356,9 +383,22 @@ class NatsBroker(Admin, Coordination):
                 for p, env in fast
             ]
         )
-        await link.wire.flush()
-        results = await batch.wait()
+        link.wire.write_now()
+        return fast, slow, batch, now, until
+
+    def _claimed(
+        self,
+        link: Link,
+        fast: list[tuple[Ptr, dict[str, Any]]],
+        results: list[Reply],
+        slow: list[Ptr],
+        now: float,
+        until: float,
+        worker: str,
+    ) -> list[Delivery]:
+        """The deliveries whose claim won; the others join ``slow``."""
         out: list[Delivery] = []
+        holder = link.holder.id
         for (p, env), r in zip(fast, results, strict=True):
             try:
                 ack = pub_ack(r, "claim")
@@ -367,15 +407,14 @@ class NatsBroker(Admin, Coordination):
                     raise
                 slow.append(p)  # someone wrote the record first: look at it
                 continue
-            tok = Token(ack.seq, ack.seq, p.reply, p.gen, p.replays, now, link.holder.id, worker)
+            tok = Token(ack.seq, ack.seq, p.reply, p.gen, p.replays, now, holder, worker)
             out.append(self._delivery(p, env, tok, until))
-        if slow:
-            got = await asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
-            out += [d for d in got if d is not None]
-        dropped = {p.id for p in slow} - {d.id for d in out}
-        if dropped:
-            link.holder.forget(dropped)
         return out
+
+    def _give_back(self, link: Link, ps: list[Ptr]) -> None:
+        """Hand unclaimed deliveries back to JetStream at once."""
+        for p in ps:
+            self._hold(link, p, 0.0)
 
     def _running(
         self,

@@ -320,6 +320,9 @@ class Link:
                     if p is None:
                         p = Puller(self.wire, n.work, n.delay_consumer)
                         await p.start()
+                        # listed with the queues' pullers: failed on a lost
+                        # connection, expired, reaped and stopped with them
+                        self.pullers[("", -1)] = p
                     p.gone = False
                 items = await p.pull(256)
                 if not items:
@@ -345,7 +348,9 @@ class Link:
         """Hand back what stale pull requests delivered and nobody took."""
         while True:
             await asyncio.sleep(GRACE)
+            timeout = self.wire.timeout
             for p in list(self.pullers.values()):
+                p.expire(timeout)
                 if p.stash and not p.waits:
                     p.give_back()
             with contextlib.suppress(Exception):

@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ...errors import BrokerError
 from .wire import Reply, Unavailable, Wire, pub_cmd
 
 #: seconds a delivered message may wait in the stash before it is handed back
@@ -43,12 +42,13 @@ class Pulled(NamedTuple):
 
 
 class _Wait:
-    __slots__ = ("fut", "got", "want")
+    __slots__ = ("born", "fut", "got", "want")
 
     def __init__(self, fut: asyncio.Future[None], want: int) -> None:
         self.fut = fut
         self.want = want
         self.got = 0
+        self.born = time.monotonic()
 
     def done(self) -> None:
         if not self.fut.done():
@@ -136,10 +136,7 @@ class Puller:
             return got
         fut = self.request(n - len(got))
         await self.wire.flush()
-        try:
-            await asyncio.wait_for(fut, self.wire.timeout)
-        except TimeoutError:
-            raise BrokerError(f"NATS: no answer to a pull from {self.consumer}") from None
+        await fut  # (``expire`` ends it if the server never answers)
         if not self.wire.connected:
             raise Unavailable("the connection to NATS was lost during a pull")
         return got + self.take(n - len(got))
@@ -159,6 +156,13 @@ class Puller:
             else:
                 keep.append(p)
         self.stash = keep
+
+    def expire(self, timeout: float) -> None:
+        """End requests for what is there now that got no answer in ``timeout``
+        s (lost on the way: their fetch returns what the stash has)."""
+        limit = time.monotonic() - timeout
+        while self.now and self.now[0].born < limit:
+            self.now.popleft().done()
 
     def fail(self) -> None:
         """The connection dropped: the open requests are gone with it."""

@@ -447,6 +447,19 @@ class Wire:
         if writer is not None and writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await transport.drain()
 
+    def write_now(self) -> None:
+        """``flush`` for code that cannot await: the same rules, no backpressure wait."""
+        nc = self.nc
+        if nc is None or not nc._pending_data_size:
+            return
+        if not self._wrote_this_turn:
+            self._wrote_this_turn = True
+            asyncio.get_running_loop().call_soon(self._turn_over)
+            self._write()
+        elif not self._write_soon:
+            self._write_soon = True
+            asyncio.get_running_loop().call_soon(self._write)
+
     def _turn_over(self) -> None:
         self._wrote_this_turn = False
 
