@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from dumbwaiter.brokers import from_url
@@ -283,3 +284,77 @@ async def test_queues_keys_and_event_types_with_any_characters(
     assert await b.kv_scan("a:b.") == {"a:b.c": b"1"}
     listed = await b.list_jobs(JobFilter(queue=q))
     assert [i.message.id for i in listed.items] == [m.id]
+
+
+# -- what a dead process leaves behind ---------------------------------------------------
+
+
+async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The process wrote the final record, then died before rewriting its holder
+    list: rescue sees the job listed as running, finds the record settled by
+    that process after its last list, and counts it (nothing runs again)."""
+    dying, rescuer = make(), make()
+    await dying.open()
+    await rescuer.open()
+    m = msg()
+    await dying.enqueue([m])
+    [d] = await dying.fetch(["default"], 1, 0.2, 0, "w-dying")
+    link = await dying._link()
+    listed = await link.store.read(dying.n.hold, dying.n.h + link.holder.id.encode())
+    assert listed is not None and m.id in orjson.loads(listed.data)["run"]
+    # the settle's record write, without the list write that follows it
+    tok = d.token
+    rec = dying._settled(d, tok, State.SUCCEEDED.value, time.time())
+    await link.store.put(dying.n.js + m.id.encode(), R.dumps(rec), tok.seq)
+    await link.wire.close()  # "dies": its list still says running
+    rescued: list[int] = []
+
+    async def rescue() -> Any:
+        rescued.append(await rescuer.rescue())
+        return await rescuer.stats()
+
+    await eventually(rescue, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)])
+    assert set(rescued) == {0}  # nothing was given back to run again
+    assert (await rescuer.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_result_kept_longer_than_retention_outlives_the_record(
+    make: Callable[..., NatsBroker],
+) -> None:
+    b = make(retention="1")
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    d.result, d.result_ttl = b'{"value": 7}', 3600.0
+    await b.ack([d])
+    link = await b._link()
+
+    async def record() -> Any:
+        return await link.store.read(b.n.jobs, b.n.js + m.id.encode())
+
+    await eventually(record, lambda r: r is None, timeout=15)  # JOBS max_age passed
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.result == b'{"value": 7}'
+
+
+async def test_an_undecodable_pointer_is_dead_lettered_with_its_body(
+    make: Callable[..., NatsBroker],
+) -> None:
+    b = make()
+    await b.open()
+    await b.declare(["default"])
+    link = await b._link()
+    await link.store.put(
+        b.n.pointer("default", 0), b"not json", None, ((b"Dw-Id", "bad-1"), (b"Dw-G", "0"))
+    )
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    assert d.id == "bad-1" and d.message is None and d.raw == b"not json"
+    assert d.decode_error and "not a valid envelope" in d.decode_error
+    await b.dead([d])
+    [s] = [s for s in await b.stats() if s.queue == "default"]
+    assert (s.dead, s.running, s.ready) == (1, 0, 0)
+    [dead] = (await b.list_jobs(JobFilter(state=State.DEAD))).items
+    assert dead.message.id == "bad-1"

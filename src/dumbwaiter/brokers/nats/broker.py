@@ -4,10 +4,11 @@ How the seam maps onto JetStream (docs/nats.md has the full story):
 
 * **enqueue** publishes the job's envelope twice, pipelined, in one round
   trip: a *pointer* to the work stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated
-  by ``Nats-Msg-Id`` = job id) and an index entry ``dw.NS.j.e.ID`` created
-  only if absent (so ``get`` finds a job nobody has touched yet, and a
-  duplicate id is recognised for as long as jobs are kept).  A job with an
-  ``eta`` goes to the delay subjects ``dw.NS.d.QUEUE.s`` instead.
+  by ``Nats-Msg-Id`` = job id) and an index entry ``dw.NS.j.e.ID`` (so ``get``
+  finds a job nobody has touched yet).  A job with an ``eta`` goes to the
+  delay subjects ``dw.NS.d.QUEUE.s`` instead.  An id enqueued again after
+  the de-duplication window gets a second pointer, which its claim drops:
+  the job still runs once.
 * **fetch** pulls from one durable pull consumer per queue and priority
   level (higher levels first) and *claims* each delivery by creating the
   job's state record (``dw.NS.j.s.ID``) with a compare-and-set; the record's
@@ -30,7 +31,7 @@ How the seam maps onto JetStream (docs/nats.md has the full story):
 
 The broker serves several event loops (an App's sync calls run on its
 portal loop, a worker on its own): each loop gets its own connection
-(``_Link``).
+(``Link``).
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ class NatsBroker(Admin, Coordination):
             items.append((subject, body, hdr))
         batches = []
         for k in range(0, len(items), SEND_CHUNK):
-            # send each chunk as soon as it is built (and let nats-py's flusher
-            # write it): the server stores one chunk while the next is built
+            # write each chunk as soon as it is built (and yield once, so the
+            # replies are read): the server stores one while the next is built
             batches.append(link.wire.batch(items[k : k + SEND_CHUNK]))
             await link.wire.flush()
             if len(items) > SEND_CHUNK:
@@ -578,7 +579,7 @@ class NatsBroker(Admin, Coordination):
             rec[R.GEN], rec[R.RUN_AT] = gen, at
             return rec
 
-        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now, charge=False)
+        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now)
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
@@ -592,7 +593,7 @@ class NatsBroker(Admin, Coordination):
             rec[R.GEN], rec[R.RUN_AT] = gen, at
             return rec
 
-        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now, charge=True)
+        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
@@ -628,7 +629,6 @@ class NatsBroker(Admin, Coordination):
         build: Any,
         when: Any,
         now: float,
-        charge: bool,
     ) -> None:
         """Retry or requeue: move each job's record to its next run (a new
         generation), then publish the pointer (or delay entry) of that
