@@ -123,8 +123,9 @@ class NatsBroker(Admin, Coordination):
                 return table
 
             await self._merge_config(link, b"bind", merge)
-        for q in queues:
-            await link.puller(q, 0)
+        n = self.n
+        for q in queues:  # the consumers only: a producer that declares never pulls
+            await link.consumer(n.consumer(q, 0), n.pointer(q, 0), self.settings.ack_wait)
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         prepared = self._encode(msgs)
