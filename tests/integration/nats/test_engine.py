@@ -358,3 +358,22 @@ async def test_an_undecodable_pointer_is_dead_lettered_with_its_body(
     assert (s.dead, s.running, s.ready) == (1, 0, 0)
     [dead] = (await b.list_jobs(JobFilter(state=State.DEAD))).items
     assert dead.message.id == "bad-1"
+
+
+async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """Records live ``retention`` after their last write; the promoter holds a
+    delay entry at most half of that and touches the job each time."""
+    b = make(retention="2")
+    await b.open()
+    m = msg(eta=time.time() + 5, key="report:7")
+    await b.enqueue([m])
+    fetching = asyncio.create_task(b.fetch(["default"], 1, 30.0, 15.0))
+    while time.time() < m.eta - 0.5:  # twice the retention: the entry would be gone
+        info = await b.get(m.id)
+        assert info is not None and info.state is State.SCHEDULED
+        assert await b.enqueue([msg(key="report:7")]) == [m.id]
+        await asyncio.sleep(0.2)
+    [d] = await asyncio.wait_for(fetching, 15)
+    assert d.id == m.id

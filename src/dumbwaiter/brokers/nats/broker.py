@@ -71,7 +71,7 @@ from .link import Link
 from .names import untok
 from .puller import Pulled
 from .records import Token
-from .store import Stored, cas_item, is_conflict
+from .store import Stored, ack_meta, cas_item, is_conflict
 from .wire import (
     Batch,
     JetStreamError,
@@ -910,10 +910,13 @@ class NatsBroker(Admin, Coordination):
         now = time.time()
         wire = link.wire
         moves: list[tuple[Pulled, asyncio.Future[Reply]]] = []
+        longest = min(MAX_HOLD, self.retention / 2)
         for it in items:
             at = float(header(it.hdr, b"Dw-At") or 0)
             if at > now + 0.001:
-                hold = min(at - now, MAX_HOLD)
+                if ack_meta(it.reply).delivered > 1:  # held for a while already
+                    await self._touch(link, it)
+                hold = min(at - now, longest)
                 wire.publish(it.reply, b'-NAK {"delay":%d}' % int(hold * _NS_PER_S))
                 continue
             parts = it.subject.split(b".")
@@ -940,6 +943,36 @@ class NatsBroker(Admin, Coordination):
                 continue
             wire.publish(it.reply, b"+ACK")
         await wire.flush()
+
+    async def _touch(self, link: Link, it: Pulled) -> None:
+        """Rewrite a waiting job's index entry, record and unique key, so they
+        outlive ``retention`` (JOBS ``max_age``) while the job waits for a far
+        ``eta``: the promoter holds each delay entry at most ``retention/2``
+        and touches it whenever it comes back not yet due."""
+        jid = (header(it.hdr, b"Dw-Id") or b"").decode()
+        if not jid:
+            return
+        store = link.store
+        n = self.n
+        try:
+            cur, fresh = await store.read_many(n.jobs, [n.js + jid.encode(), n.je + jid.encode()])
+            if cur is not None:  # the record: the same content, a new time
+                with contextlib.suppress(JetStreamError):
+                    await store.put(n.js + jid.encode(), cur.data, cur.seq)
+            elif fresh is not None:
+                extra = tuple(
+                    (k, v) for k in (b"Dw-U", b"Dw-Ra") if (v := fresh.get(k)) is not None
+                )
+                await store.put(n.je + jid.encode(), fresh.data, None, extra)
+            env = orjson.loads(it.data)
+            key = env.get("key") if isinstance(env, dict) and env.get("kind") == "task" else None
+            if key:
+                held = await store.read(n.jobs, n.unique(str(key)))
+                if held is not None and orjson.loads(held.data).get("id") == jid:
+                    with contextlib.suppress(JetStreamError):
+                        await store.put(n.unique(str(key)), held.data, held.seq)
+        except (Unavailable, BrokerError, orjson.JSONDecodeError):
+            log.debug("nats: could not touch waiting job %s", jid, exc_info=True)
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         events = self._encode(msgs)
