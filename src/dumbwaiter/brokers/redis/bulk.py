@@ -140,6 +140,8 @@ class Enqueue:
         self.b = broker
         self.source = encode(msgs, broker.max_message_size)
         self.chunks: list[Chunk] = []
+        #: replies the server still owes on the connection (staged way)
+        self.unread = 0
 
     def _cmd(self, chunk: Chunk, mode: bytes = b"", call: str = "") -> tuple[Arg, ...]:
         s = self.b._lua.enqueue
@@ -160,10 +162,18 @@ class Enqueue:
         if second is None:
             return (yield from self._plain(None))
         call = uuid7()
+        self.unread = 0
         try:
             return (yield from self._staged(call))
         except _SourceFailed as failed:
-            yield ("reset",)
+            # read what the server still owes on this connection first, so
+            # the undo runs after every chunk it stored
+            try:
+                while self.unread:
+                    self.unread -= 1
+                    yield ("read",)
+            except (RedisError, OSError):
+                yield ("reset",)
             yield from self._undo(call)
             raise failed.exc from None
         except (RedisError, OSError) as exc:
@@ -175,6 +185,15 @@ class Enqueue:
             self.chunks.append(chunk)
         return (yield from self._plain(call))
 
+    def _send(self, cmd: tuple[Arg, ...]) -> Generator[Request, Any, None]:
+        yield ("send", cmd)
+        self.unread += 1
+
+    def _read(self) -> Generator[Request, Any, Any]:
+        reply = yield ("read",)
+        self.unread -= 1
+        return _checked(reply)
+
     def _staged(self, call: str) -> Plan:
         """Stage chunks as they are encoded (one reply outstanding at most),
         then commit, then send the keyed chunks."""
@@ -184,7 +203,7 @@ class Enqueue:
         # the stream short (unless they are flushed meanwhile: the plain way)
         scripts = (self.b._lua.enqueue, self.b._lua.commit, self.b._lua.unstage)
         for s in scripts:
-            yield ("send", (b"SCRIPT", b"LOAD", s.source))
+            yield from self._send((b"SCRIPT", b"LOAD", s.source))
         i = 0
         loaded = 0
         while True:
@@ -194,19 +213,20 @@ class Enqueue:
                     break
                 self.chunks.append(chunk)
             if not self.chunks[i].keyed:
-                yield ("send", self._cmd(self.chunks[i], b"stage" if sent else b"stage1", call))
+                mode = b"stage" if sent else b"stage1"
+                yield from self._send(self._cmd(self.chunks[i], mode, call))
                 sent.append(i)
                 while loaded < len(scripts):
-                    _checked((yield ("read",)))
+                    yield from self._read()
                     loaded += 1
                 if len(sent) - len(replies) > 1:
-                    replies[sent[len(replies)]] = _checked((yield ("read",)))
+                    replies[sent[len(replies)]] = yield from self._read()
             i += 1
         while loaded < len(scripts):
-            _checked((yield ("read",)))
+            yield from self._read()
             loaded += 1
         while len(replies) < len(sent):
-            replies[sent[len(replies)]] = _checked((yield ("read",)))
+            replies[sent[len(replies)]] = yield from self._read()
         keyed = [k for k, c in enumerate(self.chunks) if c.keyed]
         yield ("send", self._script("commit", repr(time.time()), call))
         for k in keyed:
