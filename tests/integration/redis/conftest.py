@@ -104,9 +104,6 @@ class RedisServer:
         self.proc.wait(timeout=30)
         self.proc = None
 
-    def client(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port))
-
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
