@@ -481,29 +481,24 @@ class RabbitMQBroker(Broker):
         if not fresh:
             return ids
         written = {k.job + r.msg.id: r.dump() for r, _ in fresh}
-        # The records and the copies go out together: a copy that reaches a
-        # worker before its record waits for it (``_judge``), so the enqueue
-        # costs the longer of the two round trips, not their sum.
-        stored, sent = await asyncio.gather(
-            self.state.kv_set(written),
-            self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True),
-            return_exceptions=True,
-        )
-        if isinstance(sent, BaseException):
+        # Records first, then the copies: a copy never reaches a worker before
+        # its record (which would make it wait; see ``_judge``).
+        await self.state.kv_set(written)
+        try:
+            await self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True)
+        except BaseException:
             # nothing of the batch may stay: forget the records and keys
             try:
                 await self.state.kv_delete([*written, *(k.key + key for key in taken_keys)])
             except Exception:
                 log.exception("could not forget the records of a failed enqueue")
-            raise sent
-        if isinstance(stored, BaseException):
-            raise stored  # the confirmed copies still run (after the record grace)
+            raise
         return ids
 
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
         """One job without a unique key (the usual producer call): the record
         is added only if absent, in the same state-store call that checks for
-        a duplicate id, while the copy is being confirmed."""
+        a duplicate id, then the copy is confirmed."""
         due = m.eta if m.eta is not None and m.eta > now else now
         rec = Record(
             msg=m,
@@ -512,22 +507,16 @@ class RabbitMQBroker(Broker):
             updated_at=now,
         )
         key = self.keys.job + m.id
-        added, sent = await asyncio.gather(
-            self.state.kv_add(key, rec.dump()),
-            self._send([self._copy(m, 0, due, raw)], True),
-            return_exceptions=True,
-        )
-        if isinstance(sent, BaseException):
-            if added is True:
-                try:
-                    await self.state.kv_delete([key])
-                except Exception:
-                    log.exception("could not forget the record of a failed enqueue")
-            raise sent
-        if isinstance(added, BaseException):
-            raise added  # the confirmed copy still runs (after the record grace)
-        # added False: the id was enqueued before; the extra copy is dropped
-        # when it comes up (the job's record already had it)
+        if not await self.state.kv_add(key, rec.dump()):
+            return m.id  # enqueued before
+        try:
+            await self._send([self._copy(m, 0, due, raw)], True)
+        except BaseException:
+            try:
+                await self.state.kv_delete([key])
+            except Exception:
+                log.exception("could not forget the record of a failed enqueue")
+            raise
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:

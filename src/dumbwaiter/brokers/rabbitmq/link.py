@@ -34,6 +34,9 @@ CONNECT_TIMEOUT = 10.0
 #: seconds to wait for the confirms of one batch before the connection is
 #: given up and the batch sent again on a new one (a copy sent twice is harmless)
 CONFIRM_TIMEOUT = 30.0
+#: publishes awaiting their confirms at once (a bigger batch goes in windows:
+#: thousands of pending futures and queued frames cost more than they save)
+IN_FLIGHT = 1000
 
 #: what a dead connection or channel raises
 AMQP_ERRORS: tuple[type[BaseException], ...] = (
@@ -234,12 +237,14 @@ class Link:
             return
         # the concrete channel: its basic_publish takes ``wait``
         ch = cast(aiormq.Channel, self.channel())
-        results = await asyncio.wait_for(self._publish(ch, items), CONFIRM_TIMEOUT)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-            if not isinstance(r, spec.Basic.Ack):
-                raise BrokerError(f"rabbitmq refused a message: {r!r}")
+        for start in range(0, len(items), IN_FLIGHT):
+            window = items[start : start + IN_FLIGHT]
+            results = await asyncio.wait_for(self._publish(ch, window), CONFIRM_TIMEOUT)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+                if not isinstance(r, spec.Basic.Ack):
+                    raise BrokerError(f"rabbitmq refused a message: {r!r}")
 
     @staticmethod
     async def _publish(
