@@ -66,7 +66,7 @@ def uuid7() -> str:
             ms = _last_ms
         seq = _seq
     value = (ms << 80) | (0x7 << 76) | (seq << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    h = f"{value:032x}"
+    h = value.to_bytes(16, "big").hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 

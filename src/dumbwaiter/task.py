@@ -97,6 +97,8 @@ class SendOptions:
 
 
 _NO_OPTIONS = SendOptions()
+#: argument types JSON carries as they are (floats need the NaN check, ints the range check)
+_SCALARS = frozenset({str, bool, type(None)})
 
 
 class Task:
@@ -287,6 +289,9 @@ class Task:
         if not kwargs and fast is not None and fast[0] <= len(args) <= len(fast[1]):
             # the common call, f(1, "x"), without inspect's general (slow) bind
             for pname, value in zip(fast[1], args, strict=False):
+                t = type(value)  # plain values need no walk
+                if t in _SCALARS or (t is int and -(2**63) <= value < 2**64):
+                    continue
                 check_json(value, f"argument {pname!r} of {self.name}()")
             return
         try:
