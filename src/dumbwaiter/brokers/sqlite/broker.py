@@ -150,7 +150,7 @@ class SQLiteBroker(Broker):
             check_same_thread=False,
             cached_statements=256,
         )
-        conn.execute("PRAGMA journal_mode=WAL")
+        self._wal(conn)
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute("PRAGMA cache_size=-32000")
@@ -159,6 +159,24 @@ class SQLiteBroker(Broker):
         with self._conns_lock:
             self._conns.append(conn)
         return conn
+
+    def _wal(self, conn: sqlite3.Connection) -> None:
+        """Put the database in WAL mode.  SQLite answers a journal-mode switch
+        that meets another connection's lock with SQLITE_BUSY at once, without
+        its busy handler (several processes opening a new file together: a
+        worker and its schedulers), so the switch is retried here for as long
+        as the busy timeout allows; a file already in WAL needs no switch."""
+        deadline = time.monotonic() + self.busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         """Create what is missing (every statement is IF NOT EXISTS), once per
