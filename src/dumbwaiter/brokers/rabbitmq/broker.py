@@ -54,7 +54,7 @@ from ..base import (
 )
 from . import topology as topo
 from .ledger import Keys, Record, delivery_id
-from .link import AMQP_ERRORS, Link, Raw
+from .link import AMQP_ERRORS, CLOSE_TIMEOUT, Link, Raw
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -198,13 +198,24 @@ class RabbitMQBroker(Broker):
         await self._link()
 
     async def close(self) -> None:
+        """Close every loop's connection and wait until each has closed: a
+        loop that stops right after (the portal's, a test's) must not hold
+        aiormq's tasks still pending."""
         loop = asyncio.get_running_loop()
-        for lp, link in list(self._links.items()):
+        links, self._links = self._links, {}
+        others: list[asyncio.Future[None]] = []
+        for lp, link in links.items():
             if lp is loop:
                 await link.drop()
             elif lp.is_running() and not lp.is_closed():  # another loop's (the portal's)
-                asyncio.run_coroutine_threadsafe(link.drop(), lp)
-        self._links.clear()
+                done = asyncio.run_coroutine_threadsafe(link.drop(), lp)
+                others.append(asyncio.wrap_future(done))
+        if others:
+            # bounded: a loop blocked on this one (a sync call waiting for it)
+            # would never run its drop
+            _, late = await asyncio.wait(others, timeout=2 * CLOSE_TIMEOUT)
+            for f in late:
+                f.cancel()
         await self.state.close()
 
     # -- topology ------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -37,6 +38,9 @@ CONFIRM_TIMEOUT = 30.0
 #: publishes awaiting their confirms at once (a bigger batch goes in windows:
 #: thousands of pending futures and queued frames cost more than they save)
 IN_FLIGHT = 1000
+
+#: seconds to close a connection (and for the tasks its close starts to end)
+CLOSE_TIMEOUT = 5.0
 
 #: what a dead connection or channel raises
 AMQP_ERRORS: tuple[type[BaseException], ...] = (
@@ -128,10 +132,12 @@ class Link:
         self.looked_at = 0.0
         self.looked = set()
         if conn is not None:
+            before = asyncio.all_tasks()
             try:
-                await asyncio.wait_for(conn.close(), 5)
+                await asyncio.wait_for(conn.close(), CLOSE_TIMEOUT)
             except BaseException:  # closing a dead connection may fail any way
                 pass
+            await _settle(before)
 
     def channel(self) -> AbstractChannel:
         if self.pub is None or self.pub.is_closed:
@@ -259,3 +265,34 @@ class Link:
             ),
             return_exceptions=True,
         )
+
+
+async def _settle(before: set[asyncio.Task[Any]]) -> None:
+    """Wait for the tasks aiormq started while a connection closed.
+
+    ``Connection.close`` returns before the follow-ups it schedules (the
+    reader's done callback closing the writer, the rejection of the
+    channels' futures) have run; a loop that stops right after (a test's,
+    the portal's) would destroy them pending, and their coroutines, never
+    awaited, warn when they are collected.  Tasks of aiormq's that existed
+    before the close belong to other connections and are left alone."""
+    me = asyncio.current_task()
+    deadline = asyncio.get_running_loop().time() + CLOSE_TIMEOUT
+    while True:
+        left = {
+            t
+            for t in asyncio.all_tasks() - before
+            if t is not me and not t.done() and _is_aiormq(t)
+        }
+        timeout = deadline - asyncio.get_running_loop().time()
+        if not left or timeout <= 0:
+            return
+        await asyncio.wait(left, timeout=timeout)
+
+
+def _is_aiormq(task: asyncio.Task[Any]) -> bool:
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and code.co_filename.startswith(_AIORMQ_DIR)
+
+
+_AIORMQ_DIR = os.path.dirname(aiormq.__file__) + os.sep
