@@ -54,7 +54,7 @@ from ..base import (
     QueueStats,
     normalize_error_type,
 )
-from . import bulk, lua
+from . import bulk, events, lua
 from .client import Arg, AsyncLink, SyncLink, Target
 
 log = logging.getLogger("dumbwaiter.redis")
@@ -95,7 +95,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 class RedisBroker(Broker):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=True, limits=True
+        sync_enqueue=True, multi_process=True, limits=True, events=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
 
@@ -181,8 +181,30 @@ class RedisBroker(Broker):
             self._sync = None
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
-        if queues:
-            await self._run(self._lua.declare, list(queues))
+        if queues or bindings:
+            args: list[Arg] = [len(queues), *queues]
+            for b in bindings:
+                args += (b.pattern, b.queue, b.max_attempts)
+            await self._run(self._lua.declare, args)
+
+    # -- events (events.py, scripts/_events.lua) --------------------------------
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        return await events.publish_async(self, msgs)
+
+    def publish_sync(self, msgs: Iterable[Message]) -> int:
+        return events.publish_sync(self, msgs)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        args = events.list_args(event_type, since, until, cursor, limit)
+        return events.parse_page(await self._run(self._lua.list_events, args))
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         if type(msgs) is list and len(msgs) == 1 and not self.wait_replicas:
@@ -365,7 +387,9 @@ class RedisBroker(Broker):
         rescued = 0
         stop = time.monotonic() + 0.5
         while True:
-            n, more = await self._run(self._lua.rescue, [repr(time.time()), HOUSEKEEPING_CHUNK])
+            now = time.time()
+            args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
+            n, more = await self._run(self._lua.rescue, args)
             rescued += int(n)
             if not more or time.monotonic() > stop:
                 return rescued

@@ -64,6 +64,8 @@ NAMES = (
     "stats",
     "pause",
     "declare",
+    "publish",
+    "list_events",
     "acquire",
     "renew",
     "release",
@@ -103,6 +105,8 @@ class Scripts:
     stats: Script
     pause: Script
     declare: Script
+    publish: Script
+    list_events: Script
     acquire: Script
     renew: Script
     release: Script

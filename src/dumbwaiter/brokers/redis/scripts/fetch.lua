@@ -1,4 +1,5 @@
 --@include _lib
+--@include _events
 -- Lease up to `limit` ready jobs.  ARGV: now, limit, lease (seconds), worker,
 -- waiter ('' = none), register_until ('' = do not wait), then the queues in
 -- the order to take them.
@@ -6,10 +7,12 @@
 --    to it meanwhile are its own (already leased) and are returned as they
 --    are (raw inbox items, see enqueue.lua).
 -- 2. Due scheduled jobs of the queues become ready.
--- 3. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
+-- 3. A subscriber group's queue reads its new events (see _events.lua):
+--    up to the jobs still wanted, from each bound stream, become ready jobs.
+-- 4. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
 --    lease and this call's fencing token (every later change of the job
 --    must present it).  If more are ready, another idle worker is woken.
--- 4. With nothing at all and `register_until` given, the waiter registers in
+-- 5. With nothing at all and `register_until` given, the waiter registers in
 --    every queue it takes that is not paused, so that enqueue can hand it
 --    jobs and others can wake it.
 -- Returns {token, next_due, number of inbox items, the items, then id,
@@ -55,6 +58,10 @@ for n = first_q, #ARGV do
     redis.call('ZREM', sk, unpack(due))
   end
   local open = redis.call('SISMEMBER', P .. ':paused', q) == 0
+  local more_unread = false
+  if got < limit and open then
+    more_unread = materialize(q, limit - got, now)
+  end
   if got < limit and open then
     local popped = redis.call('ZPOPMIN', rk, limit - got)
     if #popped > 0 then
@@ -85,7 +92,7 @@ for n = first_q, #ARGV do
     end
   end
   -- more ready than we took: pass the wake-up on to another idle worker
-  if open and got >= limit and redis.call('EXISTS', rk) == 1 then
+  if open and got >= limit and (more_unread or redis.call('EXISTS', rk) == 1) then
     wake(q, now)
   end
 end

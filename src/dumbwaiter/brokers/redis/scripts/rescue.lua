@@ -1,10 +1,15 @@
 --@include _lib
+--@include _events
 -- Housekeeping, run by every worker about once a second:
 -- 1. jobs whose lease ran out go back to ready with a LeaseExpired error
 --    (dead when that was their last attempt);
 -- 2. finished jobs past their retention, expired kv entries, and jobs staged
 --    by a bulk enqueue whose producer died before committing, are deleted.
--- ARGV: now, limit (per kind and call).  Returns {leases rescued, 1 if there
+-- 3. events published before the event retention are trimmed from their
+--    streams (XTRIM MINID), but never one a consumer group has not read yet,
+--    and their ids leave the set publish de-duplicates with.
+-- ARGV: now, limit (per kind and call), event cutoff (now - retention; ''
+-- = keep events).  Returns {leases rescued, 1 if there
 -- is more to do than one call does}.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
@@ -94,7 +99,42 @@ end
 for _, call in ipairs(redis.call('ZRANGEBYSCORE', P .. ':staging', '-inf', now, 'LIMIT', 0, 10)) do
   unstage(call)
 end
+-- the event log past its retention
+local old_events = 0
+local cutoff = ARGV[3]
+if cutoff and cutoff ~= '' then
+  local seen = redis.call('ZRANGEBYSCORE', P .. ':evx', '-inf', cutoff, 'LIMIT', 0, limit)
+  if #seen > 0 then
+    redis.call('ZREM', P .. ':evx', unpack(seen))
+  end
+  old_events = #seen
+  local min_id = string.format('%d', math.floor(tonumber(cutoff) * 1000)) .. '-0'
+  for _, t in ipairs(redis.call('SMEMBERS', P .. ':evtypes')) do
+    local k = evkey(t)
+    local first = redis.call('XRANGE', k, '-', '+', 'COUNT', 1)
+    if #first > 0 and sid_lt(first[1][1], min_id) then
+      local keep = min_id
+      local groups = redis.pcall('XINFO', 'GROUPS', k)
+      if type(groups) == 'table' and not groups.err then
+        for _, g in ipairs(groups) do
+          local ld = entry_fields(g)['last-delivered-id']
+          -- entries after ld are unread by that group: keep them (and ld)
+          if sid_lt(ld, keep) then
+            keep = ld
+          end
+        end
+      end
+      -- at most `limit` entries per stream and call
+      local span = redis.call('XRANGE', k, '-', keep, 'COUNT', limit + 1)
+      if #span > limit then
+        keep = span[limit + 1][1]
+        old_events = limit
+      end
+      redis.call('XTRIM', k, 'MINID', keep)
+    end
+  end
+end
 flush_counts()
 -- more than one call's worth: the caller calls again
-local more = (#expired >= limit or #old >= limit) and 1 or 0
+local more = (#expired >= limit or #old >= limit or old_events >= limit) and 1 or 0
 return {rescued, more}

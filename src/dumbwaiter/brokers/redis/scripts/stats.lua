@@ -1,11 +1,14 @@
 --@include _lib
+--@include _events
 -- Counts per known queue.  ARGV: now.  Returns 9 items per queue: name,
 -- ready, scheduled (retries included), retrying, running, dead, succeeded,
 -- cancelled, paused ('1'/'0'), oldest ready time ('' = none).
 -- Ready and scheduled are the sizes of their sets; the other states are
 -- counters the transition scripts keep.  The oldest ready job is the first
 -- of each priority's run (ready sets sort by priority, then time), at most
--- 32 priorities looked at.
+-- 32 priorities looked at.  A subscriber group's queue counts its unread
+-- events (its consumer groups' lag) as ready too, the oldest of them by
+-- publish time.
 local out = {}
 local queues = redis.call('SMEMBERS', P .. ':queues')
 table.sort(queues)
@@ -24,8 +27,17 @@ for _, q in ipairs(queues) do
     end
     first = redis.call('ZRANGEBYSCORE', rk, '(' .. first[2], '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   end
+  local ready = redis.call('ZCARD', rk)
+  local n_unread, first_unread = unread(q)
+  if n_unread > 0 then
+    ready = ready + n_unread
+    local us = math.floor(first_unread * 1000000)
+    if oldest == nil or us < oldest then
+      oldest = us
+    end
+  end
   out[#out + 1] = q
-  out[#out + 1] = redis.call('ZCARD', rk)
+  out[#out + 1] = ready
   out[#out + 1] = redis.call('ZCARD', P .. ':sched:' .. q)
   for j = 1, 5 do
     out[#out + 1] = c[j] or '0'

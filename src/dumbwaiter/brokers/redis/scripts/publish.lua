@@ -1,0 +1,52 @@
+--@include _lib
+--@include _events
+-- Publish events (see _events.lua).  ARGV: now, then 6 per event: id, type,
+-- run_at ('' = at once), priority, max_attempts, delivery body (the delivery's
+-- JSON without id, queue and max_attempts).
+-- An event whose id was published before (within the event retention) is
+-- skipped, so a relay that publishes twice delivers once.  Each new event is
+-- appended to its type's stream; an idle worker of every bound queue is
+-- woken (its fetch reads the entry through the queue's consumer group).
+-- Returns the number of deliveries: new events times their bound queues.
+local now = ARGV[1]
+local ms = string.format('%d', math.floor(tonumber(now) * 1000))
+local seen = P .. ':evx'
+local bound = {}
+local woke = {}
+local n = 0
+for k = 2, #ARGV, 6 do
+  local id, t = ARGV[k], ARGV[k + 1]
+  if not redis.call('ZSCORE', seen, id) then
+    redis.call('ZADD', seen, now, id)
+    local fields = {'i', id, 't', now, 'm', ARGV[k + 4], 'b', ARGV[k + 5]}
+    if ARGV[k + 2] ~= '' then
+      fields[#fields + 1] = 'r'
+      fields[#fields + 1] = ARGV[k + 2]
+    end
+    if ARGV[k + 3] ~= '0' then
+      fields[#fields + 1] = 'p'
+      fields[#fields + 1] = ARGV[k + 3]
+    end
+    local sk = evkey(t)
+    -- the id is the publish time, unless a producer with a clock ahead of
+    -- ours wrote a later one: then its millisecond, with the next sequence
+    local ok = redis.pcall('XADD', sk, ms .. '-*', unpack(fields))
+    if type(ok) == 'table' and ok.err then
+      redis.call('XADD', sk, '*', unpack(fields))
+    end
+    local qs = bound[t]
+    if not qs then
+      qs = redis.call('HKEYS', P .. ':bind:' .. t)
+      bound[t] = qs
+      redis.call('SADD', P .. ':evtypes', t)
+    end
+    n = n + #qs
+    for _, q in ipairs(qs) do
+      woke[q] = true
+    end
+  end
+end
+for q in pairs(woke) do
+  wake(q, now)
+end
+return n
