@@ -101,6 +101,18 @@ class PostgresAdmin(PostgresCore):
 
         return await self._run(run)
 
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        valid = [i for i in ids if is_uuid(i)]
+        if not valid:
+            return []
+        params = {"ids": valid, "at": at, "channel": self.q.channel}
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> list[str]:
+            cur = await c.execute(self.q.reschedule, params)
+            return [r[0] for r in await cur.fetchall()]
+
+        return await self._run(run)
+
     async def pause(self, queue: str) -> None:
         await self._set_paused(queue, True)
 
@@ -182,6 +194,43 @@ class PostgresAdmin(PostgresCore):
             return {k: bytes(v) for k, v in await cur.fetchall()}
 
         return await self._run(run)
+
+    # -- flow control ------------------------------------------------------------
+    #
+    # rate_limit and slot_acquire are one call each of a function (migration
+    # 0003) that locks the key's row, then reads and writes under that lock.
+    # Neither is idempotent, so neither is retried after a lost connection:
+    # the worker treats the error like any other and the job runs again later.
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        params = (key, rate, per, at)
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> float:
+            row = await (await c.execute(self.q.rate_take, params)).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        return await self._run(run, retry=False)
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        params = (key, limit, holder, ttl)
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
+            row = await (await c.execute(self.q.slot_acquire, params)).fetchone()
+            return bool(row and row[0])
+
+        # idempotent for one holder: a second take of a held slot only extends it
+        return await self._run(run)
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        if holds:
+            params = {"keys": [k for k, _ in holds], "holders": [h for _, h in holds], "ttl": ttl}
+            await self._run(lambda c: c.execute(self.q.slot_extend, params))
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        if holds:
+            params = {"keys": [k for k, _ in holds], "holders": [h for _, h in holds]}
+            await self._run(lambda c: c.execute(self.q.slot_release, params))
 
 
 # -- helpers ---------------------------------------------------------------------

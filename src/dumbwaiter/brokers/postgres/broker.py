@@ -61,7 +61,7 @@ class PostgresBroker(PostgresAdmin):
     """The PostgreSQL broker: transport and events (the rest: admin.py, core.py)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True
+        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
 
@@ -164,7 +164,9 @@ class PostgresBroker(PostgresAdmin):
 
     def _row(self, m: Message) -> tuple[Any, ...]:
         """One job as stored: (id, queue, name, kind, priority, max_attempts,
-        key, body, eta).  Encoded and size-checked before any I/O."""
+        key, body, eta), then its unique mode (the "unique" header of a keyed
+        task, else None).  Encoded and size-checked before any I/O."""
+        key = m.key if m.kind == "task" else None
         return (
             m.id,
             m.queue,
@@ -172,14 +174,15 @@ class PostgresBroker(PostgresAdmin):
             m.kind,
             m.priority,
             m.max_attempts,
-            m.key if m.kind == "task" else None,
+            key,
             encode_checked(m, self.max_message_size),
             m.eta,
+            None if key is None else m.headers.get("unique"),
         )
 
     def _params(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         if len(rows) == 1:
-            p = dict(zip(ROW_FIELDS, rows[0], strict=True))
+            p = dict(zip(ROW_FIELDS, rows[0], strict=False))  # not the unique mode
         else:
             p = {f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)}
         p["channel"] = self.q.channel
@@ -227,18 +230,29 @@ class PostgresBroker(PostgresAdmin):
         rows = [self._row(m) for m in msgs]
         return await self._ainsert(conn, rows) if rows else []
 
+    def _freeing(self, rows: Sequence[tuple[Any, ...]]) -> tuple[list[str], list[str]] | None:
+        """The keys (and unique modes) of unique jobs whose holder may no longer block."""
+        unique = [r for r in rows if r[9] is not None]
+        return ([r[6] for r in unique], [str(r[9]) for r in unique]) if unique else None
+
     async def _ainsert(
-        self, conn: psycopg.AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        rows: Sequence[tuple[Any, ...]],
+        remember: bool = True,
     ) -> list[str]:
         new_queues = self._new_queues(rows)
         if new_queues:
             await conn.execute(self.q.add_queues, (new_queues,))
+        if freeing := self._freeing(rows):
+            await conn.execute(self.q.free_keys, freeing)
         stmt = self.q.enqueue_one if len(rows) == 1 else self.q.enqueue
         row = await (await conn.execute(stmt, self._params(rows))).fetchone()
         holders: dict[str, str] = {}
         if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
             holders = dict(await (await conn.execute(self.q.holders, (keys,))).fetchall())
-        self._known_queues.update(new_queues)
+        if remember:  # not while the caller's transaction may still roll back
+            self._known_queues.update(new_queues)
         return self._ids(rows, holders)
 
     async def _acopy(
@@ -304,18 +318,26 @@ class PostgresBroker(PostgresAdmin):
         rows = [self._row(m) for m in msgs]
         return self._insert(conn, rows) if rows else []
 
-    def _insert(self, conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> list[str]:
+    def _insert(
+        self,
+        conn: psycopg.Connection[Any],
+        rows: Sequence[tuple[Any, ...]],
+        remember: bool = True,
+    ) -> list[str]:
         if not self._schema_ok:
             self._check_schema_sync(conn)
         new_queues = self._new_queues(rows)
         if new_queues:
             conn.execute(self.q.add_queues, (new_queues,))
+        if freeing := self._freeing(rows):
+            conn.execute(self.q.free_keys, freeing)
         stmt = self.q.enqueue_one if len(rows) == 1 else self.q.enqueue
         row = conn.execute(stmt, self._params(rows)).fetchone()
         holders: dict[str, str] = {}
         if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
             holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())
-        self._known_queues.update(new_queues)
+        if remember:
+            self._known_queues.update(new_queues)
         return self._ids(rows, holders)
 
     def _copy(
@@ -484,6 +506,7 @@ class PostgresBroker(PostgresAdmin):
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         if ds:
             params = self._batch(ds)
+            params["at"] = [d.retry_at for d in ds]
             await self._run(lambda c: c.execute(self.q.requeue, params), work=True)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
@@ -536,6 +559,8 @@ class PostgresBroker(PostgresAdmin):
                     behind = False
                     break
             await c.execute(self.q.prune_kv)
+            await c.execute(self.q.prune_rate)
+            await c.execute(self.q.prune_slots)
             cur = await c.execute(self.q.prune_events, (self.event_retention, PRUNE_BATCH))
             return behind or cur.rowcount == PRUNE_BATCH
 

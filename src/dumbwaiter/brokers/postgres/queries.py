@@ -165,10 +165,15 @@ class Queries:
             " string_to_array(%(token)s, ',')::int8[], %(err)s::jsonb[], %(etype)s::text[])"
             f" AS u(id, token, err, etype) WHERE {_held}"
         )
+        # given back uncharged: ready at once, or scheduled at u.at (a job held
+        # back by a rate or concurrency limit)
         self.requeue = q(
-            f"WITH r AS (UPDATE {jobs} j SET state = 'ready', attempt = greatest(j.attempt - 1, 0),"
-            f" run_at = now(), {_settled}"
-            f" FROM {_PAIRS} AS u(id, token)"
+            f"WITH r AS (UPDATE {jobs} j SET"
+            " state = CASE WHEN u.at > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
+            " attempt = greatest(j.attempt - 1, 0),"
+            f" run_at = greatest(to_timestamp(u.at), now()), {_settled}"
+            " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"
+            " string_to_array(%(token)s, ',')::int8[], %(at)s::float8[]) AS u(id, token, at)"
             f" WHERE {_held} RETURNING j.queue, j.state) {_notify_ready('r')}"
         )
         self.extend = q(
@@ -196,6 +201,15 @@ class Queries:
             " WHERE expires_at < now() LIMIT %s)"
         )
         self.prune_kv = q(f"DELETE FROM {s}.dw_kv WHERE expires < now()")
+        # A unique job ("unique" header) frees its key from a holder that no
+        # longer blocks it: a finished one ("active"), or also a running one
+        # ("queued").  Concurrent enqueuers of one key: the first frees it,
+        # the insert's ON CONFLICT lets one of them in.
+        self.free_keys = q(
+            f"UPDATE {jobs} j SET key = NULL FROM unnest(%s::text[], %s::text[]) AS u(key, mode)"
+            " WHERE j.key = u.key AND (j.state IN ('succeeded', 'dead', 'cancelled')"
+            " OR (u.mode = 'queued' AND j.state = 'running'))"
+        )
 
         # -- admin ---------------------------------------------------------
         self.queues = q(f"SELECT name, paused FROM {queues}")
@@ -225,6 +239,14 @@ class Queries:
             f" RETURNING queue, state) SELECT (SELECT count(*) FROM r), ({_notify_ready('r')})"
         )
         self.purge_prefix = f"DELETE FROM {jobs} WHERE state <> 'running' AND "
+        self.reschedule = q(
+            f"WITH r AS (UPDATE {jobs} SET"
+            " state = CASE WHEN %(at)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
+            " ELSE 'ready' END, run_at = greatest(to_timestamp(%(at)s::float8), now()),"
+            " updated_at = now() WHERE id = ANY(%(ids)s::uuid[])"
+            " AND state IN ('scheduled', 'ready') RETURNING id::text, queue, state)"
+            f" SELECT id, ({_notify_ready('r')}) FROM r"
+        )
 
         # -- events --------------------------------------------------------
         events, bindings = f"{s}.dw_events", f"{s}.dw_bindings"
@@ -268,6 +290,31 @@ class Queries:
         )
         self.release = q(
             f"DELETE FROM {locks} WHERE name = %(name)s AND owner = %(owner)s AND token = %(token)s"
+        )
+        # -- flow control (migration 0003: the functions lock the key's row) ----
+        slots = f"{s}.dw_slots"
+        self.rate_take = q(f"SELECT {s}.dw_rate_take(%s, %s, %s, %s)")
+        self.slot_acquire = q(f"SELECT {s}.dw_slot_acquire(%s, %s, %s, %s)")
+        _holds = "unnest(%(keys)s::text[], %(holders)s::text[]) AS u(key, holder)"
+        self.slot_extend = q(
+            f"UPDATE {slots} s SET expires = now() + make_interval(secs => %(ttl)s::float8)"
+            f" FROM {_holds} WHERE s.key = u.key AND s.holder = u.holder"
+        )
+        self.slot_release = q(
+            f"DELETE FROM {slots} s USING {_holds} WHERE s.key = u.key AND s.holder = u.holder"
+        )
+        # Maintenance.  A key is pruned with its permits once its latest permit
+        # is two windows old (plus a minute for workers' clocks); a take of it
+        # updates its row first, so a prune never races a new permit.  Holds
+        # are kept a minute past their expiry (a late heartbeat revives one).
+        self.prune_rate = q(
+            f"WITH k AS (DELETE FROM {s}.dw_rate_keys WHERE expires < date_part('epoch', now())"
+            f" - 60 RETURNING key) DELETE FROM {s}.dw_rate WHERE key IN (SELECT key FROM k)"
+        )
+        self.prune_slots = q(
+            f"WITH d AS (DELETE FROM {slots} WHERE expires < now() - interval '60 seconds')"
+            f" DELETE FROM {s}.dw_slot_keys k"
+            f" WHERE NOT EXISTS (SELECT FROM {slots} h WHERE h.key = k.key)"
         )
         kv = f"{s}.dw_kv"
         _live = "(expires IS NULL OR expires > now())"
