@@ -9,8 +9,10 @@ from redis.crc import key_slot
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Binding
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import fetch_all
+from tests.conformance.test_events import event
 
 from .conftest import RedisCluster
 
@@ -55,6 +57,13 @@ async def test_broker_follows_moved_to_its_slot(redis_cluster: RedisCluster) -> 
         assert await producer.acquire("leader", "me", 30.0) is not None
         [stats] = await producer.stats()
         assert (stats.succeeded, stats.running) == (1, 2500)
+        # events: the streams and their consumer groups live in the same slot
+        await producer.declare(["group:g"], [Binding("order.created", "group:g")])
+        assert await producer.publish([event(), event()]) == 2
+        assert producer.publish_sync([event()]) == 1
+        assert len(await fetch_all(consumer, "group:g")) == 3
+        page, _ = await consumer.list_events("order.created")
+        assert len(page) == 3
     finally:
         await consumer.close()
         await producer.close()

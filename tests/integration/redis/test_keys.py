@@ -9,17 +9,18 @@ import redis
 from redis.crc import key_slot
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.brokers.base import Binding, Broker, JobFilter
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error
+from tests.conformance.test_events import event
 
 from .conftest import RedisServer
 
 
 async def _every_transition(broker: Broker, other: Broker) -> None:
     """Touch every kind of key: jobs in each state, waiters and inboxes,
-    unique keys, locks, the kv store, paused queues."""
+    unique keys, locks, the kv store, paused queues, event streams."""
     await broker.enqueue([msg(), msg(key="k1"), msg(eta=time.time() + 3600), msg(queue="q2")])
     ds = await broker.fetch(["default"], 2, 30.0, 0, "w1")
     ds[0].result, ds[0].result_ttl = b'{"value": 1}', 60.0
@@ -50,6 +51,15 @@ async def _every_transition(broker: Broker, other: Broker) -> None:
     await broker.kv_set({"a": b"1", "b": b"2"}, ttl=60)
     await broker.kv_add("c", b"3")
     await broker.kv_incr("n", 5)
+    # events: a stream, its consumer groups, jobs read from them, the trimming
+    await broker.declare(["group:g"], [Binding("order.created", "group:g")])
+    await broker.publish([event(), event("order.paid")])
+    broker.publish_sync([event()])
+    [d] = await broker.fetch(["group:g"], 1, 30.0, 0, "w4")
+    await broker.ack([d])
+    await broker.list_events("order.created")
+    broker.event_retention = -60.0  # everything published is past its retention
+    await broker.rescue()
     await broker.stats()
     await broker.list_jobs(JobFilter(), None, 10)
     await broker.purge(JobFilter(queue="q2"))

@@ -28,17 +28,28 @@ for k = 2, #ARGV, 6 do
       fields[#fields + 1] = ARGV[k + 3]
     end
     local sk = evkey(t)
-    -- the id is the publish time, unless a producer with a clock ahead of
-    -- ours wrote a later one: then its millisecond, with the next sequence
-    local ok = redis.pcall('XADD', sk, ms .. '-*', unpack(fields))
-    if type(ok) == 'table' and ok.err then
-      redis.call('XADD', sk, '*', unpack(fields))
-    end
     local qs = bound[t]
     if not qs then
       qs = redis.call('HKEYS', P .. ':bind:' .. t)
       bound[t] = qs
       redis.call('SADD', P .. ':evtypes', t)
+      if #qs > 0 and redis.call('EXISTS', sk) == 0 then
+        -- the stream was deleted (by hand): its groups go with it, so bind again
+        for _, q in ipairs(qs) do
+          bind_group(t, q)
+        end
+      end
+    end
+    -- the id is the publish time, unless a producer with a clock ahead of
+    -- ours wrote a later one: then its millisecond, with the next sequence
+    local ok = redis.pcall('XADD', sk, ms .. '-*', unpack(fields))
+    if type(ok) == 'table' and ok.err then
+      local top = redis.call('XREVRANGE', sk, '+', '-', 'COUNT', 1)
+      ok = #top > 0 and redis.pcall('XADD', sk,
+        string.match(top[1][1], '^(%d+)-') .. '-*', unpack(fields))
+      if not ok or (type(ok) == 'table' and ok.err) then
+        redis.call('XADD', sk, '*', unpack(fields))
+      end
     end
     n = n + #qs
     for _, q in ipairs(qs) do

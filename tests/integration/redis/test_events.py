@@ -1,0 +1,177 @@
+"""Events on Redis: the streams and consumer groups a user sees in redis-cli,
+trimming that never drops an unread event, de-duplication on both publish
+paths, idle workers woken by a publish, and groups that lost their place."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Binding, Broker
+from dumbwaiter.brokers.redis.broker import RedisBroker
+from tests.conformance.helpers import eventually, fetch_all
+from tests.conformance.test_events import event
+from tests.integration.redis.server import SERVER, new_prefix, url
+
+
+@pytest.fixture
+def prefix() -> str:
+    return new_prefix()
+
+
+@pytest.fixture
+async def broker(prefix: str) -> AsyncIterator[RedisBroker]:
+    b = from_url(url(prefix))
+    assert isinstance(b, RedisBroker)
+    await b.open()
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(SERVER)
+    yield c
+    c.close()
+
+
+def _groups(client: redis.Redis, stream: str) -> dict[str, dict[str, Any]]:
+    return {g["name"].decode(): g for g in client.xinfo_groups(stream)}
+
+
+async def _bind(broker: Broker, *queues: str, type_: str = "order.created") -> None:
+    await broker.declare(list(queues), [Binding(type_, q, 3) for q in queues])
+
+
+async def test_a_stream_per_type_and_a_consumer_group_per_subscriber_group(
+    broker: RedisBroker, prefix: str, client: redis.Redis
+) -> None:
+    await _bind(broker, "group:email", "group:billing")
+    events = [event(n=i) for i in range(3)]
+    assert await broker.publish(events) == 6
+    stream = f"{{dw:{prefix}}}:ev:order.created"
+    entries = client.xrange(stream)
+    assert [e[1][b"i"].decode() for e in entries] == [e.id for e in events]
+    groups = _groups(client, stream)
+    assert set(groups) == {"group:email", "group:billing"}
+    assert groups["group:email"]["lag"] == 3
+
+    [email] = [s for s in await broker.stats() if s.queue == "group:email"]
+    assert email.ready == 3 and email.lag >= 0  # unread events count as ready
+
+    got = await fetch_all(broker, "group:email")
+    assert sorted(d.message.headers["event_id"] for d in got if d.message) == sorted(
+        e.id for e in events
+    )
+    groups = _groups(client, stream)
+    # read into jobs in the same script: nothing left pending in the group
+    assert (groups["group:email"]["lag"], groups["group:email"]["pending"]) == (0, 0)
+    assert groups["group:billing"]["lag"] == 3
+    for d in got:
+        assert client.hget(f"{{dw:{prefix}}}:job:{d.id}", "st") == b"running"
+
+
+async def test_trimming_keeps_what_a_group_has_not_read(
+    broker: RedisBroker, prefix: str, client: redis.Redis
+) -> None:
+    await _bind(broker, "group:fast", "group:slow")
+    events = [event(n=i) for i in range(4)]
+    await broker.publish(events)
+    await fetch_all(broker, "group:fast")
+    stream = f"{{dw:{prefix}}}:ev:order.created"
+
+    broker.event_retention = -60.0  # every event published is past its retention
+    await broker.rescue()
+    assert client.xlen(stream) == 4  # group:slow has read none of them
+    page, _ = await broker.list_events("order.created")
+    assert [m.id for m in page] == [e.id for e in events]
+
+    assert len(await fetch_all(broker, "group:slow")) == 4
+    await broker.rescue()
+    # MINID keeps the last entry both groups read; everything before it goes
+    assert client.xlen(stream) <= 1
+    assert client.zcard(f"{{dw:{prefix}}}:evx") == 0
+
+
+async def test_the_same_event_twice_is_delivered_once_on_both_paths(
+    broker: RedisBroker, prefix: str
+) -> None:
+    await _bind(broker, "group:g")
+    e = event()
+    assert broker.publish_sync([e]) == 1
+    assert await broker.publish([e]) == 0
+    assert broker.publish_sync([e, event()]) == 1
+    assert len(await fetch_all(broker, "group:g")) == 2
+
+
+async def test_an_idle_fetch_wakes_on_publish(broker: RedisBroker, prefix: str) -> None:
+    await _bind(broker, "group:g")
+    other = from_url(url(prefix))
+    try:
+        waiting = asyncio.create_task(other.fetch(["group:g"], 5, 30.0, 30.0, "w1"))
+        r = redis.asyncio.Redis.from_url(SERVER)
+        try:
+            await eventually(lambda: r.zcard(f"{{dw:{prefix}}}:waiters:group:g"), bool)
+        finally:
+            await r.aclose()
+        e = event()
+        await broker.publish([e])
+        [d] = await asyncio.wait_for(waiting, 10)
+        assert d.message is not None and d.message.headers["event_id"] == e.id
+    finally:
+        await other.close()
+
+
+async def test_a_group_moved_back_makes_no_second_delivery(
+    broker: RedisBroker, prefix: str, client: redis.Redis
+) -> None:
+    await _bind(broker, "group:g")
+    await broker.publish([event(), event()])
+    first = await fetch_all(broker, "group:g")
+    await broker.ack(first)
+    client.xgroup_setid(f"{{dw:{prefix}}}:ev:order.created", "group:g", "0")
+    assert await fetch_all(broker, "group:g") == []  # each event is one job per group
+    assert client.zcard(f"{{dw:{prefix}}}:ids") == 2
+
+
+async def test_a_deleted_stream_is_bound_again(
+    broker: RedisBroker, prefix: str, client: redis.Redis
+) -> None:
+    await _bind(broker, "group:g")
+    client.delete(f"{{dw:{prefix}}}:ev:order.created")
+    e = event()
+    assert await broker.publish([e]) == 1
+    [d] = await fetch_all(broker, "group:g")
+    assert d.message is not None and d.message.headers["event_id"] == e.id
+
+
+async def test_events_with_an_eta_wait_for_it(broker: RedisBroker) -> None:
+    await _bind(broker, "group:g")
+    e = event()
+    e.eta = time.time() + 3600
+    await broker.publish([e])
+    assert await broker.fetch(["group:g"], 10, 30.0, 0) == []
+    [stats] = [s for s in await broker.stats() if s.queue == "group:g"]
+    assert (stats.ready, stats.scheduled) == (0, 1)
+
+
+async def test_a_binding_declared_later_starts_at_the_end_of_the_log(
+    broker: RedisBroker,
+) -> None:
+    before = event()
+    await broker.publish([before])
+    await _bind(broker, "group:late")
+    after = event()
+    assert await broker.publish([after]) == 1
+    got = await fetch_all(broker, "group:late")
+    assert [d.message.headers["event_id"] for d in got if d.message] == [after.id]
+    page, _ = await broker.list_events("order.created")
+    assert [m.id for m in page] == [before.id, after.id]
+    assert page[0] == before
