@@ -1,16 +1,18 @@
 """Events: one fact, every subscriber group, versions upgraded, replay from the log.
 
 python examples/events/main.py
+DUMBWAITER_URL=redis://127.0.0.1:6379/0?prefix=example python examples/events/main.py
 """
 
 import asyncio
+import os
 import tempfile
 
 import dumbwaiter as dw
 from dumbwaiter.event import replay
 from dumbwaiter.testing import drain
 
-app = dw.App(f"sqlite:///{tempfile.mkdtemp()}/events.db")
+app = dw.App(os.environ.get("DUMBWAITER_URL") or f"sqlite:///{tempfile.mkdtemp()}/events.db")
 
 
 class OrderCreatedV1(dw.Event, type="order.created", version=1):
