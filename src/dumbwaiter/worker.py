@@ -40,6 +40,7 @@ from .errors import (
     SerializationError,
     UnknownTask,
 )
+from .loop import loop_name
 from .message import ErrorRecord, Message, check_json, dumps
 from .retry import Reject, RetryLater
 from .workflow import advance
@@ -198,10 +199,11 @@ class Worker:
             ),
         ]
         log.info(
-            "worker %s started: queues %s, concurrency %d",
+            "worker %s started: queues %s, concurrency %d, %s loop",
             self.id,
             ",".join(self.queues),
             cfg.concurrency,
+            loop_name(),
             extra={"action": "worker_start"},
         )
         try:

@@ -81,3 +81,30 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     import asyncio
 
     return asyncio.run(coro)
+
+
+def loop_option(fn: F) -> F:
+    """``--loop`` on a long-running command; the command receives ``loop``."""
+    from ..loop import LOOP_ENV, LOOPS
+
+    return click.option(
+        "--loop",
+        "loop",
+        type=click.Choice(LOOPS),
+        default="auto",
+        show_default=True,
+        envvar=LOOP_ENV,
+        help=f"Event loop: uvloop when installed (auto), or asyncio's own [env {LOOP_ENV}].",
+    )(fn)
+
+
+def serve(coro: Coroutine[Any, Any, T], loop: str) -> T:
+    """Run a long-running command's coroutine on the ``--loop`` it chose."""
+    from ..errors import MissingDependency
+    from ..loop import run as run_on
+
+    try:
+        return run_on(coro, loop)
+    except MissingDependency as exc:
+        coro.close()
+        raise click.UsageError(str(exc)) from None

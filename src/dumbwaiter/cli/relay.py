@@ -10,7 +10,7 @@ import signal
 import click
 
 from ..relay import Relay
-from .common import app_options, resolve_app
+from .common import app_options, loop_option, resolve_app, serve
 
 
 @click.command()
@@ -38,6 +38,7 @@ from .common import app_options, resolve_app
     show_default=True,
     help="Seconds the leading relay holds its lease; a standby takes over after it.",
 )
+@loop_option
 @click.option(
     "--log-level",
     default="INFO",
@@ -52,6 +53,7 @@ def relay(
     retention: float,
     lease: float,
     log_level: str,
+    loop: str,
 ) -> None:
     """Relay committed outbox rows to the broker, in order, until SIGTERM.
 
@@ -72,5 +74,5 @@ def relay(
             await task
         await app.broker.close()
 
-    asyncio.run(main())
+    serve(main(), loop)
     click.echo(f"relayed {r.relayed} message(s)", err=True)

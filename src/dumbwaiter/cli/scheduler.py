@@ -15,7 +15,8 @@ import signal
 import click
 
 from ..scheduler import DEFAULT_LEASE, Scheduler
-from .common import app_options, resolve_app
+from .common import app_options, loop_option, resolve_app
+from .common import serve as run_on_loop
 
 log = logging.getLogger("dumbwaiter.cli")
 
@@ -30,13 +31,16 @@ log = logging.getLogger("dumbwaiter.cli")
     help="Seconds the leader lease lasts without a renewal (a dead leader's "
     "replacement starts within about this long).",
 )
+@loop_option
 @click.option(
     "--log-level",
     default="INFO",
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def scheduler(app_spec: str | None, url: str | None, lease: float, log_level: str) -> None:
+def scheduler(
+    app_spec: str | None, url: str | None, lease: float, log_level: str, loop: str
+) -> None:
     """Enqueue the app's periodic tasks on time, once per tick, in any number of replicas."""
     logging.basicConfig(
         level=log_level.upper(),
@@ -45,7 +49,7 @@ def scheduler(app_spec: str | None, url: str | None, lease: float, log_level: st
     app = resolve_app(app_spec, url, need_tasks=True)
     if not app.schedules:
         log.warning("the app has no @app.periodic schedules; this scheduler will only wait")
-    asyncio.run(serve(Scheduler(app, lease=lease)))
+    run_on_loop(serve(Scheduler(app, lease=lease)), loop)
 
 
 async def serve(s: Scheduler) -> None:

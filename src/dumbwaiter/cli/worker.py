@@ -14,7 +14,7 @@ import click
 
 from ..app import App
 from ..worker import Service, Worker, WorkerConfig
-from .common import app_options, resolve_app
+from .common import app_options, loop_option, resolve_app, serve
 
 log = logging.getLogger("dumbwaiter.cli")
 
@@ -92,6 +92,7 @@ log = logging.getLogger("dumbwaiter.cli")
     help="Evaluate the alert rules in this worker (default: when the app configures "
     "alerts); webhooks from the app's config or $DUMBWAITER_ALERT_WEBHOOKS.",
 )
+@loop_option
 @click.option(
     "--log-level",
     default="INFO",
@@ -112,6 +113,7 @@ def worker(
     metrics_port: int | None,
     alerts: bool | None,
     log_level: str,
+    loop: str,
 ) -> None:
     """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
     logging.basicConfig(
@@ -139,7 +141,7 @@ def worker(
         services.append(relay_service(relay_source))
     services += _observability(app, metrics_port, alerts)
     w = Worker(app, config, services=services)
-    asyncio.run(_serve(w))
+    serve(_serve(w), loop)
     # A timed-out sync job's thread may still run; it must not hold the exit.
     if any(t.name.startswith("dumbwaiter-job") and t.is_alive() for t in threading.enumerate()):
         logging.shutdown()
