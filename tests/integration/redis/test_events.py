@@ -1,6 +1,7 @@
 """Events on Redis: the streams and consumer groups a user sees in redis-cli,
 trimming that never drops an unread event, de-duplication on both publish
-paths, idle workers woken by a publish, and groups that lost their place."""
+paths, idle workers woken by a publish, groups that lost their place, and a
+restart of the server."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from dumbwaiter.brokers.redis.broker import RedisBroker
 from tests.conformance.helpers import eventually, fetch_all
 from tests.conformance.test_events import event
 from tests.integration.redis.server import SERVER, new_prefix, url
+
+from .conftest import RedisServer
 
 
 @pytest.fixture
@@ -175,3 +178,27 @@ async def test_a_binding_declared_later_starts_at_the_end_of_the_log(
     page, _ = await broker.list_events("order.created")
     assert [m.id for m in page] == [before.id, after.id]
     assert page[0] == before
+
+
+async def test_the_log_and_each_groups_place_survive_a_restart(redis_server: RedisServer) -> None:
+    broker = from_url(redis_server.url(prefix="app"))
+    try:
+        await _bind(broker, "group:a", "group:b")
+        events = [event(n=i) for i in range(3)]
+        await broker.publish(events)
+        [first] = await broker.fetch(["group:a"], 1, 30.0, 0)
+        await broker.ack([first])
+        redis_server.stop()
+        redis_server.start()  # same port and dir: the AOF brings everything back
+        await broker.close()  # its pooled connections died with the server
+        broker = from_url(redis_server.url(prefix="app"))
+        rest = await fetch_all(broker, "group:a")
+        every_b = await fetch_all(broker, "group:b")
+        got_a = [d.message.headers["event_id"] for d in [first, *rest] if d.message]
+        assert sorted(got_a) == sorted(e.id for e in events)  # each once
+        assert len(every_b) == 3
+        assert await broker.publish(events[:1]) == 0  # still known after the restart
+        page, _ = await broker.list_events("order.created")
+        assert [m.id for m in page] == [e.id for e in events]
+    finally:
+        await broker.close()
