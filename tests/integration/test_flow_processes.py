@@ -34,8 +34,11 @@ def test_limits_hold_across_two_worker_processes(broker: str, tmp_path: Path) ->
     tenant_job = app.task(name="flow.tenant_job", concurrency=3, limit_key=lambda a: a["tenant"])(
         flowapp.tenant_job.fn
     )
-    api_call.enqueue_many(range(120))
-    tenant_job.enqueue_many([(t, i) for t in ("a", "b") for i in range(15)])
+    try:
+        api_call.enqueue_many(range(120))
+        tenant_job.enqueue_many([(t, i) for t in ("a", "b") for i in range(15)])
+    finally:  # the portal's connection (RabbitMQ's lives until its vhost is deleted)
+        app.close()
     env = {**os.environ, "FLOWAPP_URL": url, "FLOWAPP_LOG": str(log), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app", "tests.apps.flowapp:app",
            "-c", "16", "--log-level", "WARNING"]  # fmt: skip
