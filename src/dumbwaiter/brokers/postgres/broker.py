@@ -28,11 +28,13 @@ import asyncio
 import itertools
 import secrets
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 from psycopg.copy import QueuedLibpqWriter
+from psycopg.rows import tuple_row
 
 from ...message import Message, decode, encode_checked, uuid7
 from ..base import (
@@ -43,6 +45,7 @@ from ..base import (
 )
 from .admin import PostgresAdmin
 from .core import COPY_MIN, MAINTENANCE_LOCK, PRUNE_BATCH, PRUNE_ROUND, RECONNECT_FOR, _LoopState
+from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .queries import LEASE_EXPIRED
 from .rows import (
     COPY_TYPES,
@@ -56,6 +59,13 @@ from .rows import (
     merge_ids,
 )
 
+if TYPE_CHECKING:
+    from ...sqldb import Sql
+
+#: a connection (or a cursor on one) that the insert statements run on
+SyncConn = psycopg.Connection[Any] | psycopg.Cursor[Any]
+AsyncConn = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+
 
 class PostgresBroker(PostgresAdmin):
     """The PostgreSQL broker: transport and events (the rest: admin.py, core.py)."""
@@ -64,6 +74,13 @@ class PostgresBroker(PostgresAdmin):
         sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        #: this broker's database, as the outbox's fast path compares it
+        self._identity: Identity | None = None
+        #: callers' psycopg connections: whether each is to this database
+        self._joined: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
     # -- events ------------------------------------------------------------------
     #
@@ -101,17 +118,25 @@ class PostgresBroker(PostgresAdmin):
 
         async def run(c: psycopg.AsyncConnection[Any]) -> int:
             async with c.transaction():
-                logged = {
-                    r[0] for r in await (await c.execute(self.q.log_events, params)).fetchall()
-                }
-                types = sorted({m.name for m in events if m.id in logged})
-                bound = await (await c.execute(self.q.bindings_of, (types,))).fetchall()
-                rows = self._deliveries(events, logged, bound)
-                if rows:
-                    await self._ainsert(c, rows)
-                return len(rows)
+                return await self._afan_out(c, events, params)
 
         return await self._run(run)
+
+    async def _afan_out(
+        self,
+        c: AsyncConn,
+        events: list[Message],
+        params: dict[str, Any],
+        remember: bool = True,
+    ) -> int:
+        """Log the new events, then one job per bound queue (in ``c``'s transaction)."""
+        logged = {r[0] for r in await (await c.execute(self.q.log_events, params)).fetchall()}
+        types = sorted({m.name for m in events if m.id in logged})
+        bound = await (await c.execute(self.q.bindings_of, (types,))).fetchall()
+        rows = self._deliveries(events, logged, bound)
+        if rows:
+            await self._ainsert(c, rows, remember)
+        return len(rows)
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         events, params = self._events(msgs)
@@ -120,13 +145,96 @@ class PostgresBroker(PostgresAdmin):
         with self._sync().connection() as c, c.transaction():
             if not self._schema_ok:
                 self._check_schema_sync(c)
-            logged = {r[0] for r in c.execute(self.q.log_events, params).fetchall()}
-            types = sorted({m.name for m in events if m.id in logged})
-            bound = c.execute(self.q.bindings_of, (types,)).fetchall()
-            rows = self._deliveries(events, logged, bound)
-            if rows:
-                self._insert(c, rows)
-            return len(rows)
+            return self._fan_out(c, events, params)
+
+    def _fan_out(
+        self,
+        c: SyncConn,
+        events: list[Message],
+        params: dict[str, Any],
+        remember: bool = True,
+    ) -> int:
+        logged = {r[0] for r in c.execute(self.q.log_events, params).fetchall()}
+        types = sorted({m.name for m in events if m.id in logged})
+        bound = c.execute(self.q.bindings_of, (types,)).fetchall()
+        rows = self._deliveries(events, logged, bound)
+        if rows:
+            self._insert(c, rows, remember)
+        return len(rows)
+
+    # -- the outbox's fast path: the caller's transaction on this database --------
+    #
+    # See joined.py: whether a caller's connection is to this database is read
+    # on the server, once per connection; then the statements above run on it
+    # (through a cursor of tuples, whatever the caller's row factory), inside
+    # its transaction.  Queues made there are not remembered: it may roll back.
+
+    def _my_identity(self) -> Identity | None:
+        if self._identity is None:
+            with self._sync().connection() as c:
+                if not self._schema_ok:
+                    self._check_schema_sync(c)
+                self._identity = read_identity(c, self.schema)
+        return self._identity
+
+    async def _amy_identity(self) -> Identity | None:
+        if self._identity is None:
+            self._identity = await self._run(lambda c: aread_identity(c, self.schema))
+        return self._identity
+
+    def owns_connection_sync(self, sql: Sql) -> bool:
+        conn = driver(sql)
+        if conn is None:
+            return False
+        known = self._joined.get(conn)
+        if known is None:
+            mine = self._my_identity()
+            theirs = read_identity(conn, self.schema)
+            known = mine is not None and theirs is not None and mine.same(theirs)
+            self._joined[conn] = known
+        return known
+
+    async def owns_connection(self, sql: Sql) -> bool:
+        if not sql.is_async:
+            return self.owns_connection_sync(sql)
+        conn = await adriver(sql)
+        if conn is None:
+            return False
+        known = self._joined.get(conn)
+        if known is None:
+            mine = await self._amy_identity()
+            theirs = await aread_identity(conn, self.schema)
+            known = mine is not None and theirs is not None and mine.same(theirs)
+            self._joined[conn] = known
+        return known
+
+    def enqueue_with_sync(self, sql: Sql, msgs: Sequence[Message]) -> None:
+        conn = driver(sql)
+        if conn is None:
+            raise ValueError("not a psycopg connection: ask owns_connection_sync first")
+        check_in_transaction(conn)
+        cur = conn.cursor(row_factory=tuple_row)
+        tasks = [self._row(m) for m in msgs if m.kind == "task"]
+        if tasks:
+            self._insert(cur, tasks, remember=False)
+        events, params = self._events(m for m in msgs if m.kind != "task")
+        if events:
+            self._fan_out(cur, events, params, remember=False)
+
+    async def enqueue_with(self, sql: Sql, msgs: Sequence[Message]) -> None:
+        if not sql.is_async:
+            return self.enqueue_with_sync(sql, msgs)
+        conn = await adriver(sql)
+        if conn is None:
+            raise ValueError("not a psycopg connection: ask owns_connection first")
+        check_in_transaction(conn)
+        cur = conn.cursor(row_factory=tuple_row)
+        tasks = [self._row(m) for m in msgs if m.kind == "task"]
+        if tasks:
+            await self._ainsert(cur, tasks, remember=False)
+        events, params = self._events(m for m in msgs if m.kind != "task")
+        if events:
+            await self._afan_out(cur, events, params, remember=False)
 
     async def list_events(
         self,
@@ -237,7 +345,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def _ainsert(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: AsyncConn,
         rows: Sequence[tuple[Any, ...]],
         remember: bool = True,
     ) -> list[str]:
@@ -320,11 +428,11 @@ class PostgresBroker(PostgresAdmin):
 
     def _insert(
         self,
-        conn: psycopg.Connection[Any],
+        conn: SyncConn,
         rows: Sequence[tuple[Any, ...]],
         remember: bool = True,
     ) -> list[str]:
-        if not self._schema_ok:
+        if not self._schema_ok and isinstance(conn, psycopg.Connection):
             self._check_schema_sync(conn)
         new_queues = self._new_queues(rows)
         if new_queues:
