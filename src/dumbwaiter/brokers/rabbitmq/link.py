@@ -275,7 +275,8 @@ async def _settle(before: set[asyncio.Task[Any]]) -> None:
     channels' futures) have run; a loop that stops right after (a test's,
     the portal's) would destroy them pending, and their coroutines, never
     awaited, warn when they are collected.  Tasks of aiormq's that existed
-    before the close belong to other connections and are left alone."""
+    before the close belong to other connections and are left alone, and so
+    are the loops of a connection another link opened meanwhile."""
     me = asyncio.current_task()
     deadline = asyncio.get_running_loop().time() + CLOSE_TIMEOUT
     while True:
@@ -291,8 +292,17 @@ async def _settle(before: set[asyncio.Task[Any]]) -> None:
 
 
 def _is_aiormq(task: asyncio.Task[Any]) -> bool:
+    """A task of aiormq's that ends by itself (not a connection's loop)."""
     code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and code.co_filename.startswith(_AIORMQ_DIR)
+    return (
+        code is not None
+        and code.co_filename.startswith(_AIORMQ_DIR)
+        and code.co_qualname not in _LOOPS
+    )
 
 
 _AIORMQ_DIR = os.path.dirname(aiormq.__file__) + os.sep
+#: the tasks an open connection runs until it closes
+_LOOPS = frozenset(
+    {"Connection.__reader", "Connection.__writer", "Connection.__heartbeat", "Channel._reader"}
+)
