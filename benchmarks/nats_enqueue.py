@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import dumbwaiter as dw
+from dumbwaiter.brokers.nats.names import stream_names
 
 
 async def _bare(server: str, n: int) -> dict[str, float]:
@@ -129,9 +130,9 @@ async def _delete(server: str, namespaces: list[str]) -> None:
     js = nc.jetstream()
     try:
         for ns in namespaces:
-            for s in ("WORK", "JOBS", "DLQ", "HOLD", "EVENTS", "KV"):
+            for s in stream_names(ns):
                 try:
-                    await js.delete_stream(f"DW_{ns}_{s}")
+                    await js.delete_stream(s)
                 except NotFoundError:
                     pass
     finally:

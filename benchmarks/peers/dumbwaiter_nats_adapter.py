@@ -1,8 +1,8 @@
 """dumbwaiter on its NATS JetStream broker in the peers harness, next to
 taskiq-nats on the same server (the harness' ``NATS_URL``).
 
-Everything lives in the namespace ``bench``: streams ``DW_bench_*`` (file
-storage, the server's defaults otherwise) and subjects ``dw.bench.>``;
+Everything lives in the namespace ``bench``: streams ``DW_bench_*`` and the
+KV bucket ``dw_bench`` (file storage, the server's defaults otherwise);
 ``reset`` deletes those streams (and with them their consumers), as the
 taskiq-nats adapter deletes its stream.
 
@@ -25,9 +25,11 @@ from dumbwaiter_adapter import DumbwaiterAdapter, _app
 from peers.adapters.base import Adapter
 from peers.common import NATS_URL, nats_connect, nats_delete_streams, run_sync
 
+from dumbwaiter.brokers.nats.names import stream_names
+
 PREFIX = "bench"
 NATS_APP_URL = f"{NATS_URL}?prefix={PREFIX}"
-STREAMS = tuple(f"DW_{PREFIX}_{s}" for s in ("WORK", "JOBS", "DLQ", "HOLD", "EVENTS", "KV"))
+STREAMS = stream_names(PREFIX)
 
 # Creating an App opens no connection until first use.
 nats_app, NATS_TASKS = _app(NATS_APP_URL)

@@ -2,7 +2,8 @@
 
 ``DW_TEST_NATS`` names the server (default: the local one, with JetStream).
 Each test gets its own namespace (``t<run>x<n>``: streams ``DW_t<run>x<n>_*``
-and subjects ``dw.t<run>x<n>.>``); the streams of a test are deleted when the
+and ``KV_dw_t<run>x<n>``, subjects ``dw.t<run>x<n>.>`` and
+``$KV.dw_t<run>x<n>.>``); the streams of a test are deleted when the
 next test asks for a namespace, and whatever is left when the test process
 exits.  Tests never touch a stream they did not make.
 """
@@ -20,12 +21,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from dumbwaiter.brokers.nats.names import stream_names
 from tests.conftest import require_service
 
 SERVER = os.environ.get("DW_TEST_NATS", "nats://127.0.0.1:4222")
 #: one token per test process: its namespaces, and only they, are deleted
 RUN = secrets.token_hex(3)
-STREAMS = ("WORK", "JOBS", "DLQ", "HOLD", "EVENTS", "KV")
 
 T = TypeVar("T")
 
@@ -127,9 +128,9 @@ def delete(namespaces: list[str], server: str = SERVER) -> None:
         try:
             js = nc.jetstream()
             for ns in namespaces:
-                for s in STREAMS:
+                for s in stream_names(ns):
                     try:
-                        await js.delete_stream(f"DW_{ns}_{s}")
+                        await js.delete_stream(s)
                     except NotFoundError:
                         pass
         finally:

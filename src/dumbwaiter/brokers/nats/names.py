@@ -1,7 +1,8 @@
 """URL options, stream and subject names of one app namespace.
 
 Everything of a namespace ``NS`` (``?prefix=NS``, default ``dumbwaiter``)
-lives in six streams whose subjects start with ``dw.NS.``:
+lives in five streams whose subjects start with ``dw.NS.`` and one KV bucket
+``dw_NS`` (stream ``KV_dw_NS``, subjects ``$KV.dw_NS.>``):
 
 =================  ==========================  ======================================
 stream             subjects                    what
@@ -17,8 +18,8 @@ stream             subjects                    what
 ``DW_NS_HOLD``     ``dw.NS.h.HOLDER``          each process' running jobs and finish
                                                counts (leases, stats)
 ``DW_NS_EVENTS``   ``dw.NS.e.DOMAIN.ACTION``   the event log (``event_retention``)
-``DW_NS_KV``       ``dw.NS.k.KEY...``          the kv store, locks, limits, config
-                   ``dw.NS.c....``
+``KV_dw_NS``       ``$KV.dw_NS.k.KEY...``      the kv store, locks, limits, config
+                   ``$KV.dw_NS.c....``         (a KV bucket, history 1)
 =================  ==========================  ======================================
 
 docs/nats.md explains each.  Queue names, kv keys and event types become
@@ -185,6 +186,11 @@ def digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+def stream_names(ns: str) -> tuple[str, ...]:
+    """The streams of namespace ``ns``: deleting them deletes the namespace."""
+    return (*(f"DW_{ns}_{s}" for s in ("WORK", "JOBS", "DLQ", "HOLD", "EVENTS")), f"KV_dw_{ns}")
+
+
 class Names:
     """Stream names, subjects and consumer names of one namespace."""
 
@@ -196,8 +202,10 @@ class Names:
         self.dlq = f"DW_{ns}_DLQ"
         self.hold = f"DW_{ns}_HOLD"
         self.events = f"DW_{ns}_EVENTS"
-        self.kv = f"DW_{ns}_KV"
-        self.streams = (self.work, self.jobs, self.dlq, self.hold, self.events, self.kv)
+        #: the coordination store is a JetStream KV bucket (``nats kv ls``)
+        self.bucket = f"dw_{ns}"
+        self.kv = f"KV_{self.bucket}"
+        self.streams = stream_names(ns)
         b = b"dw." + ns.encode() + b"."
         self.base = b
         self.w = b + b"w."
@@ -209,8 +217,9 @@ class Names:
         self.x = b + b"x."
         self.h = b + b"h."
         self.e = b + b"e."
-        self.k = b + b"k."
-        self.c = b + b"c."
+        kv = b"$KV." + self.bucket.encode() + b"."
+        self.k = kv + b"k."
+        self.c = kv + b"c."
         self.delay_consumer = "delay"
         self._direct = {
             name: b"$JS.API.DIRECT.GET." + name.encode() + b"." for name in self.streams
@@ -298,10 +307,15 @@ class Names:
                 "duplicate_window": window(event_ns),
             },
             {
+                # a KV bucket (history 1), so ``nats kv`` and nats-py's
+                # ``js.key_value("dw_NS")`` see it; dumbwaiter deletes expired
+                # entries by sequence, so deletes are allowed
                 **common,
                 "name": self.kv,
-                "subjects": [ns_ + "k.>", ns_ + "c.>"],
+                "subjects": [f"$KV.{self.bucket}.>"],
                 "retention": "limits",
                 "max_msgs_per_subject": 1,
+                "allow_rollup_hdrs": True,
+                "deny_delete": False,
             },
         ]
