@@ -83,6 +83,27 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def log_level_option(fn: F) -> F:
+    """``--log-level`` on a long-running command; the command receives ``log_level``."""
+    return click.option(
+        "--log-level",
+        default="INFO",
+        show_default=True,
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    )(fn)
+
+
+def setup_logging(level: str) -> None:
+    """One log format for every long-running command: the pid tells the
+    processes of ``--processes N`` (and replicas on one host) apart."""
+    import logging
+
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
+    )
+
+
 def loop_option(fn: F) -> F:
     """``--loop`` on a long-running command; the command receives ``loop``."""
     from ..loop import LOOP_ENV, LOOPS

@@ -12,7 +12,7 @@ import logging
 import click
 
 from ..errors import MissingDependency
-from .common import app_options, resolve_app
+from .common import app_options, log_level_option, resolve_app, setup_logging
 
 log = logging.getLogger("dumbwaiter.cli")
 
@@ -44,12 +44,7 @@ BASIC_ENV = "DUMBWAITER_DASHBOARD_AUTH"
     show_default=True,
     help="Seconds queue stats are reused between requests.",
 )
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@log_level_option
 def dashboard(
     app_spec: str | None,
     url: str | None,
@@ -63,10 +58,7 @@ def dashboard(
 ) -> None:
     """Serve the dashboard: queues, jobs, dead letters (replay, purge), workers,
     schedules, alerts and /metrics."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s %(message)s",
-    )
+    setup_logging(log_level)
     try:
         import uvicorn
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 
 import click
 
 from ..relay import Relay
-from .common import app_options, loop_option, resolve_app, serve
+from .common import app_options, log_level_option, loop_option, resolve_app, serve, setup_logging
 
 
 @click.command()
@@ -39,12 +38,7 @@ from .common import app_options, loop_option, resolve_app, serve
     help="Seconds the leading relay holds its lease; a standby takes over after it.",
 )
 @loop_option
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@log_level_option
 def relay(
     app_spec: str | None,
     url: str | None,
@@ -58,10 +52,7 @@ def relay(
     """Relay committed outbox rows to the broker, in order, until SIGTERM.
 
     Run any number: one leads, the others take over when it stops."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
-    )
+    setup_logging(log_level)
     app = resolve_app(app_spec, url)
     r = Relay(app, source, batch=batch, retention=retention, lease=lease)
 

@@ -15,7 +15,7 @@ import signal
 import click
 
 from ..scheduler import DEFAULT_LEASE, Scheduler
-from .common import app_options, loop_option, resolve_app
+from .common import app_options, log_level_option, loop_option, resolve_app, setup_logging
 from .common import serve as run_on_loop
 
 log = logging.getLogger("dumbwaiter.cli")
@@ -32,20 +32,12 @@ log = logging.getLogger("dumbwaiter.cli")
     "replacement starts within about this long).",
 )
 @loop_option
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@log_level_option
 def scheduler(
     app_spec: str | None, url: str | None, lease: float, log_level: str, loop: str
 ) -> None:
     """Enqueue the app's periodic tasks on time, once per tick, in any number of replicas."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
-    )
+    setup_logging(log_level)
     app = resolve_app(app_spec, url, need_tasks=True)
     if not app.schedules:
         log.warning("the app has no @app.periodic schedules; this scheduler will only wait")

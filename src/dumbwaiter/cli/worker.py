@@ -14,7 +14,7 @@ import click
 
 from ..app import App
 from ..worker import Service, Worker, WorkerConfig
-from .common import app_options, loop_option, resolve_app, serve
+from .common import app_options, log_level_option, loop_option, resolve_app, serve, setup_logging
 
 log = logging.getLogger("dumbwaiter.cli")
 
@@ -93,12 +93,7 @@ log = logging.getLogger("dumbwaiter.cli")
     "alerts); webhooks from the app's config or $DUMBWAITER_ALERT_WEBHOOKS.",
 )
 @loop_option
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
+@log_level_option
 def worker(
     app_spec: str | None,
     url: str | None,
@@ -116,10 +111,7 @@ def worker(
     loop: str,
 ) -> None:
     """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
-    )
+    setup_logging(log_level)
     if processes > 1:
         sys.exit(_supervise(processes))
     app = resolve_app(app_spec, url, need_tasks=True)
