@@ -69,7 +69,7 @@ from .core import (
 )
 from .link import Link
 from .names import untok
-from .puller import Pulled
+from .puller import SETTLE, Pulled
 from .records import Token
 from .store import Stored, ack_meta, cas_item, is_conflict
 from .wire import (
@@ -286,8 +286,14 @@ class NatsBroker(Admin, Coordination):
                     break
                 # what a long poll brought is claimed at once: another pull
                 # first would cost a round trip of latency (the worker fetches
-                # again for more as soon as it has started these)
-                items = puller.take(need) if woke else await puller.pull(need)
+                # again for more as soon as it has started these).  A fetch
+                # that will not long-poll gives the server SETTLE s to see a
+                # message it has just stored (see puller.SETTLE).
+                items = (
+                    puller.take(need)
+                    if woke
+                    else await puller.pull(need, SETTLE if wait <= 0 else 0.0)
+                )
                 if items:
                     out += await self._claim_shielded(link, items, lease, worker)
             if out or wait <= 0:

@@ -30,6 +30,14 @@ from .wire import Reply, Unavailable, Wire, pub_cmd
 
 #: seconds a delivered message may wait in the stash before it is handed back
 GRACE = 0.25
+#: seconds a request for what is there now waits when the server sees nothing:
+#: a consumer learns of a stored message asynchronously (nats-server 2.9
+#: signals its consumers from a goroutine of its own), so a ``no_wait`` pull
+#: sent right after a PubAck can be answered "404 No Messages" although the
+#: message is stored (5 in 3,000 tries on a loaded machine).  With ``expires``
+#: as well, the server answers at once with what it has, or holds the request
+#: that long for the first message when it has none.
+SETTLE = 0.1
 _NS_PER_S = 1_000_000_000
 
 
@@ -114,12 +122,17 @@ class Puller:
             out.append(stash.popleft())
         return out
 
-    def request(self, batch: int, expires: float | None = None) -> asyncio.Future[None]:
-        """Ask for up to ``batch`` messages: now only (``expires`` None) or
-        waiting up to ``expires`` seconds.  The future is done when the
-        request ended (batch delivered or a status)."""
+    def request(
+        self, batch: int, expires: float | None = None, settle: float = 0.0
+    ) -> asyncio.Future[None]:
+        """Ask for up to ``batch`` messages: now only (``expires`` None; with
+        ``settle``, waiting that long for a first message when the consumer
+        has none, see ``SETTLE``) or waiting up to ``expires`` seconds.  The
+        future is done when the request ended (batch delivered or a status)."""
         if expires is None:
             body = b'{"batch":%d,"no_wait":true}' % batch
+            if settle > 0:
+                body = body[:-1] + b',"expires":%d}' % int(settle * _NS_PER_S)
             inbox, waits = self.inbox_now, self.now
         else:
             body = b'{"batch":%d,"expires":%d}' % (batch, max(int(expires * _NS_PER_S), 1_000_000))
@@ -129,12 +142,13 @@ class Puller:
         waits.append(_Wait(fut, batch))
         return fut
 
-    async def pull(self, n: int) -> list[Pulled]:
-        """Up to ``n`` messages that are there now: the stash, then one request."""
+    async def pull(self, n: int, settle: float = 0.0) -> list[Pulled]:
+        """Up to ``n`` messages that are there now: the stash, then one
+        request (``settle``: see ``request``)."""
         got = self.take(n)
         if len(got) >= n:
             return got
-        fut = self.request(n - len(got))
+        fut = self.request(n - len(got), settle=settle)
         await self.wire.flush()
         await fut  # (``expire`` ends it if the server never answers)
         if not self.wire.connected:
