@@ -66,14 +66,23 @@ local function bind_group(t, q)
   end
 end
 
--- Turn up to `want` unread entries of each stream bound to q into jobs of q.
--- Returns true when a stream had at least `want` unread (there may be more).
-local function materialize(q, want, now)
+-- Read up to `want` unread entries of the streams bound to q and store each
+-- as a job of q (its fields but no state set, so the caller claims it or
+-- makes it ready).  Deliveries with a run time in the future are scheduled
+-- instead.  Returns the due jobs {id, body, priority, run_at} and whether a
+-- stream had `want` or more unread (there may be more).
+local function read_new(q, want, now)
   local types = redis.call('SMEMBERS', P .. ':gs:' .. q)
   local full = false
+  local due = {}
   local nnow = tonumber(now)
+  local left = want
   for _, t in ipairs(types) do
-    local r = redis.pcall('XREADGROUP', 'GROUP', q, 'dw', 'COUNT', want, 'NOACK', 'STREAMS',
+    if left <= 0 then
+      full = true -- streams not looked at may have unread entries
+      break
+    end
+    local r = redis.pcall('XREADGROUP', 'GROUP', q, 'dw', 'COUNT', left, 'NOACK', 'STREAMS',
       evkey(t), '>')
     if type(r) == 'table' and r.err then
       -- the stream or its group was deleted behind our back: bind again
@@ -81,9 +90,10 @@ local function materialize(q, want, now)
       r = nil
     end
     local entries = (r and r[1]) and r[1][2] or {}
-    if #entries >= want then
+    if #entries >= left then
       full = true
     end
+    left = left - #entries
     if #entries > 0 then
       local ma = redis.call('HGET', P .. ':bind:' .. t, q)
       local ids = {}
@@ -101,14 +111,15 @@ local function materialize(q, want, now)
           if f.r and tonumber(f.r) > tonumber(f.t) then
             ra = f.r
           end
-          redis.call('HSET', jk, 'body', body, 'q', q, 'n', t, 'pr', pr, 'ma', attempts, 'u', now)
+          redis.call('HSET', jk, 'body', body, 'q', q, 'n', t, 'pr', pr, 'ma', attempts, 'u', now,
+            'ra', ra)
           ids[#ids + 1] = 0
           ids[#ids + 1] = id
           if tonumber(ra) > nnow then
-            redis.call('HSET', jk, 'st', 'scheduled', 'ra', ra)
+            redis.call('HSET', jk, 'st', 'scheduled')
             redis.call('ZADD', P .. ':sched:' .. q, ra, id)
           else
-            make_ready(jk, id, q, pr, ra)
+            due[#due + 1] = {id, body, pr, ra}
           end
         end
       end
@@ -117,7 +128,7 @@ local function materialize(q, want, now)
       end
     end
   end
-  return full
+  return due, full
 end
 
 -- Unread entries of queue q's consumer groups: {count, oldest publish time

@@ -7,11 +7,13 @@
 --    to it meanwhile are its own (already leased) and are returned as they
 --    are (raw inbox items, see enqueue.lua).
 -- 2. Due scheduled jobs of the queues become ready.
--- 3. A subscriber group's queue reads its new events (see _events.lua):
---    up to the jobs still wanted, from each bound stream, become ready jobs.
--- 4. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
+-- 3. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
 --    lease and this call's fencing token (every later change of the job
---    must present it).  If more are ready, another idle worker is woken.
+--    must present it).
+-- 4. A subscriber group's queue then reads its new events (see _events.lua):
+--    as many as are still wanted, from each bound stream, become jobs,
+--    claimed the same way.  If more are ready or unread, another idle worker
+--    is woken.
 -- 5. With nothing at all and `register_until` given, the waiter registers in
 --    every queue it takes that is not paused, so that enqueue can hand it
 --    jobs and others can wake it.
@@ -58,10 +60,6 @@ for n = first_q, #ARGV do
     redis.call('ZREM', sk, unpack(due))
   end
   local open = redis.call('SISMEMBER', P .. ':paused', q) == 0
-  local more_unread = false
-  if got < limit and open then
-    more_unread = materialize(q, limit - got, now)
-  end
   if got < limit and open then
     local popped = redis.call('ZPOPMIN', rk, limit - got)
     if #popped > 0 then
@@ -89,6 +87,30 @@ for n = first_q, #ARGV do
       end
       got = got + claimed
       count(q, 'running', claimed)
+    end
+  end
+  -- a subscriber group's queue: its new events become jobs, claimed at once
+  local more_unread = false
+  if got < limit and open then
+    local fresh
+    fresh, more_unread = read_new(q, limit - got, now)
+    if #fresh > 0 then
+      if token == 0 then
+        token = redis.call('INCR', P .. ':fence')
+      end
+      local running = P .. ':running'
+      for _, j in ipairs(fresh) do
+        redis.call('HSET', jkey(j[1]), 'st', 'running', 'a', 1, 'tk', token, 'lu', lease_until,
+          'w', worker)
+        redis.call('ZADD', running, lease_until, j[1])
+        jobs[#jobs + 1] = j[1]
+        jobs[#jobs + 1] = q
+        jobs[#jobs + 1] = 1
+        jobs[#jobs + 1] = j[2]
+        jobs[#jobs + 1] = ''
+      end
+      got = got + #fresh
+      count(q, 'running', #fresh)
     end
   end
   -- more ready than we took: pass the wake-up on to another idle worker
