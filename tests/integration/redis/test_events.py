@@ -202,3 +202,28 @@ async def test_the_log_and_each_groups_place_survive_a_restart(redis_server: Red
         assert [m.id for m in page] == [e.id for e in events]
     finally:
         await broker.close()
+
+
+async def test_events_handed_to_a_dead_waiter_come_back_uncharged(
+    broker: RedisBroker, prefix: str
+) -> None:
+    await _bind(broker, "group:g")
+    dead = from_url(url(prefix))
+    assert isinstance(dead, RedisBroker)
+    try:
+        # a worker registers as a waiter (what an idle fetch does first) and
+        # is killed before it reads its inbox
+        assert await dead._claim(["group:g"], 10, 0.2, "w-dead", "w1", time.time() + 5) == (
+            [],
+            None,
+        )
+        e = event()
+        await broker.publish([e])  # handed to the waiter, leased to it
+        [s] = [s for s in await broker.stats() if s.queue == "group:g"]
+        assert (s.ready, s.running) == (0, 1)
+        assert await eventually(broker.rescue, lambda n: n > 0) == 1
+        [d] = await broker.fetch(["group:g"], 10, 30.0, 0, "w-new")
+        assert d.message is not None and d.message.headers["event_id"] == e.id
+        assert d.message.attempt == 1 and d.message.errors == []  # not charged
+    finally:
+        await dead.close()

@@ -6,7 +6,8 @@
 -- An event whose id was published before (within the event retention) is
 -- skipped, so a relay that publishes twice delivers once.  Each new event is
 -- appended to its type's stream; an idle worker of every bound queue is
--- woken (its fetch reads the entry through the queue's consumer group).
+-- handed the queue's new events (below); busy workers read them with their
+-- next fetch (see _events.lua).
 -- Returns the number of deliveries: new events times their bound queues.
 local now = ARGV[1]
 local ms = string.format('%d', math.floor(tonumber(now) * 1000))
@@ -57,7 +58,35 @@ for k = 2, #ARGV, 6 do
     end
   end
 end
+-- An idle worker of a bound queue gets the new events at once: read through
+-- the queue's consumer group, leased to it and put in its inbox (as
+-- enqueue.lua's offer does), so it starts them one hop after the publish.
+local nnow = tonumber(now)
 for q in pairs(woke) do
-  wake(q, now)
+  if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
+    local wid, w = take_waiter(q, nnow)
+    if wid then
+      local fresh, full = read_new(q, tonumber(w[3]), now)
+      if #fresh > 0 then
+        local token = redis.call('INCR', P .. ':fence')
+        local lu = nnow + tonumber(w[2])
+        local batch = {}
+        for _, j in ipairs(fresh) do
+          redis.call('HSET', jkey(j[1]), 'st', 'running', 'a', 1, 'tk', token, 'lu', lu,
+            'w', w[1], 'ib', wid)
+          redis.call('ZADD', P .. ':running', lu, j[1])
+          batch[#batch + 1] = {j[1], q, 1, j[2], '', token, lu}
+        end
+        count(q, 'running', #fresh)
+        redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
+      else
+        redis.call('RPUSH', P .. ':in:' .. wid, 'w')
+      end
+      if full then
+        wake(q, now)
+      end
+    end
+  end
 end
+flush_counts()
 return n
