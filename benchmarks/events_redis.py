@@ -54,10 +54,12 @@ def main() -> None:
             log_bytes = client.memory_usage(stream, samples=0) or 0
             seen_bytes = client.memory_usage(f"{{dw:{prefix}}}:evx", samples=0) or 0
             expected = 3 * args.events
+            # the worker imports what this process does (PYTHONPATH=export/src, say)
+            pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
             worker = subprocess.Popen(
                 [sys.executable, "-m", "dumbwaiter", "worker", "--app", "events_app:app",
                  "-c", str(args.concurrency), "--log-level", "WARNING"],
-                cwd=HERE, env={**os.environ, "PYTHONPATH": str(HERE)},
+                cwd=HERE, env={**os.environ, "PYTHONPATH": pythonpath},
             )  # fmt: skip
             try:
                 deadline = time.monotonic() + 300
