@@ -23,6 +23,7 @@ from psycopg_pool import ConnectionPool
 from ..base import Binding, Broker
 from . import migrations
 from .connection import LoopPool, Options, check_sync, parse_url
+from .connection import _finish as finish
 from .listen import Listener
 from .queries import Queries
 
@@ -109,11 +110,15 @@ class PostgresCore(Broker):
     async def _aconnect_work(self) -> psycopg.AsyncConnection[Any]:
         conn = await self._aconnect()
         if self.opts.worker_sync_commit != "on":
-            await conn.execute(
-                sql.SQL("SET synchronous_commit = {}").format(
-                    sql.Literal(self.opts.worker_sync_commit)
+            try:
+                await conn.execute(
+                    sql.SQL("SET synchronous_commit = {}").format(
+                        sql.Literal(self.opts.worker_sync_commit)
+                    )
                 )
-            )
+            except BaseException:  # cancelled (a stopping worker) or failed: not leaked
+                finish(conn)
+                raise
         return conn
 
     async def _acheck_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
