@@ -1,4 +1,4 @@
-"""``?wait_replicas=N``: an enqueue returns once N replicas have its writes."""
+"""``?wait_replicas=N``: an enqueue (or publish) returns once N replicas have its writes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 import redis
 
 from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Binding
 from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
+from tests.conformance.test_events import event
 
 from .conftest import RedisServer, free_port
 
@@ -51,6 +53,20 @@ async def test_enqueue_waits_for_replicas(redis_server: RedisServer, tmp_path: P
             assert await two.get(late.id) is not None  # stored on the primary all the same
             ids = await one.enqueue([msg() for _ in range(2500)])  # staged bulk: WAIT after commit
             assert len(ids) == 2500
+            # events: the publish waits too, on both paths
+            await one.declare(["group:g"], [Binding("order.created", "group:g")])
+            e = event()
+            assert await one.publish([e]) == 1
+            client = redis.Redis(port=replica.port)
+            try:  # the replica has it when publish returns
+                assert client.xlen("{dw:t}:ev:order.created") == 1
+            finally:
+                client.close()
+            assert one.publish_sync([event()]) == 1
+            with pytest.raises(BrokerError, match="only 1 of 2 replicas"):
+                await two.publish([event()])
+            with pytest.raises(BrokerError, match="only 1 of 2 replicas"):
+                two.publish_sync([event()])
         finally:
             await one.close()
             await two.close()

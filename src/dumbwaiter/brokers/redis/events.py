@@ -18,19 +18,19 @@ the same entry.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ...errors import BrokerError
 from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
+from . import bulk
 from .client import TRANSIENT, Arg
 
 if TYPE_CHECKING:
@@ -72,57 +72,60 @@ def chunks(broker: RedisBroker, msgs: Iterable[Message]) -> list[list[Arg]]:
     return out
 
 
-def _retries(what: str, reconnect: float) -> Iterator[float]:
-    """Delays between tries of an idempotent call while the server is away."""
-    deadline = time.monotonic() + reconnect
-    delay = 0.05
-    while time.monotonic() + delay <= deadline:
-        yield delay
-        delay = min(delay * 2, 1.0)
+def _plan(broker: RedisBroker, chunks: list[list[Arg]]) -> bulk.Plan:
+    """Send each chunk (and ``WAIT`` after it with ``wait_replicas``) on one
+    connection, as ``bulk.drive_*`` runs it; retried with backoff while the
+    server is unreachable, which is safe: an event already in the log is
+    skipped.  Yields the deliveries made, as the one item of the result."""
+    total = 0
+    lua = broker._lua.publish
+    for args in chunks:
+        deadline = time.monotonic() + broker.reconnect
+        delay = 0.05
+        while True:
+            try:
+                yield ("send", (b"EVALSHA", lua.sha, 1, broker.prefix, repr(time.time()), *args))
+                if broker.wait_replicas:
+                    yield ("send", (b"WAIT", broker.wait_replicas, int(broker.wait_timeout * 1000)))
+                reply = yield ("read",)
+                waited = (yield ("read",)) if broker.wait_replicas else None
+                if isinstance(reply, MovedError):
+                    broker._target.moved(reply.host, reply.port)
+                    yield ("reset",)
+                    continue
+                if isinstance(reply, NoScriptError):
+                    yield ("send", (b"SCRIPT", b"LOAD", lua.source))
+                    bulk._checked((yield ("read",)))
+                    continue
+                total += int(bulk._checked(reply))
+                if waited is not None:
+                    got = int(bulk._checked(waited))
+                    if got < broker.wait_replicas:
+                        raise BrokerError(
+                            f"redis publish: stored on the primary, but only {got} of "
+                            f"{broker.wait_replicas} replicas confirmed it within "
+                            f"{broker.wait_timeout} s (publishing the same events again is safe)"
+                        )
+                break
+            except TRANSIENT as exc:
+                yield ("reset",)
+                if time.monotonic() + delay > deadline:
+                    raise BrokerError(f"redis publish: {exc} (gave up after retries)") from exc
+                log.warning("redis publish failed (%s); trying again in %.2f s", exc, delay)
+                yield ("sleep", delay)
+                delay = min(delay * 2, 1.0)
+            except RedisError as exc:
+                raise BrokerError(f"redis publish: {exc}") from exc
+    return [str(total)]
 
 
 async def publish_async(broker: RedisBroker, msgs: Iterable[Message]) -> int:
-    total = 0
-    for args in chunks(broker, msgs):
-        delays = _retries("publish", broker.reconnect)
-        while True:
-            try:
-                n = await broker._link().script(
-                    broker._lua.publish, broker._keys, [repr(time.time()), *args]
-                )
-                break
-            except TRANSIENT as exc:
-                # safe to send again: an event already in the log is skipped
-                delay = next(delays, None)
-                if delay is None:
-                    raise BrokerError(f"redis publish: {exc} (gave up after retries)") from exc
-                log.warning("redis publish failed (%s); trying again in %.2f s", exc, delay)
-                await asyncio.sleep(delay)
-            except RedisError as exc:
-                raise BrokerError(f"redis publish: {exc}") from exc
-        total += int(n)
-    return total
+    plan = _plan(broker, chunks(broker, msgs))
+    return int((await bulk.drive_async(broker._link(), plan))[0])
 
 
 def publish_sync(broker: RedisBroker, msgs: Iterable[Message]) -> int:
-    total = 0
-    link = broker._sync_link()
-    for args in chunks(broker, msgs):
-        delays = _retries("publish", broker.reconnect)
-        while True:
-            try:
-                n = link.script(broker._lua.publish, broker._keys, [repr(time.time()), *args])
-                break
-            except TRANSIENT as exc:
-                delay = next(delays, None)
-                if delay is None:
-                    raise BrokerError(f"redis publish: {exc} (gave up after retries)") from exc
-                log.warning("redis publish failed (%s); trying again in %.2f s", exc, delay)
-                time.sleep(delay)
-            except RedisError as exc:
-                raise BrokerError(f"redis publish: {exc}") from exc
-        total += int(n)
-    return total
+    return int(bulk.drive_sync(broker._sync_link(), _plan(broker, chunks(broker, msgs)))[0])
 
 
 def list_args(
