@@ -8,8 +8,10 @@ publishes N events one at a time from a sync producer (`app.publish`: one
 script call that appends the event to its type's stream), then starts ONE
 worker process (`dumbwaiter worker`) and measures how fast it handles the 3N
 deliveries (each group's consumer group read into jobs by the worker's
-fetch): first handler start to last.  Then prints the memory the log takes
-per event (`MEMORY USAGE` of the stream and of the de-duplication set).
+fetch): first handler start to last.  Then, with the worker idle, publishes
+--latency events 20 ms apart and reports publish-to-handler-start latency
+(CLOCK_MONOTONIC in both processes).  Last, the memory the log takes per
+event (`MEMORY USAGE` of the stream and of the de-duplication set).
 
 Runs under a fresh prefix (`bench-events-<pid>`) and deletes its keys at the
 end; nothing else on the server is touched.
@@ -28,12 +30,24 @@ from pathlib import Path
 import redis
 
 HERE = Path(__file__).resolve().parent
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def _wait_lines(log: Path, n: int, timeout: float = 300.0) -> list[str]:
+    """The handlers' log lines once there are ``n`` of them (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=5000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--latency", type=int, default=300, help="events of the latency phase")
     ap.add_argument("--url", default="redis://127.0.0.1:6379/1")
     args = ap.parse_args()
     prefix = f"bench-events-{os.getpid()}"
@@ -62,12 +76,15 @@ def main() -> None:
                 cwd=HERE, env={**os.environ, "PYTHONPATH": pythonpath},
             )  # fmt: skip
             try:
-                deadline = time.monotonic() + 300
-                while True:
-                    lines = log.read_text().splitlines() if log.exists() else []
-                    if len(lines) >= expected or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
+                lines = _wait_lines(log, expected)
+                # latency: the worker is idle now; publish one event every
+                # 20 ms and time each delivery's start from its publish
+                published: dict[int, float] = {}
+                for n in range(args.events, args.events + args.latency):
+                    published[n] = time.monotonic()
+                    events_app.app.publish(events_app.OrderCreated(n=n))
+                    time.sleep(0.02)
+                late = _wait_lines(log, expected + 3 * args.latency)[expected:]
             finally:
                 worker.terminate()
                 worker.wait(30)
@@ -85,6 +102,25 @@ def main() -> None:
             f"deliveries handled: {len(lines):,} of {expected:,} ({len(groups)} groups) "
             f"at {len(lines) / handled_s:,.0f}/s by one worker process (-c {args.concurrency})"
         )
+        waits = sorted(
+            (float(t) - published[int(n)]) * 1000 for _, n, t in (x.split() for x in late)
+        )
+        if os.environ.get("DW_BENCH_DEBUG"):
+            by_group: dict[str, list[float]] = {}
+            for g, n, t in (x.split() for x in late):
+                by_group.setdefault(g, []).append((float(t) - published[int(n)]) * 1000)
+            for g, w in by_group.items():
+                w.sort()
+                print(g, [round(w[int(len(w) * q)], 2) for q in QUANTILES])
+        if waits:
+            p50, p95, p99 = (
+                waits[min(len(waits) - 1, int(len(waits) * q))] for q in (0.5, 0.95, 0.99)
+            )
+            print(
+                f"publish to handler start, idle worker ({len(waits)} deliveries of "
+                f"{args.latency} events published 20 ms apart): "
+                f"p50 {p50:.2f} ms, p95 {p95:.2f} ms, p99 {p99:.2f} ms"
+            )
         print(
             f"log memory: {log_bytes / args.events:,.0f} B/event in the stream, "
             f"{seen_bytes / args.events:,.0f} B/event in the de-duplication set"

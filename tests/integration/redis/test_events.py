@@ -227,3 +227,24 @@ async def test_events_handed_to_a_dead_waiter_come_back_uncharged(
         assert d.message.attempt == 1 and d.message.errors == []  # not charged
     finally:
         await dead.close()
+
+
+async def test_an_idle_worker_of_several_groups_is_handed_each_groups_delivery(
+    broker: RedisBroker, prefix: str
+) -> None:
+    await _bind(broker, "group:a", "group:b")
+    other = from_url(url(prefix))
+    try:
+        waiting = asyncio.create_task(other.fetch(["group:a", "group:b"], 5, 30.0, 30.0, "w1"))
+        r = redis.asyncio.Redis.from_url(SERVER)
+        try:
+            await eventually(lambda: r.zcard(f"{{dw:{prefix}}}:waiters:group:b"), bool)
+        finally:
+            await r.aclose()
+        e = event()
+        await broker.publish([e])
+        got = await asyncio.wait_for(waiting, 10)  # one inbox item: both deliveries
+        assert sorted(d.queue for d in got) == ["group:a", "group:b"]
+        assert {d.message.headers["event_id"] for d in got if d.message} == {e.id}
+    finally:
+        await other.close()

@@ -61,32 +61,59 @@ end
 -- An idle worker of a bound queue gets the new events at once: read through
 -- the queue's consumer group, leased to it and put in its inbox (as
 -- enqueue.lua's offer does), so it starts them one hop after the publish.
+-- A worker that waits on several of the bound queues (one worker, many
+-- groups) gets each queue's events, up to its limit, in one inbox item.
 local nnow = tonumber(now)
+local handed = {} -- waiter -> {worker, lease end, room, token, batch}
+local order = {}
 for q in pairs(woke) do
   if redis.call('SISMEMBER', P .. ':paused', q) == 0 then
-    local wid, w = take_waiter(q, nnow)
-    if wid then
-      local fresh, full = read_new(q, tonumber(w[3]), now)
-      if #fresh > 0 then
-        local token = redis.call('INCR', P .. ':fence')
-        local lu = nnow + tonumber(w[2])
-        local batch = {}
-        for _, j in ipairs(fresh) do
-          redis.call('HSET', jkey(j[1]), 'st', 'running', 'a', 1, 'tk', token, 'lu', lu,
-            'w', w[1], 'ib', wid)
-          redis.call('ZADD', P .. ':running', lu, j[1])
-          batch[#batch + 1] = {j[1], q, 1, j[2], '', token, lu}
+    local wk = P .. ':waiters:' .. q
+    local wid, h = nil, nil
+    for _, other in ipairs(order) do
+      local o = handed[other]
+      if o[3] > 0 then
+        local score = redis.call('ZSCORE', wk, other)
+        if score and tonumber(score) > nnow then
+          redis.call('ZREM', wk, other)
+          wid, h = other, o
+          break
         end
+      end
+    end
+    if not wid then
+      local w
+      wid, w = take_waiter(q, nnow)
+      if wid then
+        h = {w[1], nnow + tonumber(w[2]), tonumber(w[3]), nil, {}}
+        handed[wid] = h
+        order[#order + 1] = wid
+      end
+    end
+    if wid then
+      local fresh, full = read_new(q, h[3], now)
+      if #fresh > 0 then
+        if not h[4] then
+          h[4] = redis.call('INCR', P .. ':fence')
+        end
+        for _, j in ipairs(fresh) do
+          redis.call('HSET', jkey(j[1]), 'st', 'running', 'a', 1, 'tk', h[4], 'lu', h[2],
+            'w', h[1], 'ib', wid)
+          redis.call('ZADD', P .. ':running', h[2], j[1])
+          h[5][#h[5] + 1] = {j[1], q, 1, j[2], '', h[4], h[2]}
+        end
+        h[3] = h[3] - #fresh
         count(q, 'running', #fresh)
-        redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
-      else
-        redis.call('RPUSH', P .. ':in:' .. wid, 'w')
       end
       if full then
         wake(q, now)
       end
     end
   end
+end
+for _, wid in ipairs(order) do
+  local h = handed[wid]
+  redis.call('RPUSH', P .. ':in:' .. wid, #h[5] > 0 and cjson.encode(h[5]) or 'w')
 end
 flush_counts()
 return n
