@@ -264,3 +264,44 @@ async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
     assert await broker.cancel([cancelled.id]) == [cancelled.id]
     assert await broker.fetch(["default"], 10, 30.0, 0) == []
     assert await broker.fetch(["default"], 10, 30.0, 0.5) == []
+
+
+async def test_close_ends_the_portals_connection_before_it_returns(tmp_path: Path) -> None:
+    """An App's sync calls use the portal's loop (a connection of its own),
+    and ``aclose`` stops that loop right after the broker's close: so the
+    close must have closed the portal's connection, and let every task
+    aiormq's close starts end, before it returns.  A loop stopped on pending
+    ones destroys them, and their coroutines warn when collected
+    (``Channel._on_close`` was never awaited), in whatever test that is."""
+    import dumbwaiter as dw
+
+    # a state store that closes at once: nothing else gives the portal's
+    # loop time to finish a close that was only scheduled
+    app = dw.App(server.url(server.new_prefix(), f"memory://portal-close-{tmp_path.name}"))
+
+    @app.task()
+    def noop() -> None: ...
+
+    noop.enqueue_many([() for _ in range(3)])  # sync: the portal's loop and connection
+    assert isinstance(app.broker, RabbitMQBroker)
+    [(portal_loop, link)] = app.broker._links.items()
+    conn = link.conn
+    assert conn is not None and not conn.is_closed
+    await app.aclose()
+    assert portal_loop.is_closed()
+    assert conn.is_closed
+    assert [t for t in asyncio.all_tasks(portal_loop) if not t.done()] == []
+
+
+async def test_a_links_close_leaves_no_task_of_aiormqs_behind() -> None:
+    """aiormq's ``Connection.close`` returns with follow-ups still scheduled
+    (the reader's done callback closing the writer, the rejection of the
+    channels' futures); the link's close waits for them, so a loop may stop
+    the moment it returns."""
+    from dumbwaiter.brokers.rabbitmq.link import Link
+
+    before = asyncio.all_tasks()
+    link = Link(server.amqp_base(), "dumbwaiter close-test", asyncio.get_running_loop())
+    await link.ensure()
+    await link.drop()
+    assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
