@@ -667,6 +667,8 @@ class PostgresBroker(PostgresAdmin):
                     behind = False
                     break
             await c.execute(self.q.prune_kv)
+            await c.execute(self.q.fold_counts)
+            await c.execute(self.q.prune_counts)
             await c.execute(self.q.prune_rate)
             await c.execute(self.q.prune_slots)
             cur = await c.execute(self.q.prune_events, (self.event_retention, PRUNE_BATCH))

@@ -213,9 +213,35 @@ class Queries:
 
         # -- admin ---------------------------------------------------------
         self.queues = q(f"SELECT name, paused FROM {queues}")
+        # Counts (migration 0004): the folded counters plus the deltas the
+        # triggers wrote since, read in one snapshot, so always exact.  Folding
+        # takes deltas with SKIP LOCKED and updates the counters in key order:
+        # concurrent folders neither wait for each other nor deadlock.
+        counts, deltas = f"{s}.dw_counts", f"{s}.dw_count_deltas"
+        self.fold_counts = q(
+            f"WITH d AS (DELETE FROM {deltas} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {deltas}"
+            " LIMIT 100000 FOR UPDATE SKIP LOCKED)) RETURNING queue, state, n)"
+            f" INSERT INTO {counts} AS c (queue, state, n)"
+            " SELECT queue, state, sum(n) FROM d GROUP BY 1, 2 ORDER BY 1, 2"
+            " ON CONFLICT (queue, state) DO UPDATE SET n = c.n + excluded.n"
+        )
+        self.prune_counts = q(f"DELETE FROM {counts} WHERE n = 0")
         self.counts = q(
-            "SELECT queue, state, state = 'scheduled' AND attempt > 0, count(*),"
-            f" date_part('epoch', now() - min(run_at)) FROM {jobs} GROUP BY 1, 2, 3"
+            f"SELECT queue, state, sum(n)::int8 FROM (SELECT queue, state, n FROM {counts}"
+            f" UNION ALL SELECT queue, state, n FROM {deltas}) AS x GROUP BY 1, 2"
+        )
+        # The age of each queue's oldest ready job: the ready index is ordered
+        # by priority first, so one probe per priority in use (a loose index
+        # scan), never a read of the whole backlog.
+        self.lags = q(
+            f"SELECT q.name, date_part('epoch', now() - l.oldest) FROM {queues} q"
+            " CROSS JOIN LATERAL (WITH RECURSIVE p(priority, run_at) AS ("
+            f" (SELECT priority, run_at FROM {jobs} WHERE state = 'ready' AND queue = q.name"
+            " ORDER BY priority DESC, run_at LIMIT 1) UNION ALL"
+            " SELECT x.priority, x.run_at FROM p CROSS JOIN LATERAL"
+            f" (SELECT priority, run_at FROM {jobs} WHERE state = 'ready' AND queue = q.name"
+            " AND priority < p.priority ORDER BY priority DESC, run_at LIMIT 1) x)"
+            " SELECT min(run_at) AS oldest FROM p) l WHERE l.oldest IS NOT NULL"
         )
         self.get = q(f"SELECT {INFO_COLS} FROM {jobs} WHERE id = %s::uuid")
         self.cancel = q(
