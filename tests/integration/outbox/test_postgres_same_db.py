@@ -197,3 +197,18 @@ def test_another_database_or_a_role_without_rights_is_not_ours(app: dw.App, sche
     finally:
         with psycopg.connect(server.SERVER, autocommit=True) as admin:
             admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+
+
+def test_the_callers_search_path_does_not_matter(app: dw.App) -> None:
+    """Statements and triggers name the broker's schema; the caller's
+    search_path here has none of it (nor a schema to make an outbox table in)."""
+
+    @app.task
+    def t(n: int) -> None: ...
+
+    with psycopg.connect(server.SERVER, options="-csearch_path=pg_catalog") as conn:
+        with conn.transaction():
+            job_id = app.outbox(conn).enqueue(t, 1)
+    assert app.job(job_id).status() == dw.State.READY
+    [s] = asyncio.run(app.broker.stats())  # counted by the triggers, in the broker's schema
+    assert (s.queue, s.ready) == ("default", 1)
