@@ -305,3 +305,26 @@ async def test_a_links_close_leaves_no_task_of_aiormqs_behind() -> None:
     await link.ensure()
     await link.drop()
     assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
+
+
+def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None:
+    """``dw-seen`` (when a copy waiting for its record was first parked)
+    survives AMQP's table encoding: a Python float header travels as a 32-bit
+    float, a minute off at today's epoch, which made a copy wait up to a
+    minute past ``RECORD_GRACE``, or not at all."""
+    from pamqp import decode, encode
+
+    from dumbwaiter.brokers.rabbitmq.broker import _seen
+    from dumbwaiter.brokers.rabbitmq.link import Raw
+
+    b = RabbitMQBroker("amqp://guest:guest@127.0.0.1/?state=memory://seen-test")
+    raw = Raw(queue="default", lane=topology.MAIN, tag=1, gen=1, redelivered=False, body=b"{}")
+    before = time.time()
+    _, _, _, props = b._park(raw, before + 1.0)
+    _, headers = decode.field_table(encode.field_table(props.headers))  # as a delivery has them
+    back = Raw(queue="default", lane=topology.MAIN, tag=2, gen=1, redelivered=False, body=b"{}")
+    back.headers = headers
+    assert before - 0.001 <= _seen(back, 0.0) <= time.time() + 0.001
+    # parked again: the first sighting is kept
+    _, _, _, props2 = b._park(back, time.time() + 1.0)
+    assert props2.headers["dw-seen"] == headers["dw-seen"]

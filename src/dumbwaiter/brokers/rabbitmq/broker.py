@@ -97,6 +97,18 @@ class Token:
     tag: int
 
 
+def _seen(raw: Raw, now: float) -> float:
+    """When a parked copy was first seen (``dw-seen``, a decimal string; a
+    float from an older version, 32 bits wide, is read as it is), or ``now``."""
+    value = raw.headers.get("dw-seen")
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        return now if value is None else float(value)
+    except (TypeError, ValueError):
+        return now
+
+
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
     """Split off dumbwaiter's options; the rest is the AMQP URL for aiormq."""
     parts = urlsplit(url)
@@ -378,7 +390,9 @@ class RabbitMQBroker(Broker):
             delivery_mode=2,
             message_id=raw.message_id or None,
             headers={
-                "dw-seen": time.time(),
+                # a string: AMQP tables carry a Python float as a 32-bit float,
+                # which is up to a minute off at today's epoch (_seen)
+                "dw-seen": f"{time.time():.6f}",
                 **{k: v for k, v in raw.headers.items() if k.startswith("dw-")},
             },
         )
@@ -854,7 +868,7 @@ class RabbitMQBroker(Broker):
             # compensation, or the state store lost it (a crash of a store
             # that does not sync every commit).  Wait a moment for it; then
             # the copy, which RabbitMQ confirmed, is the truth.
-            seen = float(raw.headers.get("dw-seen", now))
+            seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
                 return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
             return _TAKE, Record(msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now)
@@ -865,7 +879,7 @@ class RabbitMQBroker(Broker):
             # A copy sent before its record is written (the writer publishes
             # first, so a crash in between loses nothing): wait for the
             # record; if it never comes, its writer died, and the copy wins.
-            seen = float(raw.headers.get("dw-seen", now))
+            seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
                 rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
                 return _PARK, rec
