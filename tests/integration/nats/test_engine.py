@@ -335,12 +335,17 @@ async def test_queues_keys_and_event_types_with_any_characters(
 # -- what a dead process leaves behind ---------------------------------------------------
 
 
+@pytest.mark.parametrize("list_written_meanwhile", [False, True])
 async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
-    make: Callable[..., NatsBroker],
+    make: Callable[..., NatsBroker], list_written_meanwhile: bool
 ) -> None:
     """The process wrote the final record, then died before rewriting its holder
     list: rescue sees the job listed as running, finds the record settled by
-    that process after its last list, and counts it (nothing runs again)."""
+    that process, and counts it (nothing runs again).  With
+    ``list_written_meanwhile``, another task of the process wrote the list
+    while the settle was on its way (the job still running in it, the list
+    newer than the record): the count is still owed.  The SIGKILL crash test
+    found that one (a wall-clock comparison of list and record missed it)."""
     dying, rescuer = make(), make()
     await dying.open()
     await rescuer.open()
@@ -353,7 +358,18 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     # the settle's record write, without the list write that follows it
     tok = d.token
     rec = dying._settled(d, tok, State.SUCCEEDED.value, time.time())
+    rec[R.SETTLED_BY] = link.holder.id
     await link.store.put(dying.n.js + m.id.encode(), R.dumps(rec), tok.seq)
+    if list_written_meanwhile:
+        link.holder.dirty = True
+        link.holder.write()
+        await link.wire.flush()
+        listed = await eventually(
+            lambda: link.store.read(dying.n.hold, dying.n.h + link.holder.id.encode()),
+            lambda cur: cur is not None and cur.seq != listed.seq,  # type: ignore[union-attr]
+        )
+        content = orjson.loads(listed.data)
+        assert m.id in content["run"] and content["t"] > rec[R.UPDATED]
     await link.wire.close()  # "dies": its list still says running
     rescued: list[int] = []
 

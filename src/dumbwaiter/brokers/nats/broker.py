@@ -740,7 +740,19 @@ class NatsBroker(Admin, Coordination):
         if not held:
             return []
         link = await self._link()
-        written, lost = await self._rewrite(link, held, build)
+        holder = link.holder
+
+        def settled(d: Delivery, tok: Token) -> dict[str, Any]:
+            rec: dict[str, Any] = build(d, tok)
+            rec[R.SETTLED_BY] = holder.id  # this list counts it (see rescue)
+            return rec
+
+        ids = {d.id for d in held}
+        holder.settling |= ids
+        try:
+            written, lost = await self._rewrite(link, held, settled)
+        finally:
+            holder.settling -= ids
         for d, rec, _ in written:
             if count == "dead":
                 await self._dlq_publish(link, rec, d.id)
@@ -823,7 +835,7 @@ class NatsBroker(Admin, Coordination):
         n = 0
         remove: set[str] = set()
         credit: dict[str, list[int]] = {}
-        written_at = float(content.get("t", 0.0))
+        own = link.holder if holder == link.holder.id else None
         for (jid, entry), rc in zip(expired, recs, strict=True):
             if rc is None:
                 remove.add(jid)
@@ -837,11 +849,17 @@ class NatsBroker(Admin, Coordination):
                     n += 1
                 remove.add(jid)
                 continue
-            if rec.get(R.HOLDER) == holder and float(rec.get(R.UPDATED, 0)) >= written_at:
-                # settled by that process after it last wrote its list (it died in between)
-                if st in (State.SUCCEEDED.value, State.CANCELLED.value):
+            if rec.get(R.SETTLED_BY) == holder and (own is None or jid not in own.settling):
+                # Settled by that process, and still in its list: the list
+                # was last written before the settle counted the job (a
+                # settle takes the job out of ``run`` and counts it in one
+                # step), and the process died before writing it again.
+                # (Not a time comparison: a list written by another task of
+                # that process while the settle was on its way is newer than
+                # the record and still lacks the count.)
+                if st == State.SUCCEEDED.value:
                     c = credit.setdefault(str(entry[0]), [0, 0])
-                    c[0 if st == State.SUCCEEDED.value else 1] += 1
+                    c[0] += 1
                 elif st == State.DEAD.value:
                     await self._dlq_publish(link, rec)
                 if rec.get(R.ACK):  # the pointer may not have been acked either

@@ -54,6 +54,8 @@ class Holder:
         self.id = f"{host}-{os.getpid()}-{uuid7()[-12:]}"
         self.run: dict[str, list[Any]] = {}
         self.fin: dict[str, dict[str, list[int]]] = {}
+        #: jobs whose settle is under way here (their count is not in yet)
+        self.settling: set[str] = set()
         self.dirty = False
 
     def running(self, jid: str, queue: str, until: float) -> None:

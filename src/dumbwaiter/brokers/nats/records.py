@@ -33,6 +33,8 @@ from ..base import JobInfo
 ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, RESULT = (
     "st", "m", "g", "ra", "u", "w", "lu", "c", "ack", "h", "by", "rp", "res",
 )  # fmt: skip
+#: the holder list that counts a settle (the settling connection's): see rescue
+SETTLED_BY = "sh"
 
 RUNNING = State.RUNNING.value
 WAITING = frozenset({State.READY.value, State.SCHEDULED.value, State.RETRYING.value})
