@@ -40,3 +40,17 @@ def test_an_unknown_loop_is_refused_by_name() -> None:
     result = CliRunner().invoke(main, ["worker", "--loop", "tokio", "--app", "x:app"])
     assert result.exit_code == 2
     assert "tokio" in result.output
+
+
+def test_long_running_commands_take_startup_objects_out_of_the_collector() -> None:
+    import gc
+
+    from dumbwaiter.cli.common import serve
+
+    async def frozen() -> int:
+        return gc.get_freeze_count()
+
+    try:
+        assert serve(frozen(), "asyncio") > 0
+    finally:
+        gc.unfreeze()
