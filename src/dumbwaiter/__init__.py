@@ -12,6 +12,8 @@
 Nothing here starts a thread or opens a connection on import.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .app import App
 from .context import Context
 from .errors import (
@@ -30,7 +32,6 @@ from .errors import (
     SerializationError,
     UnknownTask,
 )
-from .event import Event, Subscription
 from .job import Job
 from .message import Message
 from .middleware import Middleware
@@ -41,6 +42,20 @@ from .worker import Worker, WorkerConfig
 from .workflow import Workflow, chain, chord, group
 
 __version__ = "0.1.0.dev0"
+
+if TYPE_CHECKING:
+    from .event import Event, Subscription
+
+
+def __getattr__(name: str) -> Any:
+    """``dw.Event`` and ``dw.Subscription`` on first use: they bring pydantic
+    (about 11 MB and 90 modules), which a worker of tasks alone never needs."""
+    if name in ("Event", "Subscription"):
+        from . import event
+
+        return getattr(event, name)
+    raise AttributeError(f"module 'dumbwaiter' has no attribute {name!r}")
+
 
 __all__ = [
     "App",

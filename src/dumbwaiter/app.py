@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from .brokers import DEFAULT_URL, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
 from .errors import ConfigurationError, InvalidArguments
-from .event import Event, Subscription, Upcaster, event_message
 from .flow import OPTIONS as FLOW_OPTIONS
 from .flow import Flow
 from .job import Job
@@ -31,6 +30,7 @@ from .task import DEFAULT_RESULT_TTL, Task
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
     from .workflow import Signature
@@ -202,6 +202,8 @@ class App:
         payloads upgraded) and optionally a ``dw.Context``."""
 
         def register(fn: F) -> Subscription:
+            from .event import Subscription
+
             sub = Subscription(
                 self,
                 event,
@@ -340,6 +342,8 @@ class App:
         The payload was validated when the event was built; it is checked for
         JSON and size here, before anything is sent.  ``key`` orders events
         of one entity where the broker promises order."""
+        from .event import event_message
+
         msg = event_message(event, key, headers)
         self._before([msg])
         if not self._declared:
@@ -355,6 +359,8 @@ class App:
         self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
     ) -> str:
         """``publish`` for async callers."""
+        from .event import event_message
+
         msg = event_message(event, key, headers)
         self._before([msg])
         if not self._declared:

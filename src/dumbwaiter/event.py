@@ -25,7 +25,7 @@ import pydantic
 from .brokers.base import Binding, delivery_of
 from .context import caused_headers, context_param
 from .errors import ConfigurationError, InvalidArguments
-from .message import EVENT, Message, check_json, uuid7
+from .message import EVENT, GROUP_PREFIX, Message, check_json, uuid7
 from .retry import Retry
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 TYPE_RULE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 _GROUP_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 #: the queue of a subscriber group is this prefix + the group's name
-GROUP_PREFIX = "group:"
 
 #: every Event class defined in this process, by (type, version)
 REGISTRY: dict[tuple[str, int], type[Event]] = {}

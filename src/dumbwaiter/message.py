@@ -29,6 +29,9 @@ TASK = "task"
 EVENT = "event"
 KINDS = (TASK, EVENT)
 
+#: the queue of a subscriber group's event deliveries is GROUP_PREFIX + group
+GROUP_PREFIX = "group:"
+
 #: default maximum size of one encoded message (1 MiB)
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 

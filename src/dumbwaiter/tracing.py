@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import MissingDependency
-from .event import GROUP_PREFIX
+from .message import GROUP_PREFIX
 from .middleware import CallNext, Middleware
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..brokers.base import JobFilter, QueueStats
 from ..cli.output import parse_time
-from ..event import GROUP_PREFIX
+from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from . import queries, throughput
 from .web import not_found, page_size, render, state
