@@ -31,11 +31,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.state import State
+from tests.conftest import require_service
 from tests.crash import crashapp
 from tests.integration.rabbitmq import server
 
@@ -91,7 +90,7 @@ def _succeeded(app: dw.App) -> set[str]:
 
 def test_workers_and_producers_reconnect_after_their_connections_close(tmp_path: Path) -> None:
     if not os.path.exists(CTL):
-        pytest.skip("rabbitmqctl is needed to close the test's connections")
+        require_service("rabbitmqctl", False, f"{CTL} is needed to close the test's connections")
     prefix = server.new_prefix()
     url = server.url(prefix, f"sqlite:///{tmp_path}/state.db")
     log = tmp_path / "started.log"
