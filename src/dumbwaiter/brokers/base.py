@@ -24,7 +24,7 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -174,6 +174,28 @@ class JobInfo:
             elif isinstance(stored, dict):
                 d["result_error"] = stored.get("error")
         return d
+
+
+def stats_rows(
+    counts: Mapping[str, Mapping[str, float]], paused: Container[str]
+) -> list[QueueStats]:
+    """``stats()``'s answer from per-queue counts: state value -> jobs, plus an
+    optional ``"lag"`` (seconds, never reported below 0); queues by name."""
+    return [
+        QueueStats(
+            queue=q,
+            ready=int(c.get("ready", 0)),
+            scheduled=int(c.get("scheduled", 0)),
+            retrying=int(c.get("retrying", 0)),
+            running=int(c.get("running", 0)),
+            dead=int(c.get("dead", 0)),
+            succeeded=int(c.get("succeeded", 0)),
+            cancelled=int(c.get("cancelled", 0)),
+            lag=max(0.0, float(c.get("lag", 0.0))),
+            paused=q in paused,
+        )
+        for q, c in sorted(counts.items())
+    ]
 
 
 @dataclass(frozen=True, slots=True)

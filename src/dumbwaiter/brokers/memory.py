@@ -35,6 +35,7 @@ from .base import (
     Page,
     QueueStats,
     delivery_of,
+    stats_rows,
 )
 
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
@@ -474,21 +475,7 @@ class MemoryBroker(Broker):
                 if row.state is State.READY:
                     c["lag"] = max(c.get("lag", 0.0), now - row.run_at)
             paused = set(self._s.paused)
-        return [
-            QueueStats(
-                queue=q,
-                ready=int(c.get("ready", 0)),
-                scheduled=int(c.get("scheduled", 0)),
-                retrying=int(c.get("retrying", 0)),
-                running=int(c.get("running", 0)),
-                dead=int(c.get("dead", 0)),
-                succeeded=int(c.get("succeeded", 0)),
-                cancelled=int(c.get("cancelled", 0)),
-                lag=max(0.0, c.get("lag", 0.0)),
-                paused=q in paused,
-            )
-            for q, c in sorted(counts.items())
-        ]
+        return stats_rows(counts, paused)
 
     def _matching(self, filter: JobFilter) -> list[tuple[str, _Row]]:
         return [(i, r) for i, r in self._s.rows.items() if filter.matches(r.info())]

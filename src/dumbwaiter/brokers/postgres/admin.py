@@ -22,6 +22,7 @@ from ..base import (
     Page,
     QueueStats,
     normalize_error_type,
+    stats_rows,
 )
 from .core import PostgresCore
 from .rows import info_row, is_uuid
@@ -287,21 +288,7 @@ def _stats(queues: list[Any], counts: list[Any], lags: list[Any]) -> list[QueueS
             c[state] = c.get(state, 0) + n
     for queue, age in lags:
         table.setdefault(queue, {})["lag"] = float(age)
-    return [
-        QueueStats(
-            queue=q,
-            ready=int(c.get("ready", 0)),
-            scheduled=int(c.get("scheduled", 0)),
-            retrying=int(c.get("retrying", 0)),
-            running=int(c.get("running", 0)),
-            dead=int(c.get("dead", 0)),
-            succeeded=int(c.get("succeeded", 0)),
-            cancelled=int(c.get("cancelled", 0)),
-            lag=max(0.0, c.get("lag", 0.0)),
-            paused=q in paused,
-        )
-        for q, c in sorted(table.items())
-    ]
+    return stats_rows(table, paused)
 
 
 __all__ = ["PostgresAdmin"]

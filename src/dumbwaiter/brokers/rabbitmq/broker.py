@@ -51,6 +51,7 @@ from ..base import (
     Page,
     QueueStats,
     delivery_of,
+    stats_rows,
 )
 from . import topology as topo
 from .ledger import Keys, Record, delivery_id
@@ -1112,21 +1113,7 @@ class RabbitMQBroker(Broker):
             c[st.value] = c.get(st.value, 0) + 1
             if st is State.READY:
                 c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
-        return [
-            QueueStats(
-                queue=q,
-                ready=int(c.get("ready", 0)),
-                scheduled=int(c.get("scheduled", 0)),
-                retrying=int(c.get("retrying", 0)),
-                running=int(c.get("running", 0)),
-                dead=int(c.get("dead", 0)),
-                succeeded=int(c.get("succeeded", 0)),
-                cancelled=int(c.get("cancelled", 0)),
-                lag=max(0.0, c.get("lag", 0.0)),
-                paused=q in paused,
-            )
-            for q, c in sorted(counts.items())
-        ]
+        return stats_rows(counts, paused)
 
     async def _matching(self, filter: JobFilter) -> list[Record]:
         now = time.time()

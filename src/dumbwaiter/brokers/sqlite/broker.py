@@ -52,6 +52,7 @@ from ..base import (
     QueueStats,
     delivery_of,
     normalize_error_type,
+    stats_rows,
 )
 from .wake import FileWaker
 
@@ -752,7 +753,7 @@ class SQLiteBroker(Broker):
     def _stats(self) -> list[QueueStats]:
         c = self._worker_conn()
         now = time.time()
-        counts: dict[str, dict[str, int]] = {}
+        counts: dict[str, dict[str, float]] = {}
         paused: set[str] = set()
         for name, is_paused in c.execute("SELECT name, paused FROM dw_queues"):
             counts[name] = {}
@@ -760,29 +761,15 @@ class SQLiteBroker(Broker):
                 paused.add(name)
         for queue, state, n in c.execute("SELECT queue, state, n FROM dw_counts"):
             counts.setdefault(queue, {})[state] = n  # kept by triggers: no row counting
-        lags = {}  # per queue, so each min() is one probe of dw_jobs_ready_age
+        # per queue, so each min() is one probe of dw_jobs_ready_age
         for q, n in counts.items():
             if n.get("ready", 0) > 0:
                 row = c.execute(
                     "SELECT min(run_at) FROM dw_jobs WHERE state='ready' AND queue=?", (q,)
                 ).fetchone()
                 if row[0] is not None:
-                    lags[q] = row[0]
-        return [
-            QueueStats(
-                queue=q,
-                ready=n.get("ready", 0),
-                scheduled=n.get("scheduled", 0),
-                retrying=n.get("retrying", 0),
-                running=n.get("running", 0),
-                dead=n.get("dead", 0),
-                succeeded=n.get("succeeded", 0),
-                cancelled=n.get("cancelled", 0),
-                lag=max(0.0, now - lags[q]) if q in lags else 0.0,
-                paused=q in paused,
-            )
-            for q, n in sorted(counts.items())
-        ]
+                    n["lag"] = now - row[0]
+        return stats_rows(counts, paused)
 
     async def list_jobs(
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
