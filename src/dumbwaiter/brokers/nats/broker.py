@@ -157,8 +157,8 @@ class NatsBroker(Admin, Coordination):
     async def _store_once(
         self, link: Link, prepared: list[tuple[Message, bytes]]
     ) -> list[tuple[str, bool]]:
-        """Publish every job's index entry and pointer (a delay entry for an
-        ``eta``), all pipelined, then wait for every PubAck.  A job is new
+        """Publish every job's pointer (a delay entry for an ``eta``) and index
+        entry, all pipelined, then wait for every PubAck.  A job is new
         unless JetStream calls its pointer a duplicate (``Nats-Msg-Id`` = id,
         inside the de-duplication window)."""
         now = time.time()
@@ -195,8 +195,10 @@ class NatsBroker(Admin, Coordination):
                         link.level_seen(m.queue, m.priority)
                 subject = cached
                 hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
-            items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+            # the pointer first: the server hands it to a waiting worker while
+            # it stores the index entry (both are acknowledged before this returns)
             items.append((subject, body, hdr))
+            items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
         batches = []
         for k in range(0, len(items), SEND_CHUNK):
             # write each chunk as soon as it is built (and yield once, so the
@@ -207,8 +209,8 @@ class NatsBroker(Admin, Coordination):
                 await asyncio.sleep(0)
         replies = [r for b in batches for r in await b.wait()]
         for k, i in enumerate(send):
-            pub_ack(replies[2 * k], "index")
-            ptr = pub_ack(replies[2 * k + 1], "pointer")
+            ptr = pub_ack(replies[2 * k], "pointer")
+            pub_ack(replies[2 * k + 1], "index")
             result[i] = (prepared[i][0].id, not ptr.duplicate)
         return [r if r is not None else ("", False) for r in result]
 
