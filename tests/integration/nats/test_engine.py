@@ -133,6 +133,7 @@ async def test_parser_handles_any_split_of_the_stream() -> None:
     ("data", "ack"),
     [
         (b'{"stream":"S","seq":5}', PubAck(5, False)),
+        (b'{"stream":"S","seq":5,"duplicate": true}', PubAck(5, True)),  # nats-server's
         (b'{"stream":"S","seq":5,"duplicate":true}', PubAck(5, True)),
         (b'{"stream":"S","domain":"d","seq":7}', PubAck(7, False)),
         (b'{"stream":"S", "seq": 9 }', PubAck(9, False)),  # other spacing: read as JSON

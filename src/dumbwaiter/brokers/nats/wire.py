@@ -129,7 +129,7 @@ def pub_ack(r: Reply, what: str) -> PubAck:
 
     Two or three of these per job (enqueue, claim, settle), so the usual
     answers are read without JSON: ``{"stream":"S","seq":N}`` and
-    ``{"stream":"S","seq":N,"duplicate":true}`` (nats-server writes an
+    ``{"stream":"S","seq":N,"duplicate": true}`` (nats-server writes an
     error first, ``{"error":...``, so it never takes these paths; a
     ``"domain"`` before ``"seq"`` does no harm).  Anything else goes
     through JSON."""
@@ -145,7 +145,9 @@ def pub_ack(r: Reply, what: str) -> PubAck:
             elif b'"error"' not in d:
                 n = d[i + 6 : j]
                 if n.isdigit():
-                    return _new_ack(PubAck, (int(n), b'"duplicate":true' in d))
+                    k = d.find(b'"duplicate":', j)  # nats-server writes '"duplicate": true'
+                    dup = k > 0 and d[k + 12 :].lstrip()[:1] == b"t"
+                    return _new_ack(PubAck, (int(n), dup))
     return _pub_ack_slow(r, what)
 
 
