@@ -18,7 +18,16 @@ from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
 from dumbwaiter.brokers.nats.store import parse_time
-from dumbwaiter.brokers.nats.wire import _Parser, header, headers
+from dumbwaiter.brokers.nats.wire import (
+    WRONG_LAST_SEQUENCE,
+    JetStreamError,
+    PubAck,
+    Reply,
+    _Parser,
+    header,
+    headers,
+    pub_ack,
+)
 from dumbwaiter.errors import InvalidURL
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
@@ -118,6 +127,31 @@ async def test_parser_handles_any_split_of_the_stream() -> None:
     ]
     assert header(got[1][2], b"Dw-Id") == b"x1" and header(got[1][2], b"Dw-G") == b"0"
     assert other == [{"max_payload": 1}, "ping", (9, b"other", b"", b"abc", None), "pong"]
+
+
+@pytest.mark.parametrize(
+    ("data", "ack"),
+    [
+        (b'{"stream":"S","seq":5}', PubAck(5, False)),
+        (b'{"stream":"S","seq":5,"duplicate": true}', PubAck(5, True)),  # nats-server's
+        (b'{"stream":"S","seq":5,"duplicate":true}', PubAck(5, True)),
+        (b'{"stream":"S","domain":"d","seq":7}', PubAck(7, False)),
+        (b'{"stream":"S", "seq": 9 }', PubAck(9, False)),  # other spacing: read as JSON
+        (b'{"stream":"S","seq":9,"duplicate":false}', PubAck(9, False)),
+    ],
+)
+def test_pub_acks_are_read_with_and_without_json(data: bytes, ack: PubAck) -> None:
+    assert pub_ack(Reply(None, data), "x") == ack
+
+
+def test_a_pub_ack_error_raises_with_its_code() -> None:
+    data = (
+        b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"},'
+        b'"stream":"S","seq":0}'
+    )
+    with pytest.raises(JetStreamError) as e:
+        pub_ack(Reply(None, data), "claim")
+    assert e.value.err_code == WRONG_LAST_SEQUENCE
 
 
 # -- JetStream as the lease's backstop --------------------------------------------

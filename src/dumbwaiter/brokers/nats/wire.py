@@ -121,20 +121,33 @@ class PubAck(NamedTuple):
     duplicate: bool
 
 
+_new_ack = tuple.__new__
+
+
 def pub_ack(r: Reply, what: str) -> PubAck:
-    """Decode a JetStream publish acknowledgement; raise on its error."""
-    d = r.data
-    if d[:10] == b'{"stream":' and b'"error"' not in d:  # the usual answer, without JSON
-        i = d.find(b'"seq":')
+    """Decode a JetStream publish acknowledgement; raise on its error.
+
+    Two or three of these per job (enqueue, claim, settle), so the usual
+    answers are read without JSON: ``{"stream":"S","seq":N}`` and
+    ``{"stream":"S","seq":N,"duplicate": true}`` (nats-server writes an
+    error first, ``{"error":...``, so it never takes these paths; a
+    ``"domain"`` before ``"seq"`` does no harm).  Anything else goes
+    through JSON."""
+    d = r[1]
+    if d[:10] == b'{"stream":':
+        i = d.find(b'"seq":', 10)
         if i > 0:
-            i += 6
             j = d.find(b",", i)
-            if j < 0:
-                j = d.find(b"}", i)
-            try:
-                return PubAck(int(d[i:j]), b'"duplicate"' in d)
-            except ValueError:
-                pass
+            if j < 0:  # "seq" is the last field: the common answer
+                n = d[i + 6 : -1]
+                if n.isdigit():
+                    return _new_ack(PubAck, (int(n), False))
+            elif b'"error"' not in d:
+                n = d[i + 6 : j]
+                if n.isdigit():
+                    k = d.find(b'"duplicate":', j)  # nats-server writes '"duplicate": true'
+                    dup = k > 0 and d[k + 12 :].lstrip()[:1] == b"t"
+                    return _new_ack(PubAck, (int(n), dup))
     return _pub_ack_slow(r, what)
 
 
