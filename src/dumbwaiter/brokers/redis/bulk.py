@@ -4,8 +4,10 @@ The seam's rule is that a batch is stored whole or not at all when a message
 is too large or the caller's iterator raises, and a producer must not block
 for long on one encoding pass before anything reaches the server.  So:
 
+* one job without a key (the usual ``task.enqueue``) is one call of
+  ``enqueue_one.lua``, the same transition in fewer server-side calls;
 * a batch of at most ``CHUNK`` jobs is encoded, then sent as one enqueue
-  script call (the usual ``task.enqueue``);
+  script call;
 * a bigger batch is **staged**: each chunk is sent as soon as it is encoded
   (the server stores it while the next one is encoded, which is what makes a
   bulk enqueue fast on a small machine), into no set a worker reads; one
@@ -37,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseError
 
 from ...errors import BrokerError
-from ...message import Message, encode_checked, uuid7
+from ...message import TASK, Message, encode_checked, uuid7
 from .client import TRANSIENT, Arg, AsyncLink, SyncLink
+from .lua import Script
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -309,20 +312,34 @@ class Enqueue:
                 raise BrokerError(f"redis enqueue: {exc}") from exc
 
 
-def _one_args(broker: RedisBroker, m: Message) -> list[Arg]:
-    [chunk] = encode([m], broker.max_message_size)
-    return [repr(time.time()), b"", "", "", *chunk.args]
+def _one(broker: RedisBroker, m: Message) -> tuple[Script, list[Arg]]:
+    """The script call that stores one job: ``enqueue_one.lua`` for a job
+    without a key (the usual ``task.enqueue``), ``enqueue.lua`` otherwise."""
+    if m.key is not None and m.kind == TASK:
+        [chunk] = encode([m], broker.max_message_size)
+        return broker._lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
+    body = encode_checked(m, broker.max_message_size)
+    now = time.time()
+    snow = repr(now)
+    eta = m.eta
+    if eta is not None and eta > now:
+        sched, ra = b"1", repr(eta)
+    else:
+        sched, ra = b"0", snow
+    args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
+    return broker._lua.enqueue_one, args
 
 
 def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
     """The usual ``task.enqueue``: one job, one script call, no pipeline to
     drive; retried with backoff like the rest."""
-    args = _one_args(broker, m)
+    script, args = _one(broker, m)
+    keys = broker._keys
     deadline = time.monotonic() + broker.reconnect
     delay = 0.05
     while True:
         try:
-            return str(link.script(broker._lua.enqueue, broker._keys, args)[0].decode())
+            return str(link.script(script, keys, args)[0].decode())
         except TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
                 raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
@@ -335,12 +352,13 @@ def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
 
 async def enqueue_one_async(broker: RedisBroker, link: AsyncLink, m: Message) -> str:
     """``enqueue_one_sync`` for async callers."""
-    args = _one_args(broker, m)
+    script, args = _one(broker, m)
+    keys = broker._keys
     deadline = time.monotonic() + broker.reconnect
     delay = 0.05
     while True:
         try:
-            reply = await link.script(broker._lua.enqueue, broker._keys, args)
+            reply = await link.script(script, keys, args)
             return str(reply[0].decode())
         except TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
