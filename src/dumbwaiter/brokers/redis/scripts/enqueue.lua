@@ -11,9 +11,13 @@
 -- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
 -- which registers the call until `deadline`) stores the jobs for commit.lua
 -- to publish (see _lib.lua, unstage).
--- Returns each job's id, or the id of the job already stored under the same
--- id or key.  A job is never stored twice, so a producer may send the same
--- batch again after a lost reply.
+-- Returns, for each job that was not stored because another job with the same
+-- key is (its key still blocks), the job's position in the call (1-based) and
+-- that other job's id; an empty list when every job has its own id (stored
+-- now, or by an earlier send of the same batch).  The reply of a chunk of a
+-- bulk enqueue is thus nearly always empty, not a thousand ids the producer
+-- already knows.  A job is never stored twice, so a producer may send the
+-- same batch again after a lost reply.
 --
 -- Ready jobs go straight to idle workers when some wait on the queue: each
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
@@ -37,6 +41,7 @@ if mode == 'stage' then
   stage = P .. ':stage:' .. call
 end
 local n = 5
+local pos = 0
 while n <= #ARGV do
   local size, q, name, pr, ra = tonumber(ARGV[n]), ARGV[n + 1], ARGV[n + 2], ARGV[n + 3],
     ARGV[n + 4]
@@ -76,10 +81,13 @@ while n <= #ARGV do
         end
       end
     end
+    pos = pos + 1
     if held then
-      out[#out + 1] = held
+      if held ~= id then
+        out[#out + 1] = pos
+        out[#out + 1] = held
+      end
     else
-      out[#out + 1] = id
       redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
         'u', now, 'st', sched and 'scheduled' or 'ready')
       if key ~= '' then

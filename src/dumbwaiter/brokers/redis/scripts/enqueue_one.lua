@@ -6,13 +6,14 @@
 -- once, leased, instead of stored ready and then leased.
 -- ARGV: now, queue, name, priority, run_at, scheduled ('1'/'0'),
 -- max_attempts, id, body.
--- Returns {id}, as enqueue.lua does; a job already stored under this id (a
--- producer sending again after a lost reply) is left as it is.
+-- Returns an empty list, as enqueue.lua does when every job has its own id;
+-- a job already stored under this id (a producer sending again after a lost
+-- reply) is left as it is.
 local now, q, name, pr, ra, ma, id, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   ARGV[7], ARGV[8], ARGV[9]
 local jk = jkey(id)
 if redis.call('EXISTS', jk) == 1 then
-  return {id}
+  return {}
 end
 redis.call('ZADD', P .. ':ids', 0, id)
 redis.call('SADD', P .. ':queues', q)
@@ -27,7 +28,7 @@ if ARGV[6] == '1' then
   if #first == 0 or tonumber(first[2]) > tonumber(ra) then
     wake(q, now)
   end
-  return {id}
+  return {}
 end
 -- ready: an idle worker of the queue gets it, leased, in its inbox (see
 -- offer in _lib.lua); else it waits in the ready set
@@ -46,4 +47,4 @@ else
     'u', now, 'st', 'ready')
   redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
 end
-return {id}
+return {}
