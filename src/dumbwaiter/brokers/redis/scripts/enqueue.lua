@@ -55,7 +55,9 @@ while n <= #ARGV do
   -- one EXISTS for the group: when none is stored (the usual case) the
   -- per-job check is skipped
   local any = redis.call('EXISTS', unpack(jks)) > 0
+  -- counted, not measured with `#` (a search per use), for every job
   local ids, fresh, bodies = {}, {}, {}
+  local nids, nfresh = 0, 0
   local sk = P .. ':sched:' .. q
   local first = nil
   if sched then
@@ -94,27 +96,31 @@ while n <= #ARGV do
         redis.call('HSET', P .. ':keys', key, id)
         redis.call('HSET', jk, 'k', key)
       end
-      ids[#ids + 1] = 0
-      ids[#ids + 1] = id
+      ids[nids + 1] = 0
+      ids[nids + 2] = id
+      nids = nids + 2
       if sched and not stage then
         redis.call('ZADD', sk, ra, id)
       else
-        fresh[#fresh + 1] = id
-        bodies[#bodies + 1] = body
+        nfresh = nfresh + 1
+        fresh[nfresh] = id
+        if not stage then -- offer hands the bodies to idle workers
+          bodies[nfresh] = body
+        end
       end
     end
   end
-  if #ids > 0 then
+  if nids > 0 then
     redis.call('ZADD', P .. ':ids', unpack(ids))
     redis.call('SADD', queues, q)
   end
   if stage then
-    if #fresh > 0 then
-      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, #fresh, unpack(fresh))
+    if nfresh > 0 then
+      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, nfresh, unpack(fresh))
     end
-  elseif #fresh > 0 then
+  elseif nfresh > 0 then
     offer(q, pr, ra, fresh, bodies, now)
-  elseif sched and #ids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
+  elseif sched and nids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
     -- waiting workers sleep until the earliest due job: wake one if these
     -- are due earlier
     wake(q, now)
