@@ -48,3 +48,25 @@ async def test_lapsed_waiter_is_skipped(shared_url: str) -> None:
     finally:
         await gone.close()
         await producer.close()
+
+
+async def test_paused_queue_keeps_its_waiter(shared_url: str) -> None:
+    """A waiter registered before its queue was paused is handed nothing
+    (one job or a batch) and stays registered: the resume wakes it."""
+    waiter, producer = from_url(shared_url), from_url(shared_url)
+    assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
+    try:
+        await waiter._claim(["default"], 10, 30.0, "w-idle", "w3", time.time() + 5)
+        await producer.pause("default")
+        one, batch = msg(), [msg(), msg()]
+        await producer.enqueue([one])
+        await producer.enqueue(batch)
+        for m in (one, *batch):
+            info = await producer.get(m.id)
+            assert info is not None and info.state is State.READY
+        await producer.resume("default")
+        inbox = f"{producer.prefix}:in:w3"
+        assert await producer._link().call(b"LRANGE", inbox, 0, -1) == [b"w"]
+    finally:
+        await waiter.close()
+        await producer.close()

@@ -4,8 +4,10 @@ The seam's rule is that a batch is stored whole or not at all when a message
 is too large or the caller's iterator raises, and a producer must not block
 for long on one encoding pass before anything reaches the server.  So:
 
+* one job without a key (the usual ``task.enqueue``) is one call of
+  ``enqueue_one.lua``, the same transition in fewer server-side calls;
 * a batch of at most ``CHUNK`` jobs is encoded, then sent as one enqueue
-  script call (the usual ``task.enqueue``);
+  script call;
 * a bigger batch is **staged**: each chunk is sent as soon as it is encoded
   (the server stores it while the next one is encoded, which is what makes a
   bulk enqueue fast on a small machine), into no set a worker reads; one
@@ -37,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseError
 
 from ...errors import BrokerError
-from ...message import Message, encode_checked, uuid7
+from ...message import TASK, Message, encode_checked, uuid7
 from .client import TRANSIENT, Arg, AsyncLink, SyncLink
+from .lua import Script
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -60,10 +63,12 @@ Plan = Generator[Request, Any, list[str]]
 class Chunk:
     """Up to ``CHUNK`` encoded jobs: groups of (count, queue, name, priority,
     run_at, scheduled, max_attempts, keyed) then id, [key, unique,] body per
-    job (``unique``: the ``unique`` header, see enqueue.lua)."""
+    job (``unique``: the ``unique`` header, see enqueue.lua), and the jobs'
+    ids in order (the script names only the jobs that got another id)."""
 
     args: list[Arg]
     keyed: bool
+    ids: list[str]
 
 
 def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
@@ -77,6 +82,7 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
     now = time.time()
     snow = repr(now)
     args: list[Arg] = []
+    ids: list[str] = []
     keyed = False
     group: tuple[Any, ...] | None = None
     head = count = size = 0
@@ -91,8 +97,8 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
         g = (m.queue, m.name, m.priority, ra, sched, m.max_attempts, key is not None)
         if size == CHUNK:
             args[head] = count
-            yield Chunk(args, keyed)
-            args, keyed, group, size = [], False, None, 0
+            yield Chunk(args, keyed, ids)
+            args, ids, keyed, group, size = [], [], False, None, 0
         if g != group:
             if group is not None:
                 args[head] = count
@@ -104,11 +110,12 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
             unique = m.headers.get("unique", "") if m.headers else ""
             args += (m.id, key, unique if unique in ("active", "queued") else "", body)
             keyed = True
+        ids.append(m.id)
         count += 1
         size += 1
     if group is not None:
         args[head] = count
-        yield Chunk(args, keyed)
+        yield Chunk(args, keyed, ids)
 
 
 class _SourceFailed(Exception):
@@ -127,10 +134,18 @@ def _take(chunks: Iterator[Chunk]) -> Chunk | None:
         raise _SourceFailed(exc) from exc
 
 
-def _ids(reply: Any) -> list[str]:
+def _ids(reply: Any, sent: list[str]) -> list[str]:
+    """The ids of the jobs ``sent`` in one enqueue script call: their own,
+    except where the reply names the job that holds the same key
+    (position, id pairs; see enqueue.lua)."""
     if isinstance(reply, BaseException):
         raise reply
-    return [i.decode() for i in reply]
+    if not reply:
+        return sent
+    ids = list(sent)
+    for k in range(0, len(reply), 2):
+        ids[int(reply[k]) - 1] = reply[k + 1].decode()
+    return ids
 
 
 class Enqueue:
@@ -238,7 +253,7 @@ class Enqueue:
             replies[k] = _checked((yield ("read",)))
         if self.b.wait_replicas:
             self._confirmed((yield ("read",)))
-        return [i for k in range(len(self.chunks)) for i in _ids(replies[k])]
+        return [i for k, c in enumerate(self.chunks) for i in _ids(replies[k], c.ids)]
 
     def _wait(self) -> tuple[Arg, ...]:
         return (b"WAIT", self.b.wait_replicas, int(self.b.wait_timeout * 1000))
@@ -294,7 +309,7 @@ class Enqueue:
                     continue  # everything again: resending is safe
                 if staged is not None:
                     _checked(replies.pop(0))
-                ids = [i for r in replies for i in _ids(r)]
+                ids = [i for r, c in zip(replies, self.chunks, strict=True) for i in _ids(r, c.ids)]
                 if waited is not None:
                     self._confirmed(waited)
                 return ids
@@ -309,20 +324,34 @@ class Enqueue:
                 raise BrokerError(f"redis enqueue: {exc}") from exc
 
 
-def _one_args(broker: RedisBroker, m: Message) -> list[Arg]:
-    [chunk] = encode([m], broker.max_message_size)
-    return [repr(time.time()), b"", "", "", *chunk.args]
+def _one(broker: RedisBroker, m: Message) -> tuple[Script, list[Arg]]:
+    """The script call that stores one job: ``enqueue_one.lua`` for a job
+    without a key (the usual ``task.enqueue``), ``enqueue.lua`` otherwise."""
+    if m.key is not None and m.kind == TASK:
+        [chunk] = encode([m], broker.max_message_size)
+        return broker._lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
+    body = encode_checked(m, broker.max_message_size)
+    now = time.time()
+    snow = repr(now)
+    eta = m.eta
+    if eta is not None and eta > now:
+        sched, ra = b"1", repr(eta)
+    else:
+        sched, ra = b"0", snow
+    args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
+    return broker._lua.enqueue_one, args
 
 
 def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
     """The usual ``task.enqueue``: one job, one script call, no pipeline to
     drive; retried with backoff like the rest."""
-    args = _one_args(broker, m)
+    script, args = _one(broker, m)
+    keys = broker._keys
     deadline = time.monotonic() + broker.reconnect
     delay = 0.05
     while True:
         try:
-            return str(link.script(broker._lua.enqueue, broker._keys, args)[0].decode())
+            return _ids(link.script(script, keys, args), [m.id])[0]
         except TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
                 raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
@@ -335,13 +364,13 @@ def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
 
 async def enqueue_one_async(broker: RedisBroker, link: AsyncLink, m: Message) -> str:
     """``enqueue_one_sync`` for async callers."""
-    args = _one_args(broker, m)
+    script, args = _one(broker, m)
+    keys = broker._keys
     deadline = time.monotonic() + broker.reconnect
     delay = 0.05
     while True:
         try:
-            reply = await link.script(broker._lua.enqueue, broker._keys, args)
-            return str(reply[0].decode())
+            return _ids(await link.script(script, keys, args), [m.id])[0]
         except TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
                 raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc

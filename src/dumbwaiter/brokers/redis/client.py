@@ -46,6 +46,12 @@ from redis.retry import Retry as SyncRetry
 
 from .lua import Script
 
+_NOT_ENOUGH: Any
+try:  # what redis-py's hiredis reader answers while a reply is incomplete
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH
+except ImportError:  # pragma: no cover - other redis-py versions: hiredis' default
+    _NOT_ENOUGH = False
+
 #: errors after which the same call may simply be sent again later: the
 #: server is unreachable, restarting (``LOADING``), failing over (``READONLY``
 #: from a demoted primary) or resharding (``TRYAGAIN``, ``CLUSTERDOWN``)
@@ -125,6 +131,43 @@ def _pack(conn: Any, args: tuple[Arg, ...]) -> list[bytes]:
     if _hiredis_pack is not None:
         return [_hiredis_pack(args)]
     return list(conn.pack_command(*args))
+
+
+def _roundtrip(conn: Any, packed: list[bytes]) -> Any:
+    """Send one packed command on a sync connection and read its reply.
+
+    A sync enqueue is one round trip, so what wraps the two syscalls counts:
+    a connected connection with redis-py's hiredis parser is driven straight
+    on its socket and reader (redis-py's own layers around them are about a
+    third of the call's Python time); any other (not yet connected, or
+    without hiredis) goes through redis-py.  The errors are redis-py's: error
+    replies raise as its ``ResponseError`` subclasses (``NoScriptError``,
+    ``MovedError``...), a lost or timed-out socket as its ``ConnectionError`` /
+    ``TimeoutError``, so callers cannot tell the two paths apart."""
+    sock = getattr(conn, "_sock", None)
+    parser = getattr(conn, "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    buffer = getattr(parser, "_buffer", None)
+    if sock is None or reader is None or buffer is None:
+        conn.send_packed_command(packed, check_health=False)
+        return conn.read_response(disable_decoding=True)
+    try:
+        for item in packed:
+            sock.sendall(item)
+        reply = reader.gets(False)
+        while reply is _NOT_ENOUGH or reply is False:
+            n = sock.recv_into(buffer)
+            if not n:
+                raise RedisConnectionError("Connection closed by server.")
+            reader.feed(buffer, 0, n)
+            reply = reader.gets(False)
+    except TimeoutError as exc:
+        raise RedisTimeoutError(f"Timeout talking to redis: {exc}") from exc
+    except OSError as exc:
+        raise RedisConnectionError(f"Error talking to redis: {exc}") from exc
+    if isinstance(reply, ResponseError | RedisConnectionError):
+        raise reply
+    return reply
 
 
 def _evalsha(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> tuple[Arg, ...]:
@@ -270,10 +313,9 @@ class SyncLink:
         except IndexError:
             conn = self.target.new_sync()
         try:
-            conn.send_packed_command(_pack(conn, args), check_health=False)
-            reply = conn.read_response(disable_decoding=True)
+            reply = _roundtrip(conn, _pack(conn, args))
         except ResponseError:
-            self.free.append(conn)
+            self.free.append(conn)  # the server answered: the connection is fine
             raise
         except BaseException:
             with contextlib.suppress(Exception):

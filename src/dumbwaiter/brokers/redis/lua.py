@@ -47,6 +47,7 @@ def load(name: str) -> Script:
 
 NAMES = (
     "enqueue",
+    "enqueue_one",
     "commit",
     "unstage",
     "fetch",
@@ -88,6 +89,7 @@ class Scripts:
             setattr(self, name, load(name))
 
     enqueue: Script
+    enqueue_one: Script
     commit: Script
     unstage: Script
     fetch: Script

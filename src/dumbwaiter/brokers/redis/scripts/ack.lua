@@ -1,4 +1,5 @@
---@include _lib
+--@include _core
+--@include _counts
 -- Mark leased jobs succeeded.  ARGV: now, then 4 per job: id, token,
 -- expires_at (pruned then), result ('' = none kept).
 -- A job whose lease this token no longer holds is left alone (it was rescued

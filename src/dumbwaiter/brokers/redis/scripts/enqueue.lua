@@ -11,9 +11,13 @@
 -- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
 -- which registers the call until `deadline`) stores the jobs for commit.lua
 -- to publish (see _lib.lua, unstage).
--- Returns each job's id, or the id of the job already stored under the same
--- id or key.  A job is never stored twice, so a producer may send the same
--- batch again after a lost reply.
+-- Returns, for each job that was not stored because another job with the same
+-- key is (its key still blocks), the job's position in the call (1-based) and
+-- that other job's id; an empty list when every job has its own id (stored
+-- now, or by an earlier send of the same batch).  The reply of a chunk of a
+-- bulk enqueue is thus nearly always empty, not a thousand ids the producer
+-- already knows.  A job is never stored twice, so a producer may send the
+-- same batch again after a lost reply.
 --
 -- Ready jobs go straight to idle workers when some wait on the queue: each
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
@@ -37,6 +41,7 @@ if mode == 'stage' then
   stage = P .. ':stage:' .. call
 end
 local n = 5
+local pos = 0
 while n <= #ARGV do
   local size, q, name, pr, ra = tonumber(ARGV[n]), ARGV[n + 1], ARGV[n + 2], ARGV[n + 3],
     ARGV[n + 4]
@@ -50,7 +55,9 @@ while n <= #ARGV do
   -- one EXISTS for the group: when none is stored (the usual case) the
   -- per-job check is skipped
   local any = redis.call('EXISTS', unpack(jks)) > 0
+  -- counted, not measured with `#` (a search per use), for every job
   local ids, fresh, bodies = {}, {}, {}
+  local nids, nfresh = 0, 0
   local sk = P .. ':sched:' .. q
   local first = nil
   if sched then
@@ -76,37 +83,44 @@ while n <= #ARGV do
         end
       end
     end
+    pos = pos + 1
     if held then
-      out[#out + 1] = held
+      if held ~= id then
+        out[#out + 1] = pos
+        out[#out + 1] = held
+      end
     else
-      out[#out + 1] = id
       redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
         'u', now, 'st', sched and 'scheduled' or 'ready')
       if key ~= '' then
         redis.call('HSET', P .. ':keys', key, id)
         redis.call('HSET', jk, 'k', key)
       end
-      ids[#ids + 1] = 0
-      ids[#ids + 1] = id
+      ids[nids + 1] = 0
+      ids[nids + 2] = id
+      nids = nids + 2
       if sched and not stage then
         redis.call('ZADD', sk, ra, id)
       else
-        fresh[#fresh + 1] = id
-        bodies[#bodies + 1] = body
+        nfresh = nfresh + 1
+        fresh[nfresh] = id
+        if not stage then -- offer hands the bodies to idle workers
+          bodies[nfresh] = body
+        end
       end
     end
   end
-  if #ids > 0 then
+  if nids > 0 then
     redis.call('ZADD', P .. ':ids', unpack(ids))
     redis.call('SADD', queues, q)
   end
   if stage then
-    if #fresh > 0 then
-      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, #fresh, unpack(fresh))
+    if nfresh > 0 then
+      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, nfresh, unpack(fresh))
     end
-  elseif #fresh > 0 then
+  elseif nfresh > 0 then
     offer(q, pr, ra, fresh, bodies, now)
-  elseif sched and #ids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
+  elseif sched and nids > 0 and (#first == 0 or tonumber(first[2]) > tonumber(ra)) then
     -- waiting workers sleep until the earliest due job: wake one if these
     -- are due earlier
     wake(q, now)

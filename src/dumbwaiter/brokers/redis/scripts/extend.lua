@@ -1,4 +1,4 @@
---@include _lib
+--@include _core
 -- Heartbeat: push leases to a new end.  ARGV: lease_until, then 2 per job:
 -- id, token.  Returns the positions (1-based) of the jobs whose lease this
 -- token no longer holds.

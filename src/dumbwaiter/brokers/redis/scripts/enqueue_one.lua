@@ -1,0 +1,50 @@
+--@include _core
+-- Store one job without a key and publish it at once: the usual
+-- `task.enqueue`.  The same effect as enqueue.lua with a group of one, in
+-- fewer calls (each call a script makes costs the server more than the
+-- command itself): no tables, and a job handed to an idle worker is written
+-- once, leased, instead of stored ready and then leased.
+-- ARGV: now, queue, name, priority, run_at, scheduled ('1'/'0'),
+-- max_attempts, id, body.
+-- Returns an empty list, as enqueue.lua does when every job has its own id;
+-- a job already stored under this id (a producer sending again after a lost
+-- reply) is left as it is.
+local now, q, name, pr, ra, ma, id, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
+  ARGV[7], ARGV[8], ARGV[9]
+local jk = jkey(id)
+if redis.call('EXISTS', jk) == 1 then
+  return {}
+end
+redis.call('ZADD', P .. ':ids', 0, id)
+redis.call('SADD', P .. ':queues', q)
+if ARGV[6] == '1' then
+  local sk = P .. ':sched:' .. q
+  local first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+  redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
+    'u', now, 'st', 'scheduled')
+  redis.call('ZADD', sk, ra, id)
+  -- waiting workers sleep until the earliest due job: wake one if this one
+  -- is due earlier
+  if #first == 0 or tonumber(first[2]) > tonumber(ra) then
+    wake(q, now)
+  end
+  return {}
+end
+-- ready: an idle worker of the queue gets it, leased, in its inbox (see
+-- offer in _lib.lua); else it waits in the ready set
+local nnow = tonumber(now)
+local wid, w = take_open_waiter(q, nnow)
+if wid then
+  local token = redis.call('INCR', P .. ':fence')
+  local lu = nnow + tonumber(w[2])
+  redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
+    'u', now, 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1], 'ib', wid)
+  redis.call('ZADD', P .. ':running', lu, id)
+  redis.call('HINCRBY', P .. ':stat:' .. q, 'running', 1)
+  redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode({{id, q, 1, body, '', token, lu}}))
+else
+  redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
+    'u', now, 'st', 'ready')
+  redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
+end
+return {}
