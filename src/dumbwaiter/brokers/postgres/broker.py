@@ -48,13 +48,12 @@ from .core import COPY_MIN, MAINTENANCE_LOCK, PRUNE_BATCH, PRUNE_ROUND, RECONNEC
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .queries import LEASE_EXPIRED
 from .rows import (
-    COPY_TYPES,
     NIL_UUID,
     ROW_FIELDS,
-    binary_row,
+    CopyRows,
+    compact,
     delivery_row,
     err_json,
-    fast_bytea,
     is_uuid,
     merge_ids,
 )
@@ -288,6 +287,19 @@ class PostgresBroker(PostgresAdmin):
             None if key is None else m.headers.get("unique"),
         )
 
+    def _kept_row(self, m: Message) -> tuple[Any, ...]:
+        """``_row`` for a bulk enqueue, which keeps every row until its commit
+        (to store the batch again if COPY fails), with a compact copy of the body.
+
+        Why: orjson returns each envelope in a buffer it shrank from a much
+        larger one, so 10,000 envelopes kept at once sit a memory page or more
+        apart, and touching each new page costs more than the encoding
+        (~6 µs a job on the benchmark host, half of a 10,000-job
+        ``enqueue_many``).  The copy (~0.4 µs) is packed with its neighbours
+        and the original is freed, so the next envelope reuses its memory."""
+        r = self._row(m)
+        return (*r[:7], compact(r[7]), *r[8:])
+
     def _params(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         if len(rows) == 1:
             p = dict(zip(ROW_FIELDS, rows[0], strict=False))  # not the unique mode
@@ -308,7 +320,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._kept_row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         if len(head) == COPY_MIN:
             copied: list[tuple[Any, ...]] = []
@@ -373,16 +385,15 @@ class PostgresBroker(PostgresAdmin):
         now = time.time()
         later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
         async with conn.transaction():
-            cur = conn.cursor()
-            fast_bytea(cur)
-            async with cur.copy(self.q.copy) as cp:
-                cp.set_types(COPY_TYPES)
-                for r in itertools.chain(head, (self._row(m) for m in rest)):
+            data = CopyRows(conn.info.encoding)
+            async with conn.cursor().copy(self.q.copy) as cp:
+                for r in itertools.chain(head, (self._kept_row(m) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)
-                    else:
-                        await cp.write_row(binary_row(r))
+                    elif (chunk := data.add(r)) is not None:
+                        await cp.write(chunk)
+                await cp.write(data.end())
             ids = [r[0] for r in kept]
             if later:
                 held = await self._ainsert(conn, later)
@@ -397,7 +408,7 @@ class PostgresBroker(PostgresAdmin):
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._kept_row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         pool = self._sync()
         if len(head) == COPY_MIN:
@@ -461,17 +472,17 @@ class PostgresBroker(PostgresAdmin):
         later: list[tuple[Any, ...]] = []
         with conn.transaction():
             cur = conn.cursor()
-            fast_bytea(cur)
+            data = CopyRows(conn.info.encoding)
             # the writer thread sends while this one encodes: the server stores
             # the first rows while the last ones are being made
             with cur.copy(self.q.copy, writer=QueuedLibpqWriter(cur)) as cp:
-                cp.set_types(COPY_TYPES)
-                for r in itertools.chain(head, (self._row(m) for m in rest)):
+                for r in itertools.chain(head, (self._kept_row(m) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)
-                    else:
-                        cp.write_row(binary_row(r))
+                    elif (chunk := data.add(r)) is not None:
+                        cp.write(chunk)
+                cp.write(data.end())
             ids = [r[0] for r in kept]
             if later:
                 ids = merge_ids(kept, later, self._insert(conn, later))
