@@ -25,7 +25,7 @@ NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
 
 def compact(body: bytes) -> bytes:
-    """A copy of ``body`` in memory of its own size (see ``PostgresBroker._kept_row``)."""
+    """A copy of ``body`` in memory of its own size (see ``PostgresBroker._row``)."""
     return memoryview(body).tobytes()
 
 
