@@ -52,8 +52,10 @@ class CopyRows:
     as building the job's message).  Of the eight columns only the id, the key and the body
     vary within a batch: the queue, name, kind, priority and max_attempts of
     a row are formatted once per distinct combination and reused, so a row is
-    a few byte strings joined.  Values outside int4 raise ``psycopg.DataError``
-    before anything is sent, as psycopg's dumper would.
+    a few byte strings joined.  A priority or max_attempts outside int4
+    raises ``psycopg.DataError`` (the COPY is abandoned, nothing is stored),
+    as the insert of a smaller batch does ("integer out of range"); psycopg's
+    binary int4 dumper wrapped such a value around instead.
 
     Text is encoded in the connection's client encoding (what the server's
     binary input of ``text`` expects).
