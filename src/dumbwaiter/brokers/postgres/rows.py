@@ -49,10 +49,10 @@ class CopyRows:
 
     Why: psycopg formats each row through a few Python calls and a dumper per
     field (~2 µs a job in a profile of a 10,000-job ``enqueue_many``, as much
-    as building the job's message).  Of the eight columns only the id, the key and the body
-    vary within a batch: the queue, name, kind, priority and max_attempts of
-    a row are formatted once per distinct combination and reused, so a row is
-    a few byte strings joined.  A priority or max_attempts outside int4
+    as building the job's message).  Of the eight columns only the id, the
+    key and the body vary within a batch: the queue, name, kind, priority and
+    max_attempts of a row are formatted once per distinct combination and
+    reused, so a row is a few byte strings joined.  A priority or max_attempts outside int4
     raises ``psycopg.DataError`` (the COPY is abandoned, nothing is stored),
     as the insert of a smaller batch does ("integer out of range"); psycopg's
     binary int4 dumper wrapped such a value around instead.
