@@ -13,7 +13,7 @@ from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.broker import COPY_MIN, MAINTENANCE_LOCK
 from dumbwaiter.brokers.postgres.connection import parse_url
 from dumbwaiter.errors import InvalidURL, PayloadTooLarge
-from dumbwaiter.message import Message
+from dumbwaiter.message import Message, encode
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually, fetch_all
@@ -213,6 +213,58 @@ async def test_bulk_that_fails_midway_stores_nothing(make_broker: Make, path: st
                 broker.enqueue_sync(bad)
             else:
                 await broker.enqueue(bad)
+    assert await broker.stats() == [] or (await broker.stats())[0].ready == 0
+
+
+def _stored(broker: PostgresBroker, ids: list[str]) -> list[tuple[object, ...]]:
+    rows = _sql(
+        f"SELECT id::text, queue, name, kind, priority, max_attempts, key, body, state"
+        f' FROM "{broker.schema}".dw_jobs WHERE id = ANY(%s::uuid[])',
+        ids,
+    )
+    by_id = {r[0]: r for r in rows}
+    return [by_id[i] for i in ids]
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_bulk_stores_every_column_as_given(make_broker: Make, path: str) -> None:
+    # several COPY chunks (bodies of ~3 KB), non-ASCII text, keys and
+    # priorities that vary from row to row: each stored as the insert would
+    broker = make_broker()
+    batch = [
+        msg(
+            name=f"t.jöb{i % 3}",
+            queue=("default", "façade", "q-ü")[i % 3],
+            args=["é" * 1500, i],
+            priority=(-2_147_483_648, 0, 7, 2_147_483_647)[i % 4],
+            max_attempts=1 + i % 5,
+            key=f"k:ß:{i}" if i % 4 == 1 else None,
+        )
+        for i in range(3 * COPY_MIN)
+    ]
+    if path == "sync":
+        ids = broker.enqueue_sync(iter(batch))
+    else:
+        ids = await broker.enqueue(iter(batch))
+    assert ids == [m.id for m in batch]
+    expected = [
+        (m.id, m.queue, m.name, "task", m.priority, m.max_attempts, m.key, encode(m), "ready")
+        for m in batch
+    ]
+    assert _stored(broker, ids) == expected
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_bulk_with_a_priority_beyond_int4_stores_nothing(
+    make_broker: Make, path: str
+) -> None:
+    broker = make_broker()
+    batch = [*_bulk(COPY_MIN), msg(priority=2**31), *_bulk(COPY_MIN)]
+    with pytest.raises(psycopg.DataError):
+        if path == "sync":
+            broker.enqueue_sync(batch)
+        else:
+            await broker.enqueue(batch)
     assert await broker.stats() == [] or (await broker.stats())[0].ready == 0
 
 

@@ -48,13 +48,12 @@ from .core import COPY_MIN, MAINTENANCE_LOCK, PRUNE_BATCH, PRUNE_ROUND, RECONNEC
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .queries import LEASE_EXPIRED
 from .rows import (
-    COPY_TYPES,
     NIL_UUID,
     ROW_FIELDS,
-    binary_row,
+    CopyRows,
+    compact,
     delivery_row,
     err_json,
-    fast_bytea,
     is_uuid,
     merge_ids,
 )
@@ -270,11 +269,21 @@ class PostgresBroker(PostgresAdmin):
     # so a batch whose connection died (mid-call, or before the reply) is
     # retried with backoff for up to RECONNECT_FOR seconds.
 
-    def _row(self, m: Message) -> tuple[Any, ...]:
+    def _row(self, m: Message, kept: bool = False) -> tuple[Any, ...]:
         """One job as stored: (id, queue, name, kind, priority, max_attempts,
         key, body, eta), then its unique mode (the "unique" header of a keyed
-        task, else None).  Encoded and size-checked before any I/O."""
+        task, else None).  Encoded and size-checked before any I/O.
+
+        ``kept``: a row of a bulk enqueue, which keeps every row until its
+        commit (to store the batch again if COPY fails); its body is a compact
+        copy.  Why: orjson returns each envelope in a buffer it shrank from a
+        much larger one, so 10,000 envelopes kept at once sit a memory page or
+        more apart, and touching each new page costs more than the encoding
+        (~6 µs a job on the benchmark host, half of a 10,000-job
+        ``enqueue_many``).  The copy (~0.4 µs) is packed with its neighbours
+        and the original is freed, so the next envelope reuses its memory."""
         key = m.key if m.kind == "task" else None
+        body = encode_checked(m, self.max_message_size)
         return (
             m.id,
             m.queue,
@@ -283,7 +292,7 @@ class PostgresBroker(PostgresAdmin):
             m.priority,
             m.max_attempts,
             key,
-            encode_checked(m, self.max_message_size),
+            compact(body) if kept else body,
             m.eta,
             None if key is None else m.headers.get("unique"),
         )
@@ -308,7 +317,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._row(m, True) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         if len(head) == COPY_MIN:
             copied: list[tuple[Any, ...]] = []
@@ -373,16 +382,16 @@ class PostgresBroker(PostgresAdmin):
         now = time.time()
         later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
         async with conn.transaction():
-            cur = conn.cursor()
-            fast_bytea(cur)
-            async with cur.copy(self.q.copy) as cp:
-                cp.set_types(COPY_TYPES)
-                for r in itertools.chain(head, (self._row(m) for m in rest)):
+            await conn.execute(self.q.copy_memory)
+            data = CopyRows(conn.info.encoding)
+            async with conn.cursor().copy(self.q.copy) as cp:
+                for r in itertools.chain(head, (self._row(m, True) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)
-                    else:
-                        await cp.write_row(binary_row(r))
+                    elif (chunk := data.add(r)) is not None:
+                        await cp.write(chunk)
+                await cp.write(data.end())
             ids = [r[0] for r in kept]
             if later:
                 held = await self._ainsert(conn, later)
@@ -397,7 +406,7 @@ class PostgresBroker(PostgresAdmin):
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._row(m, True) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         pool = self._sync()
         if len(head) == COPY_MIN:
@@ -460,18 +469,19 @@ class PostgresBroker(PostgresAdmin):
         now = time.time()
         later: list[tuple[Any, ...]] = []
         with conn.transaction():
+            conn.execute(self.q.copy_memory)
             cur = conn.cursor()
-            fast_bytea(cur)
+            data = CopyRows(conn.info.encoding)
             # the writer thread sends while this one encodes: the server stores
             # the first rows while the last ones are being made
             with cur.copy(self.q.copy, writer=QueuedLibpqWriter(cur)) as cp:
-                cp.set_types(COPY_TYPES)
-                for r in itertools.chain(head, (self._row(m) for m in rest)):
+                for r in itertools.chain(head, (self._row(m, True) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)
-                    else:
-                        cp.write_row(binary_row(r))
+                    elif (chunk := data.add(r)) is not None:
+                        cp.write(chunk)
+                cp.write(data.end())
             ids = [r[0] for r in kept]
             if later:
                 ids = merge_ids(kept, later, self._insert(conn, later))

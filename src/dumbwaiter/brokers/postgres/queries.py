@@ -88,6 +88,15 @@ class Queries:
             f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, body) FROM STDIN"
             " (FORMAT BINARY)"
         )
+        # Before a COPY, in its transaction: room in memory for the insert
+        # trigger's transition table (migration 0004), which holds every copied
+        # row (~450 bytes each) until the statement ends.  Past work_mem (4 MB
+        # by default: ~9,000 jobs) it spills to a temporary file; 32 MB keeps
+        # a batch of ~70,000 in memory.  A higher setting is left as it is.
+        self.copy_memory = q(
+            "SELECT set_config('work_mem', '32MB', true)"
+            " WHERE pg_size_bytes(current_setting('work_mem')) < 32 * 1024 * 1024"
+        )
         self.notify = q("SELECT count(pg_notify(%s, q)) FROM unnest(%s::text[]) AS x(q)")
         self.holders = q(f"SELECT key, id::text FROM {jobs} WHERE key = ANY(%s::text[])")
         self.add_queues = q(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 import uuid
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.adapt import PyFormat
 
 from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message
@@ -23,21 +23,100 @@ ROW_FIELDS = ("id", "queue", "name", "kind", "priority", "max_attempts", "key", 
 #: the cursor of a first page of events
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
-#: the types psycopg writes a COPY row as (binary format).  The id goes as the
-#: 16 bytes of the UUID, typed bytea here: the binary form of a uuid column is
-#: those bytes, and this avoids building a uuid.UUID per job.
-COPY_TYPES = ["bytea", "text", "text", "text", "int4", "int4", "text", "bytea"]
+
+def compact(body: bytes) -> bytes:
+    """A copy of ``body`` in memory of its own size (see ``PostgresBroker._row``)."""
+    return memoryview(body).tobytes()
 
 
-def fast_bytea(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
-    """COPY picks dumpers by column type, and for bytea psycopg's lookup by type
-    finds its pure-Python DB-API ``Binary`` dumper; this cursor gets the
-    (C, where psycopg has it) dumper of ``bytes`` instead."""
-    cur.adapters.register_dumper(bytes, cur.adapters.get_dumper(bytes, PyFormat.BINARY))
+# PostgreSQL's binary COPY format (the COPY documentation, "Binary Format"):
+# a signature, flags and header-extension length; per row a 16-bit field
+# count, then per field a 32-bit length (-1: NULL) and the value's binary
+# form; a 16-bit -1 at the end.
+_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_TRAILER = b"\xff\xff"
+_NULL = b"\xff\xff\xff\xff"
+#: a row's field count (8, COPY's columns) and its first field's length: a uuid is 16 bytes
+_ROW_HEAD = b"\x00\x08\x00\x00\x00\x10"
+_int4 = struct.Struct("!i").pack
+#: the size of the pieces handed to COPY (psycopg's writers pass up to 128 KiB as one)
+COPY_CHUNK = 64 * 1024
 
 
-def binary_row(r: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (bytes.fromhex(r[0].replace("-", "")), r[1], r[2], r[3], r[4], r[5], r[6], r[7])
+class CopyRows:
+    """The rows of a bulk enqueue as binary ``COPY`` data, made here rather
+    than by psycopg's ``write_row``.
+
+    Why: psycopg formats each row through a few Python calls and a dumper per
+    field (~2 µs a job in a profile of a 10,000-job ``enqueue_many``, as much
+    as building the job's message).  Of the eight columns only the id, the
+    key and the body vary within a batch: the queue, name, kind, priority and
+    max_attempts of a row are formatted once per distinct combination and
+    reused, so a row is a few byte strings joined.  A priority or max_attempts outside int4
+    raises ``psycopg.DataError`` (the COPY is abandoned, nothing is stored),
+    as the insert of a smaller batch does ("integer out of range"); psycopg's
+    binary int4 dumper wrapped such a value around instead.
+
+    Text is encoded in the connection's client encoding (what the server's
+    binary input of ``text`` expects).
+    """
+
+    def __init__(self, encoding: str) -> None:
+        self._encoding = encoding
+        self._fixed: dict[tuple[Any, ...], bytes] = {}
+        self._parts: list[bytes] = [_SIGNATURE]
+        self._size = len(_SIGNATURE)
+
+    def _text(self, value: str) -> bytes:
+        raw = value.encode(self._encoding)
+        return _int4(len(raw)) + raw
+
+    def _fields(self, k: tuple[Any, ...]) -> bytes:
+        queue, name, kind, priority, max_attempts = k
+        try:
+            ints = _int4(4) + _int4(priority) + _int4(4) + _int4(max_attempts)
+        except struct.error as exc:
+            raise psycopg.DataError(
+                f"priority or max_attempts out of int4 range: {priority!r}, {max_attempts!r}"
+            ) from exc
+        fixed = self._text(queue) + self._text(name) + self._text(kind) + ints
+        self._fixed[k] = fixed
+        return fixed
+
+    def add(self, r: tuple[Any, ...]) -> bytes | None:
+        """Append one stored row (see ``PostgresBroker._row``); return a chunk
+        to send once at least ``COPY_CHUNK`` bytes have gathered."""
+        ident = bytes.fromhex(r[0].replace("-", ""))
+        if len(ident) != 16:
+            raise ValueError(f"a job id must be a UUID, not {r[0]!r}")
+        k = (r[1], r[2], r[3], r[4], r[5])
+        fixed = self._fixed.get(k) or self._fields(k)
+        key, body = r[6], r[7]
+        size = len(body)
+        self._parts += (
+            _ROW_HEAD,
+            ident,
+            fixed,
+            _NULL if key is None else self._text(key),
+            _int4(size),
+            body,
+        )
+        self._size += size + 80
+        if self._size < COPY_CHUNK:
+            return None
+        return self.take()
+
+    def take(self) -> bytes:
+        """What has gathered since the last chunk."""
+        data = b"".join(self._parts)
+        self._parts.clear()
+        self._size = 0
+        return data
+
+    def end(self) -> bytes:
+        """The last chunk, with the format's trailer."""
+        self._parts.append(_TRAILER)
+        return self.take()
 
 
 def merge_ids(
