@@ -219,14 +219,22 @@ class SQLiteBroker(Broker):
         return self._aconn
 
     def _tx(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """One write transaction.  CPython's sqlite3 now and then reports a
-        spurious SQLITE_MISUSE (InterfaceError) from a cached statement under
-        load (seen here on a loaded machine; coverage.py met it too);
-        the transaction was rolled back whole, so it is run once more."""
+        """One write transaction.
+
+        A cursor that ``fn`` returns (``lambda c: c.executemany(...)``) is
+        closed here, on the connection's thread: left open, it would be
+        dropped on the event loop's thread, and CPython's sqlite3 resets the
+        cursor's cached statement when it is collected, racing the next
+        transaction that runs the same statement on the broker's thread.
+        That race is the SQLITE_MISUSE (InterfaceError) seen under load; should
+        CPython report one anyway, the transaction was rolled back whole, so it
+        is run once more."""
         for attempt in (1, 2):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 out = fn(conn)
+                if isinstance(out, sqlite3.Cursor):
+                    out.close()
             except sqlite3.InterfaceError:
                 conn.execute("ROLLBACK")
                 if attempt == 2:
