@@ -29,9 +29,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -83,6 +83,11 @@ RECORD_GRACE = 5.0
 SEND_ERRORS: tuple[type[BaseException], ...] = (BrokerError, *AMQP_ERRORS)
 #: what ``_judge`` decides about a copy RabbitMQ handed out
 _TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
+#: and what the admission decides before: its queue is paused; a fanned-out
+#: event without a record, whose group's binding must be read first
+_REQUEUE, _BIND = "requeue", "bind"
+_Verdict = tuple[str, "Record | None"]
+T = TypeVar("T")
 _UNIQUE_BLOCKS = {
     "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
     "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
@@ -776,32 +781,40 @@ class RabbitMQBroker(Broker):
         self, link: Link, raws: list[Raw], lease: float, worker: str
     ) -> list[Delivery]:
         """Judge copies against their records: run, drop (stale), park (its job
-        is leased to a live worker, or not due yet) or dead-letter."""
+        is leased to a live worker, or not due yet) or dead-letter.
+
+        The records are read, judged and the leases written in one
+        ``kv_update`` (one transaction and one trip on a SQLite state store:
+        two workers handed copies of one job, a copy sent twice, cannot both
+        lease it).  Only a fanned-out event without a record takes another
+        trip, for its group's binding."""
         k = self.keys
         now = time.time()
         parsed, out = _parse(raws, now + lease)
-        drop: list[int] = []
+        queues = {raw.queue for raw in raws}
         wanted = [k.job + did for _, _, did, _ in parsed]
-        wanted += [k.paused + q for q in {raw.queue for raw in raws}]
         wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
-        got = await self.state.kv_get(wanted)
-        writes: dict[str, bytes] = {}
+        wanted += [k.paused + q for q in queues]
+        held = dict(self._held)  # the lease map's base, read on this thread
+        verdicts = await self.state.kv_update(
+            wanted, lambda got: self._decide(parsed, got, held, now, lease, worker)
+        )
+        drop: list[int] = []
+        requeue: list[int] = []
         parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
         deads: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
-        requeue: list[int] = []
-        judged: set[str] = set()
-        for raw, m, did, ev in parsed:
-            if k.paused + raw.queue in got:
+        late: dict[str, bytes] = {}
+        for (raw, _, did, ev), (verdict, rec) in zip(parsed, verdicts, strict=True):
+            if verdict is _REQUEUE:
                 requeue.append(raw.tag)
-                link.paused_until[raw.queue] = now + 1.0
-                for lq in self.names.lanes(raw.queue):
-                    await link.cancel(lq)
                 continue
-            if did in judged:  # a second copy of a job in this very batch
-                drop.append(raw.tag)
-                continue
-            judged.add(did)
-            verdict, rec = await self._judge(raw, m, did, ev, got, now)
+            if verdict is _BIND and ev is not None:
+                binding = await self._binding(raw.queue, ev.name)
+                msg = delivery_of(ev, binding, did)
+                verdict = _TAKE
+                rec = Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
+                self._lease(rec, now, lease, worker)
+                late[k.job + did] = rec.dump()
             if verdict is _PARK:
                 assert rec is not None
                 until = rec.lease_until + topo.UNIT if rec.state is State.RUNNING else rec.run_at
@@ -809,17 +822,9 @@ class RabbitMQBroker(Broker):
             elif verdict is _DEAD:
                 assert rec is not None
                 deads.append(self._dead_copy(rec.msg, raw.queue))
-                writes[k.job + did] = rec.dump()
             if verdict is not _TAKE or rec is None:
                 drop.append(raw.tag)
                 continue
-            rec.state = State.RUNNING
-            rec.msg.attempt += 1
-            rec.token += 1
-            rec.lease_until = now + lease
-            rec.worker = worker or None
-            rec.updated_at = now
-            writes[k.job + did] = rec.dump()
             self._held[did] = (rec.token, rec.lease_until)
             self._recs[did] = rec
             out.append(
@@ -831,18 +836,78 @@ class RabbitMQBroker(Broker):
                     queue=raw.queue,
                 )
             )
-        if requeue:
+        if late:
+            late[k.lease + self.instance] = self._lease_map(now)
+            await self.state.kv_set(late)
+        if requeue:  # paused since the consumers started: stop them, then give back
+            for q in {raw.queue for raw in raws if raw.tag in requeue}:
+                link.paused_until[q] = now + 1.0
+                for lq in self.names.lanes(q):
+                    await link.cancel(lq)
             await link.nack(link.gen, requeue)
-        if writes:
-            writes[k.lease + self.instance] = self._lease_map(now)
-            await self.state.kv_set(writes)
         if parks or deads:
             await self._send(parks + deads)
         if drop:
             await link.ack(link.gen, drop)
         return out
 
-    async def _judge(
+    def _decide(
+        self,
+        parsed: list[tuple[Raw, Message, str, Message | None]],
+        got: dict[str, bytes],
+        held: dict[str, tuple[int, float]],
+        now: float,
+        lease: float,
+        worker: str,
+    ) -> tuple[dict[str, bytes], list[_Verdict]]:
+        """The admission's verdicts and writes (the leased records and this
+        broker's lease map, ``held`` plus them), given the records read.
+
+        Runs in the state store's transaction, maybe twice, maybe on its
+        thread: it reads only its arguments, builds new records and changes
+        nothing shared."""
+        k = self.keys
+        writes: dict[str, bytes] = {}
+        verdicts: list[_Verdict] = []
+        leased = dict(held)
+        judged: set[str] = set()
+        for raw, m, did, ev in parsed:
+            if k.paused + raw.queue in got:
+                verdicts.append((_REQUEUE, None))
+                continue
+            if did in judged:  # a second copy of a job in this very batch
+                verdicts.append((_DROP, None))
+                continue
+            judged.add(did)
+            if ev is not None and k.job + did not in got and k.claim + "gone:" + did not in got:
+                verdicts.append((_BIND, None))  # its record comes with the binding
+                continue
+            verdict, rec = self._judge(raw, m, did, ev, got, now)
+            if verdict is _DEAD:
+                assert rec is not None
+                writes[k.job + did] = rec.dump()
+            elif verdict is _TAKE and rec is not None:
+                if rec.msg is m:  # the parsed copy's: not this call's to change
+                    rec.msg = _clone(m)
+                self._lease(rec, now, lease, worker)
+                writes[k.job + did] = rec.dump()
+                leased[did] = (rec.token, rec.lease_until)
+            verdicts.append((verdict, rec))
+        if writes:
+            writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
+        return writes, verdicts
+
+    @staticmethod
+    def _lease(rec: Record, now: float, lease: float, worker: str) -> None:
+        """Make ``rec`` the record of a job leased to ``worker`` from ``now``."""
+        rec.state = State.RUNNING
+        rec.msg.attempt += 1
+        rec.token += 1
+        rec.lease_until = now + lease
+        rec.worker = worker or None
+        rec.updated_at = now
+
+    def _judge(
         self,
         raw: Raw,
         m: Message,
@@ -854,17 +919,15 @@ class RabbitMQBroker(Broker):
         """What to do with one copy: ``_TAKE`` (run it), ``_DROP`` (stale: its
         job was retried, rescued, rescheduled, cancelled, purged or finished
         since), ``_PARK`` (its job is leased to a live worker, or not due) or
-        ``_DEAD`` (its worker died holding the last attempt)."""
+        ``_DEAD`` (its worker died holding the last attempt).  A fanned-out
+        event without a record (its publisher knew no binding) is the
+        caller's: it needs the binding, read from the state store."""
         k = self.keys
         rec_raw = got.get(k.job + did)
         ver = int(raw.headers.get("dw-v", 0))
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return _DROP, None  # purged: its tombstone outlives its copies
-            if ev is not None:  # a fanned-out event whose publisher knew no binding
-                binding = await self._binding(raw.queue, ev.name)
-                msg = delivery_of(ev, binding, did)
-                return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
             # No record: its enqueue is between the publish and a failed
             # compensation, or the state store lost it (a crash of a store
             # that does not sync every commit).  Wait a moment for it; then
@@ -1286,6 +1349,13 @@ class RabbitMQBroker(Broker):
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         await self.state.kv_set(items, ttl)
 
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        return await self.state.kv_update(keys, decide)
+
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         return await self.state.kv_add(key, value, ttl)
 
@@ -1358,11 +1428,24 @@ def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
 
 
 def _clone(m: Message) -> Message:
-    return replace(
-        m,
+    """A copy of ``m`` whose containers the worker may change without
+    touching the record this broker keeps (field by field: ``replace``
+    introspects the dataclass on every call, once per fetched job)."""
+    return Message(
+        id=m.id,
+        kind=m.kind,
+        name=m.name,
+        queue=m.queue,
         args=list(m.args),
         kwargs=dict(m.kwargs),
+        payload=m.payload,
         headers=dict(m.headers),
+        attempt=m.attempt,
+        max_attempts=m.max_attempts,
+        created_at=m.created_at,
+        eta=m.eta,
+        priority=m.priority,
+        key=m.key,
         errors=list(m.errors),
     )
 

@@ -975,6 +975,32 @@ class SQLiteBroker(Broker):
             ),
         )
 
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """One write transaction on the broker's thread: the read, ``decide``
+        and the write, atomic against every other connection, one hop."""
+        payload = orjson.dumps(list(keys))
+
+        def run(c: sqlite3.Connection) -> T:
+            rows = c.execute(
+                "SELECT key, value FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
+                " AND (expires IS NULL OR expires > ?)",
+                (payload, time.time()),
+            )
+            writes, out = decide({k: bytes(v) for k, v in rows})
+            if writes:
+                c.executemany(
+                    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,NULL) ON CONFLICT (key)"
+                    " DO UPDATE SET value=excluded.value, expires=NULL",
+                    [(k, bytes(v)) for k, v in writes.items()],
+                ).close()
+            return out
+
+        return await self._run(self._wtx, run)
+
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         def run(c: sqlite3.Connection) -> bool:
             now = time.time()
