@@ -252,6 +252,50 @@ async def test_a_job_whose_record_was_lost_still_runs(
     assert info is not None and info.state is State.SUCCEEDED
 
 
+async def test_a_copy_that_beats_its_record_waits_in_the_worker(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer writes a job's record while RabbitMQ stores its copy: a
+    consumer handed the copy before the record commits keeps it and judges it
+    again a moment later (not through the delay cascade, 50 ms and more)."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "LOCAL_GRACE", 30.0)  # however slow the machine
+    waiting = asyncio.Event()
+    real_wait = module._wait
+
+    def wait(link: Any, raw: Any, now: float) -> None:
+        real_wait(link, raw, now)
+        waiting.set()
+
+    monkeypatch.setattr(module, "_wait", wait)
+    parked: list[object] = []
+    real_park = broker._park
+    monkeypatch.setattr(
+        broker, "_park", lambda raw, until: parked.append(raw) or real_park(raw, until)
+    )
+    await broker.declare(["default"])
+    m = job()
+    await broker._send([broker._copy(m, 0, time.time())], True)  # the copy, no record yet
+    fetch = asyncio.ensure_future(broker.fetch(["default"], 1, 30.0, 30.0))
+    await asyncio.wait_for(waiting.wait(), 20)
+    assert not fetch.done()
+    now = time.time()
+    await broker.state.kv_set(
+        {
+            broker.keys.job + m.id: module.Record(
+                msg=m, state=State.READY, run_at=now, updated_at=now
+            ).dump()
+        }
+    )
+    [d] = await asyncio.wait_for(fetch, 20)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+    assert parked == []
+    await broker.ack([d])
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
 async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
     broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,6 +79,12 @@ _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
+#: seconds of that a first-seen copy waits in the worker, judged again after
+#: 1, 2, 4... ms, before it goes to the delay cascade (UNIT and more): a
+#: producer writes a job's record while RabbitMQ stores its copy, and
+#: a worker may see the copy a moment before the record's commit
+LOCAL_GRACE = 0.05
+FIRST_RECHECK = 0.001
 #: what a publish that may be tried again on a new connection can raise
 SEND_ERRORS: tuple[type[BaseException], ...] = (BrokerError, *AMQP_ERRORS)
 #: what ``_judge`` decides about a copy RabbitMQ handed out
@@ -86,6 +92,8 @@ _TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
 #: and what the admission decides before: its queue is paused; a fanned-out
 #: event without a record, whose group's binding must be read first
 _REQUEUE, _BIND = "requeue", "bind"
+#: no record yet for a first-seen copy: judged again in a moment (``LOCAL_GRACE``)
+_WAIT = "wait"
 _Verdict = tuple[str, "Record | None"]
 T = TypeVar("T")
 _UNIQUE_BLOCKS = {
@@ -113,6 +121,39 @@ def _seen(raw: Raw, now: float) -> float:
         return now if value is None else float(value)
     except (TypeError, ValueError):
         return now
+
+
+def _wait(link: Link, raw: Raw, now: float) -> None:
+    """Keep a copy without its record in ``link.waiting`` (unacked) to be
+    judged again after 1, 2, 4... ms."""
+    if raw.waited_since == 0.0:
+        raw.waited_since, raw.recheck_at = now, now + FIRST_RECHECK
+    else:
+        raw.recheck_at = now + max(FIRST_RECHECK, now - raw.waited_since)
+    link.waiting.append(raw)
+
+
+def _recheck_due(link: Link) -> None:
+    """Put the waiting copies whose time to be judged again has come back at
+    the head of the buffer."""
+    if not link.waiting:
+        return
+    now = time.time()
+    due = [r for r in link.waiting if r.recheck_at <= now]
+    if due:
+        link.waiting = [r for r in link.waiting if r.recheck_at > now]
+        link.buffer.extendleft(reversed(due))
+
+
+def _may_wait(raw: Raw, now: float) -> bool:
+    """Whether a copy without its record may wait in the worker (``_WAIT``)
+    rather than in the cascade: one a consumer handed over, never parked
+    before, within ``LOCAL_GRACE`` of its first wait."""
+    return (
+        raw.can_wait
+        and "dw-seen" not in raw.headers
+        and (raw.waited_since == 0.0 or now - raw.waited_since < LOCAL_GRACE)
+    )
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -528,8 +569,17 @@ class RabbitMQBroker(Broker):
 
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
         """One job without a unique key (the usual producer call): the record
-        is added only if absent, in the same state-store call that checks for
-        a duplicate id, then the copy is confirmed."""
+        is added (only if absent: the same state-store call checks for a
+        duplicate id) *while* the copy is published and confirmed, so the call
+        takes the longer of the two, not their sum.
+
+        The copy may reach a worker a moment before its record commits: the
+        worker keeps it and judges it again after a millisecond or so
+        (``_WAIT``).  A duplicate id sends a second copy of version 0, which
+        the admission drops like any copy sent twice.  If the record cannot be
+        written the call fails, and the confirmed copy runs once
+        ``RECORD_GRACE`` has passed (the outcome of a failed call is unknown,
+        as after a lost confirm: at least once, never lost)."""
         due = m.eta if m.eta is not None and m.eta > now else now
         rec = Record(
             msg=m,
@@ -538,16 +588,17 @@ class RabbitMQBroker(Broker):
             updated_at=now,
         )
         key = self.keys.job + m.id
-        if not await self.state.kv_add(key, rec.dump()):
-            return m.id  # enqueued before
+        add = asyncio.ensure_future(self.state.kv_add(key, rec.dump()))
         try:
             await self._send([self._copy(m, 0, due, raw)], True)
         except BaseException:
             try:
-                await self.state.kv_delete([key])
+                if await add:  # ours, not an earlier enqueue's: forget it
+                    await self.state.kv_delete([key])
             except Exception:
                 log.exception("could not forget the record of a failed enqueue")
             raise
+        await add  # raises if the record could not be written
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
@@ -694,6 +745,7 @@ class RabbitMQBroker(Broker):
         """``wait=0``: what is ready now, exactly, by ``basic.get`` in lane order."""
         out: list[Delivery] = []
         lanes = await self._lanes(queues)
+        _recheck_due(link)
         while len(out) < limit:
             raws = self._from_buffer(link, list(lanes), limit - len(out))
             for q, qlanes in lanes.items():
@@ -726,6 +778,7 @@ class RabbitMQBroker(Broker):
         while True:
             gen = link.gen
             await self._watch(link, queues, prefetch)
+            _recheck_due(link)
             for _ in range(2):  # let deliveries already read off the socket land
                 if not link.buffer or len(link.buffer) >= limit:
                     break
@@ -740,9 +793,12 @@ class RabbitMQBroker(Broker):
             if remaining <= 0:
                 return []
             link.arrived.clear()
-            recheck = min(remaining, max(0.0, link.looked_at + 1.0 - time.time()))
+            now = time.time()
+            recheck = min(remaining, max(0.01, link.looked_at + 1.0 - now))
+            if link.waiting:  # a copy waiting for its record: judge it again on time
+                recheck = min(recheck, max(0.0, min(r.recheck_at for r in link.waiting) - now))
             try:
-                await asyncio.wait_for(link.arrived.wait(), max(0.01, recheck))
+                await asyncio.wait_for(link.arrived.wait(), recheck)
             except TimeoutError:
                 pass
             if gen != link.gen or not link.ok():
@@ -807,6 +863,9 @@ class RabbitMQBroker(Broker):
         for (raw, _, did, ev), (verdict, rec) in zip(parsed, verdicts, strict=True):
             if verdict is _REQUEUE:
                 requeue.append(raw.tag)
+                continue
+            if verdict is _WAIT:  # unacked, in the link, judged again shortly
+                _wait(link, raw, now)
                 continue
             if verdict is _BIND and ev is not None:
                 binding = await self._binding(raw.queue, ev.name)
@@ -934,6 +993,8 @@ class RabbitMQBroker(Broker):
             # the copy, which RabbitMQ confirmed, is the truth.
             seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
+                if _may_wait(raw, now):
+                    return _WAIT, None
                 return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
             return _TAKE, Record(msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
@@ -945,6 +1006,8 @@ class RabbitMQBroker(Broker):
             # record; if it never comes, its writer died, and the copy wins.
             seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
+                if _may_wait(raw, now):
+                    return _WAIT, None
                 rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
                 return _PARK, rec
             rec.ver, rec.msg = ver, m

@@ -63,6 +63,11 @@ class Raw:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
     message_id: str = ""
+    #: handed over by a consumer: may wait in ``Link.waiting`` for its record
+    can_wait: bool = False
+    #: when it first waited there, and when to judge it again (``time.time()``)
+    waited_since: float = 0.0
+    recheck_at: float = 0.0
 
 
 class Link:
@@ -76,6 +81,9 @@ class Link:
         self.gen = 0
         self.lock = asyncio.Lock()
         self.buffer: deque[Raw] = deque()
+        #: copies whose record was not written yet when they came (their
+        #: producer writes it beside the publish), judged again shortly
+        self.waiting: list[Raw] = []
         self.arrived = asyncio.Event()
         #: lane queue name -> consumer tag
         self.consumers: dict[str, str] = {}
@@ -126,6 +134,7 @@ class Link:
         conn = self.conn
         self.conn = self.pub = self.cons = None
         self.buffer.clear()
+        self.waiting.clear()
         self.consumers.clear()
         self.unacked.clear()
         self.prefetch = 0
@@ -176,6 +185,7 @@ class Link:
                     body=m.body,
                     headers=dict(props.headers or {}),
                     message_id=props.message_id or "",
+                    can_wait=True,
                 )
             )
             self.arrived.set()
