@@ -569,17 +569,14 @@ class RabbitMQBroker(Broker):
 
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
         """One job without a unique key (the usual producer call): the record
-        is added (only if absent: the same state-store call checks for a
-        duplicate id) *while* the copy is published and confirmed, so the call
-        takes the longer of the two, not their sum.
+        is added only if absent, in the same state-store call that checks for
+        a duplicate id, then the copy is confirmed.
 
-        The copy may reach a worker a moment before its record commits: the
-        worker keeps it and judges it again after a millisecond or so
-        (``_WAIT``).  A duplicate id sends a second copy of version 0, which
-        the admission drops like any copy sent twice.  If the record cannot be
-        written the call fails, and the confirmed copy runs once
-        ``RECORD_GRACE`` has passed (the outcome of a failed call is unknown,
-        as after a lost confirm: at least once, never lost)."""
+        Records go first.  Writing the record while the copy is published
+        (fb7391e) took the record's trip off the call, but a worker handed the
+        copy then met the producer's transaction on the state store, and a
+        SQLite writer that meets another's lock sleeps a millisecond or more
+        (W3's p90 went from ~1.3 to 5-7 ms from delivery to start)."""
         due = m.eta if m.eta is not None and m.eta > now else now
         rec = Record(
             msg=m,
@@ -588,17 +585,16 @@ class RabbitMQBroker(Broker):
             updated_at=now,
         )
         key = self.keys.job + m.id
-        add = asyncio.ensure_future(self.state.kv_add(key, rec.dump()))
+        if not await self.state.kv_add(key, rec.dump()):
+            return m.id  # enqueued before
         try:
             await self._send([self._copy(m, 0, due, raw)], True)
         except BaseException:
             try:
-                if await add:  # ours, not an earlier enqueue's: forget it
-                    await self.state.kv_delete([key])
+                await self.state.kv_delete([key])
             except Exception:
                 log.exception("could not forget the record of a failed enqueue")
             raise
-        await add  # raises if the record could not be written
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:

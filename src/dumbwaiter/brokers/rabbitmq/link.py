@@ -253,6 +253,15 @@ class Link:
             return
         # the concrete channel: its basic_publish takes ``wait``
         ch = cast(aiormq.Channel, self.channel())
+        if len(items) == 1:  # the usual enqueue: no task and gather around it
+            ex, rk, body, props = items[0]
+            async with asyncio.timeout(CONFIRM_TIMEOUT):
+                r = await ch.basic_publish(
+                    body, exchange=ex, routing_key=rk, properties=props, wait=False
+                )
+            if not isinstance(r, spec.Basic.Ack):
+                raise BrokerError(f"rabbitmq refused a message: {r!r}")
+            return
         for start in range(0, len(items), IN_FLIGHT):
             window = items[start : start + IN_FLIGHT]
             results = await asyncio.wait_for(self._publish(ch, window), CONFIRM_TIMEOUT)
