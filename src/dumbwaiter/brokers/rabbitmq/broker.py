@@ -1325,25 +1325,31 @@ class RabbitMQBroker(Broker):
             log.warning("could not sweep the dead-letter queues: %r", exc)
 
     async def cancel(self, ids: Sequence[str]) -> list[str]:
+        """Cancel in one ``kv_update``: on a SQLite state store a fetch of the
+        same job either sees the cancel (and drops the copy) or leased it
+        first (and the job is not cancellable), never both."""
         now = time.time()
-        got = await self.state.kv_get([self.keys.job + i for i in ids])
-        out: list[str] = []
-        writes: dict[str, bytes] = {}
-        for i in ids:
-            raw = got.get(self.keys.job + i)
-            if raw is None or i in out:
-                continue
-            rec = Record.load(raw)
-            if rec.shown_state(now) not in CANCELLABLE_STATES:
-                continue
-            rec.state, rec.updated_at = State.CANCELLED, now
-            rec.ver += 1  # its queued copy is stale now
-            writes[self.keys.job + i] = rec.dump()
-            out.append(i)
+        k = self.keys
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+            writes: dict[str, bytes] = {}
+            for i in ids:
+                raw = got.get(k.job + i)
+                if raw is None or k.job + i in writes:
+                    continue
+                rec = Record.load(raw)
+                if rec.shown_state(now) not in CANCELLABLE_STATES:
+                    continue
+                rec.state, rec.updated_at = State.CANCELLED, now
+                rec.ver += 1  # its queued copy is stale now
+                writes[k.job + i] = rec.dump()
+            return writes, writes
+
+        writes = await self.state.kv_update([k.job + i for i in ids], decide)
         if writes:  # kept until their queued copies have come up and been dropped
             ttl = max(self._outlive(Record.load(v), now) for v in writes.values())
             await self.state.kv_set(writes, ttl=ttl)
-        return out
+        return [key[len(k.job) :] for key in writes]
 
     def _outlive(self, rec: Record, now: float) -> float:
         """Seconds a record or tombstone must stay so that the job's queued
