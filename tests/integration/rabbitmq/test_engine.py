@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -294,6 +295,32 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     await broker.ack([d])
     info = await broker.get(m.id)
     assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_copies_go_back_to_the_buffer_when_the_state_store_fails(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch whose state-store call fails raises, and the copies it was
+    judging are judged by the next fetch: they do not stay unacked, holding
+    the consumer's prefetch, until the connection closes."""
+    m = job()
+    await broker.enqueue([m])
+    real = broker.state.kv_update
+    calls = 0
+
+    async def failing_once(keys: Any, decide: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return await real(keys, decide)
+
+    monkeypatch.setattr(broker.state, "kv_update", failing_once)
+    with pytest.raises(sqlite3.OperationalError):
+        await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 30.0), 20)
+    [d] = await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 30.0), 20)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+    await broker.ack([d])
 
 
 async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(

@@ -843,14 +843,7 @@ class RabbitMQBroker(Broker):
         k = self.keys
         now = time.time()
         parsed, out = _parse(raws, now + lease)
-        queues = {raw.queue for raw in raws}
-        wanted = [k.job + did for _, _, did, _ in parsed]
-        wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
-        wanted += [k.paused + q for q in queues]
-        held = dict(self._held)  # the lease map's base, read on this thread
-        verdicts = await self.state.kv_update(
-            wanted, lambda got: self._decide(parsed, got, held, now, lease, worker)
-        )
+        verdicts = await self._verdicts(link, raws, parsed, now, lease, worker)
         drop: list[int] = []
         requeue: list[int] = []
         parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
@@ -905,6 +898,35 @@ class RabbitMQBroker(Broker):
         if drop:
             await link.ack(link.gen, drop)
         return out
+
+    async def _verdicts(
+        self,
+        link: Link,
+        raws: list[Raw],
+        parsed: list[tuple[Raw, Message, str, Message | None]],
+        now: float,
+        lease: float,
+        worker: str,
+    ) -> list[_Verdict]:
+        """``_decide`` in one ``kv_update`` of the copies' records, tombstones
+        and pause flags."""
+        k = self.keys
+        wanted = [k.job + did for _, _, did, _ in parsed]
+        wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
+        wanted += [k.paused + q for q in {raw.queue for raw in raws}]
+        held = dict(self._held)  # the lease map's base, read on this thread
+        try:
+            return await self.state.kv_update(
+                wanted, lambda got: self._decide(parsed, got, held, now, lease, worker)
+            )
+        except BaseException:
+            # the state store failed (or the fetch was cancelled): the copies
+            # go back to the head of the buffer, to be judged again by the
+            # next fetch; left out, they would stay unacked on a live
+            # connection, each holding a slot of the consumer's prefetch
+            if raws and raws[0].gen == link.gen:
+                link.buffer.extendleft(reversed(raws))
+            raise
 
     def _decide(
         self,
