@@ -42,6 +42,26 @@ async def test_incr_is_atomic(make_broker: Callable[[], Broker]) -> None:
     assert await brokers[0].kv_get(["chord:x"]) == {"chord:x": b"0"}
 
 
+async def test_update_reads_decides_and_writes(broker: Broker) -> None:
+    """``kv_update``: ``decide`` sees the live values of the keys asked for
+    (absent ones left out), what it returns is stored, its result returned."""
+    await broker.kv_set({"rec:a": b"1", "rec:b": b"2"})
+    seen: list[dict[str, bytes]] = []
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+        seen.append(dict(got))
+        return {k: bytes(v) + b"+" for k, v in got.items()} | {"rec:new": b"n"}, len(got)
+
+    assert await broker.kv_update(["rec:a", "rec:b", "rec:c"], decide) == 2
+    assert seen[-1] == {"rec:a": b"1", "rec:b": b"2"}
+    assert await broker.kv_get(["rec:a", "rec:b", "rec:c", "rec:new"]) == {
+        "rec:a": b"1+",
+        "rec:b": b"2+",
+        "rec:new": b"n",
+    }
+    assert await broker.kv_update(["rec:c"], lambda got: ({}, got)) == {}  # nothing to write
+
+
 async def test_scan_by_prefix(broker: Broker) -> None:
     await broker.kv_set({"sched:a": b"1", "sched:b": b"2", "other": b"3"})
     assert await broker.kv_scan("sched:") == {"sched:a": b"1", "sched:b": b"2"}

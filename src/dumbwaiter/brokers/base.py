@@ -24,15 +24,17 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 
 if TYPE_CHECKING:
     from ..sqldb import Sql
 from ..state import State
+
+T = TypeVar("T")
 
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
 DEFAULT_EVENT_RETENTION = 7 * 86400.0
@@ -504,6 +506,27 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
         """Every live entry whose key starts with ``prefix``."""
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """Read ``keys`` (as ``kv_get``), let ``decide`` say what to store
+        given what it read, store that (as ``kv_set``, no ttl) and return
+        ``decide``'s other result: a read-modify-write of many keys.
+
+        ``decide`` is pure (no I/O, no awaits, no shared state it changes) and
+        may run more than once or on another thread: engines that can run it
+        inside one transaction do, which makes the update atomic and one
+        round trip (SQLite; memory is atomic with this default, which never
+        yields between its two calls).  This default is a ``kv_get`` then a
+        ``kv_set``: another writer may come in between."""
+        got = await self.kv_get(keys)
+        writes, out = decide(got)
+        if writes:
+            await self.kv_set(writes)
+        return out
 
     async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
         """Add ``member`` to the set ``key`` (idempotent) and return the set's size

@@ -15,9 +15,9 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import orjson
 
@@ -37,6 +37,8 @@ from .base import (
     delivery_of,
     stats_rows,
 )
+
+T = TypeVar("T")
 
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
 _RETAINED = frozenset(State)
@@ -618,6 +620,20 @@ class MemoryBroker(Broker):
         with self._s.lock:
             for k, v in items.items():
                 self._s.kv[k] = (bytes(v), expires)
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """Under the store's lock: atomic against other threads' calls too."""
+        now = time.time()
+        with self._s.lock:
+            found = {k: self._kv_live(k, now) for k in keys}
+            writes, out = decide({k: v for k, v in found.items() if v is not None})
+            for k, v in writes.items():
+                self._s.kv[k] = (bytes(v), None)
+        return out
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         now = time.time()

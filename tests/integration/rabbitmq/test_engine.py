@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -252,6 +253,76 @@ async def test_a_job_whose_record_was_lost_still_runs(
     assert info is not None and info.state is State.SUCCEEDED
 
 
+async def test_a_copy_that_beats_its_record_waits_in_the_worker(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer writes a job's record while RabbitMQ stores its copy: a
+    consumer handed the copy before the record commits keeps it and judges it
+    again a moment later (not through the delay cascade, 50 ms and more)."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "LOCAL_GRACE", 30.0)  # however slow the machine
+    waiting = asyncio.Event()
+    real_wait = module._wait
+
+    def wait(link: Any, raw: Any, now: float) -> None:
+        real_wait(link, raw, now)
+        waiting.set()
+
+    monkeypatch.setattr(module, "_wait", wait)
+    parked: list[object] = []
+    real_park = broker._park
+    monkeypatch.setattr(
+        broker, "_park", lambda raw, until: parked.append(raw) or real_park(raw, until)
+    )
+    await broker.declare(["default"])
+    m = job()
+    await broker._send([broker._copy(m, 0, time.time())], True)  # the copy, no record yet
+    fetch = asyncio.ensure_future(broker.fetch(["default"], 1, 30.0, 30.0))
+    await asyncio.wait_for(waiting.wait(), 20)
+    assert not fetch.done()
+    now = time.time()
+    await broker.state.kv_set(
+        {
+            broker.keys.job + m.id: module.Record(
+                msg=m, state=State.READY, run_at=now, updated_at=now
+            ).dump()
+        }
+    )
+    [d] = await asyncio.wait_for(fetch, 20)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+    assert parked == []
+    await broker.ack([d])
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_copies_go_back_to_the_buffer_when_the_state_store_fails(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch whose state-store call fails raises, and the copies it was
+    judging are judged by the next fetch: they do not stay unacked, holding
+    the consumer's prefetch, until the connection closes."""
+    m = job()
+    await broker.enqueue([m])
+    real = broker.state.kv_update
+    calls = 0
+
+    async def failing_once(keys: Any, decide: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return await real(keys, decide)
+
+    monkeypatch.setattr(broker.state, "kv_update", failing_once)
+    with pytest.raises(sqlite3.OperationalError):
+        await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 30.0), 20)
+    [d] = await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 30.0), 20)
+    assert d.id == m.id and d.message is not None and d.message.attempt == 1
+    await broker.ack([d])
+
+
 async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
     broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,3 +399,31 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     # parked again: the first sighting is kept
     _, _, _, props2 = b._park(back, time.time() + 1.0)
     assert props2.headers["dw-seen"] == headers["dw-seen"]
+
+
+def test_a_fetched_jobs_message_is_a_full_copy_of_its_records() -> None:
+    """The delivery's message (``_clone``, built field by field) equals the
+    record's on every field of ``Message``, and shares none of its
+    containers: the worker appends errors and bumps attempts on its own."""
+    import dataclasses
+
+    from dumbwaiter.brokers.rabbitmq.broker import _clone
+    from dumbwaiter.message import ErrorRecord
+
+    m = job(
+        args=[1, [2]],
+        kwargs={"a": 1},
+        payload={"p": 1},
+        headers={"h": "1"},
+        attempt=2,
+        eta=time.time() + 5,
+        priority=3,
+        key="k",
+        errors=[ErrorRecord(time=1.0, type="E", message="m")],
+    )
+    c = _clone(m)
+    assert c == m
+    for f in dataclasses.fields(Message):
+        assert getattr(c, f.name) == getattr(m, f.name), f.name
+    for name in ("args", "kwargs", "headers", "errors"):
+        assert getattr(c, name) is not getattr(m, name), name

@@ -29,9 +29,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -79,10 +79,23 @@ _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
+#: seconds of that a first-seen copy waits in the worker, judged again after
+#: 1, 2, 4... ms, before it goes to the delay cascade (UNIT and more): a
+#: producer writes a job's record while RabbitMQ stores its copy, and
+#: a worker may see the copy a moment before the record's commit
+LOCAL_GRACE = 0.05
+FIRST_RECHECK = 0.001
 #: what a publish that may be tried again on a new connection can raise
 SEND_ERRORS: tuple[type[BaseException], ...] = (BrokerError, *AMQP_ERRORS)
 #: what ``_judge`` decides about a copy RabbitMQ handed out
 _TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
+#: and what the admission decides before: its queue is paused; a fanned-out
+#: event without a record, whose group's binding must be read first
+_REQUEUE, _BIND = "requeue", "bind"
+#: no record yet for a first-seen copy: judged again in a moment (``LOCAL_GRACE``)
+_WAIT = "wait"
+_Verdict = tuple[str, "Record | None"]
+T = TypeVar("T")
 _UNIQUE_BLOCKS = {
     "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
     "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
@@ -108,6 +121,39 @@ def _seen(raw: Raw, now: float) -> float:
         return now if value is None else float(value)
     except (TypeError, ValueError):
         return now
+
+
+def _wait(link: Link, raw: Raw, now: float) -> None:
+    """Keep a copy without its record in ``link.waiting`` (unacked) to be
+    judged again after 1, 2, 4... ms."""
+    if raw.waited_since == 0.0:
+        raw.waited_since, raw.recheck_at = now, now + FIRST_RECHECK
+    else:
+        raw.recheck_at = now + max(FIRST_RECHECK, now - raw.waited_since)
+    link.waiting.append(raw)
+
+
+def _recheck_due(link: Link) -> None:
+    """Put the waiting copies whose time to be judged again has come back at
+    the head of the buffer."""
+    if not link.waiting:
+        return
+    now = time.time()
+    due = [r for r in link.waiting if r.recheck_at <= now]
+    if due:
+        link.waiting = [r for r in link.waiting if r.recheck_at > now]
+        link.buffer.extendleft(reversed(due))
+
+
+def _may_wait(raw: Raw, now: float) -> bool:
+    """Whether a copy without its record may wait in the worker (``_WAIT``)
+    rather than in the cascade: one a consumer handed over, never parked
+    before, within ``LOCAL_GRACE`` of its first wait."""
+    return (
+        raw.can_wait
+        and "dw-seen" not in raw.headers
+        and (raw.waited_since == 0.0 or now - raw.waited_since < LOCAL_GRACE)
+    )
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -524,7 +570,13 @@ class RabbitMQBroker(Broker):
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
         """One job without a unique key (the usual producer call): the record
         is added only if absent, in the same state-store call that checks for
-        a duplicate id, then the copy is confirmed."""
+        a duplicate id, then the copy is confirmed.
+
+        Records go first.  Writing the record while the copy is published
+        (fb7391e) took the record's trip off the call, but a worker handed the
+        copy then met the producer's transaction on the state store, and a
+        SQLite writer that meets another's lock sleeps a millisecond or more
+        (W3's p90 went from ~1.3 to 5-7 ms from delivery to start)."""
         due = m.eta if m.eta is not None and m.eta > now else now
         rec = Record(
             msg=m,
@@ -689,6 +741,7 @@ class RabbitMQBroker(Broker):
         """``wait=0``: what is ready now, exactly, by ``basic.get`` in lane order."""
         out: list[Delivery] = []
         lanes = await self._lanes(queues)
+        _recheck_due(link)
         while len(out) < limit:
             raws = self._from_buffer(link, list(lanes), limit - len(out))
             for q, qlanes in lanes.items():
@@ -721,6 +774,7 @@ class RabbitMQBroker(Broker):
         while True:
             gen = link.gen
             await self._watch(link, queues, prefetch)
+            _recheck_due(link)
             for _ in range(2):  # let deliveries already read off the socket land
                 if not link.buffer or len(link.buffer) >= limit:
                     break
@@ -735,9 +789,12 @@ class RabbitMQBroker(Broker):
             if remaining <= 0:
                 return []
             link.arrived.clear()
-            recheck = min(remaining, max(0.0, link.looked_at + 1.0 - time.time()))
+            now = time.time()
+            recheck = min(remaining, max(0.01, link.looked_at + 1.0 - now))
+            if link.waiting:  # a copy waiting for its record: judge it again on time
+                recheck = min(recheck, max(0.0, min(r.recheck_at for r in link.waiting) - now))
             try:
-                await asyncio.wait_for(link.arrived.wait(), max(0.01, recheck))
+                await asyncio.wait_for(link.arrived.wait(), recheck)
             except TimeoutError:
                 pass
             if gen != link.gen or not link.ok():
@@ -776,32 +833,36 @@ class RabbitMQBroker(Broker):
         self, link: Link, raws: list[Raw], lease: float, worker: str
     ) -> list[Delivery]:
         """Judge copies against their records: run, drop (stale), park (its job
-        is leased to a live worker, or not due yet) or dead-letter."""
+        is leased to a live worker, or not due yet) or dead-letter.
+
+        The records are read, judged and the leases written in one
+        ``kv_update`` (one transaction and one trip on a SQLite state store:
+        two workers handed copies of one job, a copy sent twice, cannot both
+        lease it).  Only a fanned-out event without a record takes another
+        trip, for its group's binding."""
         k = self.keys
         now = time.time()
         parsed, out = _parse(raws, now + lease)
+        verdicts = await self._verdicts(link, raws, parsed, now, lease, worker)
         drop: list[int] = []
-        wanted = [k.job + did for _, _, did, _ in parsed]
-        wanted += [k.paused + q for q in {raw.queue for raw in raws}]
-        wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
-        got = await self.state.kv_get(wanted)
-        writes: dict[str, bytes] = {}
+        requeue: list[int] = []
         parks: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
         deads: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
-        requeue: list[int] = []
-        judged: set[str] = set()
-        for raw, m, did, ev in parsed:
-            if k.paused + raw.queue in got:
+        late: dict[str, bytes] = {}
+        for (raw, _, did, ev), (verdict, rec) in zip(parsed, verdicts, strict=True):
+            if verdict is _REQUEUE:
                 requeue.append(raw.tag)
-                link.paused_until[raw.queue] = now + 1.0
-                for lq in self.names.lanes(raw.queue):
-                    await link.cancel(lq)
                 continue
-            if did in judged:  # a second copy of a job in this very batch
-                drop.append(raw.tag)
+            if verdict is _WAIT:  # unacked, in the link, judged again shortly
+                _wait(link, raw, now)
                 continue
-            judged.add(did)
-            verdict, rec = await self._judge(raw, m, did, ev, got, now)
+            if verdict is _BIND and ev is not None:
+                binding = await self._binding(raw.queue, ev.name)
+                msg = delivery_of(ev, binding, did)
+                verdict = _TAKE
+                rec = Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
+                self._lease(rec, now, lease, worker)
+                late[k.job + did] = rec.dump()
             if verdict is _PARK:
                 assert rec is not None
                 until = rec.lease_until + topo.UNIT if rec.state is State.RUNNING else rec.run_at
@@ -809,17 +870,9 @@ class RabbitMQBroker(Broker):
             elif verdict is _DEAD:
                 assert rec is not None
                 deads.append(self._dead_copy(rec.msg, raw.queue))
-                writes[k.job + did] = rec.dump()
             if verdict is not _TAKE or rec is None:
                 drop.append(raw.tag)
                 continue
-            rec.state = State.RUNNING
-            rec.msg.attempt += 1
-            rec.token += 1
-            rec.lease_until = now + lease
-            rec.worker = worker or None
-            rec.updated_at = now
-            writes[k.job + did] = rec.dump()
             self._held[did] = (rec.token, rec.lease_until)
             self._recs[did] = rec
             out.append(
@@ -831,18 +884,107 @@ class RabbitMQBroker(Broker):
                     queue=raw.queue,
                 )
             )
-        if requeue:
+        if late:
+            late[k.lease + self.instance] = self._lease_map(now)
+            await self.state.kv_set(late)
+        if requeue:  # paused since the consumers started: stop them, then give back
+            for q in {raw.queue for raw in raws if raw.tag in requeue}:
+                link.paused_until[q] = now + 1.0
+                for lq in self.names.lanes(q):
+                    await link.cancel(lq)
             await link.nack(link.gen, requeue)
-        if writes:
-            writes[k.lease + self.instance] = self._lease_map(now)
-            await self.state.kv_set(writes)
         if parks or deads:
             await self._send(parks + deads)
         if drop:
             await link.ack(link.gen, drop)
         return out
 
-    async def _judge(
+    async def _verdicts(
+        self,
+        link: Link,
+        raws: list[Raw],
+        parsed: list[tuple[Raw, Message, str, Message | None]],
+        now: float,
+        lease: float,
+        worker: str,
+    ) -> list[_Verdict]:
+        """``_decide`` in one ``kv_update`` of the copies' records, tombstones
+        and pause flags."""
+        k = self.keys
+        wanted = [k.job + did for _, _, did, _ in parsed]
+        wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
+        wanted += [k.paused + q for q in {raw.queue for raw in raws}]
+        held = dict(self._held)  # the lease map's base, read on this thread
+        try:
+            return await self.state.kv_update(
+                wanted, lambda got: self._decide(parsed, got, held, now, lease, worker)
+            )
+        except BaseException:
+            # the state store failed (or the fetch was cancelled): the copies
+            # go back to the head of the buffer, to be judged again by the
+            # next fetch; left out, they would stay unacked on a live
+            # connection, each holding a slot of the consumer's prefetch
+            if raws and raws[0].gen == link.gen:
+                link.buffer.extendleft(reversed(raws))
+            raise
+
+    def _decide(
+        self,
+        parsed: list[tuple[Raw, Message, str, Message | None]],
+        got: dict[str, bytes],
+        held: dict[str, tuple[int, float]],
+        now: float,
+        lease: float,
+        worker: str,
+    ) -> tuple[dict[str, bytes], list[_Verdict]]:
+        """The admission's verdicts and writes (the leased records and this
+        broker's lease map, ``held`` plus them), given the records read.
+
+        Runs in the state store's transaction, maybe twice, maybe on its
+        thread: it reads only its arguments, builds new records and changes
+        nothing shared."""
+        k = self.keys
+        writes: dict[str, bytes] = {}
+        verdicts: list[_Verdict] = []
+        leased = dict(held)
+        judged: set[str] = set()
+        for raw, m, did, ev in parsed:
+            if k.paused + raw.queue in got:
+                verdicts.append((_REQUEUE, None))
+                continue
+            if did in judged:  # a second copy of a job in this very batch
+                verdicts.append((_DROP, None))
+                continue
+            judged.add(did)
+            if ev is not None and k.job + did not in got and k.claim + "gone:" + did not in got:
+                verdicts.append((_BIND, None))  # its record comes with the binding
+                continue
+            verdict, rec = self._judge(raw, m, did, ev, got, now)
+            if verdict is _DEAD:
+                assert rec is not None
+                writes[k.job + did] = rec.dump()
+            elif verdict is _TAKE and rec is not None:
+                if rec.msg is m:  # the parsed copy's: not this call's to change
+                    rec.msg = _clone(m)
+                self._lease(rec, now, lease, worker)
+                writes[k.job + did] = rec.dump()
+                leased[did] = (rec.token, rec.lease_until)
+            verdicts.append((verdict, rec))
+        if writes:
+            writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
+        return writes, verdicts
+
+    @staticmethod
+    def _lease(rec: Record, now: float, lease: float, worker: str) -> None:
+        """Make ``rec`` the record of a job leased to ``worker`` from ``now``."""
+        rec.state = State.RUNNING
+        rec.msg.attempt += 1
+        rec.token += 1
+        rec.lease_until = now + lease
+        rec.worker = worker or None
+        rec.updated_at = now
+
+    def _judge(
         self,
         raw: Raw,
         m: Message,
@@ -854,23 +996,23 @@ class RabbitMQBroker(Broker):
         """What to do with one copy: ``_TAKE`` (run it), ``_DROP`` (stale: its
         job was retried, rescued, rescheduled, cancelled, purged or finished
         since), ``_PARK`` (its job is leased to a live worker, or not due) or
-        ``_DEAD`` (its worker died holding the last attempt)."""
+        ``_DEAD`` (its worker died holding the last attempt).  A fanned-out
+        event without a record (its publisher knew no binding) is the
+        caller's: it needs the binding, read from the state store."""
         k = self.keys
         rec_raw = got.get(k.job + did)
         ver = int(raw.headers.get("dw-v", 0))
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return _DROP, None  # purged: its tombstone outlives its copies
-            if ev is not None:  # a fanned-out event whose publisher knew no binding
-                binding = await self._binding(raw.queue, ev.name)
-                msg = delivery_of(ev, binding, did)
-                return _TAKE, Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
             # No record: its enqueue is between the publish and a failed
             # compensation, or the state store lost it (a crash of a store
             # that does not sync every commit).  Wait a moment for it; then
             # the copy, which RabbitMQ confirmed, is the truth.
             seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
+                if _may_wait(raw, now):
+                    return _WAIT, None
                 return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
             return _TAKE, Record(msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
@@ -882,6 +1024,8 @@ class RabbitMQBroker(Broker):
             # record; if it never comes, its writer died, and the copy wins.
             seen = _seen(raw, now)
             if now - seen < RECORD_GRACE:
+                if _may_wait(raw, now):
+                    return _WAIT, None
                 rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
                 return _PARK, rec
             rec.ver, rec.msg = ver, m
@@ -1203,25 +1347,31 @@ class RabbitMQBroker(Broker):
             log.warning("could not sweep the dead-letter queues: %r", exc)
 
     async def cancel(self, ids: Sequence[str]) -> list[str]:
+        """Cancel in one ``kv_update``: on a SQLite state store a fetch of the
+        same job either sees the cancel (and drops the copy) or leased it
+        first (and the job is not cancellable), never both."""
         now = time.time()
-        got = await self.state.kv_get([self.keys.job + i for i in ids])
-        out: list[str] = []
-        writes: dict[str, bytes] = {}
-        for i in ids:
-            raw = got.get(self.keys.job + i)
-            if raw is None or i in out:
-                continue
-            rec = Record.load(raw)
-            if rec.shown_state(now) not in CANCELLABLE_STATES:
-                continue
-            rec.state, rec.updated_at = State.CANCELLED, now
-            rec.ver += 1  # its queued copy is stale now
-            writes[self.keys.job + i] = rec.dump()
-            out.append(i)
+        k = self.keys
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+            writes: dict[str, bytes] = {}
+            for i in ids:
+                raw = got.get(k.job + i)
+                if raw is None or k.job + i in writes:
+                    continue
+                rec = Record.load(raw)
+                if rec.shown_state(now) not in CANCELLABLE_STATES:
+                    continue
+                rec.state, rec.updated_at = State.CANCELLED, now
+                rec.ver += 1  # its queued copy is stale now
+                writes[k.job + i] = rec.dump()
+            return writes, writes
+
+        writes = await self.state.kv_update([k.job + i for i in ids], decide)
         if writes:  # kept until their queued copies have come up and been dropped
             ttl = max(self._outlive(Record.load(v), now) for v in writes.values())
             await self.state.kv_set(writes, ttl=ttl)
-        return out
+        return [key[len(k.job) :] for key in writes]
 
     def _outlive(self, rec: Record, now: float) -> float:
         """Seconds a record or tombstone must stay so that the job's queued
@@ -1285,6 +1435,13 @@ class RabbitMQBroker(Broker):
 
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         await self.state.kv_set(items, ttl)
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        return await self.state.kv_update(keys, decide)
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         return await self.state.kv_add(key, value, ttl)
@@ -1358,11 +1515,24 @@ def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
 
 
 def _clone(m: Message) -> Message:
-    return replace(
-        m,
+    """A copy of ``m`` whose containers the worker may change without
+    touching the record this broker keeps (field by field: ``replace``
+    introspects the dataclass on every call, once per fetched job)."""
+    return Message(
+        id=m.id,
+        kind=m.kind,
+        name=m.name,
+        queue=m.queue,
         args=list(m.args),
         kwargs=dict(m.kwargs),
+        payload=m.payload,
         headers=dict(m.headers),
+        attempt=m.attempt,
+        max_attempts=m.max_attempts,
+        created_at=m.created_at,
+        eta=m.eta,
+        priority=m.priority,
+        key=m.key,
         errors=list(m.errors),
     )
 

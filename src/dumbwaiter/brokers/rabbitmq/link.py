@@ -63,6 +63,11 @@ class Raw:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
     message_id: str = ""
+    #: handed over by a consumer: may wait in ``Link.waiting`` for its record
+    can_wait: bool = False
+    #: when it first waited there, and when to judge it again (``time.time()``)
+    waited_since: float = 0.0
+    recheck_at: float = 0.0
 
 
 class Link:
@@ -76,6 +81,9 @@ class Link:
         self.gen = 0
         self.lock = asyncio.Lock()
         self.buffer: deque[Raw] = deque()
+        #: copies whose record was not written yet when they came (their
+        #: producer writes it beside the publish), judged again shortly
+        self.waiting: list[Raw] = []
         self.arrived = asyncio.Event()
         #: lane queue name -> consumer tag
         self.consumers: dict[str, str] = {}
@@ -126,6 +134,7 @@ class Link:
         conn = self.conn
         self.conn = self.pub = self.cons = None
         self.buffer.clear()
+        self.waiting.clear()
         self.consumers.clear()
         self.unacked.clear()
         self.prefetch = 0
@@ -176,6 +185,7 @@ class Link:
                     body=m.body,
                     headers=dict(props.headers or {}),
                     message_id=props.message_id or "",
+                    can_wait=True,
                 )
             )
             self.arrived.set()
@@ -243,6 +253,15 @@ class Link:
             return
         # the concrete channel: its basic_publish takes ``wait``
         ch = cast(aiormq.Channel, self.channel())
+        if len(items) == 1:  # the usual enqueue: no task and gather around it
+            ex, rk, body, props = items[0]
+            async with asyncio.timeout(CONFIRM_TIMEOUT):
+                r = await ch.basic_publish(
+                    body, exchange=ex, routing_key=rk, properties=props, wait=False
+                )
+            if not isinstance(r, spec.Basic.Ack):
+                raise BrokerError(f"rabbitmq refused a message: {r!r}")
+            return
         for start in range(0, len(items), IN_FLIGHT):
             window = items[start : start + IN_FLIGHT]
             results = await asyncio.wait_for(self._publish(ch, window), CONFIRM_TIMEOUT)

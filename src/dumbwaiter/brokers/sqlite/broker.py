@@ -219,14 +219,22 @@ class SQLiteBroker(Broker):
         return self._aconn
 
     def _tx(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """One write transaction.  CPython's sqlite3 now and then reports a
-        spurious SQLITE_MISUSE (InterfaceError) from a cached statement under
-        load (seen here on a loaded machine; coverage.py met it too);
-        the transaction was rolled back whole, so it is run once more."""
+        """One write transaction.
+
+        A cursor that ``fn`` returns (``lambda c: c.executemany(...)``) is
+        closed here, on the connection's thread: left open, it would be
+        dropped on the event loop's thread, and CPython's sqlite3 resets the
+        cursor's cached statement when it is collected, racing the next
+        transaction that runs the same statement on the broker's thread.
+        That race is the SQLITE_MISUSE (InterfaceError) seen under load; should
+        CPython report one anyway, the transaction was rolled back whole, so it
+        is run once more."""
         for attempt in (1, 2):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 out = fn(conn)
+                if isinstance(out, sqlite3.Cursor):
+                    out.close()
             except sqlite3.InterfaceError:
                 conn.execute("ROLLBACK")
                 if attempt == 2:
@@ -966,6 +974,32 @@ class SQLiteBroker(Broker):
                 rows,
             ),
         )
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """One write transaction on the broker's thread: the read, ``decide``
+        and the write, atomic against every other connection, one hop."""
+        payload = orjson.dumps(list(keys))
+
+        def run(c: sqlite3.Connection) -> T:
+            rows = c.execute(
+                "SELECT key, value FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
+                " AND (expires IS NULL OR expires > ?)",
+                (payload, time.time()),
+            )
+            writes, out = decide({k: bytes(v) for k, v in rows})
+            if writes:
+                c.executemany(
+                    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,NULL) ON CONFLICT (key)"
+                    " DO UPDATE SET value=excluded.value, expires=NULL",
+                    [(k, bytes(v)) for k, v in writes.items()],
+                ).close()
+            return out
+
+        return await self._run(self._wtx, run)
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         def run(c: sqlite3.Connection) -> bool:
