@@ -100,7 +100,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "dumbwaiter_jobs_dead_total",
         COUNTER,
         _JOB,
-        "Jobs moved to the dead-letter queue by this worker.",
+        "Jobs moved to the dead-letter queue by this worker or its rescuer.",
         "middleware",
     ),
     MetricSpec(

@@ -56,7 +56,12 @@ class Middleware:
         """A failed attempt will be tried again at ``at`` (epoch seconds)."""
 
     def on_dead(self, ctx: Context | None, error: ErrorRecord) -> None:
-        """A job went to the dead-letter queue (``ctx`` is None if its body did not decode)."""
+        """A job went to the dead-letter queue (``ctx`` is None if its body did not decode).
+
+        Also called by a worker's rescuer for a job whose worker died on its
+        last attempt (a ``LeaseExpired`` error): then ``ctx`` is built by the
+        rescuing worker and its message holds only the job's id, name, queue,
+        attempt and that error."""
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""

@@ -41,7 +41,7 @@ from .errors import (
     UnknownTask,
 )
 from .loop import loop_name
-from .message import ErrorRecord, Message, check_json, dumps
+from .message import TASK, ErrorRecord, Message, check_json, dumps
 from .retry import Reject, RetryLater
 from .workflow import advance
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from .app import App
-    from .brokers.base import Delivery
+    from .brokers.base import DeadLetter, Delivery
     from .event import Subscription
     from .flow import Flow
     from .task import Task
@@ -390,7 +390,8 @@ class Worker:
         await self.broker.kv_set({WORKER_KEY + self.id: dumps(info)}, ttl=2 * self.config.lease)
 
     async def _rescue(self) -> None:
-        n = await self.broker.rescue()
+        rescued = await self.broker.rescue()
+        n = int(rescued)
         if n:
             self.counts["rescued"] += n
             self.app.middleware.call("on_rescued", self, n)
@@ -399,6 +400,36 @@ class Worker:
                 n,
                 extra={"action": "rescue"},
             )
+        # a broker that still returns a plain int reports no dead letters
+        for dl in getattr(rescued, "dead", ()):
+            self._rescued_dead(dl)
+
+    def _rescued_dead(self, dl: DeadLetter) -> None:
+        """Report a job the broker dead-lettered for a lost lease (no worker
+        settled it) as ``_dead`` reports the ones this worker dead-letters:
+        ``on_dead`` (so the dead-letter metric and user middleware see it) and
+        a log line.  Its context names its queue and task; the envelope is not
+        loaded, so ``ctx.message`` holds its id, name, queue, attempt and
+        the ``LeaseExpired`` error only (no arguments or headers)."""
+        msg = Message(
+            id=dl.id,
+            kind=TASK,
+            name=dl.name,
+            queue=dl.queue,
+            attempt=dl.error.attempt,
+            max_attempts=dl.error.attempt,
+            errors=[dl.error],
+        )
+        ctx = Context(message=msg, app=self.app, worker_id=self.id)
+        self.app.middleware.call("on_dead", ctx, dl.error)
+        log.warning(
+            "job %s (%s) dead-lettered: %s: %s",
+            dl.id,
+            dl.name,
+            dl.error.type,
+            dl.error.message,
+            extra={"action": "dead", "job_id": dl.id},
+        )
 
     # -- one job -----------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.base import Broker, DeadLetter
 from dumbwaiter.state import State
 
 from .conftest import msg
@@ -68,3 +68,36 @@ async def test_job_that_keeps_losing_its_worker_goes_dead(broker: Broker) -> Non
     assert info is not None and info.state is State.DEAD
     assert [e.type.rsplit(".", 1)[-1] for e in info.message.errors] == ["LeaseExpired"] * 2
     assert await broker.fetch(["default"], 1, 30.0, 0) == []
+
+
+async def test_rescue_reports_the_jobs_it_dead_letters(broker: Broker) -> None:
+    """A job whose worker died holding its last attempt goes dead without any
+    worker settling it: ``rescue`` reports it (the worker calls ``on_dead``
+    for it) with its queue, task name and the ``LeaseExpired`` error, and
+    reports nothing for a job it only gave back."""
+    assert (await broker.rescue()).dead == ()
+    doomed = msg("t.doomed", queue="graveyard", max_attempts=1)
+    spared = msg("t.spared", queue="graveyard", max_attempts=2)
+    await broker.enqueue([doomed, spared])
+    ds = await broker.fetch(["graveyard"], 2, 0.2, 0, "w-gone")
+    assert {d.id for d in ds} == {doomed.id, spared.id}
+    handled = 0
+    dead: list[DeadLetter] = []
+
+    async def rescue() -> int:
+        nonlocal handled
+        r = await broker.rescue()
+        handled += r
+        dead.extend(r.dead)
+        return handled
+
+    await eventually(rescue, lambda n: n >= 2)
+    assert [(d.id, d.queue, d.name) for d in dead] == [(doomed.id, "graveyard", "t.doomed")]
+    err = dead[0].error
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-gone" and err.attempt == 1
+    info = await broker.get(doomed.id)
+    assert info is not None and info.state is State.DEAD
+    assert info.message.errors[-1] == err  # the very record the job keeps
+    back = await broker.get(spared.id)
+    assert back is not None and back.state is State.READY
+    assert (await broker.rescue()).dead == ()  # reported once

@@ -459,3 +459,38 @@ async def test_sqlite_counts_rows_of_a_database_made_before_its_counters(tmp_pat
     await new.enqueue([Message(id=uuid7(), kind=TASK, name="t", queue="q")])
     assert (await new.stats())[0].ready == 4
     await new.close()
+
+
+async def test_a_job_the_rescuer_dead_letters_reaches_on_dead() -> None:
+    """A worker that dies on a job's last attempt never calls ``on_dead``; the
+    rescuer that dead-letters the job does, so the dead-letter metric and user
+    middleware count it like any other, labelled with its queue and task."""
+    from prometheus_client import CollectorRegistry
+
+    from dumbwaiter.message import ErrorRecord
+    from dumbwaiter.metrics import PrometheusMiddleware
+
+    seen: list[tuple[str, str, str, str]] = []
+
+    class Watch(dw.Middleware):
+        def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
+            assert ctx is not None
+            seen.append((ctx.job_id, ctx.queue, ctx.name, error.type))
+
+    registry = CollectorRegistry()
+    app = dw.App("memory://", middleware=[PrometheusMiddleware(registry), Watch()])
+
+    @app.task(queue="mail", retry=False)
+    def send() -> None:
+        raise AssertionError("never runs: its only attempt was lost")
+
+    job = await send.aenqueue()
+    # a worker took the job and died: its lease runs out, nobody settles it
+    [_] = await app.broker.fetch(["mail"], 1, 0.1, 0, "w-dead")
+    w = await drain(app, rescue_interval=0.05)  # drained once the rescuer buried it
+    info = await job.ainfo()
+    assert info is not None and info.state is State.DEAD
+    assert seen == [(job.id, "mail", send.name, "dumbwaiter.errors.LeaseExpired")]
+    labels = {"queue": "mail", "task": send.name}
+    assert registry.get_sample_value("dumbwaiter_jobs_dead_total", labels) == 1
+    assert w.counts["rescued"] == 1

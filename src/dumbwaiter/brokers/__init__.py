@@ -15,11 +15,13 @@ from .base import (
     Binding,
     Broker,
     Capabilities,
+    DeadLetter,
     Delivery,
     JobFilter,
     JobInfo,
     Page,
     QueueStats,
+    Rescued,
 )
 
 #: scheme -> (module, class, pip extra or None)
@@ -72,10 +74,12 @@ __all__ = [
     "Binding",
     "Broker",
     "Capabilities",
+    "DeadLetter",
     "Delivery",
     "JobFilter",
     "JobInfo",
     "Page",
     "QueueStats",
+    "Rescued",
     "from_url",
 ]

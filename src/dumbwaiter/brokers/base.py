@@ -109,6 +109,46 @@ class Binding:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A job the broker dead-lettered on its own, not on a worker's ``dead``
+    call: its lease ran out on its last attempt (its worker died or hung).
+
+    No worker saw that outcome, so the rescuer reports it (``on_dead``
+    middleware, the dead-letter metric) from ``rescue()``'s result.  It carries
+    what the hooks label by (queue, task name) and the error that ended it,
+    not the envelope: a rescue stays one cheap batch."""
+
+    id: str
+    queue: str
+    name: str
+    #: the ``LeaseExpired`` error the broker recorded as the job's last
+    error: ErrorRecord
+
+
+class Rescued(int):
+    """What ``rescue()`` returns: the number of jobs it handled (it *is* that
+    int, so callers that only count keep working) plus ``dead``, the jobs among
+    them that went to the dead-letter queue, and any the broker dead-lettered
+    by itself since its last ``rescue()`` (see ``Broker.rescue``)."""
+
+    dead: tuple[DeadLetter, ...]
+
+    def __new__(cls, count: int = 0, dead: Iterable[DeadLetter] = ()) -> Rescued:
+        self = super().__new__(cls, count)
+        self.dead = tuple(dead)
+        return self
+
+    def __repr__(self) -> str:
+        return f"Rescued({int(self)}, dead={list(self.dead)!r})"
+
+
+#: dead letters a broker found outside ``rescue()`` (at fetch) and keeps for
+#: the next ``rescue()`` to report: at most this many, the oldest dropped first
+#: (only a process that fetches and never rescues would fill it)
+FOUND_DEAD_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStats:
     queue: str
     ready: int = 0
@@ -414,10 +454,21 @@ class Broker(abc.ABC):
         whose lease was already lost (rescued or taken by another worker)."""
 
     @abc.abstractmethod
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         """Return jobs whose lease expired to ``ready`` (recording a
-        ``LeaseExpired`` error), or dead-letter those out of attempts.  Returns
-        how many were handled.  A no-op where the engine redelivers by itself."""
+        ``LeaseExpired`` error), or dead-letter those out of attempts.
+
+        Returns how many were handled, as a ``Rescued`` (an int) whose ``dead``
+        lists each job this call dead-lettered, with its queue, task name and
+        the ``LeaseExpired`` error recorded last.  An engine that finds lost
+        leases elsewhere (a redelivery judged at fetch) and dead-letters a job
+        there keeps that ``DeadLetter`` in memory and reports it (and counts
+        it) at its next ``rescue()``, at most once per process that found it:
+        the worker calls ``on_dead`` for every reported dead letter, as it does
+        for the ones it dead-letters itself.  A report is best effort (a
+        process that dies first loses it); the job itself is stored dead
+        before it is reported.  Runs every second on every worker: a batch,
+        costing nothing more when no lease expired."""
 
     # -- admin -----------------------------------------------------------
 

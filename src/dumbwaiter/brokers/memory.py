@@ -29,11 +29,13 @@ from .base import (
     Binding,
     Broker,
     Capabilities,
+    DeadLetter,
     Delivery,
     JobFilter,
     JobInfo,
     Page,
     QueueStats,
+    Rescued,
     delivery_of,
     stats_rows,
 )
@@ -426,9 +428,10 @@ class MemoryBroker(Broker):
                 d.lease_until = row.lease_until
         return lost
 
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         now = time.time()
         n = 0
+        dead: list[DeadLetter] = []
         with self._s.lock:
             old = now - self.event_retention
             for eid in [e for e, (_, at) in self._s.events.items() if at < old]:
@@ -440,24 +443,24 @@ class MemoryBroker(Broker):
                 if row.state is not State.RUNNING or row.lease_until > now:
                     continue
                 n += 1
-                row.msg.errors.append(
-                    ErrorRecord(
-                        time=now,
-                        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
-                        message=f"lease expired: worker {row.worker or '?'} stopped "
-                        f"heartbeating during attempt {row.msg.attempt}",
-                        worker=row.worker or "",
-                        attempt=row.msg.attempt,
-                    )
+                err = ErrorRecord(
+                    time=now,
+                    type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
+                    message=f"lease expired: worker {row.worker or '?'} stopped "
+                    f"heartbeating during attempt {row.msg.attempt}",
+                    worker=row.worker or "",
+                    attempt=row.msg.attempt,
                 )
+                row.msg.errors.append(err)
                 row.updated_at = now
                 if row.msg.attempt >= row.msg.max_attempts:
                     row.state = State.DEAD
+                    dead.append(DeadLetter(id_, row.msg.queue, row.msg.name, err))
                 else:
                     self._make_ready(row, now)
             if n:
                 self._wake()
-        return n
+        return Rescued(n, dead)
 
     def _forget(self, id_: str, row: _Row) -> None:
         del self._s.rows[id_]

@@ -176,6 +176,29 @@ async def test_a_job_redelivered_after_ack_wait_is_rescued_by_the_fetch_that_get
     assert info is not None and info.state is State.RUNNING and info.worker == "w-new"
 
 
+async def test_a_job_a_fetch_dead_letters_is_reported_by_the_next_rescue(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """JetStream redelivers the last attempt of a dead worker's job: the fetch
+    buries it, and the next ``rescue()`` reports it (once), for ``on_dead``."""
+    b = make(ack_wait="1")
+    await b.open()
+    m = msg(max_attempts=1)
+    await b.enqueue([m])
+    await b.fetch(["default"], 1, 0.2, 0, "w-dead")
+
+    async def judged() -> State | None:
+        assert await b.fetch(["default"], 1, 30.0, 0.5, "w-new") == []
+        info = await b.get(m.id)
+        return None if info is None else info.state
+
+    await eventually(judged, lambda st: st is State.DEAD, timeout=15.0)
+    r = await b.rescue()
+    assert r == 1 and [(d.id, d.queue, d.name) for d in r.dead] == [(m.id, "default", m.name)]
+    assert r.dead[0].error.type.endswith("LeaseExpired") and r.dead[0].error.worker == "w-dead"
+    assert (await b.rescue()).dead == ()
+
+
 async def test_a_live_workers_job_redelivered_by_jetstream_is_not_taken(
     make: Callable[..., NatsBroker],
 ) -> None:

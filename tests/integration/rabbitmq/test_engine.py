@@ -234,6 +234,32 @@ async def test_a_crashed_workers_job_waits_out_its_lease_then_runs_elsewhere(
     assert err.type.endswith("LeaseExpired") and err.worker == "w-crashed"
 
 
+async def test_a_job_a_fetch_dead_letters_is_reported_by_the_next_rescue(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    """Its worker's connection died on the last attempt: the fetch that gets
+    the copy back after the lease dead-letters it, and the next ``rescue()``
+    of that process reports it (once), for the worker's ``on_dead``."""
+    crashed, other = make(), make()
+    await crashed.open()
+    await other.open()
+    m = job(max_attempts=1)
+    await other.enqueue([m])
+    await crashed.fetch(["default"], 1, 0.5, 0, "w-crashed")
+    await crashed.close()  # the connection drops with the job unacked
+
+    async def judged() -> State | None:
+        assert await other.fetch(["default"], 1, 30.0, 0.5) == []
+        info = await other.get(m.id)
+        return None if info is None else info.state
+
+    await eventually(judged, lambda st: st is State.DEAD, timeout=30.0)
+    r = await other.rescue()
+    assert r == 1 and [(d.id, d.queue, d.name) for d in r.dead] == [(m.id, "default", m.name)]
+    assert r.dead[0].error.type.endswith("LeaseExpired") and r.dead[0].error.worker == "w-crashed"
+    assert (await other.rescue()).dead == ()
+
+
 async def test_a_job_whose_record_was_lost_still_runs(
     broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,18 +40,22 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import orjson
 
 from ...errors import BrokerError, MessageDecodeError
-from ...message import Message, encode_checked, from_dict
+from ...message import ErrorRecord, Message, encode_checked, from_dict
 from ...state import State
 from ..base import (
+    FOUND_DEAD_LIMIT,
     Binding,
     Capabilities,
+    DeadLetter,
     Delivery,
+    Rescued,
     delivery_of,
 )
 from . import records as R
@@ -108,6 +112,12 @@ class NatsBroker(Admin, Coordination):
         limits=True,
     )
     schemes: ClassVar[tuple[str, ...]] = ("nats",)
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        #: jobs this process dead-lettered for a lost lease (at a claim or a
+        #: rescue), for the next ``rescue`` to report
+        self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
         link = await self._link()
@@ -575,7 +585,8 @@ class NatsBroker(Admin, Coordination):
             # JetStream redelivered it after AckWait: its worker died
             env.setdefault("errors", []).append(lease_error(old, now))
             if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
-                await self._bury(link, old, cur.seq, now)
+                if await self._bury(link, old, cur.seq, now):
+                    self._found_dead.append(_dead_letter(env))
                 return None
         else:
             if st == State.DEAD.value:  # finish a dead-lettering cut short
@@ -847,23 +858,26 @@ class NatsBroker(Admin, Coordination):
         await link.wire.flush()
         return lost
 
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         link = await self._link()
-        if await self.acquire(_LOCK_RESCUE, link.holder.id, 5.0) is None:
-            return 0
         n = 0
-        for h in await self._holders(link):
-            n += await self._rescue_holder(link, h)
-        now = time.monotonic()
-        if now - link.swept >= SWEEP_EVERY:
-            link.swept = now
-            try:
-                await self._sweep_kv(link)
-            except Unavailable:
-                raise
-            except Exception:
-                log.exception("nats: kv expiry sweep failed")
-        return n
+        if await self.acquire(_LOCK_RESCUE, link.holder.id, 5.0) is not None:
+            for h in await self._holders(link):
+                n += await self._rescue_holder(link, h)
+            now = time.monotonic()
+            if now - link.swept >= SWEEP_EVERY:
+                link.swept = now
+                try:
+                    await self._sweep_kv(link)
+                except Unavailable:
+                    raise
+                except Exception:
+                    log.exception("nats: kv expiry sweep failed")
+        # taken last, with no await in between: what a claim or this call
+        # buried is reported once, and kept for the next call if this one failed
+        dead = list(self._found_dead)
+        self._found_dead.clear()
+        return Rescued(n + len(dead), dead)
 
     async def _rescue_holder(self, link: Link, h: tuple[str, Stored, dict[str, Any]]) -> int:
         """Give back the expired jobs one process listed; tidy its list."""
@@ -943,11 +957,15 @@ class NatsBroker(Admin, Coordination):
 
     async def _rescue_one(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
         """Give back a job whose lease ran out: record (with a ``LeaseExpired``
-        error) first, then its new pointer, then ``+ACK`` the old delivery."""
+        error) first, then its new pointer, then ``+ACK`` the old delivery.
+        True if given back; one out of attempts is buried and kept for
+        ``rescue`` to report (and count) as a dead letter instead."""
         env = rec[R.ENV]
         env.setdefault("errors", []).append(lease_error(rec, now))
         if int(env.get("attempt", 0)) >= int(env.get("max_attempts", 1)):
-            return await self._bury(link, rec, seq, now)
+            if await self._bury(link, rec, seq, now):
+                self._found_dead.append(_dead_letter(env))
+            return False
         jid = str(env["id"])
         gen = R.new_gen()
         reply = str(rec.get(R.ACK) or "")
@@ -1099,6 +1117,18 @@ class NatsBroker(Admin, Coordination):
                 continue
             last = m.seq
         return page, (str(last) if more else None)
+
+
+def _dead_letter(env: dict[str, Any]) -> DeadLetter:
+    """The report of a job buried for a lost lease: its envelope (a state
+    record's) carries the ``LeaseExpired`` error just appended."""
+    errors = env.get("errors") or [{}]
+    return DeadLetter(
+        str(env.get("id", "")),
+        str(env.get("queue", "") or "?"),
+        str(env.get("name", "") or "?"),
+        ErrorRecord.from_dict(errors[-1]),
+    )
 
 
 #: header "unique" -> the states in which a key's holder blocks a new job (None: every state)

@@ -36,11 +36,13 @@ import psycopg
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.rows import tuple_row
 
-from ...message import Message, decode, encode_checked, uuid7
+from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ..base import (
     Binding,
     Capabilities,
+    DeadLetter,
     Delivery,
+    Rescued,
     delivery_of,
 )
 from .admin import PostgresAdmin
@@ -647,11 +649,17 @@ class PostgresBroker(PostgresAdmin):
                 d.lease_until = until
         return lost
 
-    async def rescue(self) -> int:
-        async def run(c: psycopg.AsyncConnection[Any]) -> int:
+    async def rescue(self) -> Rescued:
+        async def run(c: psycopg.AsyncConnection[Any]) -> Rescued:
             cur = await c.execute(self.q.rescue, {"type": LEASE_EXPIRED, "channel": self.q.channel})
             row = await cur.fetchone()
-            return int(row[0]) if row else 0
+            if not row:
+                return Rescued()
+            dead = [
+                DeadLetter(str(id_), str(queue), str(name), ErrorRecord.from_dict(err or {}))
+                for id_, queue, name, err in row[2] or ()
+            ]
+            return Rescued(int(row[0]), dead)
 
         n = await self._run(run, work=True)
         now = time.monotonic()

@@ -202,8 +202,12 @@ class Queries:
             " || ' stopped heartbeating during attempt ' || j.attempt,"
             " 'traceback', '', 'worker', coalesce(j.worker, ''), 'attempt', j.attempt)),"
             " last_error_type = %(type)s::text"
-            " FROM x WHERE j.id = x.id AND j.state = 'running' RETURNING j.queue, j.state)"
-            f" SELECT (SELECT count(*) FROM r), ({_notify_ready('r')})"
+            " FROM x WHERE j.id = x.id AND j.state = 'running'"
+            " RETURNING j.id, j.queue, j.name, j.state, j.errors -> -1 AS err)"
+            f" SELECT (SELECT count(*) FROM r), ({_notify_ready('r')}),"
+            # the dead-lettered ones, for the worker's on_dead (none: NULL)
+            " (SELECT json_agg(json_build_array(id::text, queue, name, err))"
+            " FROM r WHERE state = 'dead')"
         )
         self.prune_jobs = q(
             f"DELETE FROM {jobs} WHERE id IN (SELECT id FROM {jobs}"

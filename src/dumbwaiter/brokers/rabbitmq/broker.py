@@ -29,6 +29,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
@@ -42,14 +43,17 @@ from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from .. import from_url
 from ..base import (
+    FOUND_DEAD_LIMIT,
     Binding,
     Broker,
     Capabilities,
+    DeadLetter,
     Delivery,
     JobFilter,
     JobInfo,
     Page,
     QueueStats,
+    Rescued,
     delivery_of,
     stats_rows,
 )
@@ -220,6 +224,9 @@ class RabbitMQBroker(Broker):
         self._held: dict[str, tuple[int, float]] = {}
         #: the records of those jobs as this broker last wrote them
         self._recs: dict[str, Record] = {}
+        #: jobs a fetch dead-lettered (their worker died on the last attempt),
+        #: for the next ``rescue`` to report
+        self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
         self._declared: set[str] = set()
         self._cascade = False
         self._bindings: list[Binding] = []
@@ -870,6 +877,11 @@ class RabbitMQBroker(Broker):
             elif verdict is _DEAD:
                 assert rec is not None
                 deads.append(self._dead_copy(rec.msg, raw.queue))
+                # stored dead by the verdicts' transaction: report it even if
+                # the DLQ copy below fails (its redelivery is then dropped)
+                self._found_dead.append(
+                    DeadLetter(did, raw.queue, rec.msg.name, rec.msg.errors[-1])
+                )
             if verdict is not _TAKE or rec is None:
                 drop.append(raw.tag)
                 continue
@@ -1186,9 +1198,22 @@ class RabbitMQBroker(Broker):
         await self.state.kv_set(writes)
         return lost
 
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         """Jobs whose lease ran out (their worker hung or died) get a new copy
-        (or go dead); each is claimed once, so rescuers never double it."""
+        (or go dead); each is claimed once, so rescuers never double it.  The
+        dead letters fetches found since the last call are reported (and
+        counted) too; kept for the next call if this one fails."""
+        found = list(self._found_dead)
+        self._found_dead.clear()
+        try:
+            n, dead = await self._rescue_leases()
+        except BaseException:
+            self._found_dead.extendleft(reversed(found))
+            raise
+        return Rescued(n + len(found), found + dead)
+
+    async def _rescue_leases(self) -> tuple[int, list[DeadLetter]]:
+        """``rescue`` of the expired leases: how many, and the dead-lettered."""
         now = time.time()
         k = self.keys
         maps = await self.state.kv_scan(k.lease)
@@ -1201,10 +1226,11 @@ class RabbitMQBroker(Broker):
                 if until < now:
                     expired[id_] = int(token)
         if not expired:
-            return 0
+            return 0, []
         got = await self.state.kv_get([k.job + i for i in expired])
         writes: dict[str, bytes] = {}
         copies = []
+        dead: list[DeadLetter] = []
         for id_, token in expired.items():
             found = got.get(k.job + id_)
             if found is None:
@@ -1220,6 +1246,7 @@ class RabbitMQBroker(Broker):
             if rec.msg.attempt >= rec.msg.max_attempts:
                 rec.state = State.DEAD
                 copies.append(self._dead_copy(rec.msg, rec.msg.queue))
+                dead.append(DeadLetter(id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1]))
             else:
                 rec.state, rec.run_at = State.READY, now
                 copies.append(self._copy(rec.msg, rec.ver, now))
@@ -1237,7 +1264,7 @@ class RabbitMQBroker(Broker):
         ]
         if gone:
             await self.state.kv_delete(gone)
-        return len(writes)
+        return len(writes), dead
 
     # -- admin --------------------------------------------------------------------------------
 

@@ -47,11 +47,13 @@ from ..base import (
     Binding,
     Broker,
     Capabilities,
+    DeadLetter,
     Delivery,
     JobFilter,
     JobInfo,
     Page,
     QueueStats,
+    Rescued,
     normalize_error_type,
 )
 from . import bulk, events, lua
@@ -379,20 +381,25 @@ class RedisBroker(Broker):
                 d.lease_until = until
         return lost
 
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         # Each call handles at most HOUSEKEEPING_CHUNK expired leases and as
         # many finished jobs past their retention, so the server is never held
         # for long; a busy app (more jobs finishing per second than one call
         # prunes) gets as many calls as it needs, for up to half a second.
         rescued = 0
+        dead: list[DeadLetter] = []
         stop = time.monotonic() + 0.5
         while True:
             now = time.time()
             args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
-            n, more = await self._run(self._lua.rescue, args)
+            n, more, buried = await self._run(self._lua.rescue, args)
             rescued += int(n)
+            for i in range(0, len(buried), 4):  # id, queue, name, error record (JSON)
+                id_, queue, name, err = buried[i : i + 4]
+                error = ErrorRecord.from_dict(orjson.loads(err))
+                dead.append(DeadLetter(id_.decode(), queue.decode(), name.decode(), error))
             if not more or time.monotonic() > stop:
-                return rescued
+                return Rescued(rescued, dead)
 
     # -- admin -----------------------------------------------------------
 

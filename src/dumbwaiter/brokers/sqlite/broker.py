@@ -45,11 +45,13 @@ from ..base import (
     Binding,
     Broker,
     Capabilities,
+    DeadLetter,
     Delivery,
     JobFilter,
     JobInfo,
     Page,
     QueueStats,
+    Rescued,
     delivery_of,
     normalize_error_type,
     stats_rows,
@@ -692,10 +694,10 @@ class SQLiteBroker(Broker):
 
         return self._wtx(run)
 
-    async def rescue(self) -> int:
+    async def rescue(self) -> Rescued:
         return await self._run(self._rescue)
 
-    def _rescue(self) -> int:
+    def _rescue(self) -> Rescued:
         now = time.time()
         conn = self._worker_conn()
         # cheap read first: most calls find nothing and need no write lock
@@ -709,27 +711,26 @@ class SQLiteBroker(Broker):
             (now, now, now - self.event_retention),
         ).fetchone()
         if not expired and not prunable:
-            return 0
+            return Rescued()
 
-        def run(c: sqlite3.Connection) -> int:
+        def run(c: sqlite3.Connection) -> Rescued:
             rows = c.execute(
-                "SELECT id, attempt, max_attempts, coalesce(worker, '') FROM dw_jobs"
+                "SELECT id, attempt, max_attempts, coalesce(worker, ''), queue, name FROM dw_jobs"
                 " WHERE state='running' AND lease_until<?",
                 (now,),
             ).fetchall()
-            for id_, attempt, max_attempts, worker in rows:
-                err = orjson.dumps(
-                    {
-                        "time": now,
-                        "type": _LEASE_EXPIRED,
-                        "message": f"lease expired: worker {worker or '?'} stopped heartbeating"
-                        f" during attempt {attempt}",
-                        "traceback": "",
-                        "worker": worker,
-                        "attempt": attempt,
-                    }
-                ).decode()
-                c.execute(
+            dead: list[DeadLetter] = []
+            for id_, attempt, max_attempts, worker, queue, name in rows:
+                rec = ErrorRecord(
+                    time=now,
+                    type=_LEASE_EXPIRED,
+                    message=f"lease expired: worker {worker or '?'} stopped heartbeating"
+                    f" during attempt {attempt}",
+                    worker=worker,
+                    attempt=attempt,
+                )
+                err = orjson.dumps(rec.to_dict()).decode()
+                cur = c.execute(
                     "UPDATE dw_jobs SET state=?, run_at=?, updated_at=?, lease_until=NULL,"
                     " token=NULL, errors=json_insert(coalesce(errors,'[]'),'$[#]',json(?)),"
                     " last_error_type=? WHERE id=? AND state='running'",
@@ -742,6 +743,8 @@ class SQLiteBroker(Broker):
                         id_,
                     ),
                 )
+                if attempt >= max_attempts and cur.rowcount:
+                    dead.append(DeadLetter(id_, queue, name, rec))
             c.execute(
                 "DELETE FROM dw_jobs WHERE rowid IN (SELECT rowid FROM dw_jobs"
                 " WHERE expires_at<? LIMIT 5000)",
@@ -749,7 +752,7 @@ class SQLiteBroker(Broker):
             )
             c.execute("DELETE FROM dw_kv WHERE expires<?", (now,))
             c.execute("DELETE FROM dw_events WHERE published_at<?", (now - self.event_retention,))
-            return len(rows)
+            return Rescued(len(rows), dead)
 
         return self._tx(conn, run)
 

@@ -10,7 +10,8 @@
 --    and their ids leave the set publish de-duplicates with.
 -- ARGV: now, limit (per kind and call), event cutoff (now - retention; ''
 -- = keep events).  Returns {leases rescued, 1 if there
--- is more to do than one call does}.
+-- is more to do than one call does, {id, queue, name, error record JSON} of
+-- each job it dead-lettered (flat)}.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local etype = 'dumbwaiter.errors.LeaseExpired'
@@ -18,6 +19,7 @@ local running = P .. ':running'
 local expired = redis.call('ZRANGEBYSCORE', running, '-inf', now, 'LIMIT', 0, limit)
 local woke = {}
 local rescued = 0
+local buried = {}
 local inboxes = {}
 for _, id in ipairs(expired) do
   local jk = jkey(id)
@@ -58,6 +60,11 @@ for _, id in ipairs(expired) do
         redis.call('HSET', jk, 'st', 'dead')
         redis.call('ZADD', P .. ':dead', 0, id)
         count(q, 'dead', 1)
+        local n = redis.call('HGET', jk, 'n') or ''
+        buried[#buried + 1] = id
+        buried[#buried + 1] = q or ''
+        buried[#buried + 1] = n
+        buried[#buried + 1] = rec
       else
         make_ready(jk, id, q, v[6], now)
         woke[q] = true
@@ -137,4 +144,4 @@ end
 flush_counts()
 -- more than one call's worth: the caller calls again
 local more = (#expired >= limit or #old >= limit or old_events >= limit) and 1 or 0
-return {rescued, more}
+return {rescued, more, buried}
