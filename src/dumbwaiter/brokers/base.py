@@ -272,8 +272,9 @@ def key_needle(key: str) -> bytes | None:
     """Bytes that every JSON text carrying the string ``key`` contains, for a
     cheap prefilter before the exact (parsed) comparison of a key search.
 
-    A key of printable ASCII without ``"``, ``\\`` or ``/`` has one JSON
-    spelling, ``"key"``, whatever encoder wrote the body; any other key may be
+    A key of printable ASCII without ``"``, ``\\`` or ``/`` is written as
+    ``"key"`` by every JSON encoder (escaping a plain letter is legal JSON,
+    but none does it; dumbwaiter's bodies are orjson's); any other key may be
     escaped differently (``\\u00e9``, ``\\/``), so there is no safe prefilter
     (None) and every body is parsed.
     """
