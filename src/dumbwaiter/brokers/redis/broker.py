@@ -65,6 +65,9 @@ DEFAULT_RETENTION = 3600.0
 HOUSEKEEPING_CHUNK = 1000
 #: jobs an admin walk looks at per call, at most (one call stays short)
 WALK_BUDGET = 10_000
+#: the same for a search by key, which reads each unheld job's body too
+#: (about 7 us a job here): 2,000 keep one call near 15 ms
+KEY_WALK_BUDGET = 2_000
 #: seconds an idle fetch stays registered as a waiter before it registers again
 WAITER_TTL = 1.0
 _OPTIONS = {
@@ -424,7 +427,7 @@ class RedisBroker(Broker):
             repr(time.time()),
             cursor or "",
             limit,
-            WALK_BUDGET,
+            WALK_BUDGET if f.key is None else KEY_WALK_BUDGET,
             f.queue or "",
             f.name or "",
             str(f.state) if f.state is not None else "",
@@ -453,7 +456,7 @@ class RedisBroker(Broker):
             items += [_info(r[i], r[i + 1 : i + 12]) for i in range(1, len(r), 12)]
             cursor = r[0].decode() or None
             # A key search reads bodies and matches few jobs, so one call's
-            # budget (WALK_BUDGET jobs) may end with an empty page and a
+            # budget (KEY_WALK_BUDGET jobs) may end with an empty page and a
             # cursor: go on, one bounded call at a time, until the page is
             # full or the index is exhausted, so a search over many jobs
             # answers in one page instead of a trail of empty ones.

@@ -23,11 +23,10 @@ end
 -- Whether the job's message key is F_key.  The 'k' field holds a task's key
 -- while the job holds it (a newer unique job frees it; events never hold
 -- one), so a job without it is judged by its body's top-level "key".
-local function key_matches(id, k)
+local function key_matches(k, body)
   if k then
     return k == F_key
   end
-  local body = redis.call('HGET', jkey(id), 'body')
   if not body or (F_needle and not string.find(body, F_needle, 1, true)) then
     return false
   end
@@ -44,7 +43,12 @@ end
 
 -- The fields of a job a filter looks at; nil if it is not stored.
 local function matches(id)
-  local v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k')
+  local v
+  if F_key == '' then
+    v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k')
+  else -- the body in the same read, for key_matches
+    v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k', 'body')
+  end
   if not v[3] then
     return nil
   end
@@ -59,7 +63,7 @@ local function matches(id)
     if not et then return nil end
     if et ~= F_etype and string.match(et, '([^.]*)$') ~= F_etype then return nil end
   end
-  if F_key ~= '' and not key_matches(id, v[9]) then return nil end
+  if F_key ~= '' and not key_matches(v[9], v[10]) then return nil end
   return v
 end
 
