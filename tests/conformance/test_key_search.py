@@ -126,3 +126,17 @@ async def test_list_by_key_finds_event_deliveries(broker: Broker) -> None:
     assert found.cursor is None
     everything = await broker.list_jobs(JobFilter(queue="group:billing"), limit=1000)
     assert len(everything.items) == 39
+
+
+async def test_purging_an_old_job_of_a_key_keeps_the_new_holders(broker: Broker) -> None:
+    """Purging a job whose key a newer job took over must not free the key."""
+    first = msg(key="report:daily", headers={"unique": "active"})
+    await broker.enqueue([first])
+    [d] = await broker.fetch(["default"], 1, 30.0, 0)
+    await broker.ack([d])
+    second = msg(key="report:daily", headers={"unique": "active"})
+    assert await broker.enqueue([second]) == [second.id]
+    assert await broker.purge(JobFilter(key="report:daily", state=State.SUCCEEDED)) == 1
+    third = msg(key="report:daily", headers={"unique": "active"})
+    assert await broker.enqueue([third]) == [second.id]
+    assert await _listed(broker, JobFilter(key="report:daily")) == [second.id]
