@@ -152,7 +152,7 @@ def pages(some_id: str, deep_cursor: str) -> list[tuple[str, str]]:
         ("queue, succeeded, deep page", f"/queues/mail?state=succeeded&cursor={deep_cursor}"),
         ("queue, 200 per page", "/queues/mail?state=ready&limit=200"),
         ("queue, by task", "/queues/mail?state=dead&task=app.notify"),
-        ("queue, by key (bounded scan)", "/queues/mail?key=k:500000"),
+        ("queue, by key (exact, every job)", "/queues/mail?key=k:500000"),
         ("queue, by time", "/queues/mail?state=succeeded&since=2h"),
         # the worst cases: a filter nothing matches reads the whole (queue, state)
         ("queue, by task, no match", "/queues/mail?state=succeeded&task=app.nope"),

@@ -227,6 +227,21 @@ def test_jobs_ls_filters(url: str) -> None:
     assert bad.exit_code == 2 and "asleep" in bad.output
 
 
+def test_jobs_ls_by_key_finds_old_jobs_exactly(url: str) -> None:
+    """``--key`` is an exact search over every stored job, however old."""
+    [old] = enqueue(ADD, (0, 0), key="order-42")
+    enqueue(ADD, *[(i, i) for i in range(60)])
+    enqueue(ADD, (1, 1), key="order-420")
+
+    def listed(*args: str) -> list[str]:
+        return [i["id"] for i in js(cli(url, "jobs", "ls", "--json", *args))["items"]]
+
+    assert listed("--key", "order-42", "--limit", "5") == [old]
+    assert listed("-k", "order-42", "--state", "ready", "--queue", "default") == [old]
+    assert listed("--key", "order-4") == []
+    assert "no jobs match" in cli(url, "jobs", "ls", "--key", "nope").stdout
+
+
 def test_jobs_show_envelope_result_and_errors(url: str) -> None:
     [job] = enqueue(ADD, (2, 3), priority=7, key="sum:2+3")
 

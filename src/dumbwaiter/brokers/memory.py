@@ -188,7 +188,8 @@ class MemoryBroker(Broker):
                 if holder.info().state not in _UNIQUE_BLOCKS.get(
                     m.headers.get("unique", ""), _RETAINED
                 ):
-                    holder.msg.key = None  # its key no longer blocks: free it
+                    # its key no longer blocks: free it (the old job keeps
+                    # its message's key, which key searches still match)
                     del s.keys[m.key]
                 else:
                     ids.append(s.keys[m.key])

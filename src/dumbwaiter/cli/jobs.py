@@ -122,6 +122,12 @@ _STATE_STYLE = {
     help="Only jobs in this state.",
 )
 @click.option("-t", "--task", "task_name", metavar="NAME", help="Only jobs of this task.")
+@click.option(
+    "-k",
+    "--key",
+    metavar="KEY",
+    help="Only jobs whose key is exactly KEY (a task's unique key or an event's ordering key).",
+)
 @limit_option
 @cursor_option
 @json_option
@@ -131,13 +137,17 @@ def ls(
     queue: str | None,
     state: str | None,
     task_name: str | None,
+    key: str | None,
     limit: int,
     cursor: str | None,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first.
+
+    ``--key`` searches every stored job, not only recent ones.
+    """
     app = resolve_app(app_spec, url)
-    f = JobFilter(queue=queue, name=task_name, state=State(state) if state else None)
+    f = JobFilter(queue=queue, name=task_name, state=State(state) if state else None, key=key)
     page = call(app, lambda b: b.list_jobs(f, cursor, limit))
     print_page(page, as_json=as_json, dead_letters=False, empty="no jobs match")
 

@@ -93,15 +93,12 @@ async def queue(request: Request) -> Response:
         name=p.get("task", "").strip() or None,
         since=_time_param(request, "since", errors),
         until=_time_param(request, "until", errors),
+        key=p.get("key", "").strip() or None,
     )
     filters = queries.split(base, None, [wanted] if wanted else list(queries.STATES))
     limit = page_size(request)
     cursor = p.get("cursor") or None
-    key = p.get("key", "").strip()
-    if key:
-        listing = await queries.by_key(dw.broker, filters, key, cursor, limit)
-    else:
-        listing = await queries.merged(dw.broker, filters, cursor, limit)
+    listing = await queries.merged(dw.broker, filters, cursor, limit)
     return render(
         request,
         "queue.html",
@@ -115,7 +112,6 @@ async def queue(request: Request) -> Response:
             "listing": listing,
             "errors": errors,
             "missing_id": job_id if job_id else "",
-            "key_scan": queries.KEY_SCAN,
             "limit": limit,
             "cursor": cursor,
         },

@@ -9,8 +9,9 @@ each served by the engines' ``(queue, state, id)`` index, merged newest
 first.  Job ids are UUIDv7 and every engine pages by ``id < cursor``, so the
 last id shown is a valid cursor for every part of the merge.
 
-Search by ``key`` has no filter in the seam (``JobFilter`` has none), so it
-looks through the newest ``KEY_SCAN`` jobs of the selection and says so.
+Search by ``key`` is ``JobFilter.key``, which every broker answers exactly
+over all its stored jobs (not over the newest few), so a key search is a
+listing like any other.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 from ..brokers.base import Broker, JobFilter, JobInfo
 from ..state import State
 
-#: jobs looked through, newest first, when searching by key
-KEY_SCAN = 2000
 #: the states of a queue's "all" tab, in the order the tabs show them
 STATES = (
     State.READY,
@@ -41,10 +40,6 @@ STATES = (
 class Listing:
     items: list[JobInfo]
     cursor: str | None
-    #: how many jobs a key search looked through (None: not a key search)
-    scanned: int | None = None
-    #: the key search stopped at KEY_SCAN before the end
-    truncated: bool = False
 
 
 async def merged(
@@ -68,21 +63,3 @@ def split(
     qs: Sequence[str | None] = queues if queues else [base.queue]
     ss: Sequence[State | None] = states if states else [base.state]
     return [dataclasses.replace(base, queue=q, state=s) for q in qs for s in ss]
-
-
-async def by_key(
-    broker: Broker, filters: Sequence[JobFilter], key: str, cursor: str | None, limit: int
-) -> Listing:
-    """Jobs whose ``key`` is ``key`` among the newest ``KEY_SCAN`` of the selection."""
-    found: list[JobInfo] = []
-    scanned = 0
-    next_cursor = cursor
-    while scanned < KEY_SCAN and len(found) < limit:
-        page = await merged(broker, filters, next_cursor, min(500, KEY_SCAN - scanned))
-        scanned += len(page.items)
-        found += [i for i in page.items if i.message.key == key]
-        next_cursor = page.cursor
-        if next_cursor is None:
-            break
-    truncated = next_cursor is not None and scanned >= KEY_SCAN
-    return Listing(found[:limit], None, scanned=scanned, truncated=truncated)

@@ -21,6 +21,7 @@ from ..base import (
     JobInfo,
     Page,
     QueueStats,
+    key_needle,
     normalize_error_type,
     stats_rows,
 )
@@ -243,6 +244,34 @@ class PostgresAdmin(PostgresCore):
 # -- helpers ---------------------------------------------------------------------
 
 
+def _key_clause(key: str, params: list[Any]) -> str:
+    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``).
+
+    The ``key`` column holds a task's key only while the job holds it (a
+    newer unique job frees it to NULL, events never hold one), so a job with
+    a key in the column matches by the column and a job without one by its
+    body's top-level ``key``.  That part scans the table newest first (a
+    listing stops once its page is full); ``position`` on the raw body skips
+    every body that lacks the key's JSON text (``key_needle``), so only those
+    that have it are parsed.  No index serves it: an expression index on the
+    body's key would parse every body at enqueue (a migration can add one if
+    key searches ever need to be fast on huge tables).  A body that is not
+    JSON and contains the key's text makes the search fail loudly, never
+    skip silently.
+    """
+    extract = "convert_from(body, 'UTF8')::jsonb ->> 'key' = %s"
+    needle = key_needle(key)
+    params.append(key)
+    if needle is not None:
+        params += [needle, key]
+        return (
+            "CASE WHEN key IS NOT NULL THEN key = %s"
+            f" WHEN position(%s::bytea IN body) = 0 THEN false ELSE {extract} END"
+        )
+    params.append(key)
+    return f"CASE WHEN key IS NOT NULL THEN key = %s ELSE {extract} END"
+
+
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
     """SQL conditions (positional ``%s`` parameters) for an admin filter."""
     clauses = ["true"]
@@ -264,6 +293,8 @@ def _where(f: JobFilter) -> tuple[str, list[Any]]:
     if f.ids is not None:
         clauses.append("id = ANY(%s::uuid[])")
         params.append([i for i in f.ids if is_uuid(i)])
+    if f.key is not None:
+        clauses.append(_key_clause(f.key, params))
     if f.since is not None:
         clauses.append("updated_at >= to_timestamp(%s)")
         params.append(f.since)

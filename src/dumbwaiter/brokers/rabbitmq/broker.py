@@ -1336,7 +1336,19 @@ class RabbitMQBroker(Broker):
         if not gone:
             return 0
         keys = [k.job + r.msg.id for r in gone]
-        keys += [k.key + r.msg.key for r in gone if r.msg.key is not None and r.msg.kind == TASK]
+        # a key goes with its job only if the job still holds it: a newer
+        # unique job may have taken it over (the old job keeps its message's
+        # key), and freeing that one's key would let a duplicate in.  A read
+        # then a delete: an enqueue taking the key over in between is lost
+        # the same way (the state store has no compare-and-delete).
+        keyed = [
+            (k.key + r.msg.key, r.msg.id)
+            for r in gone
+            if r.msg.key is not None and r.msg.kind == TASK
+        ]
+        if keyed:
+            held = await self.state.kv_get(sorted({kk for kk, _ in keyed}))
+            keys += sorted({kk for kk, id_ in keyed if held.get(kk, b"").decode() == id_})
         # a tombstone each, kept until every copy still queued has come up
         # (a copy without a record would otherwise run)
         now = time.time()

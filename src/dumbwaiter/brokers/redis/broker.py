@@ -67,6 +67,9 @@ DEFAULT_RETENTION = 3600.0
 HOUSEKEEPING_CHUNK = 1000
 #: jobs an admin walk looks at per call, at most (one call stays short)
 WALK_BUDGET = 10_000
+#: the same for a search by key, which reads each unheld job's body too
+#: (about 7 us a job here): 2,000 keep one call near 15 ms
+KEY_WALK_BUDGET = 2_000
 #: seconds an idle fetch stays registered as a waiter before it registers again
 WAITER_TTL = 1.0
 _OPTIONS = {
@@ -431,13 +434,14 @@ class RedisBroker(Broker):
             repr(time.time()),
             cursor or "",
             limit,
-            WALK_BUDGET,
+            WALK_BUDGET if f.key is None else KEY_WALK_BUDGET,
             f.queue or "",
             f.name or "",
             str(f.state) if f.state is not None else "",
             normalize_error_type(f.error_type) if f.error_type is not None else "",
             repr(f.since) if f.since is not None else "",
             repr(f.until) if f.until is not None else "",
+            f.key if f.key is not None else "",
         ]
         if f.ids is not None:
             ids = sorted(set(f.ids), reverse=True)
@@ -452,9 +456,19 @@ class RedisBroker(Broker):
         if filter.ids is not None and not filter.ids:
             return Page()
         index = "dead" if filter.state is State.DEAD else "ids"
-        r = await self._run(self._lua.list, self._walk_args(filter, index, cursor, limit))
-        items = [_info(r[i], r[i + 1 : i + 12]) for i in range(1, len(r), 12)]
-        return Page(items=items, cursor=r[0].decode() or None)
+        items: list[JobInfo] = []
+        while True:
+            args = self._walk_args(filter, index, cursor, limit - len(items))
+            r = await self._run(self._lua.list, args)
+            items += [_info(r[i], r[i + 1 : i + 12]) for i in range(1, len(r), 12)]
+            cursor = r[0].decode() or None
+            # A key search reads bodies and matches few jobs, so one call's
+            # budget (KEY_WALK_BUDGET jobs) may end with an empty page and a
+            # cursor: go on, one bounded call at a time, until the page is
+            # full or the index is exhausted, so a search over many jobs
+            # answers in one page instead of a trail of empty ones.
+            if filter.key is None or cursor is None or len(items) >= limit:
+                return Page(items=items, cursor=cursor)
 
     async def get(self, id: str) -> JobInfo | None:
         try:
@@ -601,6 +615,7 @@ def _fields(f: JobFilter) -> dict[str, Any]:
         "since": f.since,
         "until": f.until,
         "ids": f.ids,
+        "key": f.key,
     }
 
 

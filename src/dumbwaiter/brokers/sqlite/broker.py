@@ -53,6 +53,7 @@ from ..base import (
     QueueStats,
     Rescued,
     delivery_of,
+    key_needle,
     normalize_error_type,
     stats_rows,
 )
@@ -1229,6 +1230,31 @@ def _err_type(d: Delivery) -> str | None:
     return None if d.error is None else d.error.type
 
 
+def _key_clause(key: str, params: list[Any]) -> str:
+    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``).
+
+    The ``key`` column holds a task's key only while the job holds it (a
+    newer unique job frees it, and events never hold one), so the column
+    answers for holders and the body answers for the rest: a job whose
+    column is NULL matches when its body's top-level ``key`` is ``key``.
+    That part is a scan of the table, newest first (a listing stops once its
+    page is full), and it parses only the bodies that contain the key's JSON
+    text (``key_needle``), an ``instr`` per row otherwise; no index serves it
+    (an index on the body's key would parse every body at enqueue).
+    """
+    extract = (
+        "CASE WHEN json_valid(CAST(body AS TEXT))"
+        " THEN json_extract(CAST(body AS TEXT), '$.key') END = ?"
+    )
+    needle = key_needle(key)
+    params.append(key)
+    if needle is not None:
+        params += [needle, key]
+        return f"(key=? OR (key IS NULL AND instr(body, ?)>0 AND {extract}))"
+    params.append(key)
+    return f"(key=? OR (key IS NULL AND {extract}))"
+
+
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
     clauses = ["1=1"]
     params: list[Any] = []
@@ -1249,6 +1275,8 @@ def _where(f: JobFilter) -> tuple[str, list[Any]]:
     if f.ids is not None:
         clauses.append("id IN (SELECT value FROM json_each(?))")
         params.append(orjson.dumps(list(f.ids)))
+    if f.key is not None:
+        clauses.append(_key_clause(f.key, params))
     if f.since is not None:
         clauses.append("updated_at>=?")
         params.append(f.since)

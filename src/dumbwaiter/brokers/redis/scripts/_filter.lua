@@ -3,13 +3,36 @@
 -- ARGV: [1] now, [2] cursor ('' = from the newest), [3] limit (matches
 -- wanted), [4] budget (jobs looked at, at most, so one call never holds the
 -- server for long), [5] queue, [6] name, [7] state, [8] error type, [9]
--- since, [10] until ('' = no such filter), [11] index: 'ids' (every job),
--- 'dead' (dead letters) or 'given' (the ids from ARGV[12] on, newest first).
+-- since, [10] until, [11] key ('' = no such filter), [12] index: 'ids'
+-- (every job), 'dead' (dead letters) or 'given' (the ids from ARGV[13] on,
+-- newest first).
 -- Both indexes are sorted sets of ids with one score, so they sort by id:
 -- UUIDv7 ids sort by creation time, and a page is one range read from the
 -- cursor down.
 local F_queue, F_name, F_state, F_etype = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local F_since, F_until = tonumber(ARGV[9]), tonumber(ARGV[10])
+local F_key = ARGV[11]
+-- The key's JSON text when it has one spelling (printable ASCII without
+-- '"', '\' or '/', as JobFilter's key_needle): bodies without it are skipped
+-- unparsed.  nil: every body is parsed.
+local F_needle = nil
+if F_key ~= '' and not string.find(F_key, '[%c"\\/\128-\255]') then
+  F_needle = '"' .. F_key .. '"'
+end
+
+-- Whether the job's message key is F_key.  The 'k' field holds a task's key
+-- while the job holds it (a newer unique job frees it; events never hold
+-- one), so a job without it is judged by its body's top-level "key".
+local function key_matches(k, body)
+  if k then
+    return k == F_key
+  end
+  if not body or (F_needle and not string.find(body, F_needle, 1, true)) then
+    return false
+  end
+  local ok, m = pcall(cjson.decode, body)
+  return ok and type(m) == 'table' and m.key == F_key
+end
 
 local function state_of(st, a)
   if st == 'scheduled' and tonumber(a or '0') > 0 then
@@ -20,7 +43,12 @@ end
 
 -- The fields of a job a filter looks at; nil if it is not stored.
 local function matches(id)
-  local v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k')
+  local v
+  if F_key == '' then
+    v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k')
+  else -- the body in the same read, for key_matches
+    v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k', 'body')
+  end
   if not v[3] then
     return nil
   end
@@ -35,6 +63,7 @@ local function matches(id)
     if not et then return nil end
     if et ~= F_etype and string.match(et, '([^.]*)$') ~= F_etype then return nil end
   end
+  if F_key ~= '' and not key_matches(v[9], v[10]) then return nil end
   return v
 end
 
@@ -43,9 +72,9 @@ end
 -- go on from ('' when the index is exhausted) and how many matched.
 local function walk(fn)
   local cursor, limit, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-  local index = ARGV[11]
+  local index = ARGV[12]
   local found, looked = 0, 0
-  local given_at = 12
+  local given_at = 13
   while true do
     local ids
     if index == 'given' then
