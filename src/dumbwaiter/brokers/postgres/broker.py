@@ -9,7 +9,9 @@
   lease cannot settle a job someone else now holds.
 * **Idle fetches** wait on ``LISTEN``; whatever makes a job ready sends
   ``NOTIFY`` in its own transaction.  While LISTEN is down they poll.
-* **Completions** are one statement per batch (``UPDATE ... FROM unnest``).
+* **Completions** are one statement per batch (``UPDATE ... FROM unnest``);
+  a batch of acks made as the worker's next claim starts rides with it (one
+  statement acks and claims: ``_ride``).
 * **Finished rows** stay in ``dw_jobs`` for the retention window (results,
   ``job.status()``, unique keys) and are then pruned; the states a worker
   polls each have a partial index, so a claim reads live rows only.
