@@ -20,7 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from ..base import Binding, Broker
+from ..base import Binding, Broker, Delivery
 from . import migrations
 from .connection import LoopPool, Options, check_sync, parse_url
 from .connection import _finish as finish
@@ -67,6 +67,23 @@ class _LoopState:
         self.listener = listener
         #: claims whose fetch was cancelled mid-flight, being given back
         self.giving_back: set[asyncio.Task[None]] = set()
+        #: acks waiting to travel with the next claim (broker.ack, broker._claim)
+        self.riders: list[Ride] = []
+        #: claims started on this loop that have not yet sent their first statement
+        self.boarding = 0
+
+
+class Ride:
+    """A batch of acks travelling with a claim: one statement settles the
+    worker's finished jobs and claims its next ones (a round trip and a send
+    fewer per batch).  ``done`` is True once acked, False if no claim took it
+    (the ack then goes alone)."""
+
+    __slots__ = ("done", "ds")
+
+    def __init__(self, ds: Sequence[Delivery], done: asyncio.Future[bool]) -> None:
+        self.ds = ds
+        self.done = done
 
 
 class PostgresCore(Broker):

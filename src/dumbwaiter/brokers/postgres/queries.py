@@ -122,15 +122,30 @@ class Queries:
                 " WHERE NOT EXISTS (SELECT FROM c)"
             )
 
-        self.claim_one = q(
-            f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
+        # A claim may carry the worker's last finished batch (see
+        # broker._Rides): one statement acks it and claims the next.  The ack
+        # touches running rows and the claim ready ones, so the two never meet.
+        _settled = "lease_until = NULL, token = NULL, updated_at = now()"
+        _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
+
+        def ack(pairs: str) -> str:
+            return (
+                f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
+                " expires_at = now() + make_interval(secs => %(retention)s)"
+                f" FROM {pairs} AS u(id, token) WHERE {_held}"
+            )
+
+        ack_pairs = _PAIRS.replace("%(id)s", "%(ack_id)s").replace("%(token)s", "%(ack_token)s")
+        acked = f"a AS ({ack(ack_pairs)}), "
+        claim_one = (
+            f"{promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
             " WHERE state = 'ready' AND queue = %(queue)s"
             f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
             " ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
             f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= %(queue)s')}"
         )
-        self.claim_many = q(
-            f"WITH {promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
+        claim_many = (
+            f"{promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
             " (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)"
             f" WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)"
             " ORDER BY ord) q"
@@ -139,13 +154,11 @@ class Queries:
             " FOR UPDATE SKIP LOCKED) c LIMIT %(limit)s) c"
             f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= ANY(%(queues)s::text[])')}"
         )
-        _settled = "lease_until = NULL, token = NULL, updated_at = now()"
-        _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
-        self.ack = q(
-            f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
-            " expires_at = now() + make_interval(secs => %(retention)s)"
-            f" FROM {_PAIRS} AS u(id, token) WHERE " + _held
-        )
+        self.claim_one = q("WITH " + claim_one)
+        self.claim_many = q("WITH " + claim_many)
+        self.ack_claim_one = q("WITH " + acked + claim_one)
+        self.ack_claim_many = q("WITH " + acked + claim_many)
+        self.ack = q(ack(_PAIRS))
         self.ack_results = q(
             f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"
             " expires_at = now() + make_interval(secs => greatest(%(retention)s,"
