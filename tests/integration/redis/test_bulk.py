@@ -331,3 +331,27 @@ async def test_fetch_drops_a_ready_member_whose_job_is_not_ready(
         await broker.ack([d])
     finally:
         await broker.close()
+
+
+async def test_a_commit_publishes_only_the_staged_jobs_still_stored(
+    redis_server: RedisServer,
+) -> None:
+    """The commit's slow path (a listed job is gone; nothing in dumbwaiter
+    deletes one, so the key is deleted by hand): the others are published,
+    the gone one is not stored again as a stub."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        await _stage(broker, "call-1", ms)
+        client = _client(redis_server)
+        try:
+            client.delete(f"{{dw:t}}:job:{ms[3].id}")
+            await _commit(broker, "call-1")
+            assert not client.exists(f"{{dw:t}}:job:{ms[3].id}")
+        finally:
+            client.close()
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for k, m in enumerate(ms) if k != 3)
+    finally:
+        await broker.close()

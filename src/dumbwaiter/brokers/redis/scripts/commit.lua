@@ -14,13 +14,25 @@ local i = 1
 while i <= #items do
   local q, kind, pr, ra, n = items[i], items[i + 1], items[i + 2], items[i + 3],
     tonumber(items[i + 4])
-  local ids = {}
-  local nids = 0
-  for j = i + 5, i + 4 + n do
-    if redis.call('HGET', jkey(items[j]), 'st') == 'staged' then
-      nids = nids + 1
-      ids[nids] = items[j]
+  local ids, jks = {}, {}
+  for j = 1, n do
+    ids[j] = items[i + 4 + j]
+    jks[j] = jkey(ids[j])
+  end
+  local nids = n
+  -- one EXISTS for the group: a listed job still stored is still staged
+  -- (nothing but this script and unstage changes that state), so the usual
+  -- case needs no per-job look; else keep only the jobs still staged
+  if redis.call('EXISTS', unpack(jks)) ~= n then
+    local still = {}
+    nids = 0
+    for j = 1, n do
+      if redis.call('HGET', jks[j], 'st') == 'staged' then
+        nids = nids + 1
+        still[nids] = ids[j]
+      end
     end
+    ids = still
   end
   i = i + 5 + n
   if nids > 0 then
