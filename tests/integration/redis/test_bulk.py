@@ -355,3 +355,19 @@ async def test_a_commit_publishes_only_the_staged_jobs_still_stored(
         assert sorted(got) == sorted(m.id for k, m in enumerate(ms) if k != 3)
     finally:
         await broker.close()
+
+
+@pytest.mark.parametrize("unique", ["queued", "active"])
+async def test_a_staged_job_holds_its_key(redis_server: RedisServer, unique: str) -> None:
+    """bulk.py stages no keyed chunk, but the script may: a staged holder of a
+    key blocks a new job as the queued job it becomes would."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        staged = msg(key="k-1", headers={"unique": unique})
+        await _stage(broker, "call-1", [staged])
+        assert await broker.enqueue([msg(key="k-1", headers={"unique": unique})]) == [staged.id]
+        await _commit(broker, "call-1")
+        assert [d.id for d in await fetch_all(broker)] == [staged.id]
+    finally:
+        await broker.close()

@@ -23,9 +23,11 @@
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
 -- token, its lease), in its inbox, so it starts them without another round
 -- trip.  The rest wait in the queue's ready set.
+-- (`staged` counts as queued: bulk.py stages no keyed job, but a staged
+-- holder must block as the ready or scheduled job it becomes.)
 local BLOCKS = {
-  active = {scheduled = true, ready = true, running = true},
-  queued = {scheduled = true, ready = true},
+  active = {staged = true, scheduled = true, ready = true, running = true},
+  queued = {staged = true, scheduled = true, ready = true},
 }
 local now, mode, call = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
