@@ -10,11 +10,12 @@ import redis
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.brokers.redis import RedisBroker, bulk
 from dumbwaiter.errors import PayloadTooLarge
 from dumbwaiter.message import Message
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import fetch_all
+from tests.conformance.helpers import error, fetch_all
 
 from .conftest import RedisServer
 
@@ -165,5 +166,208 @@ async def test_what_a_dead_producer_staged_is_deleted(redis_server: RedisServer)
         await broker.rescue()
         assert not [k for k in _keys(redis_server) if b":job:" in k or b":stage" in k]
         assert await broker.fetch(["default"], 100, 30.0, 0) == []
+    finally:
+        await broker.close()
+
+
+# -- admin operations between the staging and the commit of a bulk enqueue --
+#
+# A staged job is stored but not yet enqueued: the producer has not been told
+# it exists, and it may still be deleted (unstage).  Whatever an admin
+# operation does to it in that window must leave each job with one place at
+# most (one ready entry, or its scheduled entry), leased once at a time, and
+# must not run a job the producer is then told was never stored.
+
+STAGED = 20
+
+
+async def _stage(broker: RedisBroker, call: str, ms: list[Message]) -> None:
+    """Store ``ms`` as the first chunk of bulk enqueue ``call`` (not committed)."""
+    chunk = next(bulk.encode(ms, None))
+    await broker._link().script(
+        broker._lua.enqueue,
+        broker._keys,
+        [repr(time.time()), b"stage1", call, repr(time.time() + bulk.STAGE_TTL), *chunk.args],
+    )
+
+
+async def _commit(broker: RedisBroker, call: str) -> None:
+    await broker._link().script(broker._lua.commit, broker._keys, [repr(time.time()), call])
+
+
+async def _unstage(broker: RedisBroker, call: str) -> None:
+    await broker._link().script(broker._lua.unstage, broker._keys, [call])
+
+
+def _zcard(server: RedisServer, key: str) -> int:
+    client = _client(server)
+    try:
+        return int(client.zcard("{dw:t}:" + key))
+    finally:
+        client.close()
+
+
+async def test_rescheduling_staged_jobs_to_now_leases_each_once(
+    redis_server: RedisServer,
+) -> None:
+    """The reported double run: a reschedule to now between staging and
+    commit, then the commit, must not leave two ready entries for a job."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        ids = [m.id for m in ms]
+        await _stage(broker, "call-1", ms)
+        await broker.reschedule(ids, time.time())
+        await _commit(broker, "call-1")
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(ids)  # each leased once, none lost
+        assert _zcard(redis_server, "ready:default") == 0
+    finally:
+        await broker.close()
+
+
+async def test_a_staged_job_rescheduled_fetched_and_retried_is_not_published_twice(
+    redis_server: RedisServer,
+) -> None:
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        await _stage(broker, "call-1", ms)
+        await broker.reschedule([m.id for m in ms], time.time())
+        first = await broker.fetch(["default"], 100, 30.0, 0)
+        for d in first:
+            d.error, d.retry_at = error(), time.time()
+        await broker.retry(first)
+        await _commit(broker, "call-1")
+        assert _zcard(redis_server, "ready:default") == STAGED
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for m in ms)
+    finally:
+        await broker.close()
+
+
+async def test_admin_operations_treat_staged_jobs_as_not_yet_enqueued(
+    redis_server: RedisServer,
+) -> None:
+    """get, list, cancel, reschedule (now or later), purge and replay do not
+    see or touch a staged job; the commit then publishes every job once, at
+    the time its enqueue gave it."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        later = time.time() + 3600
+        ready = [msg(args=[i]) for i in range(STAGED)]
+        sched = [msg(args=[i], eta=later) for i in range(STAGED)]
+        await _stage(broker, "call-1", ready + sched)
+        ids = [m.id for m in ready + sched]
+        assert await broker.get(ids[0]) is None
+        assert await broker.get(ids[-1]) is None
+        assert (await broker.list_jobs(JobFilter())).items == []
+        assert await broker.cancel(ids[:2]) == []
+        assert await broker.reschedule(ids, time.time()) == []
+        assert await broker.reschedule(ids, later + 60) == []
+        assert await broker.purge(JobFilter()) == 0
+        assert await broker.purge(JobFilter(ids=tuple(ids))) == 0
+        assert await broker.replay(JobFilter()) == 0
+        await _commit(broker, "call-1")
+        assert _zcard(redis_server, "ready:default") == STAGED
+        assert _zcard(redis_server, "sched:default") == STAGED
+        client = _client(redis_server)
+        try:
+            due = {m.id.encode(): s for m, s in zip(sched, [later] * STAGED, strict=True)}
+            for member, score in client.zrange("{dw:t}:sched:default", 0, -1, withscores=True):
+                assert score == pytest.approx(due[member])
+        finally:
+            client.close()
+        assert None not in [await broker.get(i) for i in ids]
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for m in ready)
+    finally:
+        await broker.close()
+
+
+async def test_unstaging_deletes_no_job_that_an_admin_operation_reached(
+    redis_server: RedisServer,
+) -> None:
+    """A reschedule to now, a fetch, then the producer's iterator fails: the
+    undo must not delete a job a worker holds (or leave it half there)."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        await _stage(broker, "call-1", ms)
+        await broker.reschedule([m.id for m in ms], time.time())
+        running = await broker.fetch(["default"], 100, 30.0, 0)
+        await _unstage(broker, "call-1")
+        for d in running:  # whatever a worker holds stays a whole job
+            assert await broker.get(d.id) is not None
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+        stats = await broker.stats()
+        assert all(s.running == len(running) for s in stats)
+    finally:
+        await broker.close()
+
+
+async def test_fetch_drops_a_ready_member_whose_job_is_not_ready(
+    redis_server: RedisServer,
+) -> None:
+    """The last line of defence: a second ready-set member for a job that is
+    already leased (however it got there) is dropped, not claimed again."""
+    broker = from_url(redis_server.url())
+    try:
+        m = msg()
+        await broker.enqueue([m])
+        [d] = await broker.fetch(["default"], 10, 30.0, 0)
+        client = _client(redis_server)
+        try:
+            client.zadd("{dw:t}:ready:default", {f"{0:016d}{m.id}": 0})
+        finally:
+            client.close()
+        assert await broker.fetch(["default"], 10, 30.0, 0) == []
+        assert _zcard(redis_server, "ready:default") == 0
+        assert (await broker.stats())[0].running == 1
+        await broker.ack([d])
+    finally:
+        await broker.close()
+
+
+async def test_a_commit_publishes_only_the_staged_jobs_still_stored(
+    redis_server: RedisServer,
+) -> None:
+    """The commit's slow path (a listed job is gone; nothing in dumbwaiter
+    deletes one, so the key is deleted by hand): the others are published,
+    the gone one is not stored again as a stub."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        await _stage(broker, "call-1", ms)
+        client = _client(redis_server)
+        try:
+            client.delete(f"{{dw:t}}:job:{ms[3].id}")
+            await _commit(broker, "call-1")
+            assert not client.exists(f"{{dw:t}}:job:{ms[3].id}")
+        finally:
+            client.close()
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for k, m in enumerate(ms) if k != 3)
+    finally:
+        await broker.close()
+
+
+@pytest.mark.parametrize("unique", ["queued", "active"])
+async def test_a_staged_job_holds_its_key(redis_server: RedisServer, unique: str) -> None:
+    """bulk.py stages no keyed chunk, but the script may: a staged holder of a
+    key blocks a new job as the queued job it becomes would."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        staged = msg(key="k-1", headers={"unique": unique})
+        await _stage(broker, "call-1", [staged])
+        assert await broker.enqueue([msg(key="k-1", headers={"unique": unique})]) == [staged.id]
+        await _commit(broker, "call-1")
+        assert [d.id for d in await fetch_all(broker)] == [staged.id]
     finally:
         await broker.close()

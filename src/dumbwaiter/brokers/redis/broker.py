@@ -475,7 +475,9 @@ class RedisBroker(Broker):
             v = await self._link().call(b"HMGET", f"{self.prefix}:job:{id}", *_INFO)
         except RedisError as exc:
             raise BrokerError(f"redis get: {exc}") from exc
-        return None if v[2] is None else _info(id.encode(), v)
+        if v[2] is None or v[2] == b"staged":  # staged: not enqueued yet (see bulk.py)
+            return None
+        return _info(id.encode(), v)
 
     async def _walk(self, script: lua.Script, f: JobFilter, index: str) -> int:
         """Run replay or purge over every match, one bounded call at a time."""

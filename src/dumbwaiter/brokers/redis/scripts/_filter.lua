@@ -41,7 +41,8 @@ local function state_of(st, a)
   return st
 end
 
--- The fields of a job a filter looks at; nil if it is not stored.
+-- The fields of a job a filter looks at; nil if it is not stored, or staged
+-- (not enqueued yet: see _lib.lua, unstage).
 local function matches(id)
   local v
   if F_key == '' then
@@ -49,7 +50,7 @@ local function matches(id)
   else -- the body in the same read, for key_matches
     v = redis.call('HMGET', jkey(id), 'q', 'n', 'st', 'a', 'u', 'et', 'ra', 'pr', 'k', 'body')
   end
-  if not v[3] then
+  if not v[3] or v[3] == 'staged' then
     return nil
   end
   if F_queue ~= '' and v[1] ~= F_queue then return nil end

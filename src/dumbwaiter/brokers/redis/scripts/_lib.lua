@@ -53,8 +53,10 @@ end
 -- Ready jobs of one queue, just stored or just committed: idle workers of the
 -- queue get them first (each up to its limit, leased to it, in its inbox, so
 -- it starts them without another round trip), the rest wait in the ready
--- set.  `bodies` may be nil (the bodies are read then).
-local function offer(q, pr, ra, ids, bodies, now)
+-- set.  `bodies` may be nil (the bodies are read then).  `mark`: the jobs are
+-- not in state `ready` yet (committed from `staged`): set it on those that go
+-- to the ready set (those handed over are written `running` anyway).
+local function offer(q, pr, ra, ids, bodies, now, mark)
   local nnow = tonumber(now)
   local k = 1
   while k <= #ids do
@@ -85,6 +87,9 @@ local function offer(q, pr, ra, ids, bodies, now)
     for j = k, #ids do
       ready[#ready + 1] = score
       ready[#ready + 1] = pre .. ids[j]
+      if mark then
+        redis.call('HSET', jkey(ids[j]), 'st', 'ready')
+      end
     end
     redis.call('ZADD', P .. ':ready:' .. q, unpack(ready))
   end
@@ -96,6 +101,14 @@ end
 -- groups are listed in `stage:<call>` (queue, kind, priority, run_at, count,
 -- ids...); `staging` holds each call's deadline, after which the rescuer
 -- deletes what a dead producer left.  unstage deletes a call's staged jobs.
+--
+-- A staged job is in state `staged`, which means "not enqueued yet": no
+-- script but commit and unstage changes it (get and the admin walks do not
+-- see it, cancel and reschedule pass it by), so the commit publishes each
+-- job exactly once, where its enqueue put it, and the undo never deletes a
+-- job that something else made visible.  (When staged jobs were `ready`, a
+-- reschedule to now made one ready and the commit made it ready a second
+-- time, with another ready-set member: two workers could lease it at once.)
 local function unstage(call)
   local sk = P .. ':stage:' .. call
   local items = redis.call('LRANGE', sk, 0, -1)
@@ -105,10 +118,9 @@ local function unstage(call)
     for j = i + 5, i + 4 + n do
       local id = items[j]
       local jk = jkey(id)
-      local v = redis.call('HMGET', jk, 'q', 'st', 'a', 'ra', 'pr', 'k')
-      if v[2] then
-        unlink(jk, id, v[1], v[2], v[3], v[4], v[5])
-        forget(jk, id, v[6])
+      local v = redis.call('HMGET', jk, 'st', 'k')
+      if v[1] == 'staged' then -- in no set, no counter: only its traces to delete
+        forget(jk, id, v[2])
       end
     end
     i = i + 5 + n

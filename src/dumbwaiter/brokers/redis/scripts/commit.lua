@@ -1,7 +1,9 @@
 --@include _lib
 -- Publish a staged bulk enqueue (see _lib.lua, unstage).  ARGV: now, call.
--- Ready jobs go to idle workers or the ready sets, scheduled ones to their
--- queue's scheduled set; a job cancelled meanwhile stays cancelled.
+-- Jobs still `staged` (all of them: nothing else changes that state) become
+-- ready (handed to idle workers or put in their ready set) or scheduled (in
+-- their queue's scheduled set); each gets one entry, the one its enqueue
+-- gave it.
 local now, call = ARGV[1], ARGV[2]
 if not redis.call('ZSCORE', P .. ':staging', call) then
   return redis.error_reply('STAGEGONE staged batch ' .. call .. ' expired')
@@ -12,23 +14,40 @@ local i = 1
 while i <= #items do
   local q, kind, pr, ra, n = items[i], items[i + 1], items[i + 2], items[i + 3],
     tonumber(items[i + 4])
-  local want = kind == 's' and 'scheduled' or 'ready'
-  local ids = {}
-  for j = i + 5, i + 4 + n do
-    if redis.call('HGET', jkey(items[j]), 'st') == want then
-      ids[#ids + 1] = items[j]
+  local ids, jks = {}, {}
+  for j = 1, n do
+    ids[j] = items[i + 4 + j]
+    jks[j] = jkey(ids[j])
+  end
+  local nids = n
+  -- one EXISTS for the group: a listed job still stored is still staged
+  -- (nothing but this script and unstage changes that state), so the usual
+  -- case needs no per-job look; else keep only the jobs still staged
+  if redis.call('EXISTS', unpack(jks)) ~= n then
+    local still = {}
+    nids = 0
+    for j = 1, n do
+      if redis.call('HGET', jks[j], 'st') == 'staged' then
+        nids = nids + 1
+        still[nids] = ids[j]
+      end
     end
+    ids = still
   end
   i = i + 5 + n
-  if #ids > 0 then
+  if nids > 0 then
     if kind == 'r' then
-      offer(q, pr, ra, ids, nil, now)
+      offer(q, pr, ra, ids, nil, now, true)
     else
       local zk = P .. ':sched:' .. q
       local first = redis.call('ZRANGE', zk, 0, 0, 'WITHSCORES')
-      for _, id in ipairs(ids) do
-        redis.call('ZADD', zk, ra, id)
+      local entries = {}
+      for k, id in ipairs(ids) do
+        redis.call('HSET', jkey(id), 'st', 'scheduled')
+        entries[2 * k - 1] = ra
+        entries[2 * k] = id
       end
+      redis.call('ZADD', zk, unpack(entries))
       if #first == 0 or tonumber(first[2]) > tonumber(ra) then
         wake(q, now)
       end

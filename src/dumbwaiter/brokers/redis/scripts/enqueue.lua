@@ -9,8 +9,8 @@
 -- 'queued' while it is queued.  A holder that no longer blocks gives its key
 -- to the new job.
 -- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
--- which registers the call until `deadline`) stores the jobs for commit.lua
--- to publish (see _lib.lua, unstage).
+-- which registers the call until `deadline`) stores the jobs in state
+-- `staged` for commit.lua to publish (see _lib.lua, unstage).
 -- Returns, for each job that was not stored because another job with the same
 -- key is (its key still blocks), the job's position in the call (1-based) and
 -- that other job's id; an empty list when every job has its own id (stored
@@ -23,9 +23,11 @@
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
 -- token, its lease), in its inbox, so it starts them without another round
 -- trip.  The rest wait in the queue's ready set.
+-- (`staged` counts as queued: bulk.py stages no keyed job, but a staged
+-- holder must block as the ready or scheduled job it becomes.)
 local BLOCKS = {
-  active = {scheduled = true, ready = true, running = true},
-  queued = {scheduled = true, ready = true},
+  active = {staged = true, scheduled = true, ready = true, running = true},
+  queued = {staged = true, scheduled = true, ready = true},
 }
 local now, mode, call = ARGV[1], ARGV[2], ARGV[3]
 local out = {}
@@ -91,7 +93,7 @@ while n <= #ARGV do
       end
     else
       redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
-        'u', now, 'st', sched and 'scheduled' or 'ready')
+        'u', now, 'st', stage and 'staged' or (sched and 'scheduled' or 'ready'))
       if key ~= '' then
         redis.call('HSET', P .. ':keys', key, id)
         redis.call('HSET', jk, 'k', key)

@@ -9,7 +9,8 @@
 -- 2. Due scheduled jobs of the queues become ready.
 -- 3. Up to `limit` ready jobs are claimed: attempt + 1, state running, the
 --    lease and this call's fencing token (every later change of the job
---    must present it).
+--    must present it).  A popped member whose job is not `ready` (deleted,
+--    or a stale second member) is dropped: a job is never leased twice.
 -- 4. A subscriber group's queue then reads its new events (see _events.lua):
 --    as many as are still wanted, from each bound stream, become jobs,
 --    claimed the same way.  If more are ready or unread, another idle worker
@@ -71,7 +72,7 @@ for n = first_q, #ARGV do
       for j = 1, #popped, 2 do
         local id = string.sub(popped[j], 17)
         local jk = jkey(id)
-        if redis.call('EXISTS', jk) == 1 then
+        if redis.call('HGET', jk, 'st') == 'ready' then
           local a = redis.call('HINCRBY', jk, 'a', 1)
           redis.call('HSET', jk, 'st', 'running', 'tk', token, 'lu', lease_until, 'w', worker,
             'u', now)
