@@ -453,3 +453,113 @@ def test_a_fetched_jobs_message_is_a_full_copy_of_its_records() -> None:
         assert getattr(c, f.name) == getattr(m, f.name), f.name
     for name in ("args", "kwargs", "headers", "errors"):
         assert getattr(c, name) is not getattr(m, name), name
+
+
+# -- admin calls racing a fetch or another admin call -----------------------------------
+
+
+def _after_first_read(
+    b: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], Any]
+) -> None:
+    """Make ``b``'s next ``kv_get`` run ``meanwhile`` (another broker's call)
+    after it has read and before it returns: whatever the caller writes next
+    is decided on a read that ``meanwhile`` made stale."""
+    real = b.state.kv_get
+    done = False
+
+    async def read_then_race(keys: Any) -> Any:
+        nonlocal done
+        got = await real(keys)
+        if not done:
+            done = True
+            await meanwhile()
+        return got
+
+    monkeypatch.setattr(b.state, "kv_get", read_then_race)
+
+
+async def test_a_reschedule_that_meets_a_lease_leaves_the_running_job_alone(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker leases the job between reschedule's read and its write: the
+    running job's record stays (the old read-then-write made it scheduled,
+    with a new version: the worker's ack was then lost and the job ran
+    again), and the new copy reschedule sent waits out the live lease
+    instead of running beside it once its record grace is over."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
+    admin, worker, other = make(), make(), make()
+    for b in (admin, worker, other):
+        await b.open()
+    m = job()
+    await admin.enqueue([m])
+    leased: list[Any] = []
+
+    async def lease() -> None:
+        leased.extend(await worker.fetch(["default"], 1, 30.0, 20.0, "w-1"))
+
+    _after_first_read(admin, monkeypatch, lease)
+    assert await admin.reschedule([m.id], time.time()) == []
+    [d] = leased
+    info = await admin.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-1"
+    # its new copy comes to the consuming worker: parked behind the lease
+    assert await worker.fetch(["default"], 1, 30.0, 0.5) == []
+    assert await other.fetch(["default"], 1, 30.0, 0.5) == []
+    await worker.ack([d])
+    info = await admin.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_replay_that_meets_a_purge_does_not_bring_the_job_back(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another admin purges the dead job between replay's read and its
+    write: the job stays purged (the old read-then-write wrote its record
+    back, ready, and it ran)."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
+    admin, other = make(), make()
+    await admin.open()
+    await other.open()
+    m = job()
+    await admin.enqueue([m])
+    [d] = await other.fetch(["default"], 1, 30.0, 20.0)
+    d.error = error(message="boom")
+    await other.dead([d])
+
+    async def purge() -> None:
+        assert await other.purge(JobFilter(ids=(m.id,))) == 1
+
+    _after_first_read(admin, monkeypatch, purge)
+    assert await admin.replay(JobFilter(ids=(m.id,))) == 0
+    assert await admin.get(m.id) is None
+    assert await other.fetch(["default"], 1, 30.0, 0.5) == []
+
+
+async def test_a_purge_that_meets_a_lease_leaves_the_running_job_alone(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker leases the job between purge's read and its delete: purge
+    leaves it (running jobs are never purged; the old read-then-delete took
+    the running job's record away, and its worker's retry wrote it back)."""
+    admin, worker = make(), make()
+    await admin.open()
+    await worker.open()
+    m = job()
+    await admin.enqueue([m])
+    leased: list[Any] = []
+
+    async def lease() -> None:
+        leased.extend(await worker.fetch(["default"], 1, 30.0, 20.0, "w-1"))
+
+    _after_first_read(admin, monkeypatch, lease)
+    assert await admin.purge(JobFilter(ids=(m.id,))) == 0
+    [d] = leased
+    info = await admin.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-1"
+    await worker.ack([d])
+    info = await admin.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED

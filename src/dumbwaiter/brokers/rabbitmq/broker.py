@@ -1031,17 +1031,9 @@ class RabbitMQBroker(Broker):
         if ver < rec.ver or rec.state in FINAL_STATES:
             return _DROP, None
         if ver > rec.ver:
-            # A copy sent before its record is written (the writer publishes
-            # first, so a crash in between loses nothing): wait for the
-            # record; if it never comes, its writer died, and the copy wins.
-            seen = _seen(raw, now)
-            if now - seen < RECORD_GRACE:
-                if _may_wait(raw, now):
-                    return _WAIT, None
-                rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
-                return _PARK, rec
-            rec.ver, rec.msg = ver, m
-            rec.state, rec.run_at = State.READY, now
+            ahead = _ahead(raw, m, rec, ver, now)
+            if ahead is not None:
+                return ahead
         if rec.state is State.RUNNING:
             if not raw.redelivered and "dw-seen" not in raw.headers:
                 return _DROP, None  # a copy sent twice (a publish tried again)
@@ -1312,27 +1304,76 @@ class RabbitMQBroker(Broker):
         return None if raw is None else Record.load(raw).info(time.time())
 
     async def replay(self, filter: JobFilter) -> int:
+        """Dead jobs back to ready.  The new copies are confirmed first (a
+        crash before the records are written loses nothing: a copy ahead of
+        its record wins after ``RECORD_GRACE``), then the records change in
+        one ``kv_update``, each only if it is still the record read
+        (``_swap``): a job purged or replayed by another call meanwhile is
+        left as that call made it, and its new copy here is dropped (stale,
+        or a second copy of the same version)."""
         now = time.time()
-        writes: dict[str, bytes] = {}
+        planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for rec in await self._matching(filter):
             if rec.state is not State.DEAD:
                 continue
+            before = _stamp(rec)
             rec.msg.attempt = 0
             rec.replays += 1
             rec.ver += 1
             rec.state, rec.run_at, rec.updated_at = State.READY, now, now
             copies.append(self._copy(rec.msg, rec.ver, now))
-            writes[self.keys.job + rec.msg.id] = rec.dump()
+            planned[self.keys.job + rec.msg.id] = (before, rec.dump())
+        if not planned:
+            return 0
         await self._send(copies, True)
-        if writes:
-            await self.state.kv_set(writes)
-            await self._sweep_dlq({r[len(self.keys.job) :] for r in writes})
-        return len(writes)
+        won = await self._swap(planned)
+        if won:
+            await self._sweep_dlq({key[len(self.keys.job) :] for key in won})
+        return len(won)
+
+    async def _swap(self, planned: Mapping[str, tuple[_Stamp, bytes]]) -> list[str]:
+        """Write each planned record (key: (the read record's ``_stamp``, the
+        new record)) only if the record is still the one read, in one
+        ``kv_update`` (atomic on a SQLite state store): an admin call's
+        read-then-write can no longer clobber a lease, cancel, retry, rescue
+        or purge that came in between.  The keys written, in order.
+
+        ``decide`` only parses what it was given: pure, safe to run twice."""
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
+            writes: dict[str, bytes] = {}
+            for key, (old, new) in planned.items():
+                raw = got.get(key)
+                if raw is not None and _stamp_raw(raw) == old:
+                    writes[key] = new
+            return writes, list(writes)
+
+        return await self.state.kv_update(list(planned), decide)
 
     async def purge(self, filter: JobFilter) -> int:
+        """Delete the matching jobs that are not running.
+
+        The records are first marked cancelled (a new version) in one
+        ``_swap``, each only if it is still the record read: a job a worker
+        leased (or another call changed) since the read is left alone, and a
+        marked job can no longer be leased, replayed or rescheduled (every
+        queued copy of it is dropped).  Then tombstones and the deletes,
+        which nothing can race any more."""
         k = self.keys
-        gone = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
+        read = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
+        if not read:
+            return 0
+        now = time.time()
+        planned: dict[str, tuple[_Stamp, bytes]] = {}
+        for r in read:
+            before = _stamp(r)
+            mark = Record.load(r.dump())
+            mark.state, mark.updated_at = State.CANCELLED, now
+            mark.ver += 1
+            planned[k.job + r.msg.id] = (before, mark.dump())
+        won = set(await self._swap(planned))
+        gone = [r for r in read if k.job + r.msg.id in won]
         if not gone:
             return 0
         keys = [k.job + r.msg.id for r in gone]
@@ -1351,7 +1392,6 @@ class RabbitMQBroker(Broker):
             keys += sorted({kk for kk, id_ in keyed if held.get(kk, b"").decode() == id_})
         # a tombstone each, kept until every copy still queued has come up
         # (a copy without a record would otherwise run)
-        now = time.time()
         ttl = max(self._outlive(r, now) for r in gone)
         await self.state.kv_set({k.claim + "gone:" + r.msg.id: b"1" for r in gone}, ttl=ttl)
         await self.state.kv_delete(keys)
@@ -1419,28 +1459,34 @@ class RabbitMQBroker(Broker):
         return max(keep, rec.run_at - now + keep)
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        """Waiting jobs to run at ``at``: copies first, then the records in one
+        ``_swap`` (see ``replay``).  A job a worker leased, or another call
+        changed, between the read and the write is not rescheduled (and not
+        returned); its new copy is stale, or parks behind the live lease
+        (``_judge``) and is dropped once the job is done."""
         now = time.time()
         got = await self.state.kv_get([self.keys.job + i for i in ids])
-        out: list[str] = []
-        writes: dict[str, bytes] = {}
+        planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for i in ids:
-            raw = got.get(self.keys.job + i)
-            if raw is None or i in out:
+            key = self.keys.job + i
+            raw = got.get(key)
+            if raw is None or key in planned:
                 continue
             rec = Record.load(raw)
             if rec.shown_state(now) not in CANCELLABLE_STATES:
                 continue
+            before = _stamp(rec)
             rec.ver += 1
             rec.run_at, rec.updated_at = at, now
             rec.state = State.SCHEDULED if at > now else State.READY
             copies.append(self._copy(rec.msg, rec.ver, at))
-            writes[self.keys.job + i] = rec.dump()
-            out.append(i)
+            planned[key] = (before, rec.dump())
+        if not planned:
+            return []
         await self._send(copies, True)
-        if writes:
-            await self.state.kv_set(writes)
-        return out
+        won = set(await self._swap(planned))
+        return [key[len(self.keys.job) :] for key in planned if key in won]
 
     async def pause(self, queue: str) -> None:
         await self.state.kv_set({self.keys.paused + queue: b"1", self.keys.queue + queue: b"1"})
@@ -1541,6 +1587,45 @@ def _parse(
         else:
             parsed.append((raw, m, m.id, None))
     return parsed, bad
+
+
+def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict | None:
+    """``_judge`` of a copy newer than its record: a verdict, or None when the
+    copy wins (``rec`` is then its job's record as the copy makes it).
+
+    A copy sent before its record is written (the writer publishes first,
+    so a crash in between loses nothing): wait for the record; if it never
+    comes, its writer died, and the copy wins, but never over a live lease:
+    an admin call whose record write found the job leased since its read
+    (``_swap``) leaves such a copy behind, and it waits the lease out (the
+    job is then done, retried, rescued or its lease lost, and the copy
+    stale, a twin or the winner)."""
+    seen = _seen(raw, now)
+    if now - seen < RECORD_GRACE:
+        if _may_wait(raw, now):
+            return _WAIT, None
+        rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
+        return _PARK, rec
+    if rec.state is State.RUNNING and rec.lease_until > now:
+        return _PARK, rec
+    rec.ver, rec.msg = ver, m
+    rec.state, rec.run_at = State.READY, now
+    return None
+
+
+#: what tells one record of a job from the next: its version (a new copy, a
+#: cancel), its fencing token (a lease) and its state (an ack)
+_Stamp = tuple[int, int, str]
+
+
+def _stamp(rec: Record) -> _Stamp:
+    return rec.ver, rec.token, rec.state.value
+
+
+def _stamp_raw(raw: bytes) -> _Stamp:
+    """``_stamp`` of a stored record without parsing its envelope."""
+    d = orjson.loads(raw)
+    return int(d["v"]), int(d["t"]), str(d["s"])
 
 
 def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
