@@ -170,6 +170,30 @@ class Message:
     key: str | None = None
     errors: list[ErrorRecord] = field(default_factory=list)
 
+    def copy(self) -> Message:
+        """A copy whose containers (args, kwargs, headers, errors) may be
+        changed without touching this one: brokers that keep messages in
+        memory hand these out.  Field by field, because
+        ``dataclasses.replace`` introspects the class on every call (once per
+        fetched job)."""
+        return Message(
+            id=self.id,
+            kind=self.kind,
+            name=self.name,
+            queue=self.queue,
+            args=list(self.args),
+            kwargs=dict(self.kwargs),
+            payload=self.payload,
+            headers=dict(self.headers),
+            attempt=self.attempt,
+            max_attempts=self.max_attempts,
+            created_at=self.created_at,
+            eta=self.eta,
+            priority=self.priority,
+            key=self.key,
+            errors=list(self.errors),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "id": self.id,

@@ -72,7 +72,7 @@ class _Row:
         if state is State.SCHEDULED and self.msg.attempt > 0:
             state = State.RETRYING
         return JobInfo(
-            message=_copy(self.msg),
+            message=self.msg.copy(),
             state=state,
             run_at=self.run_at,
             updated_at=self.updated_at,
@@ -81,26 +81,6 @@ class _Row:
             result=self.result,
             replays=self.replays,
         )
-
-
-def _copy(m: Message) -> Message:
-    return Message(
-        id=m.id,
-        kind=m.kind,
-        name=m.name,
-        queue=m.queue,
-        args=list(m.args),
-        kwargs=dict(m.kwargs),
-        payload=m.payload,
-        headers=dict(m.headers),
-        attempt=m.attempt,
-        max_attempts=m.max_attempts,
-        created_at=m.created_at,
-        eta=m.eta,
-        priority=m.priority,
-        key=m.key,
-        errors=list(m.errors),
-    )
 
 
 @dataclass(slots=True)
@@ -194,7 +174,7 @@ class MemoryBroker(Broker):
                 else:
                     ids.append(s.keys[m.key])
                     continue
-            m = _copy(m)
+            m = m.copy()
             s.queues.add(m.queue)
             row = _Row(msg=m, state=State.READY, run_at=now, updated_at=now)
             s.rows[m.id] = row
@@ -233,7 +213,7 @@ class MemoryBroker(Broker):
             for m in msgs:
                 if m.id in s.events:
                     continue
-                s.events[m.id] = (_copy(m), now)
+                s.events[m.id] = (m.copy(), now)
                 deliveries += [
                     delivery_of(m, b, uuid7()) for b in s.bindings.values() if b.pattern == m.name
                 ]
@@ -257,7 +237,7 @@ class MemoryBroker(Broker):
                  and (cursor is None or m.id > cursor)),
                 key=lambda m: m.id,
             )  # fmt: skip
-        page = [_copy(m) for m in found[:limit]]
+        page = [m.copy() for m in found[:limit]]
         return page, (page[-1].id if len(found) > limit else None)
 
     def _make_ready(self, row: _Row, at: float) -> None:
@@ -339,7 +319,7 @@ class MemoryBroker(Broker):
                 out.append(
                     Delivery(
                         id=id_,
-                        message=_copy(row.msg),
+                        message=row.msg.copy(),
                         token=row.token,
                         lease_until=row.lease_until,
                         queue=q,

@@ -427,34 +427,6 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     assert props2.headers["dw-seen"] == headers["dw-seen"]
 
 
-def test_a_fetched_jobs_message_is_a_full_copy_of_its_records() -> None:
-    """The delivery's message (``_clone``, built field by field) equals the
-    record's on every field of ``Message``, and shares none of its
-    containers: the worker appends errors and bumps attempts on its own."""
-    import dataclasses
-
-    from dumbwaiter.brokers.rabbitmq.broker import _clone
-    from dumbwaiter.message import ErrorRecord
-
-    m = job(
-        args=[1, [2]],
-        kwargs={"a": 1},
-        payload={"p": 1},
-        headers={"h": "1"},
-        attempt=2,
-        eta=time.time() + 5,
-        priority=3,
-        key="k",
-        errors=[ErrorRecord(time=1.0, type="E", message="m")],
-    )
-    c = _clone(m)
-    assert c == m
-    for f in dataclasses.fields(Message):
-        assert getattr(c, f.name) == getattr(m, f.name), f.name
-    for name in ("args", "kwargs", "headers", "errors"):
-        assert getattr(c, name) is not getattr(m, name), name
-
-
 # -- admin calls racing a fetch or another admin call -----------------------------------
 
 

@@ -890,7 +890,7 @@ class RabbitMQBroker(Broker):
             out.append(
                 Delivery(
                     id=did,
-                    message=_clone(rec.msg),
+                    message=rec.msg.copy(),
                     token=Token(rec.token, raw.gen, raw.tag),
                     lease_until=rec.lease_until,
                     queue=raw.queue,
@@ -977,7 +977,7 @@ class RabbitMQBroker(Broker):
                 writes[k.job + did] = rec.dump()
             elif verdict is _TAKE and rec is not None:
                 if rec.msg is m:  # the parsed copy's: not this call's to change
-                    rec.msg = _clone(m)
+                    rec.msg = m.copy()
                 self._lease(rec, now, lease, worker)
                 writes[k.job + did] = rec.dump()
                 leased[did] = (rec.token, rec.lease_until)
@@ -1635,29 +1635,6 @@ def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
         message=f"lease expired: worker {rec.worker or '?'} lost attempt {rec.msg.attempt} ({why})",
         worker=rec.worker or "",
         attempt=rec.msg.attempt,
-    )
-
-
-def _clone(m: Message) -> Message:
-    """A copy of ``m`` whose containers the worker may change without
-    touching the record this broker keeps (field by field: ``replace``
-    introspects the dataclass on every call, once per fetched job)."""
-    return Message(
-        id=m.id,
-        kind=m.kind,
-        name=m.name,
-        queue=m.queue,
-        args=list(m.args),
-        kwargs=dict(m.kwargs),
-        payload=m.payload,
-        headers=dict(m.headers),
-        attempt=m.attempt,
-        max_attempts=m.max_attempts,
-        created_at=m.created_at,
-        eta=m.eta,
-        priority=m.priority,
-        key=m.key,
-        errors=list(m.errors),
     )
 
 
