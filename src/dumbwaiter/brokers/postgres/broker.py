@@ -526,7 +526,7 @@ class PostgresBroker(PostgresAdmin):
         waiter = listener.add(queues)
         try:
             while True:
-                waiter.clear()
+                waiter.event.clear()
                 out, due = await self._claim_safely(st, queues, limit, lease, worker)
                 remaining = deadline - time.monotonic()
                 if out or remaining <= 0:

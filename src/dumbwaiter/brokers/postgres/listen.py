@@ -27,47 +27,15 @@ log = logging.getLogger("dumbwaiter.postgres")
 
 
 class Waiter:
-    """One idle fetch's wake-up: set by a notification for one of its queues.
-
-    A bare future and a timer, not ``asyncio.wait_for(Event.wait())``: on
-    Python 3.11 that wraps the wait in a task of its own, so a notification
-    reached the fetch three turns of the loop later instead of one (the
-    enqueue-to-start latency of an idle worker)."""
-
-    __slots__ = ("_fut", "queues", "woken")
+    __slots__ = ("event", "queues")
 
     def __init__(self, queues: Sequence[str]) -> None:
         self.queues = frozenset(queues)
-        #: a notification came since the last ``clear``
-        self.woken = False
-        self._fut: asyncio.Future[None] | None = None
-
-    def clear(self) -> None:
-        self.woken = False
-
-    def set(self) -> None:
-        self.woken = True
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        self.event = asyncio.Event()
 
     async def wait(self, timeout: float) -> None:
-        """Until ``set`` or ``timeout`` seconds, whichever comes first."""
-        if self.woken:
-            return
-        loop = asyncio.get_running_loop()
-        fut = self._fut = loop.create_future()
-        timer = loop.call_later(timeout, _release, fut)
-        try:
-            await fut
-        finally:
-            timer.cancel()
-            self._fut = None
-
-
-def _release(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
 
 
 class Listener:
@@ -106,7 +74,7 @@ class Listener:
     def wake(self, queue: str | None) -> None:
         for w in self._waiters:
             if queue is None or queue in w.queues:
-                w.set()
+                w.event.set()
 
     async def _run(self) -> None:
         backoff = 0.05
