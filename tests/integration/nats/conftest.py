@@ -12,8 +12,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,26 +19,17 @@ import pytest
 
 from tests.conftest import require_service
 from tests.integration.nats.server import new_namespace, url
+from tests.integration.serverproc import ServerProcess, free_port
 
 NATS_SERVER = shutil.which("nats-server") or (
     "/usr/sbin/nats-server" if os.path.exists("/usr/sbin/nats-server") else None
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class NatsServer:
+class NatsServer(ServerProcess):
     """One nats-server process on 127.0.0.1:``port`` with JetStream in ``dir``."""
 
-    def __init__(self, dir: Path, port: int, *extra: str) -> None:
-        self.dir = dir
-        self.port = port
-        self.extra = extra
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "nats"
 
     @property
     def server(self) -> str:
@@ -50,40 +39,17 @@ class NatsServer:
         query = "&".join(f"{k}={v}" for k, v in {"prefix": prefix, **options}.items())
         return f"{self.server}?{query}"
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         assert NATS_SERVER is not None
-        self.proc = subprocess.Popen(
-            [
-                NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                "-sd", str(self.dir / "js"), "-l", str(self.dir / "nats.log"), *self.extra,
-            ],
-        )  # fmt: skip
-        self.wait_ready()
+        return [
+            NATS_SERVER, "-a", "127.0.0.1", "-p", str(self.port), "-js",
+            "-sd", str(self.dir / "js"), "-l", str(self.log), *self.extra,
+        ]  # fmt: skip
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        """Until the server answers PING with PONG."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.recv(4096)  # INFO
-                    s.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
-                    if b"PONG" in s.recv(4096):
-                        return
-            except OSError:
-                pass
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited: {(self.dir / 'nats.log').read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nats-server on port {self.port} did not start")
-            time.sleep(0.02)
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self.proc = None
+    def answers(self, s: socket.socket) -> bool:
+        s.recv(4096)  # INFO
+        s.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        return b"PONG" in s.recv(4096)
 
 
 @pytest.fixture

@@ -22,14 +22,9 @@ import pytest
 
 from tests.conftest import require_service
 from tests.integration.redis.server import new_prefix, url
+from tests.integration.serverproc import ServerProcess, free_port
 
 REDIS_SERVER = shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _bindable(port: int) -> bool:
@@ -50,59 +45,32 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-class RedisServer:
+class RedisServer(ServerProcess):
     """One redis-server process on 127.0.0.1:``port``, data in ``dir``."""
 
-    def __init__(self, dir: Path, port: int, *extra: str) -> None:
-        self.dir = dir
-        self.port = port
-        self.extra = extra
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "redis"
 
     def url(self, prefix: str = "t", **options: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in {"prefix": prefix, **options}.items())
         return f"redis://127.0.0.1:{self.port}/0?{query}"
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
         assert REDIS_SERVER is not None
-        self.proc = subprocess.Popen(
-            [
-                REDIS_SERVER,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--dir", str(self.dir),
-                "--appendonly", "yes",
-                "--appendfsync", "always",
-                "--save", "",
-                "--logfile", str(self.dir / "redis.log"),
-                *self.extra,
-            ],
-        )  # fmt: skip
-        self.wait_ready()
+        return [
+            REDIS_SERVER,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--appendonly", "yes",
+            "--appendfsync", "always",
+            "--save", "",
+            "--logfile", str(self.log),
+            *self.extra,
+        ]  # fmt: skip
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        """Until the server answers PING (not LOADING)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {(self.dir / 'redis.log').read_text()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"redis-server on port {self.port} did not start")
-            time.sleep(0.02)
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self.proc = None
+    def answers(self, s: socket.socket) -> bool:
+        s.sendall(b"PING\r\n")
+        return s.recv(64).startswith(b"+PONG")  # not -LOADING
 
 
 @pytest.fixture
