@@ -10,8 +10,8 @@
 --    and their ids leave the set publish de-duplicates with.
 -- ARGV: now, limit (per kind and call), event cutoff (now - retention; ''
 -- = keep events).  Returns {leases rescued, 1 if there
--- is more to do than one call does, {id, queue, name, error record JSON} of
--- each job it dead-lettered (flat)}.
+-- is more to do than one call does, {id, queue, name, error record JSON,
+-- attempt, body, errors JSON} of each job it dead-lettered (flat)}.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local etype = 'dumbwaiter.errors.LeaseExpired'
@@ -60,11 +60,16 @@ for _, id in ipairs(expired) do
         redis.call('HSET', jk, 'st', 'dead')
         redis.call('ZADD', P .. ':dead', 0, id)
         count(q, 'dead', 1)
-        local n = redis.call('HGET', jk, 'n') or ''
+        -- the report carries the envelope (on_dead hooks log its arguments):
+        -- the body and every error, read only for the rare buried job
+        local d = redis.call('HMGET', jk, 'n', 'body', 'err')
         buried[#buried + 1] = id
         buried[#buried + 1] = q or ''
-        buried[#buried + 1] = n
+        buried[#buried + 1] = d[1] or ''
         buried[#buried + 1] = rec
+        buried[#buried + 1] = a
+        buried[#buried + 1] = d[2] or ''
+        buried[#buried + 1] = d[3] or ''
       else
         make_ready(jk, id, q, v[6], now)
         woke[q] = true
