@@ -103,12 +103,33 @@ end
 -- deletes what a dead producer left.  unstage deletes a call's staged jobs.
 --
 -- A staged job is in state `staged`, which means "not enqueued yet": no
--- script but commit and unstage changes it (get and the admin walks do not
--- see it, cancel and reschedule pass it by), so the commit publishes each
--- job exactly once, where its enqueue put it, and the undo never deletes a
--- job that something else made visible.  (When staged jobs were `ready`, a
+-- script but commit, unstage and a plain enqueue's claim (below) changes
+-- it (get and the admin walks do not see it, cancel and reschedule pass it
+-- by), so the commit publishes each job exactly once, where its enqueue put
+-- it, and the undo never deletes a job that something else made visible.  (When staged jobs were `ready`, a
 -- reschedule to now made one ready and the commit made it ready a second
 -- time, with another ready-set member: two workers could lease it at once.)
+--
+-- A plain enqueue (mode '', or enqueue_one.lua) of an id that a bulk
+-- enqueue has staged stores the job as its own, at once: its caller is told
+-- the job is enqueued, so it must not depend on the bulk's commit, nor be
+-- deleted by the bulk's undo.  The job leaves `staged` (unstage passes it
+-- by, the commit does not publish it a second time), and every open bulk
+-- call is marked in `stagedirty` (which one staged it is not recorded; a
+-- claim is rare and open calls are few), so its commit checks each listed
+-- job's state instead of trusting that all are still staged.
+local function claim_staged()
+  local calls = redis.call('ZRANGE', P .. ':staging', 0, -1)
+  if #calls > 0 then
+    local marks = {}
+    for k, c in ipairs(calls) do
+      marks[2 * k - 1] = c
+      marks[2 * k] = 1
+    end
+    redis.call('HSET', P .. ':stagedirty', unpack(marks))
+  end
+end
+
 local function unstage(call)
   local sk = P .. ':stage:' .. call
   local items = redis.call('LRANGE', sk, 0, -1)
@@ -127,4 +148,5 @@ local function unstage(call)
   end
   redis.call('DEL', sk)
   redis.call('ZREM', P .. ':staging', call)
+  redis.call('HDEL', P .. ':stagedirty', call)
 end

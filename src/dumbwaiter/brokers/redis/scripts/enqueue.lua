@@ -73,11 +73,18 @@ while n <= #ARGV do
     n = n + step
     local jk = jks[j]
     local held = false
+    local claim = false
     if any and redis.call('EXISTS', jk) == 1 then
-      held = id
-    elseif key ~= '' then
+      -- staged by a bulk enqueue not committed yet: a plain enqueue stores
+      -- it as its own, now (see claim_staged in _lib.lua)
+      claim = not stage and redis.call('HGET', jk, 'st') == 'staged'
+      held = not claim and id
+    end
+    if not held and key ~= '' then
       held = redis.call('HGET', P .. ':keys', key)
-      if held and unique ~= '' then
+      if held == id then
+        held = false -- the staged job being claimed holds its own key
+      elseif held and unique ~= '' then
         local st = redis.call('HGET', jkey(held), 'st')
         if not BLOCKS[unique][st] then
           redis.call('HDEL', jkey(held), 'k') -- its key no longer blocks: free it
@@ -92,6 +99,9 @@ while n <= #ARGV do
         out[#out + 1] = held
       end
     else
+      if claim then
+        claim_staged()
+      end
       redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
         'u', now, 'st', stage and 'staged' or (sched and 'scheduled' or 'ready'))
       if key ~= '' then
