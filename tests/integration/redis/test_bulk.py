@@ -431,3 +431,50 @@ async def test_a_commit_after_a_plain_enqueue_took_a_staged_job_publishes_it_onc
         assert not [k for k in _keys(redis_server) if b":stage" in k]
     finally:
         await broker.close()
+
+
+# -- what a producer that died left staged --
+
+
+async def test_jobs_staged_before_the_staged_state_are_deleted_when_their_call_expires(
+    redis_server: RedisServer,
+) -> None:
+    """Before the ``staged`` state, a staged job was stored ``ready`` (or
+    ``scheduled``) in no set.  A producer that died then left such jobs; the
+    rescuer deletes them when their call expires, and keeps a job of the
+    call that was published meanwhile (a reschedule gave it its entry)."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        later = time.time() + 3600
+        ready = [msg(args=[i]) for i in range(STAGED)]
+        sched = [msg(args=[i], eta=later) for i in range(STAGED)]
+        chunk = next(bulk.encode(ready + sched, None))
+        await broker._link().script(
+            broker._lua.enqueue,
+            broker._keys,
+            [repr(time.time()), b"stage1", "call-old", repr(time.time() - 1), *chunk.args],
+        )
+        client = _client(redis_server)
+        try:  # as the old enqueue.lua stored them
+            for m in ready:
+                client.hset(f"{{dw:t}}:job:{m.id}", "st", "ready")
+            for m in sched:
+                client.hset(f"{{dw:t}}:job:{m.id}", "st", "scheduled")
+            # the old reschedule to now published one of them: a ready entry
+            kept = ready[7]
+            ra = client.hget(f"{{dw:t}}:job:{kept.id}", "ra")
+            assert ra is not None
+            member = f"{int(float(ra) * 1_000_000):016d}{kept.id}"
+            client.zadd("{dw:t}:ready:default", {member: 0})
+        finally:
+            client.close()
+        await broker.rescue()
+        assert [k for k in _keys(redis_server) if b":job:" in k] == [
+            f"{{dw:t}}:job:{kept.id}".encode()
+        ]
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+        assert _zcard(redis_server, "ids") == 1
+        assert [d.id for d in await fetch_all(broker)] == [kept.id]
+    finally:
+        await broker.close()
