@@ -433,6 +433,34 @@ async def test_a_commit_after_a_plain_enqueue_took_a_staged_job_publishes_it_onc
         await broker.close()
 
 
+@pytest.mark.parametrize("first", ["commits", "undoes"])
+async def test_a_bulk_enqueue_of_jobs_another_bulk_enqueue_staged_enqueues_them(
+    redis_server: RedisServer, first: str
+) -> None:
+    """Two producers' bulk enqueues share ids: B's completes while A's is
+    still open.  B was told every job of its batch is enqueued, so whatever
+    A does next (commit, or undo after its iterator failed), each of them
+    is there, once."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(N)]
+        shared = ms[: STAGED // 2] + ms[bulk.CHUNK + 1 : bulk.CHUNK + 1 + STAGED // 2]
+        await _stage(broker, "call-a", shared + [msg()])  # A: staged, not committed
+        assert await broker.enqueue(iter(ms)) == [m.id for m in ms]  # B, staged way
+        for m in shared:
+            info = await broker.get(m.id)
+            assert info is not None and info.state is State.READY
+        await (_commit if first == "commits" else _unstage)(broker, "call-a")
+        got = [d.id for d in await fetch_all(broker)]
+        assert len(got) == len(set(got))  # each leased once
+        expected = {m.id for m in ms}
+        assert expected <= set(got) and len(got) == N + (first == "commits")
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+    finally:
+        await broker.close()
+
+
 # -- what a producer that died left staged --
 
 
