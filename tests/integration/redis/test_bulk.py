@@ -446,7 +446,7 @@ async def test_a_bulk_enqueue_of_jobs_another_bulk_enqueue_staged_enqueues_them(
     try:
         ms = [msg(args=[i]) for i in range(N)]
         shared = ms[: STAGED // 2] + ms[bulk.CHUNK + 1 : bulk.CHUNK + 1 + STAGED // 2]
-        await _stage(broker, "call-a", shared + [msg()])  # A: staged, not committed
+        await _stage(broker, "call-a", [*shared, msg()])  # A: staged, not committed
         assert await broker.enqueue(iter(ms)) == [m.id for m in ms]  # B, staged way
         for m in shared:
             info = await broker.get(m.id)
