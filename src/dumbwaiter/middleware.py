@@ -60,8 +60,8 @@ class Middleware:
 
         Also called by a worker's rescuer for a job whose worker died on its
         last attempt (a ``LeaseExpired`` error): then ``ctx`` is built by the
-        rescuing worker and its message holds only the job's id, name, queue,
-        attempt and that error."""
+        rescuing worker around the job's stored message (task name, args,
+        kwargs, headers, attempt, every error ending with that one)."""
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""

@@ -408,18 +408,21 @@ class Worker:
         """Report a job the broker dead-lettered for a lost lease (no worker
         settled it) as ``_dead`` reports the ones this worker dead-letters:
         ``on_dead`` (so the dead-letter metric and user middleware see it) and
-        a log line.  Its context names its queue and task; the envelope is not
-        loaded, so ``ctx.message`` holds its id, name, queue, attempt and
-        the ``LeaseExpired`` error only (no arguments or headers)."""
-        msg = Message(
-            id=dl.id,
-            kind=TASK,
-            name=dl.name,
-            queue=dl.queue,
-            attempt=dl.error.attempt,
-            max_attempts=dl.error.attempt,
-            errors=[dl.error],
-        )
+        a log line.  ``ctx.message`` is the job's stored envelope (its real
+        arguments and headers, every error) as the broker reports it; only a
+        body that does not decode leaves a stub of id, name, queue, attempt
+        and the ``LeaseExpired`` error."""
+        msg = dl.message
+        if msg is None:
+            msg = Message(
+                id=dl.id,
+                kind=TASK,
+                name=dl.name,
+                queue=dl.queue,
+                attempt=dl.error.attempt,
+                max_attempts=dl.error.attempt,
+                errors=[dl.error],
+            )
         ctx = Context(message=msg, app=self.app, worker_id=self.id)
         self.app.middleware.call("on_dead", ctx, dl.error)
         log.warning(

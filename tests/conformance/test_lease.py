@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
+import dumbwaiter as dw
 from dumbwaiter.brokers.base import Broker, DeadLetter
+from dumbwaiter.message import ErrorRecord
 from dumbwaiter.state import State
+from dumbwaiter.testing import drain
 
 from .conftest import msg
 from .helpers import eventually
@@ -76,7 +80,14 @@ async def test_rescue_reports_the_jobs_it_dead_letters(broker: Broker) -> None:
     for it) with its queue, task name and the ``LeaseExpired`` error, and
     reports nothing for a job it only gave back."""
     assert (await broker.rescue()).dead == ()
-    doomed = msg("t.doomed", queue="graveyard", max_attempts=1)
+    doomed = msg(
+        "t.doomed",
+        queue="graveyard",
+        max_attempts=1,
+        args=[42, "x"],
+        kwargs={"channel": "sms"},
+        headers={"tenant": "acme"},
+    )
     spared = msg("t.spared", queue="graveyard", max_attempts=2)
     await broker.enqueue([doomed, spared])
     ds = await broker.fetch(["graveyard"], 2, 0.2, 0, "w-gone")
@@ -98,6 +109,44 @@ async def test_rescue_reports_the_jobs_it_dead_letters(broker: Broker) -> None:
     info = await broker.get(doomed.id)
     assert info is not None and info.state is State.DEAD
     assert info.message.errors[-1] == err  # the very record the job keeps
+    # the report carries the stored envelope, as get() shows it
+    m = dead[0].message
+    assert m is not None
+    assert (m.id, m.kind, m.name, m.queue) == (doomed.id, "task", "t.doomed", "graveyard")
+    assert (m.args, m.kwargs, m.headers["tenant"]) == ([42, "x"], {"channel": "sms"}, "acme")
+    assert (m.attempt, m.max_attempts, m.errors) == (1, 1, info.message.errors)
     back = await broker.get(spared.id)
     assert back is not None and back.state is State.READY
     assert (await broker.rescue()).dead == ()  # reported once
+
+
+async def test_on_dead_of_a_job_the_rescuer_buries_sees_its_whole_message(
+    make_app: Callable[..., dw.App],
+) -> None:
+    """A worker died holding a job's last attempt: the rescuing worker calls
+    ``on_dead`` with the job's real message (task name, arguments, headers,
+    every error), which alerting and logging hooks rely on, not a stub."""
+    seen: list[tuple[dw.Context | None, ErrorRecord]] = []
+
+    class Watch(dw.Middleware):
+        def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
+            seen.append((ctx, error))
+
+    app = make_app(middleware=[Watch()])
+
+    @app.task(queue="graveyard", retry=False)
+    def notify(user_id: int, *, channel: str) -> None:
+        raise AssertionError("never runs: its only attempt was lost")
+
+    job = await notify.options(headers={"tenant": "acme"}).aenqueue(42, channel="sms")
+    # a worker took it and died: its lease runs out, nobody settles it
+    [_] = await app.broker.fetch(["graveyard"], 1, 0.2, 0, "w-gone")
+    await drain(app, ["graveyard"], rescue_interval=0.05)  # drained once it is buried
+    [(ctx, err)] = seen
+    assert ctx is not None
+    m = ctx.message
+    assert (m.id, m.kind, m.name, m.queue) == (job.id, "task", notify.name, "graveyard")
+    assert (m.args, m.kwargs, m.headers.get("tenant")) == ([42], {"channel": "sms"}, "acme")
+    assert (m.attempt, m.max_attempts) == (1, 1)
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-gone"
+    assert m.errors == [err]

@@ -115,14 +115,23 @@ class DeadLetter:
 
     No worker saw that outcome, so the rescuer reports it (``on_dead``
     middleware, the dead-letter metric) from ``rescue()``'s result.  It carries
-    what the hooks label by (queue, task name) and the error that ended it,
-    not the envelope: a rescue stays one cheap batch."""
+    what the hooks label by (queue, task name), the error that ended it, and
+    the job's stored envelope as it now is (``message``): the hooks users
+    write on ``on_dead`` (alerting, logging the arguments) need the real
+    task, arguments and headers, not a stub rebuilt from the id and name.
+    Dead letters are rare, so loading their bodies costs a rescue nothing
+    on the usual call, which finds none."""
 
     id: str
     queue: str
     name: str
     #: the ``LeaseExpired`` error the broker recorded as the job's last
     error: ErrorRecord
+    #: the decoded envelope as stored dead (args, kwargs, headers, the
+    #: attempt that was lost, every error ending with ``error``); None only
+    #: when the stored body does not decode (then the worker reports a stub
+    #: built from the fields above)
+    message: Message | None = None
 
 
 class Rescued(int):
@@ -485,8 +494,10 @@ class Broker(abc.ABC):
         ``LeaseExpired`` error), or dead-letter those out of attempts.
 
         Returns how many were handled, as a ``Rescued`` (an int) whose ``dead``
-        lists each job this call dead-lettered, with its queue, task name and
-        the ``LeaseExpired`` error recorded last.  An engine that finds lost
+        lists each job this call dead-lettered, with its queue, task name, the
+        ``LeaseExpired`` error recorded last and its decoded envelope
+        (``DeadLetter.message``: task name, args, kwargs, headers, attempt and
+        every error, as ``get`` would show it).  An engine that finds lost
         leases elsewhere (a redelivery judged at fetch) and dead-letters a job
         there keeps that ``DeadLetter`` in memory and reports it (and counts
         it) at its next ``rescue()``, at most once per process that found it:

@@ -436,7 +436,7 @@ class MemoryBroker(Broker):
                 row.updated_at = now
                 if row.msg.attempt >= row.msg.max_attempts:
                     row.state = State.DEAD
-                    dead.append(DeadLetter(id_, row.msg.queue, row.msg.name, err))
+                    dead.append(DeadLetter(id_, row.msg.queue, row.msg.name, err, row.msg.copy()))
                 else:
                     self._make_ready(row, now)
             if n:

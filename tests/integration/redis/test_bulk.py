@@ -14,6 +14,7 @@ from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.brokers.redis import RedisBroker, bulk
 from dumbwaiter.errors import PayloadTooLarge
 from dumbwaiter.message import Message
+from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, fetch_all
 
@@ -369,5 +370,139 @@ async def test_a_staged_job_holds_its_key(redis_server: RedisServer, unique: str
         assert await broker.enqueue([msg(key="k-1", headers={"unique": unique})]) == [staged.id]
         await _commit(broker, "call-1")
         assert [d.id for d in await fetch_all(broker)] == [staged.id]
+    finally:
+        await broker.close()
+
+
+# -- a plain enqueue of a job another producer's bulk enqueue has staged --
+
+
+async def test_a_job_enqueued_while_a_bulk_enqueue_staged_it_survives_the_undo(
+    redis_server: RedisServer,
+) -> None:
+    """Producer B enqueues a job (same id) that producer A's bulk enqueue has
+    staged; then A's iterator fails and A undoes its batch.  B was told its
+    job is enqueued: it must stay, and run once."""
+    a, b = from_url(redis_server.url()), from_url(redis_server.url())
+    try:
+        ms = [msg(args=[i]) for i in range(N)]
+
+        def source() -> Iterator[Message]:
+            for i, m in enumerate(ms):
+                if i == 2 * bulk.CHUNK + 1:  # the first chunk is staged (its reply read)
+                    assert b.enqueue_sync([ms[0]]) == [ms[0].id]  # enqueue_one.lua
+                    assert b.enqueue_sync([ms[1], ms[2]]) == [ms[1].id, ms[2].id]  # enqueue.lua
+                    raise Boom("the caller's iterator failed")
+                yield m
+
+        with pytest.raises(Boom):
+            await a.enqueue(source())
+        for m in ms[:3]:
+            info = await a.get(m.id)
+            assert info is not None and info.state is State.READY
+        assert sorted(d.id for d in await fetch_all(a)) == sorted(m.id for m in ms[:3])
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_commit_after_a_plain_enqueue_took_a_staged_job_publishes_it_once(
+    redis_server: RedisServer,
+) -> None:
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        later = time.time() + 3600
+        ready = [msg(args=[i]) for i in range(STAGED)]
+        sched = [msg(args=[i], eta=later) for i in range(STAGED)]
+        await _stage(broker, "call-1", ready + sched)
+        await _stage(broker, "call-2", [msg()])  # another open bulk enqueue
+        assert await broker.enqueue([ready[3]]) == [ready[3].id]
+        assert await broker.enqueue([sched[4], ready[5]]) == [sched[4].id, ready[5].id]
+        info = await broker.get(ready[3].id)
+        assert info is not None and info.state is State.READY  # enqueued now, not at commit
+        await _commit(broker, "call-1")
+        assert _zcard(redis_server, "ready:default") == STAGED
+        assert _zcard(redis_server, "sched:default") == STAGED
+        got = [d.id for d in await fetch_all(broker)]
+        assert sorted(got) == sorted(m.id for m in ready)  # each leased once
+        await _unstage(broker, "call-2")
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+    finally:
+        await broker.close()
+
+
+@pytest.mark.parametrize("first", ["commits", "undoes"])
+async def test_a_bulk_enqueue_of_jobs_another_bulk_enqueue_staged_enqueues_them(
+    redis_server: RedisServer, first: str
+) -> None:
+    """Two producers' bulk enqueues share ids: B's completes while A's is
+    still open.  B was told every job of its batch is enqueued, so whatever
+    A does next (commit, or undo after its iterator failed), each of them
+    is there, once."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(N)]
+        shared = ms[: STAGED // 2] + ms[bulk.CHUNK + 1 : bulk.CHUNK + 1 + STAGED // 2]
+        await _stage(broker, "call-a", [*shared, msg()])  # A: staged, not committed
+        assert await broker.enqueue(iter(ms)) == [m.id for m in ms]  # B, staged way
+        for m in shared:
+            info = await broker.get(m.id)
+            assert info is not None and info.state is State.READY
+        await (_commit if first == "commits" else _unstage)(broker, "call-a")
+        got = [d.id for d in await fetch_all(broker)]
+        assert len(got) == len(set(got))  # each leased once
+        expected = {m.id for m in ms}
+        assert expected <= set(got) and len(got) == N + (first == "commits")
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+    finally:
+        await broker.close()
+
+
+# -- what a producer that died left staged --
+
+
+async def test_jobs_staged_before_the_staged_state_are_deleted_when_their_call_expires(
+    redis_server: RedisServer,
+) -> None:
+    """Before the ``staged`` state, a staged job was stored ``ready`` (or
+    ``scheduled``) in no set.  A producer that died then left such jobs; the
+    rescuer deletes them when their call expires, and keeps a job of the
+    call that was published meanwhile (a reschedule gave it its entry)."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        later = time.time() + 3600
+        ready = [msg(args=[i]) for i in range(STAGED)]
+        sched = [msg(args=[i], eta=later) for i in range(STAGED)]
+        chunk = next(bulk.encode(ready + sched, None))
+        await broker._link().script(
+            broker._lua.enqueue,
+            broker._keys,
+            [repr(time.time()), b"stage1", "call-old", repr(time.time() - 1), *chunk.args],
+        )
+        client = _client(redis_server)
+        try:  # as the old enqueue.lua stored them
+            for m in ready:
+                client.hset(f"{{dw:t}}:job:{m.id}", "st", "ready")
+            for m in sched:
+                client.hset(f"{{dw:t}}:job:{m.id}", "st", "scheduled")
+            # the old reschedule to now published one of them: a ready entry
+            kept = ready[7]
+            ra = client.hget(f"{{dw:t}}:job:{kept.id}", "ra")
+            assert ra is not None
+            member = f"{int(float(ra) * 1_000_000):016d}{kept.id}"
+            client.zadd("{dw:t}:ready:default", {member: 0})
+        finally:
+            client.close()
+        await broker.rescue()
+        assert [k for k in _keys(redis_server) if b":job:" in k] == [
+            f"{{dw:t}}:job:{kept.id}".encode()
+        ]
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+        assert _zcard(redis_server, "ids") == 1
+        assert [d.id for d in await fetch_all(broker)] == [kept.id]
     finally:
         await broker.close()

@@ -1,5 +1,6 @@
 """Events on Redis: the streams and consumer groups a user sees in redis-cli,
-trimming that never drops an unread event, de-duplication on both publish
+trimming that never drops an event a live group has not read (and is not
+held back by a group nobody reads), de-duplication on both publish
 paths, idle workers woken by a publish, groups that lost their place, and a
 restart of the server."""
 
@@ -81,26 +82,70 @@ async def test_a_stream_per_type_and_a_consumer_group_per_subscriber_group(
         assert client.hget(f"{{dw:{prefix}}}:job:{d.id}", "st") == b"running"
 
 
-async def test_trimming_keeps_what_a_group_has_not_read(
+async def _past_retention(broker: RedisBroker, since: float) -> None:
+    """Let what happened at ``since`` (publishes, reads) age past the retention
+    (time itself must pass: trimming compares publish and read times with
+    the clock)."""
+    await asyncio.sleep(max(0.0, since + broker.event_retention - time.time()) + 0.05)
+
+
+async def test_trimming_keeps_what_a_reading_group_has_not_read(
     broker: RedisBroker, prefix: str, client: redis.Redis
 ) -> None:
     await _bind(broker, "group:fast", "group:slow")
+    broker.event_retention = 1.0
     events = [event(n=i) for i in range(4)]
     await broker.publish(events)
+    published_at = time.time()  # no later than any of their publish times
     await fetch_all(broker, "group:fast")
+    assert len(await broker.fetch(["group:slow"], 1, 30.0, 0)) == 1
     stream = f"{{dw:{prefix}}}:ev:order.created"
 
-    broker.event_retention = -60.0  # every event published is past its retention
+    await _past_retention(broker, published_at)  # every event is past its retention
+    # group:slow reads on (one more event): it is alive, and behind
+    assert len(await broker.fetch(["group:slow"], 1, 30.0, 0)) == 1
     await broker.rescue()
-    assert client.xlen(stream) == 4  # group:slow has read none of them
+    # it has read two: MINID keeps the last one it read and the two it has not
+    assert client.xlen(stream) == 3
     page, _ = await broker.list_events("order.created")
-    assert [m.id for m in page] == [e.id for e in events]
+    assert [m.id for m in page] == [e.id for e in events[1:]]
 
-    assert len(await fetch_all(broker, "group:slow")) == 4
+    assert len(await fetch_all(broker, "group:slow")) == 2
     await broker.rescue()
     # MINID keeps the last entry both groups read; everything before it goes
     assert client.xlen(stream) <= 1
     assert client.zcard(f"{{dw:{prefix}}}:evx") == 0
+
+
+async def test_a_group_nobody_reads_does_not_hold_the_log_past_retention(
+    broker: RedisBroker, prefix: str, client: redis.Redis
+) -> None:
+    """A subscriber group removed from the code (or whose workers have been
+    gone for longer than the retention) keeps its consumer group, but not the
+    log: retention wins over it.  A paused group's is kept (paused on
+    purpose), until it is resumed and still nobody reads."""
+    await _bind(broker, "group:gone", "group:held")
+    await broker.pause("group:held")
+    broker.event_retention = 1.0
+    events = [event(n=i) for i in range(3)]
+    await broker.publish(events)
+    # group:gone's worker reads one, then goes away for good
+    assert len(await broker.fetch(["group:gone"], 1, 30.0, 0)) == 1
+    last_read = time.time()  # after the publish times and group:gone's read
+    stream = f"{{dw:{prefix}}}:ev:order.created"
+
+    await _past_retention(broker, last_read)
+    await broker.rescue()
+    assert client.xlen(stream) == 3  # group:held is paused: its place holds
+    await broker.resume("group:held")
+    await broker.rescue()
+    assert client.xlen(stream) == 0
+    assert set(_groups(client, stream)) == {"group:gone", "group:held"}  # groups stay
+    # a worker that comes back reads what was published since
+    later = event(n=9)
+    await broker.publish([later])
+    got = await fetch_all(broker, "group:gone")
+    assert [d.message.headers["event_id"] for d in got if d.message] == [later.id]
 
 
 async def test_the_same_event_twice_is_delivered_once_on_both_paths(

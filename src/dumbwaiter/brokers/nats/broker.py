@@ -1121,13 +1121,19 @@ class NatsBroker(Admin, Coordination):
 
 def _dead_letter(env: dict[str, Any]) -> DeadLetter:
     """The report of a job buried for a lost lease: its envelope (a state
-    record's) carries the ``LeaseExpired`` error just appended."""
+    record's) carries the ``LeaseExpired`` error just appended, and goes with
+    the report whole (on_dead hooks log its arguments)."""
     errors = env.get("errors") or [{}]
+    try:
+        msg: Message | None = from_dict(env)
+    except MessageDecodeError:
+        msg = None
     return DeadLetter(
         str(env.get("id", "")),
         str(env.get("queue", "") or "?"),
         str(env.get("name", "") or "?"),
         ErrorRecord.from_dict(errors[-1]),
+        msg,
     )
 
 

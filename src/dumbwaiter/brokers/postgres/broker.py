@@ -68,6 +68,7 @@ from .rows import (
     err_json,
     is_uuid,
     merge_ids,
+    stored_message,
 )
 
 if TYPE_CHECKING:
@@ -724,8 +725,14 @@ class PostgresBroker(PostgresAdmin):
             if not row:
                 return Rescued()
             dead = [
-                DeadLetter(str(id_), str(queue), str(name), ErrorRecord.from_dict(err or {}))
-                for id_, queue, name, err in row[2] or ()
+                DeadLetter(
+                    str(id_),
+                    str(queue),
+                    str(name),
+                    ErrorRecord.from_dict(err or {}),
+                    stored_message(bytes.fromhex(body), str(queue), int(attempt), errors),
+                )
+                for id_, queue, name, err, attempt, body, errors in row[2] or ()
             ]
             return Rescued(int(row[0]), dead)
 

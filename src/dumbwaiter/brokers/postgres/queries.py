@@ -216,11 +216,14 @@ class Queries:
             " 'traceback', '', 'worker', coalesce(j.worker, ''), 'attempt', j.attempt)),"
             " last_error_type = %(type)s::text"
             " FROM x WHERE j.id = x.id AND j.state = 'running'"
-            " RETURNING j.id, j.queue, j.name, j.state, j.errors -> -1 AS err)"
+            " RETURNING j.id, j.queue, j.name, j.state, j.errors -> -1 AS err, j.attempt,"
+            # a buried job's envelope goes with its report (on_dead hooks log
+            # its arguments); only those rare rows carry their body
+            " CASE WHEN j.state = 'dead' THEN j.body END AS body, j.errors)"
             f" SELECT (SELECT count(*) FROM r), ({_notify_ready('r')}),"
             # the dead-lettered ones, for the worker's on_dead (none: NULL)
-            " (SELECT json_agg(json_build_array(id::text, queue, name, err))"
-            " FROM r WHERE state = 'dead')"
+            " (SELECT json_agg(json_build_array(id::text, queue, name, err, attempt,"
+            " encode(body, 'hex'), errors::text)) FROM r WHERE state = 'dead')"
         )
         self.prune_jobs = q(
             f"DELETE FROM {jobs} WHERE id IN (SELECT id FROM {jobs}"

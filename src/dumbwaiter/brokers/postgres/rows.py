@@ -143,6 +143,14 @@ def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Mes
     return message_from_dict(d)
 
 
+def stored_message(body: bytes, queue: str, attempt: int, errors: str | None) -> Message | None:
+    """A stored job's envelope, or None when its body does not decode."""
+    try:
+        return message_of(body, queue, attempt, errors)
+    except (orjson.JSONDecodeError, MessageDecodeError):
+        return None
+
+
 def delivery_row(row: Any, token: int) -> Delivery:
     id_, queue, attempt, body, errors = row[:5]
     try:

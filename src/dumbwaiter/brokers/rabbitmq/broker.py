@@ -880,7 +880,7 @@ class RabbitMQBroker(Broker):
                 # stored dead by the verdicts' transaction: report it even if
                 # the DLQ copy below fails (its redelivery is then dropped)
                 self._found_dead.append(
-                    DeadLetter(did, raw.queue, rec.msg.name, rec.msg.errors[-1])
+                    DeadLetter(did, raw.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy())
                 )
             if verdict is not _TAKE or rec is None:
                 drop.append(raw.tag)
@@ -1238,7 +1238,9 @@ class RabbitMQBroker(Broker):
             if rec.msg.attempt >= rec.msg.max_attempts:
                 rec.state = State.DEAD
                 copies.append(self._dead_copy(rec.msg, rec.msg.queue))
-                dead.append(DeadLetter(id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1]))
+                dead.append(
+                    DeadLetter(id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy())
+                )
             else:
                 rec.state, rec.run_at = State.READY, now
                 copies.append(self._copy(rec.msg, rec.ver, now))

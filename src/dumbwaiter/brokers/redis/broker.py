@@ -397,10 +397,15 @@ class RedisBroker(Broker):
             args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
             n, more, buried = await self._run(self._lua.rescue, args)
             rescued += int(n)
-            for i in range(0, len(buried), 4):  # id, queue, name, error record (JSON)
-                id_, queue, name, err = buried[i : i + 4]
+            # id, queue, name, error record (JSON), attempt, body, errors (JSON)
+            for i in range(0, len(buried), 7):
+                id_, queue, name, err, attempt, body, errors = buried[i : i + 7]
                 error = ErrorRecord.from_dict(orjson.loads(err))
-                dead.append(DeadLetter(id_.decode(), queue.decode(), name.decode(), error))
+                try:
+                    msg: Message | None = _message(body, queue.decode(), int(attempt), errors)
+                except (orjson.JSONDecodeError, MessageDecodeError):
+                    msg = None
+                dead.append(DeadLetter(id_.decode(), queue.decode(), name.decode(), error, msg))
             if not more or time.monotonic() > stop:
                 return Rescued(rescued, dead)
 

@@ -148,6 +148,35 @@ def _ids(reply: Any, sent: list[str]) -> list[str]:
     return ids
 
 
+def _staged_elsewhere(reply: Any, chunk: Chunk) -> set[int]:
+    """Positions (1-based) that a staging call's reply names with the job's
+    own id: jobs another open bulk enqueue had staged (see enqueue.lua)."""
+    if not reply:
+        return set()
+    pairs = ((int(reply[k]), reply[k + 1]) for k in range(0, len(reply), 2))
+    return {p for p, i in pairs if i.decode() == chunk.ids[p - 1]}
+
+
+def _regroup(chunk: Chunk, positions: set[int]) -> list[Arg]:
+    """Enqueue script arguments for the jobs at ``positions`` of ``chunk``,
+    each a group of its own (count, the seven group fields, id, body)."""
+    if not positions:
+        return []
+    a = chunk.args
+    out: list[Arg] = []
+    i = pos = 0
+    while i < len(a):
+        count, head = int(a[i]), a[i + 1 : i + 8]
+        step = 4 if head[6] == b"1" else 2
+        i += 8
+        for _ in range(count):
+            pos += 1
+            if pos in positions:
+                out += (1, *head, *a[i : i + step])
+            i += step
+    return out
+
+
 class Enqueue:
     """One enqueue call's steps (see the module docstring)."""
 
@@ -242,13 +271,30 @@ class Enqueue:
             loaded += 1
         while len(replies) < len(sent):
             replies[sent[len(replies)]] = yield from self._read()
+        return (yield from self._commit(call, sent, replies))
+
+    def _commit(self, call: str, sent: list[int], replies: dict[int, Any]) -> Plan:
+        """Publish what ``call`` staged (chunks ``sent``, whose ``replies``
+        are read), then send the keyed chunks; the ids of the batch."""
         keyed = [k for k, c in enumerate(self.chunks) if c.keyed]
+        # jobs another open bulk enqueue had staged: published only if that
+        # one commits, so sent again the plain way after this commit (never
+        # before: this batch must not be half visible if it fails)
+        again = [
+            a
+            for k in sent
+            for a in _regroup(self.chunks[k], _staged_elsewhere(replies[k], self.chunks[k]))
+        ]
         yield ("send", self._script("commit", repr(time.time()), call))
+        if again:
+            yield ("send", self._cmd(Chunk(again, False, [])))
         for k in keyed:
             yield ("send", self._cmd(self.chunks[k]))
         if self.b.wait_replicas:
             yield ("send", self._wait())
         _checked((yield ("read",)))
+        if again:
+            _checked((yield ("read",)))  # names nothing: no key in a staged chunk
         for k in keyed:
             replies[k] = _checked((yield ("read",)))
         if self.b.wait_replicas:

@@ -731,21 +731,28 @@ class SQLiteBroker(Broker):
                     attempt=attempt,
                 )
                 err = orjson.dumps(rec.to_dict()).decode()
-                cur = c.execute(
+                buried = attempt >= max_attempts
+                # a buried job's envelope goes with its report (on_dead hooks
+                # log its arguments); only those rare rows return their body
+                got = c.execute(
                     "UPDATE dw_jobs SET state=?, run_at=?, updated_at=?, lease_until=NULL,"
                     " token=NULL, errors=json_insert(coalesce(errors,'[]'),'$[#]',json(?)),"
-                    " last_error_type=? WHERE id=? AND state='running'",
+                    " last_error_type=? WHERE id=? AND state='running'"
+                    " RETURNING CASE WHEN state='dead' THEN body END, errors",
                     (
-                        "dead" if attempt >= max_attempts else "ready",
+                        "dead" if buried else "ready",
                         now,
                         now,
                         err,
                         _LEASE_EXPIRED,
                         id_,
                     ),
-                )
-                if attempt >= max_attempts and cur.rowcount:
-                    dead.append(DeadLetter(id_, queue, name, rec))
+                ).fetchall()  # run to its end: no statement left open in the transaction
+                if buried and got:
+                    [(body, errors)] = got
+                    dead.append(
+                        DeadLetter(id_, queue, name, rec, _stored(body, queue, attempt, errors))
+                    )
             c.execute(
                 "DELETE FROM dw_jobs WHERE rowid IN (SELECT rowid FROM dw_jobs"
                 " WHERE expires_at<? LIMIT 5000)",
@@ -1157,6 +1164,14 @@ def _message(body: bytes, queue: str, attempt: int, errors: str | None) -> Messa
     d["attempt"] = attempt
     d["errors"] = orjson.loads(errors) if errors else []
     return message_from_dict(d)
+
+
+def _stored(body: bytes, queue: str, attempt: int, errors: str | None) -> Message | None:
+    """A stored job's envelope, or None when its body does not decode."""
+    try:
+        return _message(body, queue, attempt, errors)
+    except (orjson.JSONDecodeError, MessageDecodeError):
+        return None
 
 
 def _delivery(row: Any, token: int, until: float) -> Delivery:

@@ -103,12 +103,49 @@ end
 -- deletes what a dead producer left.  unstage deletes a call's staged jobs.
 --
 -- A staged job is in state `staged`, which means "not enqueued yet": no
--- script but commit and unstage changes it (get and the admin walks do not
--- see it, cancel and reschedule pass it by), so the commit publishes each
--- job exactly once, where its enqueue put it, and the undo never deletes a
--- job that something else made visible.  (When staged jobs were `ready`, a
+-- script but commit, unstage and a plain enqueue's claim (below) changes
+-- it (get and the admin walks do not see it, cancel and reschedule pass it
+-- by), so the commit publishes each job exactly once, where its enqueue put
+-- it, and the undo never deletes a job that something else made visible.  (When staged jobs were `ready`, a
 -- reschedule to now made one ready and the commit made it ready a second
 -- time, with another ready-set member: two workers could lease it at once.)
+--
+-- A plain enqueue (mode '', or enqueue_one.lua) of an id that a bulk
+-- enqueue has staged stores the job as its own, at once: its caller is told
+-- the job is enqueued, so it must not depend on the bulk's commit, nor be
+-- deleted by the bulk's undo.  The job leaves `staged` (unstage passes it
+-- by, the commit does not publish it a second time), and every open bulk
+-- call is marked in `stagedirty` (which one staged it is not recorded; a
+-- claim is rare and open calls are few), so its commit checks each listed
+-- job's state instead of trusting that all are still staged.
+local function claim_staged()
+  local calls = redis.call('ZRANGE', P .. ':staging', 0, -1)
+  if #calls > 0 then
+    local marks = {}
+    for k, c in ipairs(calls) do
+      marks[2 * k - 1] = c
+      marks[2 * k] = 1
+    end
+    redis.call('HSET', P .. ':stagedirty', unpack(marks))
+  end
+end
+
+-- Before the `staged` state, a staged job was stored `ready` or `scheduled`
+-- but put in no set until the commit.  A producer that died then (its call
+-- expires and the rescuer unstages it after this version is deployed) left
+-- such jobs: a job of the call that never ran (no attempt) and is in no set
+-- of its state was never published, and is deleted like a staged one.  One
+-- an admin operation published meanwhile (a reschedule gave it its entry)
+-- or a plain enqueue claimed is in its set, or has run: it stays.
+local function unpublished(id, st, q, ra)
+  if st == 'ready' then
+    return not redis.call('ZSCORE', P .. ':ready:' .. q, member(ra, id))
+  elseif st == 'scheduled' then
+    return not redis.call('ZSCORE', P .. ':sched:' .. q, id)
+  end
+  return false
+end
+
 local function unstage(call)
   local sk = P .. ':stage:' .. call
   local items = redis.call('LRANGE', sk, 0, -1)
@@ -118,13 +155,15 @@ local function unstage(call)
     for j = i + 5, i + 4 + n do
       local id = items[j]
       local jk = jkey(id)
-      local v = redis.call('HMGET', jk, 'st', 'k')
-      if v[1] == 'staged' then -- in no set, no counter: only its traces to delete
-        forget(jk, id, v[2])
+      local v = redis.call('HMGET', jk, 'st', 'k', 'q', 'ra', 'a')
+      local old = not v[5] and v[3] and v[4] and unpublished(id, v[1], v[3], v[4])
+      if v[1] == 'staged' or old then
+        forget(jk, id, v[2]) -- in no set, no counter: only its traces to delete
       end
     end
     i = i + 5 + n
   end
   redis.call('DEL', sk)
   redis.call('ZREM', P .. ':staging', call)
+  redis.call('HDEL', P .. ':stagedirty', call)
 end

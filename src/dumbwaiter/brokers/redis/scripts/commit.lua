@@ -1,6 +1,6 @@
 --@include _lib
 -- Publish a staged bulk enqueue (see _lib.lua, unstage).  ARGV: now, call.
--- Jobs still `staged` (all of them: nothing else changes that state) become
+-- Jobs still `staged` (all of them, unless a plain enqueue claimed one) become
 -- ready (handed to idle workers or put in their ready set) or scheduled (in
 -- their queue's scheduled set); each gets one entry, the one its enqueue
 -- gave it.
@@ -10,6 +10,9 @@ if not redis.call('ZSCORE', P .. ':staging', call) then
 end
 local sk = P .. ':stage:' .. call
 local items = redis.call('LRANGE', sk, 0, -1)
+-- a plain enqueue claimed a staged job meanwhile (see claim_staged): look
+-- at each job's state, as when one is gone
+local dirty = redis.call('HDEL', P .. ':stagedirty', call) == 1
 local i = 1
 while i <= #items do
   local q, kind, pr, ra, n = items[i], items[i + 1], items[i + 2], items[i + 3],
@@ -21,9 +24,10 @@ while i <= #items do
   end
   local nids = n
   -- one EXISTS for the group: a listed job still stored is still staged
-  -- (nothing but this script and unstage changes that state), so the usual
-  -- case needs no per-job look; else keep only the jobs still staged
-  if redis.call('EXISTS', unpack(jks)) ~= n then
+  -- (nothing but this script, unstage and a claim changes that state, and a
+  -- claim marks the call dirty), so the usual case needs no per-job look;
+  -- else keep only the jobs still staged
+  if dirty or redis.call('EXISTS', unpack(jks)) ~= n then
     local still = {}
     nids = 0
     for j = 1, n do

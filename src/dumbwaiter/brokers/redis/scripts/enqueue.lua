@@ -17,7 +17,11 @@
 -- now, or by an earlier send of the same batch).  The reply of a chunk of a
 -- bulk enqueue is thus nearly always empty, not a thousand ids the producer
 -- already knows.  A job is never stored twice, so a producer may send the
--- same batch again after a lost reply.
+-- same batch again after a lost reply.  A staging call also names, by its
+-- position and its own id, each job that another open bulk enqueue has
+-- staged: that one is published only if the other commits, so the producer
+-- sends it again the plain way once its own batch is committed (bulk.py),
+-- which claims it (see claim_staged in _lib.lua) or finds it stored.
 --
 -- Ready jobs go straight to idle workers when some wait on the queue: each
 -- waiter gets up to its limit of them, leased to it (attempt 1, a fencing
@@ -73,11 +77,21 @@ while n <= #ARGV do
     n = n + step
     local jk = jks[j]
     local held = false
+    local claim, again = false, false
     if any and redis.call('EXISTS', jk) == 1 then
-      held = id
-    elseif key ~= '' then
+      -- staged by a bulk enqueue not committed yet: a plain enqueue stores
+      -- it as its own, now (see claim_staged in _lib.lua); a staging call
+      -- names it in its reply, to be sent again after its commit
+      local staged = redis.call('HGET', jk, 'st') == 'staged'
+      claim = staged and not stage
+      again = staged and stage
+      held = not claim and id
+    end
+    if not held and key ~= '' then
       held = redis.call('HGET', P .. ':keys', key)
-      if held and unique ~= '' then
+      if held == id then
+        held = false -- the staged job being claimed holds its own key
+      elseif held and unique ~= '' then
         local st = redis.call('HGET', jkey(held), 'st')
         if not BLOCKS[unique][st] then
           redis.call('HDEL', jkey(held), 'k') -- its key no longer blocks: free it
@@ -87,11 +101,14 @@ while n <= #ARGV do
     end
     pos = pos + 1
     if held then
-      if held ~= id then
+      if held ~= id or again then
         out[#out + 1] = pos
         out[#out + 1] = held
       end
     else
+      if claim then
+        claim_staged()
+      end
       redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
         'u', now, 'st', stage and 'staged' or (sched and 'scheduled' or 'ready'))
       if key ~= '' then

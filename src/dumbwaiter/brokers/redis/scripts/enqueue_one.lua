@@ -8,12 +8,21 @@
 -- max_attempts, id, body.
 -- Returns an empty list, as enqueue.lua does when every job has its own id;
 -- a job already stored under this id (a producer sending again after a lost
--- reply) is left as it is.
+-- reply) is left as it is, unless a bulk enqueue only staged it: then this
+-- enqueue stores it as its own, now (see claim_staged in _lib.lua; the same
+-- lines here, as this script includes only _core).
 local now, q, name, pr, ra, ma, id, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
   ARGV[7], ARGV[8], ARGV[9]
 local jk = jkey(id)
-if redis.call('EXISTS', jk) == 1 then
-  return {}
+local st = redis.call('HGET', jk, 'st') -- one call, as EXISTS was: a stored job has a state
+if st then
+  if st ~= 'staged' then
+    return {}
+  end
+  local calls = redis.call('ZRANGE', P .. ':staging', 0, -1)
+  for _, c in ipairs(calls) do
+    redis.call('HSET', P .. ':stagedirty', c, 1)
+  end
 end
 redis.call('ZADD', P .. ':ids', 0, id)
 redis.call('SADD', P .. ':queues', q)

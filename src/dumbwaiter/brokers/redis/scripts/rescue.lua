@@ -6,12 +6,13 @@
 -- 2. finished jobs past their retention, expired kv entries, and jobs staged
 --    by a bulk enqueue whose producer died before committing, are deleted.
 -- 3. events published before the event retention are trimmed from their
---    streams (XTRIM MINID), but never one a consumer group has not read yet,
---    and their ids leave the set publish de-duplicates with.
+--    streams (XTRIM MINID), but never one a live consumer group has not
+--    read yet (see alive below), and their ids leave the set publish
+--    de-duplicates with.
 -- ARGV: now, limit (per kind and call), event cutoff (now - retention; ''
 -- = keep events).  Returns {leases rescued, 1 if there
--- is more to do than one call does, {id, queue, name, error record JSON} of
--- each job it dead-lettered (flat)}.
+-- is more to do than one call does, {id, queue, name, error record JSON,
+-- attempt, body, errors JSON} of each job it dead-lettered (flat)}.
 -- With nothing to do it costs three range reads on small sets.
 local now, limit = ARGV[1], tonumber(ARGV[2])
 local etype = 'dumbwaiter.errors.LeaseExpired'
@@ -60,11 +61,16 @@ for _, id in ipairs(expired) do
         redis.call('HSET', jk, 'st', 'dead')
         redis.call('ZADD', P .. ':dead', 0, id)
         count(q, 'dead', 1)
-        local n = redis.call('HGET', jk, 'n') or ''
+        -- the report carries the envelope (on_dead hooks log its arguments):
+        -- the body and every error, read only for the rare buried job
+        local d = redis.call('HMGET', jk, 'n', 'body', 'err')
         buried[#buried + 1] = id
         buried[#buried + 1] = q or ''
-        buried[#buried + 1] = n
+        buried[#buried + 1] = d[1] or ''
         buried[#buried + 1] = rec
+        buried[#buried + 1] = a
+        buried[#buried + 1] = d[2] or ''
+        buried[#buried + 1] = d[3] or ''
       else
         make_ready(jk, id, q, v[6], now)
         woke[q] = true
@@ -106,10 +112,35 @@ end
 for _, call in ipairs(redis.call('ZRANGEBYSCORE', P .. ':staging', '-inf', now, 'LIMIT', 0, 10)) do
   unstage(call)
 end
+-- Whether consumer group q of stream k still holds back the trimming of
+-- the entries it has not read: while its queue is paused (someone stopped it
+-- on purpose), or while its workers read it (its consumer, `dw`, read within
+-- the retention: every fetch and hand-over of the queue reads).  A group
+-- whose subscriber was removed from the code, or whose workers have been
+-- gone for longer than the retention, no longer does: the log is then
+-- trimmed to the retention past its place, as for everyone (else one
+-- forgotten group would keep every event of its type for ever).
+local function alive(k, q, retention_ms)
+  if redis.call('SISMEMBER', P .. ':paused', q) == 1 then
+    return true
+  end
+  local cs = redis.pcall('XINFO', 'CONSUMERS', k, q)
+  if type(cs) == 'table' and not cs.err then
+    for _, c in ipairs(cs) do
+      local cf = entry_fields(c)
+      if tonumber(cf['idle']) < retention_ms then
+        return true
+      end
+    end
+  end
+  return false
+end
+
 -- the event log past its retention
 local old_events = 0
 local cutoff = ARGV[3]
 if cutoff and cutoff ~= '' then
+  local retention_ms = (tonumber(now) - tonumber(cutoff)) * 1000
   local seen = redis.call('ZRANGEBYSCORE', P .. ':evx', '-inf', cutoff, 'LIMIT', 0, limit)
   if #seen > 0 then
     redis.call('ZREM', P .. ':evx', unpack(seen))
@@ -124,9 +155,11 @@ if cutoff and cutoff ~= '' then
       local groups = redis.pcall('XINFO', 'GROUPS', k)
       if type(groups) == 'table' and not groups.err then
         for _, g in ipairs(groups) do
-          local ld = entry_fields(g)['last-delivered-id']
+          local gf = entry_fields(g)
+          local ld = gf['last-delivered-id']
           -- entries after ld are unread by that group: keep them (and ld)
-          if sid_lt(ld, keep) then
+          -- while the group is alive
+          if sid_lt(ld, keep) and alive(k, gf['name'], retention_ms) then
             keep = ld
           end
         end
