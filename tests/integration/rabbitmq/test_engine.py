@@ -654,3 +654,29 @@ async def test_a_purge_never_frees_a_key_an_enqueue_took_over_meanwhile(
     third = job(key="report:7", headers={"unique": "queued"})
     assert await producer.enqueue([third]) == [second.id]
     assert await admin.get(first.id) is None
+
+
+async def test_two_producers_never_both_take_a_unique_key_over(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key's holder is done, and two producers enqueue with the key at
+    once: the second to take it over finds the first's job holding it and
+    returns that one.  With a read of the holder then a plain write, both
+    took the key and both jobs were stored."""
+    worker, p1, p2 = make(), make(), make()
+    for b in (worker, p1, p2):
+        await b.open()
+    first = job(key="sync:9", headers={"unique": "queued"})
+    await p1.enqueue([first])
+    [d] = await worker.fetch(["default"], 1, 30.0, 20.0)
+    await worker.ack([d])
+    mine, theirs = (job(key="sync:9", headers={"unique": "queued"}) for _ in range(2))
+    stored: list[str] = []
+
+    async def enqueue_theirs() -> None:
+        stored.extend(await p2.enqueue([theirs]))
+
+    ran = _when_read(p1, monkeypatch, p1.keys.key + "sync:9", enqueue_theirs)
+    assert await p1.enqueue([mine]) == [theirs.id]
+    assert ran and stored == [theirs.id]
+    assert await p1.get(mine.id) is None

@@ -98,6 +98,11 @@ _TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
 _REQUEUE, _BIND = "requeue", "bind"
 #: no record yet for a first-seen copy: judged again in a moment (``LOCAL_GRACE``)
 _WAIT = "wait"
+#: ``_key_holder``: the key changed hands between its read and its update
+_AGAIN = "again"
+#: rounds of that before an enqueue gives up (each is another producer's win)
+KEY_ROUNDS = 20
+_Taken = tuple[dict[str, bytes], str | None]
 _Verdict = tuple[str, "Record | None"]
 T = TypeVar("T")
 _UNIQUE_BLOCKS = {
@@ -605,22 +610,34 @@ class RabbitMQBroker(Broker):
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
-        """The id of the job holding ``m.key`` (None: the key is now ``m``'s)."""
+        """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
+
+        A held key is taken over (its holder is gone or done) in one
+        ``kv_update`` of the key's entry and its holder's record, only if
+        the entry still names the holder read: two producers that both
+        found the holder done cannot both take the key (each stored its job,
+        a duplicate), and the one that comes second reads the new holder."""
         assert m.key is not None
         kk = self.keys.key + m.key
-        if await self.state.kv_add(kk, m.id.encode()):
-            return None
-        got = await self.state.kv_get([kk])
-        holder = got.get(kk, b"").decode()
-        rec_raw = (await self.state.kv_get([self.keys.job + holder])) if holder else {}
-        raw = rec_raw.get(self.keys.job + holder)
-        if raw is not None:
-            rec = Record.load(raw)
-            blocks = _UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
-            if rec.shown_state(now) in blocks:
-                return holder
-        await self.state.kv_set({kk: m.id.encode()})  # the holder is gone or done
-        return None
+        blocks = _UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
+        for _ in range(KEY_ROUNDS):
+            if await self.state.kv_add(kk, m.id.encode()):
+                return None
+            holder = (await self.state.kv_get([kk])).get(kk, b"").decode()
+            rk = self.keys.job + holder
+
+            def decide(got: dict[str, bytes], holder: str = holder, rk: str = rk) -> _Taken:
+                if got.get(kk, b"").decode() != holder:
+                    return {}, _AGAIN  # taken over or freed since the read: read again
+                raw = got.get(rk) if holder else None
+                if raw is not None and Record.load(raw).shown_state(now) in blocks:
+                    return {}, holder
+                return {kk: m.id.encode()}, None  # the holder is gone or done
+
+            taken = await self.state.kv_update([kk, rk] if holder else [kk], decide)
+            if taken is not _AGAIN:
+                return taken
+        raise BrokerError(f"rabbitmq enqueue: the unique key {m.key!r} kept changing hands")
 
     # -- events ---------------------------------------------------------------------------
 
