@@ -153,10 +153,11 @@ class Coordination(Core):
         2. Read the keys, ``decide``, write each key read with
            ``Nats-Expected-Last-Subject-Sequence`` = the sequence read (0:
            absent), all at once.  A plain writer (``kv_set``, ``kv_delete``...,
-           which take no lock) that changed a key since the read fails its
-           write: the writes that went through are put back as they were
+           which take no lock) that changed such a key since the read fails
+           its write: the writes that went through are put back as they were
            (each only if still ours) and the update reads and decides again.
-           Keys written but not read are written after, unconditionally.
+           (A key only read is not checked again.)  Keys written but not
+           read are written after, unconditionally.
         3. Give the locks back.
 
         What it does not give: readers (``kv_get``) may see some keys of an
