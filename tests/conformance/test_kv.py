@@ -62,6 +62,58 @@ async def test_update_reads_decides_and_writes(broker: Broker) -> None:
     assert await broker.kv_update(["rec:c"], lambda got: ({}, got)) == {}  # nothing to write
 
 
+async def test_concurrent_updates_never_lose_one(make_broker: Callable[[], Broker]) -> None:
+    """``kv_update`` is a read-modify-write that no other ``kv_update`` (of this
+    broker object, another one, another process) can come in between: 100
+    concurrent increments of one key from four brokers each see a different
+    count and end at 100.  (A ``kv_get`` then a ``kv_set`` lets many read the
+    same count and all but one increment are lost.)"""
+    brokers = [make_broker() for _ in range(4)]
+    for b in brokers:
+        await b.open()
+
+    def bump(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+        n = int(got.get("upd:n", b"0")) + 1
+        return {"upd:n": str(n).encode()}, n
+
+    seen = await asyncio.gather(*(b.kv_update(["upd:n"], bump) for b in brokers * 25))
+    assert sorted(seen) == list(range(1, 101))
+    assert await brokers[0].kv_get(["upd:n"]) == {"upd:n": b"100"}
+
+
+async def test_concurrent_transfers_keep_the_sum(make_broker: Callable[[], Broker]) -> None:
+    """A two-key update is atomic: concurrent transfers between two keys (one
+    absent at first) from four brokers each see the two keys as one moment
+    (their sum is always 100) and none is lost (the end state counts every
+    transfer)."""
+    brokers = [make_broker() for _ in range(4)]
+    for b in brokers:
+        await b.open()
+    await brokers[0].kv_set({"acct:a": b"100"})
+
+    def move(src: str, dst: str) -> Callable[[dict[str, bytes]], tuple[dict[str, bytes], int]]:
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+            have = {k: int(got.get(k, b"0")) for k in ("acct:a", "acct:b")}
+            seen = have["acct:a"] + have["acct:b"]
+            have[src] -= 1
+            have[dst] += 1
+            return {src: str(have[src]).encode(), dst: str(have[dst]).encode()}, seen
+
+        return decide
+
+    a_to_b, b_to_a = move("acct:a", "acct:b"), move("acct:b", "acct:a")
+    calls = [
+        b.kv_update(["acct:a", "acct:b"], a_to_b if i % 3 else b_to_a)
+        for i, b in enumerate(brokers * 15)
+    ]
+    sums = await asyncio.gather(*calls)
+    assert set(sums) == {100}  # every decide saw both keys at one moment
+    n_ab = sum(1 for i in range(60) if i % 3)
+    expected = {"acct:a": 100 - n_ab + (60 - n_ab), "acct:b": n_ab - (60 - n_ab)}
+    got = await brokers[0].kv_get(["acct:a", "acct:b"])
+    assert {k: int(v) for k, v in got.items()} == expected
+
+
 async def test_scan_by_prefix(broker: Broker) -> None:
     await broker.kv_set({"sched:a": b"1", "sched:b": b"2", "other": b"3"})
     assert await broker.kv_scan("sched:") == {"sched:a": b"1", "sched:b": b"2"}

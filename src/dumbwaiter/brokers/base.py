@@ -605,11 +605,17 @@ class Broker(abc.ABC):
         ``decide``'s other result: a read-modify-write of many keys.
 
         ``decide`` is pure (no I/O, no awaits, no shared state it changes) and
-        may run more than once or on another thread: engines that can run it
-        inside one transaction do, which makes the update atomic and one
-        round trip (SQLite; memory is atomic with this default, which never
-        yields between its two calls).  This default is a ``kv_get`` then a
-        ``kv_set``: another writer may come in between."""
+        may run more than once or on another thread.  Every engine of this
+        package makes the update atomic against other ``kv_update`` calls:
+        none that shares a key comes in between its read and its write (the
+        conformance suite checks it), so none is lost.  Against plain writes
+        (``kv_set``, ``kv_add``...) of a key it reads and writes, it never
+        stores a decision made before that write.  How: one transaction
+        (SQLite, PostgreSQL), the store's lock (memory), a compare-and-set of
+        every key read, run again on a change (Redis), key locks and per-key
+        compare-and-set (NATS, where a reader may see an update half applied:
+        see its method).  This default, for other engines, is a ``kv_get``
+        then a ``kv_set``: another writer may come in between."""
         got = await self.kv_get(keys)
         writes, out = decide(got)
         if writes:

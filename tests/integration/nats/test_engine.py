@@ -496,3 +496,66 @@ async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(
         await asyncio.sleep(0.2)
     [d] = await asyncio.wait_for(fetching, 15)
     assert d.id == m.id
+
+
+# -- kv_update: key locks and per-key compare-and-set ---------------------------------------
+
+
+async def test_a_plain_write_between_an_updates_read_and_write_makes_it_decide_again(
+    make: Callable[..., NatsBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's ``kv_set`` (which takes no lock) changes the second of
+    two keys after the update read them: the update's write of that key
+    fails, its write of the first is put back, and it decides again on the
+    new value.  Its key locks are gone afterwards.  (A read then a plain
+    write overwrote the other process's value with a stale decision.)"""
+    b, other = make(), make()
+    await b.open()
+    await other.open()
+    await b.kv_set({"pair:a": b"1", "pair:b": b"1"})
+    link = await b._link()
+    real = link.store.read_many
+    ran: list[bool] = []
+
+    async def read_then_write(stream: str, subjects: list[bytes]) -> Any:
+        got = await real(stream, subjects)
+        if not ran and b._kv_subject("pair:b") in subjects:
+            ran.append(True)
+            await other.kv_set({"pair:b": b"7"})
+        return got
+
+    monkeypatch.setattr(link.store, "read_many", read_then_write)
+    seen: list[dict[str, bytes]] = []
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+        seen.append(dict(got))
+        total = int(got["pair:a"]) + int(got["pair:b"])
+        return {"pair:a": str(total).encode(), "pair:b": str(total).encode()}, total
+
+    assert await b.kv_update(["pair:a", "pair:b"], decide) == 8
+    assert seen == [{"pair:a": b"1", "pair:b": b"1"}, {"pair:a": b"1", "pair:b": b"7"}]
+    assert await other.kv_get(["pair:a", "pair:b"]) == {"pair:a": b"8", "pair:b": b"8"}
+    assert await link.store.subjects(b.n.kv, b.n.c + b"kvl.>") == {}
+
+
+async def test_an_update_takes_over_the_key_locks_of_one_that_died(
+    make: Callable[..., NatsBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed inside a ``kv_update`` leaves its key locks: the next
+    update of those keys waits until they expire, then takes them over."""
+    from dumbwaiter.brokers.nats import coord
+
+    monkeypatch.setattr(coord, "KV_LOCK_TTL", 0.3)
+    monkeypatch.setattr(coord, "KV_UPDATE_PATIENCE", 10.0)
+    b = make()
+    await b.open()
+    link = await b._link()
+    assert await b._kv_lock(link, ["job:1"])  # taken, never given back: its holder died
+    assert await b._kv_lock(link, ["job:1"]) is None  # held
+
+    def bump(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+        n = int(got.get("job:1", b"0")) + 1
+        return {"job:1": str(n).encode()}, n
+
+    assert await b.kv_update(["job:1"], bump) == 1
+    assert await link.store.subjects(b.n.kv, b.n.c + b"kvl.>") == {}

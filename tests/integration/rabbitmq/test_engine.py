@@ -5,6 +5,7 @@ store on another engine, and the lease mapping (hung and crashed workers)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -535,3 +536,147 @@ async def test_a_purge_that_meets_a_lease_leaves_the_running_job_alone(
     await worker.ack([d])
     info = await admin.get(m.id)
     assert info is not None and info.state is State.SUCCEEDED
+
+
+# -- races the state store's kv_update settles (a Redis state store) ---------------------
+
+
+@pytest.fixture
+async def make_on_redis() -> AsyncIterator[Callable[[], RabbitMQBroker]]:
+    """Brokers sharing a namespace whose state store is Redis (the docs'
+    multi-machine setup), where ``kv_update`` is optimistic: a read, then a
+    compare-and-set that fails if a key read changed meanwhile."""
+    url = server.url(server.new_prefix(), redis_state_url(redis_prefix()))
+    made: list[Broker] = []
+
+    def new() -> RabbitMQBroker:
+        b = from_url(url)
+        assert isinstance(b, RabbitMQBroker)
+        made.append(b)
+        return b
+
+    yield new
+    for b in made:
+        await b.close()
+
+
+def _when_read(
+    b: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch, key: str, meanwhile: Callable[[], Any]
+) -> list[bool]:
+    """Make the first read of ``key`` by ``b``'s state store run ``meanwhile``
+    (another broker's call) after it has read and before it returns.  The
+    returned list gets True once it ran."""
+    real = b.state.kv_get
+    ran: list[bool] = []
+
+    async def read_then_race(keys: Any) -> Any:
+        got = await real(keys)
+        if not ran and key in keys:
+            ran.append(True)
+            await meanwhile()
+        return got
+
+    monkeypatch.setattr(b.state, "kv_get", read_then_race)
+    return ran
+
+
+async def test_a_cancel_that_meets_a_fetch_never_lets_both_win(
+    make_on_redis: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admin cancels the job between the fetch's read of its record and
+    the fetch's lease write.  The cancel wins (the job had not started), so
+    the fetch must not run it: its write finds the record changed, and it
+    judges again (the copy is stale now).  With a read then a plain write
+    both won: cancel said cancelled and the worker ran the job."""
+    worker, admin = make_on_redis(), make_on_redis()
+    await worker.open()
+    await admin.open()
+    m = job()
+    await admin.enqueue([m])
+    cancelled: list[str] = []
+
+    async def cancel() -> None:
+        cancelled.extend(await admin.cancel([m.id]))
+
+    ran = _when_read(worker, monkeypatch, worker.keys.job + m.id, cancel)
+    verdicts: list[Any] = []
+    judged_once = asyncio.Event()
+    real_update = worker.state.kv_update
+
+    async def judged(keys: Any, decide: Any) -> Any:
+        out = await real_update(keys, decide)
+        verdicts.append(out)
+        judged_once.set()
+        return out
+
+    monkeypatch.setattr(worker.state, "kv_update", judged)
+    # the fetch waits on after dropping the copy (nothing else is queued):
+    # it is watched until its admission has judged, then stopped
+    fetch = asyncio.ensure_future(worker.fetch(["default"], 1, 30.0, 30.0, "w-1"))
+    try:
+        await asyncio.wait_for(judged_once.wait(), 20)
+        assert ran and cancelled == [m.id]
+        [[(verdict, _)]] = verdicts
+        assert verdict == "drop"  # the copy of a cancelled job: not run
+    finally:
+        fetch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetch
+    info = await admin.get(m.id)
+    assert info is not None and info.state is State.CANCELLED
+
+
+async def test_a_purge_never_frees_a_key_an_enqueue_took_over_meanwhile(
+    make_on_redis: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Purging a finished job frees its unique key only while that job still
+    holds it, in the same state-store update that marks the job: a job
+    enqueued with the key meanwhile (a finished holder no longer blocks
+    ``unique="queued"``) keeps it, so a third enqueue is its duplicate.
+    With a read of the key then a delete, the purge deleted the newer job's
+    hold and the third enqueue was stored beside it."""
+    admin, producer = make_on_redis(), make_on_redis()
+    await admin.open()
+    await producer.open()
+    first = job(key="report:7", headers={"unique": "queued"})
+    await producer.enqueue([first])
+    [d] = await admin.fetch(["default"], 1, 30.0, 20.0)
+    await admin.ack([d])
+    second = job(key="report:7", headers={"unique": "queued"})
+    taken: list[str] = []
+
+    async def enqueue_second() -> None:
+        taken.extend(await producer.enqueue([second]))
+
+    ran = _when_read(admin, monkeypatch, admin.keys.key + "report:7", enqueue_second)
+    assert await admin.purge(JobFilter(ids=(first.id,))) == 1
+    assert ran and taken == [second.id]
+    third = job(key="report:7", headers={"unique": "queued"})
+    assert await producer.enqueue([third]) == [second.id]
+    assert await admin.get(first.id) is None
+
+
+async def test_two_producers_never_both_take_a_unique_key_over(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key's holder is done, and two producers enqueue with the key at
+    once: the second to take it over finds the first's job holding it and
+    returns that one.  With a read of the holder then a plain write, both
+    took the key and both jobs were stored."""
+    worker, p1, p2 = make(), make(), make()
+    for b in (worker, p1, p2):
+        await b.open()
+    first = job(key="sync:9", headers={"unique": "queued"})
+    await p1.enqueue([first])
+    [d] = await worker.fetch(["default"], 1, 30.0, 20.0)
+    await worker.ack([d])
+    mine, theirs = (job(key="sync:9", headers={"unique": "queued"}) for _ in range(2))
+    stored: list[str] = []
+
+    async def enqueue_theirs() -> None:
+        stored.extend(await p2.enqueue([theirs]))
+
+    ran = _when_read(p1, monkeypatch, p1.keys.key + "sync:9", enqueue_theirs)
+    assert await p1.enqueue([mine]) == [theirs.id]
+    assert ran and stored == [theirs.id]
+    assert await p1.get(mine.id) is None

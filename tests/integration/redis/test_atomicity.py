@@ -4,9 +4,13 @@ job twice, and a unique key is held by one job however many race for it."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
+from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
 
 
@@ -104,3 +108,69 @@ async def test_enqueue_after_wait_lapsed_goes_to_ready(shared_url: str) -> None:
     finally:
         await waiter.close()
         await producer.close()
+
+
+async def test_a_kv_write_between_an_updates_read_and_write_makes_it_decide_again(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process writes a key the update read (or only read: ``guard``),
+    after the read and before the write: the update writes nothing on that
+    read and decides again on the new values.  (A read then a plain write
+    overwrote the other process's value with a stale decision.)"""
+    b, other = await _brokers(shared_url, 2)
+    await b.kv_set({"acc": b"1", "guard": b"open"})
+    real = b.kv_get
+    seen: list[dict[str, bytes]] = []
+
+    async def read_then_write(keys: Any) -> Any:
+        got = await real(keys)
+        if len(seen) == 0:
+            await other.kv_set({"guard": b"closed"})
+        return got
+
+    monkeypatch.setattr(b, "kv_get", read_then_write)
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], bytes]:
+        seen.append(dict(got))
+        if got["guard"] != b"open":
+            return {}, got["guard"]
+        return {"acc": b"%d" % (int(got["acc"]) + 1)}, b"open"
+
+    try:
+        assert await b.kv_update(["acc", "guard"], decide) == b"closed"
+        assert [d["guard"] for d in seen] == [b"open", b"closed"]
+        assert await other.kv_get(["acc"]) == {"acc": b"1"}
+    finally:
+        for x in (b, other):
+            await x.close()
+
+
+async def test_an_update_that_never_settles_raises_broker_error(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every round meets another writer: after ``KV_UPDATE_ATTEMPTS`` rounds
+    the update gives up with a ``BrokerError`` naming the keys, having
+    written nothing."""
+    from dumbwaiter.brokers.redis import broker as module
+
+    monkeypatch.setattr(module, "KV_UPDATE_ATTEMPTS", 3)
+    b, other = await _brokers(shared_url, 2)
+    real = b.kv_get
+    rounds = 0
+
+    async def read_then_write(keys: Any) -> Any:
+        nonlocal rounds
+        got = await real(keys)
+        rounds += 1
+        await other.kv_set({"hot": b"%d" % rounds})
+        return got
+
+    monkeypatch.setattr(b, "kv_get", read_then_write)
+    try:
+        with pytest.raises(BrokerError, match="hot"):
+            await b.kv_update(["hot"], lambda got: ({"hot": b"mine"}, None))
+        assert rounds == 3
+        assert await other.kv_get(["hot"]) == {"hot": b"3"}
+    finally:
+        for x in (b, other):
+            await x.close()

@@ -54,6 +54,10 @@ async def test_broker_follows_moved_to_its_slot(redis_cluster: RedisCluster) -> 
         ids = await producer.enqueue([msg() for _ in range(2500)])  # staged bulk
         assert len(await fetch_all(consumer)) == len(ids) == 2500
         assert await producer.kv_incr("n") == 1
+        # kv_update's compare-and-set is one script on the app's slot too
+        bump = lambda got: ({"n": b"%d" % (int(got["n"]) + 1), "m": b"1"}, None)  # noqa: E731
+        await producer.kv_update(["n", "m"], bump)
+        assert await consumer.kv_get(["n", "m"]) == {"n": b"2", "m": b"1"}
         assert await producer.acquire("leader", "me", 30.0) is not None
         [stats] = await producer.stats()
         assert (stats.succeeded, stats.running) == (1, 2500)

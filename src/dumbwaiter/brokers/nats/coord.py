@@ -12,22 +12,34 @@ over.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import secrets
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
+from ...errors import BrokerError
 from ...flow import window_wait
 from .core import Core, Hdrs, live, lock_token
 from .link import Link
-from .names import key_of, tok
+from .names import digest, key_of, tok
 from .store import Stored, is_conflict
 from .wire import (
     JetStreamError,
     pub_ack,
 )
+
+T = TypeVar("T")
+
+#: seconds a ``kv_update``'s key locks last if their holder dies holding them
+#: (an update holds them for a few round trips)
+KV_LOCK_TTL = 10.0
+#: seconds a ``kv_update`` keeps trying to take its keys' locks (and to write
+#: past plain writers) before it gives up: longer than a dead holder's locks
+KV_UPDATE_PATIENCE = 30.0
 
 
 class Coordination(Core):
@@ -122,6 +134,164 @@ class Coordination(Core):
             seqs.append((s, pub_ack(r, "kv_set").seq))
         if ttl is not None:
             await self._expire_later(link, seqs, ttl)
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """Key locks, then per-key compare-and-set: what JetStream (2.9, one
+        message per subject, no multi-subject transaction) allows.
+
+        1. Take a lock per key read (a create-only write of
+           ``c.kvl.DIGEST``; sorted, all at once; if any is held the others
+           are given back and the update waits and tries again, so two
+           updates never wait for each other in a cycle; a lock whose holder
+           died is taken over after ``KV_LOCK_TTL``).  So no other
+           ``kv_update`` of these keys runs meanwhile: updates of shared
+           keys are serialized, absent keys included.
+        2. Read the keys, ``decide``, write each key read with
+           ``Nats-Expected-Last-Subject-Sequence`` = the sequence read (0:
+           absent), all at once.  A plain writer (``kv_set``, ``kv_delete``...,
+           which take no lock) that changed such a key since the read fails
+           its write: the writes that went through are put back as they were
+           (each only if still ours) and the update reads and decides again.
+           (A key only read is not checked again.)  Keys written but not
+           read are written after, unconditionally.
+        3. Give the locks back.
+
+        What it does not give: readers (``kv_get``) may see some keys of an
+        update written and others not yet, and a process that dies between
+        two writes of one update leaves it half written (nothing on a
+        single-subject store can make a multi-key write all-or-nothing)."""
+        keys = list(dict.fromkeys(keys))
+        link = await self._link()
+        deadline = time.monotonic() + KV_UPDATE_PATIENCE
+        delay = 0.001
+        while True:
+            locks = await self._kv_lock(link, keys)
+            if locks is not None:
+                try:
+                    done, out = await self._kv_update_locked(link, keys, decide)
+                finally:
+                    await link.store.delete_many(self.n.kv, list(locks.values()))
+                if done:
+                    return out
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"NATS kv_update: could not update {keys[:3]!r}... for"
+                    f" {KV_UPDATE_PATIENCE:.0f} s (locked, or changing); gave up"
+                )
+            await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
+            delay = min(delay * 2, 0.05)
+
+    async def _kv_lock(self, link: Link, keys: list[str]) -> dict[bytes, int] | None:
+        """Take the locks of ``keys``: subject -> sequence of our lock, or
+        None (and nothing held) when one is held by a live update."""
+        subjects = sorted({self.n.c + b"kvl." + digest(k).encode() for k in keys})
+        if not subjects:
+            return {}
+        now = time.time()
+        body = orjson.dumps({"o": secrets.token_hex(8), "x": now + KV_LOCK_TTL})
+        replies = await link.wire.gather([link.store.put_req(s, body, 0) for s in subjects])
+        held: dict[bytes, int] = {}
+        busy: list[bytes] = []
+        failed: BaseException | None = None
+        for s, r in zip(subjects, replies, strict=True):
+            try:
+                if isinstance(r, BaseException):
+                    raise r
+                held[s] = pub_ack(r, "kv_update lock").seq
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    failed = exc
+                busy.append(s)
+            except BaseException as exc:
+                failed = exc
+        if busy and failed is None:
+            # a lock older than its ttl was left by a holder that died: take it over
+            for s, cur in zip(busy, await link.store.read_many(self.n.kv, busy), strict=True):
+                if cur is None or float(orjson.loads(cur.data).get("x", 0)) > now:
+                    break
+                try:
+                    held[s] = (await link.store.put(s, body, cur.seq)).seq
+                except JetStreamError as exc:
+                    if not is_conflict(exc):
+                        failed = exc
+                    break
+            else:
+                busy = []
+        if busy or failed is not None:
+            await link.store.delete_many(self.n.kv, list(held.values()))
+            if failed is not None:
+                raise failed
+            return None
+        return held
+
+    async def _kv_update_locked(
+        self,
+        link: Link,
+        keys: list[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> tuple[bool, T]:
+        """Read, decide, write, holding the keys' locks: (True, decide's result),
+        or (False, its result) when a plain writer changed a key read."""
+        subjects = [self._kv_subject(k) for k in keys]
+        found = await link.store.read_many(self.n.kv, subjects)
+        now = time.time()
+        got: dict[str, bytes] = {}
+        for k, cur in zip(keys, found, strict=True):
+            v = live(cur, now)
+            if v is not None:
+                got[k] = v
+        writes, out = decide(got)
+        if not writes:
+            return True, out
+        read = dict(zip(keys, zip(subjects, found, strict=True), strict=True))
+        checked = [k for k in writes if k in read]
+        futs = []
+        for k in checked:
+            s, cur = read[k]
+            futs.append(link.store.put_req(s, bytes(writes[k]), cur.seq if cur else 0))
+        mine: list[tuple[bytes, Stored | None, int]] = []  # what to put back on a conflict
+        conflict = False
+        failed: BaseException | None = None
+        for k, r in zip(checked, await link.wire.gather(futs), strict=True):
+            s, cur = read[k]
+            try:
+                if isinstance(r, BaseException):
+                    raise r
+                mine.append((s, cur, pub_ack(r, "kv_update").seq))
+            except JetStreamError as exc:
+                if not is_conflict(exc):
+                    failed = exc
+                conflict = True
+            except BaseException as exc:
+                failed = exc
+        if conflict or failed is not None:
+            await self._kv_put_back(link, mine)
+            if failed is not None:
+                raise failed
+            return False, out
+        blind = {k: v for k, v in writes.items() if k not in read}
+        if blind:
+            await self.kv_set(blind)
+        return True, out
+
+    async def _kv_put_back(self, link: Link, mine: list[tuple[bytes, Stored | None, int]]) -> None:
+        """Undo a ``kv_update``'s writes (subject, what it replaced, its
+        sequence), each only if nothing replaced it since."""
+        now = time.time()
+        for s, old, seq in mine:
+            with contextlib.suppress(JetStreamError):
+                if old is None:
+                    await link.store.delete(self.n.kv, seq)
+                    continue
+                exp = old.get(b"Dw-Exp")
+                extra: Hdrs = ((b"Dw-Exp", exp),) if exp else ()
+                ack = await link.store.put(s, old.data, seq, extra)
+                if exp and float(exp) > now:
+                    await self._expire_later(link, [(s, ack.seq)], float(exp) - now)
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         link = await self._link()

@@ -9,12 +9,17 @@ expired lock (or renews our own) in one atomic statement.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import secrets
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import errors as pg_errors
 
+from ...errors import BrokerError
 from ...state import State
 from ..base import (
     JobFilter,
@@ -27,6 +32,24 @@ from ..base import (
 )
 from .core import PostgresCore
 from .rows import info_row, is_uuid
+
+T = TypeVar("T")
+
+#: times a ``kv_update`` runs again after a plain writer (``kv_set``,
+#: ``kv_add``...) created one of its absent keys meanwhile, or a deadlock with
+#: one, before it gives up: such a meeting is rare, and a few retries settle it
+KV_UPDATE_ATTEMPTS = 50
+
+
+class _Conflict(Exception):
+    """A plain writer created a key a ``kv_update`` read as absent."""
+
+
+def _lock_id(text: str) -> int:
+    """A signed 32-bit hash: one half of a two-key advisory lock."""
+    return int.from_bytes(
+        hashlib.blake2b(text.encode(), digest_size=4).digest(), "big", signed=True
+    )
 
 
 class PostgresAdmin(PostgresCore):
@@ -167,8 +190,63 @@ class PostgresAdmin(PostgresCore):
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         if not items:
             return
-        params = {"keys": list(items), "values": [bytes(v) for v in items.values()], "ttl": ttl}
+        # rows locked in key order, as kv_update locks them: the two never deadlock
+        keys = sorted(items)
+        params = {"keys": keys, "values": [bytes(items[k]) for k in keys], "ttl": ttl}
         await self._run(lambda c: c.execute(self.q.kv_set, params))
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """One transaction: an advisory lock per key, the rows read ``FOR
+        UPDATE``, ``decide``, the writes, commit.
+
+        The advisory locks (``pg_advisory_xact_lock(schema, hash(key))``,
+        taken in sorted order, so two updates never wait for each other in a
+        cycle) serialize updates that share a key, absent keys included; the
+        row locks hold off plain writers (``kv_set``, ``kv_incr``,
+        ``kv_delete``) of the keys that exist.  A plain writer that creates a
+        key read as absent meanwhile makes the transaction roll back and run
+        again (as does a deadlock with one).  Not retried after a lost
+        connection: the commit may have happened (as ``kv_incr``)."""
+        keys = list(dict.fromkeys(keys))
+        ns = _lock_id(f"dumbwaiter.kv:{self.schema}")
+        locks = sorted({_lock_id(k) for k in keys})
+        wanted = set(keys)
+
+        async def run(c: psycopg.AsyncConnection[Any]) -> T:
+            async with c.transaction():
+                if locks:
+                    await c.execute(self.q.kv_lock, (ns, locks))
+                cur = await c.execute(self.q.kv_read_locked, (keys,))
+                rows = await cur.fetchall()
+                writes, out = decide({k: bytes(v) for k, v, live in rows if live})
+                if writes:
+                    ordered = sorted(writes)  # rows locked in one order, as kv_set does
+                    present = {k for k, _, _ in rows}
+                    params = {
+                        "keys": ordered,
+                        "values": [bytes(writes[k]) for k in ordered],
+                        "fresh": [k for k in ordered if k in wanted and k not in present],
+                    }
+                    cur = await c.execute(self.q.kv_write_locked, params)
+                    if cur.rowcount != len(ordered):
+                        raise _Conflict
+            return out
+
+        delay = 0.001
+        for _ in range(KV_UPDATE_ATTEMPTS):
+            try:
+                return await self._run(run, retry=False)
+            except (_Conflict, pg_errors.DeadlockDetected):
+                await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
+                delay = min(delay * 2, 0.05)
+        raise BrokerError(
+            f"postgres kv_update: the keys kept changing under {KV_UPDATE_ATTEMPTS} attempts"
+            f" (first keys: {keys[:3]!r}); gave up"
+        )
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         params = {"key": key, "value": bytes(value), "ttl": ttl}

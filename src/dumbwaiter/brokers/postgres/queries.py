@@ -403,3 +403,21 @@ class Queries:
             f" SELECT count(*) FILTER (WHERE {_live}) FROM d"
         )
         self.kv_scan = q(f"SELECT key, value FROM {kv} WHERE starts_with(key, %s) AND {_live}")
+        # kv_update, in one transaction: an advisory lock per key (in the
+        # order given: sorted, so two updates never deadlock; absent keys are
+        # locked too), then the rows, locked against plain writers, expired
+        # ones included (a live flag says which count)
+        self.kv_lock = q("SELECT pg_advisory_xact_lock(%s::int4, x) FROM unnest(%s::int4[]) AS x")
+        self.kv_read_locked = q(
+            f"SELECT key, value, {_live} FROM {kv} WHERE key = ANY(%s::text[])"
+            " ORDER BY key FOR UPDATE"
+        )
+        # writes with no expiry; a key that had no row when read is only
+        # inserted (a plain writer that created it since leaves it updated
+        # by nobody: the row count tells, and the update runs again)
+        self.kv_write_locked = q(
+            f"INSERT INTO {kv} AS t (key, value, expires)"
+            " SELECT k, v, NULL FROM unnest(%(keys)s::text[], %(values)s::bytea[]) AS u(k, v)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = NULL"
+            " WHERE NOT (t.key = ANY(%(fresh)s::text[]))"
+        )

@@ -98,6 +98,11 @@ _TAKE, _DROP, _PARK, _DEAD = "take", "drop", "park", "dead"
 _REQUEUE, _BIND = "requeue", "bind"
 #: no record yet for a first-seen copy: judged again in a moment (``LOCAL_GRACE``)
 _WAIT = "wait"
+#: ``_key_holder``: the key changed hands between its read and its update
+_AGAIN = "again"
+#: rounds of that before an enqueue gives up (each is another producer's win)
+KEY_ROUNDS = 20
+_Taken = tuple[dict[str, bytes], str | None]
 _Verdict = tuple[str, "Record | None"]
 T = TypeVar("T")
 _UNIQUE_BLOCKS = {
@@ -605,22 +610,34 @@ class RabbitMQBroker(Broker):
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
-        """The id of the job holding ``m.key`` (None: the key is now ``m``'s)."""
+        """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
+
+        A held key is taken over (its holder is gone or done) in one
+        ``kv_update`` of the key's entry and its holder's record, only if
+        the entry still names the holder read: two producers that both
+        found the holder done cannot both take the key (each stored its job,
+        a duplicate), and the one that comes second reads the new holder."""
         assert m.key is not None
         kk = self.keys.key + m.key
-        if await self.state.kv_add(kk, m.id.encode()):
-            return None
-        got = await self.state.kv_get([kk])
-        holder = got.get(kk, b"").decode()
-        rec_raw = (await self.state.kv_get([self.keys.job + holder])) if holder else {}
-        raw = rec_raw.get(self.keys.job + holder)
-        if raw is not None:
-            rec = Record.load(raw)
-            blocks = _UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
-            if rec.shown_state(now) in blocks:
-                return holder
-        await self.state.kv_set({kk: m.id.encode()})  # the holder is gone or done
-        return None
+        blocks = _UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
+        for _ in range(KEY_ROUNDS):
+            if await self.state.kv_add(kk, m.id.encode()):
+                return None
+            holder = (await self.state.kv_get([kk])).get(kk, b"").decode()
+            rk = self.keys.job + holder
+
+            def decide(got: dict[str, bytes], holder: str = holder, rk: str = rk) -> _Taken:
+                if got.get(kk, b"").decode() != holder:
+                    return {}, _AGAIN  # taken over or freed since the read: read again
+                raw = got.get(rk) if holder else None
+                if raw is not None and Record.load(raw).shown_state(now) in blocks:
+                    return {}, holder
+                return {kk: m.id.encode()}, None  # the holder is gone or done
+
+            taken = await self.state.kv_update([kk, rk] if holder else [kk], decide)
+            if taken is not _AGAIN:
+                return taken
+        raise BrokerError(f"rabbitmq enqueue: the unique key {m.key!r} kept changing hands")
 
     # -- events ---------------------------------------------------------------------------
 
@@ -1344,11 +1361,7 @@ class RabbitMQBroker(Broker):
         ``decide`` only parses what it was given: pure, safe to run twice."""
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
-            writes: dict[str, bytes] = {}
-            for key, (old, new) in planned.items():
-                raw = got.get(key)
-                if raw is not None and _stamp_raw(raw) == old:
-                    writes[key] = new
+            writes = _swapped(planned, got)
             return writes, list(writes)
 
         return await self.state.kv_update(list(planned), decide)
@@ -1356,47 +1369,50 @@ class RabbitMQBroker(Broker):
     async def purge(self, filter: JobFilter) -> int:
         """Delete the matching jobs that are not running.
 
-        The records are first marked cancelled (a new version) in one
-        ``_swap``, each only if it is still the record read: a job a worker
-        leased (or another call changed) since the read is left alone, and a
-        marked job can no longer be leased, replayed or rescheduled (every
-        queued copy of it is dropped).  Then tombstones and the deletes,
-        which nothing can race any more."""
+        One ``kv_update`` marks the records cancelled (a new version), each
+        only if it is still the record read (``_swap``'s rule): a job a
+        worker leased (or another call changed) since the read is left
+        alone, and a marked job can no longer be leased, replayed or
+        rescheduled (every queued copy of it is dropped).  The same update
+        frees the unique keys the marked jobs still hold (a newer job may
+        have taken one over: the old job keeps its message's key, and
+        freeing that one's key would let a duplicate in); a freed key's
+        entry stays, empty, which ``_key_holder`` reads as free, since only
+        a compare-and-delete could remove it safely.  Then tombstones and
+        the deletes, which nothing can race any more."""
         k = self.keys
         read = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
         if not read:
             return 0
         now = time.time()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
+        holds: dict[str, str] = {}  # job's record key -> its unique key's entry
         for r in read:
             before = _stamp(r)
             mark = Record.load(r.dump())
             mark.state, mark.updated_at = State.CANCELLED, now
             mark.ver += 1
             planned[k.job + r.msg.id] = (before, mark.dump())
-        won = set(await self._swap(planned))
+            if r.msg.key is not None and r.msg.kind == TASK:
+                holds[k.job + r.msg.id] = k.key + r.msg.key
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], set[str]]:
+            writes = _swapped(planned, got)
+            for key in list(writes):
+                kk = holds.get(key)
+                if kk is not None and got.get(kk, b"").decode() == key[len(k.job) :]:
+                    writes[kk] = b""
+            return writes, {key for key in writes if key in planned}
+
+        won = await self.state.kv_update([*planned, *sorted(set(holds.values()))], decide)
         gone = [r for r in read if k.job + r.msg.id in won]
         if not gone:
             return 0
-        keys = [k.job + r.msg.id for r in gone]
-        # a key goes with its job only if the job still holds it: a newer
-        # unique job may have taken it over (the old job keeps its message's
-        # key), and freeing that one's key would let a duplicate in.  A read
-        # then a delete: an enqueue taking the key over in between is lost
-        # the same way (the state store has no compare-and-delete).
-        keyed = [
-            (k.key + r.msg.key, r.msg.id)
-            for r in gone
-            if r.msg.key is not None and r.msg.kind == TASK
-        ]
-        if keyed:
-            held = await self.state.kv_get(sorted({kk for kk, _ in keyed}))
-            keys += sorted({kk for kk, id_ in keyed if held.get(kk, b"").decode() == id_})
         # a tombstone each, kept until every copy still queued has come up
         # (a copy without a record would otherwise run)
         ttl = max(self._outlive(r, now) for r in gone)
         await self.state.kv_set({k.claim + "gone:" + r.msg.id: b"1" for r in gone}, ttl=ttl)
-        await self.state.kv_delete(keys)
+        await self.state.kv_delete([k.job + r.msg.id for r in gone])
         await self._sweep_dlq({r.msg.id for r in gone if r.state is State.DEAD})
         return len(gone)
 
@@ -1622,6 +1638,19 @@ _Stamp = tuple[int, int, str]
 
 def _stamp(rec: Record) -> _Stamp:
     return rec.ver, rec.token, rec.state.value
+
+
+def _swapped(
+    planned: Mapping[str, tuple[_Stamp, bytes]], got: Mapping[str, bytes]
+) -> dict[str, bytes]:
+    """The planned records (key: (the read record's stamp, the new record))
+    whose stored record ``got`` still has the stamp read."""
+    writes: dict[str, bytes] = {}
+    for key, (old, new) in planned.items():
+        raw = got.get(key)
+        if raw is not None and _stamp_raw(raw) == old:
+            writes[key] = new
+    return writes
 
 
 def _stamp_raw(raw: bytes) -> _Stamp:

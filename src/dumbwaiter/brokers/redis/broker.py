@@ -29,11 +29,12 @@ at once, and the worker's loops back off and try again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
@@ -60,6 +61,7 @@ from . import bulk, events, lua
 from .client import Arg, AsyncLink, SyncLink, Target
 
 log = logging.getLogger("dumbwaiter.redis")
+T = TypeVar("T")
 
 #: finished jobs (without a longer-kept result) are deleted after this many seconds
 DEFAULT_RETENTION = 3600.0
@@ -72,6 +74,10 @@ WALK_BUDGET = 10_000
 KEY_WALK_BUDGET = 2_000
 #: seconds an idle fetch stays registered as a waiter before it registers again
 WAITER_TTL = 1.0
+#: rounds of read, decide and compare-and-set a ``kv_update`` tries before it
+#: gives up (each lost round backs off 1 ms, doubling to 50 ms, jittered: a
+#: few seconds in all, far more than any real contention needs)
+KV_UPDATE_ATTEMPTS = 200
 _OPTIONS = {
     "prefix",
     "retention",
@@ -562,6 +568,49 @@ class RedisBroker(Broker):
         for k, v in items.items():
             args += (k, bytes(v))
         await self._run(self._lua.kv_set, args)
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+    ) -> T:
+        """Optimistic and atomic: read the keys, ``decide``, then one script
+        (``kv_cas.lua``) writes only if every key read still holds the value
+        read (or is still absent); otherwise read and decide again.
+
+        Why not WATCH/MULTI: every kv entry is a field of one hash (``kv``),
+        and WATCH sees keys, not fields, so any kv write of the app (another
+        job's record, a chord counter) would abort the transaction; the
+        script compares exactly the keys read, and is as atomic (a script
+        runs alone on the server, and every kv write is a script).  It also
+        needs no connection of its own, and it is legal on a cluster: every
+        kv key is a field under the app's hash tag.
+
+        Read values travel back as SHA1 digests, so a big value costs its
+        bytes once.  Written keys get no expiry, as ``Broker.kv_update`` says.
+        """
+        keys = list(dict.fromkeys(keys))
+        delay = 0.001
+        for _ in range(KV_UPDATE_ATTEMPTS):
+            got = await self.kv_get(keys)  # one script: a consistent read
+            writes, out = decide(dict(got))
+            if not writes:
+                return out
+            args: list[Arg] = [repr(time.time()), len(keys)]
+            for k in keys:
+                v = got.get(k)
+                args += (k, "" if v is None else hashlib.sha1(v).hexdigest())
+            for k, v in writes.items():
+                args += (k, bytes(v))
+            if int(await self._run(self._lua.kv_cas, args)):
+                return out
+            # another writer changed a key between our read and our write
+            await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
+            delay = min(delay * 2, 0.05)
+        raise BrokerError(
+            f"redis kv_update: the keys kept changing under {KV_UPDATE_ATTEMPTS} attempts"
+            f" (first keys: {keys[:3]!r}); gave up"
+        )
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         now = time.time()

@@ -72,6 +72,7 @@ NAMES = (
     "release",
     "kv_get",
     "kv_set",
+    "kv_cas",
     "kv_add",
     "kv_incr",
     "kv_delete",
@@ -114,6 +115,7 @@ class Scripts:
     release: Script
     kv_get: Script
     kv_set: Script
+    kv_cas: Script
     kv_add: Script
     kv_incr: Script
     kv_delete: Script
