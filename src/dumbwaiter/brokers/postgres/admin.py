@@ -21,7 +21,6 @@ from ..base import (
     JobInfo,
     Page,
     QueueStats,
-    key_needle,
     normalize_error_type,
     stats_rows,
 )
@@ -55,7 +54,7 @@ class PostgresAdmin(PostgresCore):
         if cursor is not None:
             where += " AND id < %s::uuid"
             params.append(cursor)
-        query = (self.q.list_prefix + where + " ORDER BY id DESC LIMIT %s").encode()
+        query = (self.q.list_prefix + where + self.q.list_suffix).encode()
         params.append(limit + 1)
 
         async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
@@ -245,31 +244,13 @@ class PostgresAdmin(PostgresCore):
 
 
 def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``).
-
-    The ``key`` column holds a task's key only while the job holds it (a
-    newer unique job frees it to NULL, events never hold one), so a job with
-    a key in the column matches by the column and a job without one by its
-    body's top-level ``key``.  That part scans the table newest first (a
-    listing stops once its page is full); ``position`` on the raw body skips
-    every body that lacks the key's JSON text (``key_needle``), so only those
-    that have it are parsed.  No index serves it: an expression index on the
-    body's key would parse every body at enqueue (a migration can add one if
-    key searches ever need to be fast on huge tables).  A body that is not
-    JSON and contains the key's text makes the search fail loudly, never
-    skip silently.
-    """
-    extract = "convert_from(body, 'UTF8')::jsonb ->> 'key' = %s"
-    needle = key_needle(key)
+    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
+    a probe of ``dw_jobs_msg_key`` (migration 0006).  ``msg_key`` holds every
+    job's message key (the ``key`` column only a unique key while it is
+    held), and the index's id order serves a listing's ``ORDER BY id DESC
+    LIMIT`` as it is."""
     params.append(key)
-    if needle is not None:
-        params += [needle, key]
-        return (
-            "CASE WHEN key IS NOT NULL THEN key = %s"
-            f" WHEN position(%s::bytea IN body) = 0 THEN false ELSE {extract} END"
-        )
-    params.append(key)
-    return f"CASE WHEN key IS NOT NULL THEN key = %s ELSE {extract} END"
+    return "msg_key = %s"
 
 
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
