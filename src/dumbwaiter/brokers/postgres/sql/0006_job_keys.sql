@@ -16,9 +16,12 @@
 --
 -- Jobs stored before this migration get their keys from their bodies here,
 -- before the index is built.  Adding the column is instant (no default);
--- only rows that have a key are rewritten.  dw_body_key reads a body's
--- top-level string key, and NULL from a body that is not JSON, so a broken
--- body never fails the migration.  It is kept for the statement in
+-- only rows that have a key are rewritten.  The bodies are read in one pass
+-- (as json, which parses faster than jsonb: 0.4 s for 200,000 jobs); if one
+-- is not JSON or not UTF-8, that pass fails as a whole and a second one
+-- reads every body through dw_body_key, which returns NULL for such a body
+-- (an exception block per row: 1.5 s for 200,000), so a broken body never
+-- fails the migration.  dw_body_key is kept for the statement in
 -- docs/postgres.md that fills in the keys of jobs stored by a process of an
 -- older dumbwaiter that was still running after this migration.
 
@@ -40,10 +43,18 @@ EXCEPTION WHEN others THEN
 END
 $$;
 
-UPDATE dw_jobs AS j SET msg_key = b.k
-FROM (SELECT id, dw_body_key(body) AS k FROM dw_jobs
-      WHERE position('"key"'::bytea IN body) > 0) AS b
-WHERE j.id = b.id AND b.k IS NOT NULL;
+DO $$
+BEGIN
+    UPDATE dw_jobs SET msg_key = convert_from(body, 'UTF8')::json ->> 'key'
+    WHERE position('"key"'::bytea IN body) > 0
+      AND json_typeof(convert_from(body, 'UTF8')::json -> 'key') = 'string';
+EXCEPTION WHEN others THEN
+    UPDATE dw_jobs AS j SET msg_key = b.k
+    FROM (SELECT id, dw_body_key(body) AS k FROM dw_jobs
+          WHERE position('"key"'::bytea IN body) > 0) AS b
+    WHERE j.id = b.id AND b.k IS NOT NULL;
+END
+$$;
 
 CREATE INDEX dw_jobs_msg_key ON dw_jobs (msg_key, id) WHERE msg_key IS NOT NULL;
 
