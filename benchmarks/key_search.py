@@ -16,6 +16,10 @@ a scan).  It prints how long the first call took to open the broker too: on
 a database filled by an older dumbwaiter, that includes the schema upgrade
 (SQLite) or the migration (PostgreSQL, ``?migrate=auto``).
 
+``--bulk-keyed`` times something else: one ``enqueue`` of 10,000 jobs that
+all have a key (the bulk path with both key indexes fed per row), into a
+fresh database or schema after a one-job warm-up, and prints jobs/s.
+
 It uses the public API only, so the same script times any version: run it
 with ``PYTHONPATH=<checkout>/src`` to time that checkout.
 """
@@ -129,6 +133,22 @@ def spread_postgres(dsn: str, schema: str) -> None:
         c.execute(f"VACUUM ANALYZE {jobs}".encode())
 
 
+async def bulk_keyed(url: str) -> float:
+    """Jobs/s of one ``enqueue`` of 10,000 keyed jobs (after a one-job warm-up)."""
+    broker = dw.App(url).broker
+    await broker.enqueue([Message(id=uuid7(), kind=TASK, name="warm", queue="default")])
+    tag = uuid7()
+    msgs = [
+        Message(id=uuid7(), kind=TASK, name="noop", queue="default", args=[i], key=f"{tag}:{i}")
+        for i in range(10_000)
+    ]
+    t = time.perf_counter()
+    await broker.enqueue(msgs)
+    rate = len(msgs) / (time.perf_counter() - t)
+    await broker.close()
+    return rate
+
+
 async def time_searches(url: str, n: int, runs: int) -> None:
     broker = dw.App(url).broker
     target = f"k:{(n // 2) // 50 * 50}"
@@ -170,15 +190,19 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="Search what is stored; fill nothing.")
     ap.add_argument("--fill-only", action="store_true", help="Fill, then stop.")
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--bulk-keyed", action="store_true", help="Time a keyed bulk enqueue.")
     args = ap.parse_args()
     print(f"dumbwaiter from {os.path.dirname(dw.__file__)}")
     if args.engine == "sqlite":
         n = args.jobs or 1_000_000
         url = f"sqlite:///{args.db}"
-        if not args.reuse:
+        if not args.reuse or args.bulk_keyed:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(args.db + suffix):
                     os.remove(args.db + suffix)
+            if args.bulk_keyed:
+                print(f"bulk enqueue of 10,000 keyed jobs: {asyncio.run(bulk_keyed(url)):,.0f}/s")
+                return
             rate = asyncio.run(fill(url, n))
             spread_sqlite(args.db)
             print(f"filled {n:,} jobs ({rate:,.0f}/s)")
@@ -187,9 +211,12 @@ def main() -> None:
 
         n = args.jobs or 200_000
         url = f"{args.dsn}?schema={args.schema}&migrate=auto"
-        if not args.reuse:
+        if not args.reuse or args.bulk_keyed:
             with psycopg.connect(args.dsn, autocommit=True) as c:
                 c.execute(f'DROP SCHEMA IF EXISTS "{args.schema}" CASCADE'.encode())
+            if args.bulk_keyed:
+                print(f"bulk enqueue of 10,000 keyed jobs: {asyncio.run(bulk_keyed(url)):,.0f}/s")
+                return
             rate = asyncio.run(fill(url, n))
             spread_postgres(args.dsn, args.schema)
             print(f"filled {n:,} jobs ({rate:,.0f}/s)")

@@ -25,7 +25,10 @@
 -- docs/postgres.md that fills in the keys of jobs stored by a process of an
 -- older dumbwaiter that was still running after this migration.
 
-ALTER TABLE dw_jobs ADD COLUMN msg_key text;
+-- Collation "C": the key is only ever compared for equality, and a btree
+-- under a libc collation other than C calls strcoll() at every comparison
+-- of an insert's descent (what a keyed job pays at enqueue).
+ALTER TABLE dw_jobs ADD COLUMN msg_key text COLLATE "C";
 
 CREATE FUNCTION dw_body_key(body bytea) RETURNS text
 LANGUAGE plpgsql STABLE STRICT
