@@ -245,12 +245,13 @@ class PostgresAdmin(PostgresCore):
 
 def _key_clause(key: str, params: list[Any]) -> str:
     """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
-    a probe of ``dw_jobs_msg_key`` (migration 0006).  ``msg_key`` holds every
-    job's message key (the ``key`` column only a unique key while it is
-    held), and the index's id order serves a listing's ``ORDER BY id DESC
-    LIMIT`` as it is."""
-    params.append(key)
-    return "msg_key = %s"
+    two index probes (migration 0006).  A job that holds its key has it in
+    ``key`` (unique index ``dw_jobs_key``); every other job with a key (a
+    holder a newer unique job freed, an event delivery) has ``key`` NULL and
+    its message key in ``msg_key``, which ``dw_jobs_msg_key`` indexes for
+    exactly those rows, so a keyed job pays no second index entry at enqueue."""
+    params += [key, key]
+    return "(key = %s OR (msg_key = %s AND key IS NULL))"
 
 
 def _where(f: JobFilter) -> tuple[str, list[Any]]:

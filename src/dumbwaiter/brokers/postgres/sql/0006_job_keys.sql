@@ -6,8 +6,12 @@
 -- event deliveries never hold one), so every other job was matched by
 -- parsing its body.  msg_key holds the job's Message.key for every job,
 -- written at enqueue by every path (insert, COPY, the outbox's fast path) and
--- never freed, so a search is one probe of dw_jobs_msg_key, in id order.  The
--- index is partial: most jobs have no key, and those cost it nothing.
+-- never freed.  dw_jobs_msg_key indexes it only where the key column does
+-- not answer (key IS NULL: freed holders, event deliveries), so a search is
+-- two index probes (key = k OR (msg_key = k AND key IS NULL)) and a job
+-- that holds its key, the usual keyed task, costs no second index entry at
+-- enqueue (it gets one when a newer unique job frees its key, in that
+-- UPDATE).  Jobs without a key, most of them, cost it nothing.
 --
 -- Numbered 6: number 5 belongs to another change.  The broker applies each
 -- of its migrations that is not recorded yet (migrations.py), so a schema
@@ -27,7 +31,7 @@
 
 -- Collation "C": the key is only ever compared for equality, and a btree
 -- under a libc collation other than C calls strcoll() at every comparison
--- of an insert's descent (what a keyed job pays at enqueue).
+-- of an insert's descent.
 ALTER TABLE dw_jobs ADD COLUMN msg_key text COLLATE "C";
 
 CREATE FUNCTION dw_body_key(body bytea) RETURNS text
@@ -59,6 +63,6 @@ EXCEPTION WHEN others THEN
 END
 $$;
 
-CREATE INDEX dw_jobs_msg_key ON dw_jobs (msg_key, id) WHERE msg_key IS NOT NULL;
+CREATE INDEX dw_jobs_msg_key ON dw_jobs (msg_key, id) WHERE msg_key IS NOT NULL AND key IS NULL;
 
 INSERT INTO dw_schema_version (version, name) VALUES (6, 'job_keys');
