@@ -260,10 +260,11 @@ class JobFilter:
     ``key`` matches ``Message.key`` exactly: a task's unique key (also after a
     newer job took the key over, while the old job is still stored) or the
     ordering key an event's deliveries carry.  Every broker answers it exactly
-    over every stored job, never over a "newest N" window: the SQL brokers
-    and Redis by a scan that reads only bodies containing the key's JSON
-    text, RabbitMQ and NATS over the records every listing reads (see each
-    broker's docs for what it costs).
+    over every stored job, never over a "newest N" window: SQLite and
+    PostgreSQL by an index of every job's message key, Redis by a scan that
+    reads only bodies containing the key's JSON text, RabbitMQ and NATS over
+    the records every listing reads (see each broker's docs for what it
+    costs).
     """
 
     queue: str | None = None

@@ -26,7 +26,6 @@ from ..base import (
     JobInfo,
     Page,
     QueueStats,
-    key_needle,
     normalize_error_type,
     stats_rows,
 )
@@ -78,7 +77,7 @@ class PostgresAdmin(PostgresCore):
         if cursor is not None:
             where += " AND id < %s::uuid"
             params.append(cursor)
-        query = (self.q.list_prefix + where + " ORDER BY id DESC LIMIT %s").encode()
+        query = (self.q.list_prefix + where + self.q.list_suffix).encode()
         params.append(limit + 1)
 
         async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
@@ -323,31 +322,14 @@ class PostgresAdmin(PostgresCore):
 
 
 def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``).
-
-    The ``key`` column holds a task's key only while the job holds it (a
-    newer unique job frees it to NULL, events never hold one), so a job with
-    a key in the column matches by the column and a job without one by its
-    body's top-level ``key``.  That part scans the table newest first (a
-    listing stops once its page is full); ``position`` on the raw body skips
-    every body that lacks the key's JSON text (``key_needle``), so only those
-    that have it are parsed.  No index serves it: an expression index on the
-    body's key would parse every body at enqueue (a migration can add one if
-    key searches ever need to be fast on huge tables).  A body that is not
-    JSON and contains the key's text makes the search fail loudly, never
-    skip silently.
-    """
-    extract = "convert_from(body, 'UTF8')::jsonb ->> 'key' = %s"
-    needle = key_needle(key)
-    params.append(key)
-    if needle is not None:
-        params += [needle, key]
-        return (
-            "CASE WHEN key IS NOT NULL THEN key = %s"
-            f" WHEN position(%s::bytea IN body) = 0 THEN false ELSE {extract} END"
-        )
-    params.append(key)
-    return f"CASE WHEN key IS NOT NULL THEN key = %s ELSE {extract} END"
+    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
+    two index probes (migration 0006).  A job that holds its key has it in
+    ``key`` (unique index ``dw_jobs_key``); every other job with a key (a
+    holder a newer unique job freed, an event delivery) has ``key`` NULL and
+    its message key in ``msg_key``, which ``dw_jobs_msg_key`` indexes for
+    exactly those rows, so a keyed job pays no second index entry at enqueue."""
+    params += [key, key]
+    return "(key = %s OR (msg_key = %s AND key IS NULL))"
 
 
 def _where(f: JobFilter) -> tuple[str, list[Any]]:

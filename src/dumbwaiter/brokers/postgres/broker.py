@@ -287,8 +287,10 @@ class PostgresBroker(PostgresAdmin):
 
     def _row(self, m: Message, kept: bool = False) -> tuple[Any, ...]:
         """One job as stored: (id, queue, name, kind, priority, max_attempts,
-        key, body, eta), then its unique mode (the "unique" header of a keyed
-        task, else None).  Encoded and size-checked before any I/O.
+        key, body, eta, msg_key), then its unique mode (the "unique" header of
+        a keyed task, else None).  ``key`` is the unique key a task holds,
+        ``msg_key`` the message's key of every job (event deliveries too), for
+        search.  Encoded and size-checked before any I/O.
 
         ``kept``: a row of a bulk enqueue, which keeps every row until its
         commit (to store the batch again if COPY fails); its body is a compact
@@ -310,6 +312,7 @@ class PostgresBroker(PostgresAdmin):
             key,
             compact(body) if kept else body,
             m.eta,
+            m.key,
             None if key is None else m.headers.get("unique"),
         )
 
@@ -365,8 +368,8 @@ class PostgresBroker(PostgresAdmin):
 
     def _freeing(self, rows: Sequence[tuple[Any, ...]]) -> tuple[list[str], list[str]] | None:
         """The keys (and unique modes) of unique jobs whose holder may no longer block."""
-        unique = [r for r in rows if r[9] is not None]
-        return ([r[6] for r in unique], [str(r[9]) for r in unique]) if unique else None
+        unique = [r for r in rows if r[10] is not None]
+        return ([r[6] for r in unique], [str(r[10]) for r in unique]) if unique else None
 
     async def _ainsert(
         self,

@@ -139,24 +139,24 @@ class PostgresCore(Broker):
         return conn
 
     async def _acheck_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._judge_schema(await migrations.acurrent_version(conn, self.schema))
+        self._judge_schema(await migrations.aapplied_versions(conn, self.schema))
         if not self._schema_ok:  # migrate=auto and behind
             await asyncio.to_thread(self.migrate)
             self._schema_ok = True
 
     def _check_schema_sync(self, conn: psycopg.Connection[Any]) -> None:
-        self._judge_schema(migrations.current_version(conn, self.schema))
+        self._judge_schema(migrations.applied_versions(conn, self.schema))
         if not self._schema_ok:
             self.migrate()
             self._schema_ok = True
 
-    def _judge_schema(self, found: int) -> None:
-        if found > migrations.SCHEMA_VERSION:
-            raise migrations.too_new(self.schema, found)
-        if found == migrations.SCHEMA_VERSION:
+    def _judge_schema(self, applied: set[int]) -> None:
+        if migrations.unknown(applied):
+            raise migrations.too_new(self.schema, applied)
+        if not migrations.pending(applied):
             self._schema_ok = True
         elif self.opts.migrate != "auto":
-            raise migrations.too_old(self.schema, found)
+            raise migrations.too_old(self.schema, applied)
 
     def migrate(self, dry_run: bool = False) -> list[migrations.Migration]:
         """Apply the pending migrations in one transaction; return them.
@@ -166,10 +166,10 @@ class PostgresCore(Broker):
         apply each migration once."""
         with psycopg.connect(self.opts.conninfo, autocommit=True) as conn, conn.transaction():
             conn.execute(migrations.lock_query(self.schema))
-            current = migrations.current_version(conn, self.schema)
-            if current > migrations.SCHEMA_VERSION:
-                raise migrations.too_new(self.schema, current)
-            pending = [m for m in migrations.migrations() if m.version > current]
+            applied = migrations.applied_versions(conn, self.schema)
+            if migrations.unknown(applied):
+                raise migrations.too_new(self.schema, applied)
+            pending = migrations.pending(applied)
             if dry_run:
                 return pending
             for m in pending:

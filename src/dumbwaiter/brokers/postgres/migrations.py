@@ -10,12 +10,21 @@ schema) and from an Alembic or Django migration run by hand::
     migrations.RunSQL(migration_sql(1))      # Django
 
 The broker never changes the schema behind the user's back: it checks the
-recorded version when it connects and refuses to run on an older one (unless
-the URL says ``?migrate=auto``, meant for development and tests).
+recorded versions when it connects and refuses to run while one of its
+migrations is not applied (unless the URL says ``?migrate=auto``, meant for
+development and tests).
+
+Versions need not be contiguous: what is pending is each shipped migration
+whose version is not recorded, not "everything above the highest".  Two
+changes developed apart take two numbers (0005, 0006) and a database that
+got the higher one first still gets the lower one, so independent
+migrations merge without renumbering.  A recorded version this code does not
+ship means a newer dumbwaiter made the schema: refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -44,14 +53,16 @@ def migrations() -> list[Migration]:
         if found:
             out.append(Migration(int(found.group(1)), found.group(2), entry.read_text()))
     out.sort(key=lambda m: m.version)
-    for i, m in enumerate(out, 1):
-        if m.version != i:  # a gap would make "pending" ambiguous
-            raise RuntimeError(f"migration files are not numbered 1..n: {m.version} at {i}")
+    for a, b in itertools.pairwise(out):
+        if a.version == b.version:
+            raise RuntimeError(f"two migrations numbered {a.version}: {a.name}, {b.name}")
     return out
 
 
 #: the schema version this code needs (the newest migration it ships)
-SCHEMA_VERSION = len(migrations())
+SCHEMA_VERSION = max(m.version for m in migrations())
+#: every version this code ships (a gap is a number another change took)
+SHIPPED = frozenset(m.version for m in migrations())
 
 
 def migration_sql(version: int) -> str:
@@ -59,7 +70,17 @@ def migration_sql(version: int) -> str:
     for m in migrations():
         if m.version == version:
             return m.sql
-    raise KeyError(f"no dumbwaiter migration {version} (this version ships 1..{SCHEMA_VERSION})")
+    raise KeyError(f"no dumbwaiter migration {version} (this version ships {sorted(SHIPPED)})")
+
+
+def pending(applied: set[int]) -> list[Migration]:
+    """The shipped migrations not yet recorded, oldest first."""
+    return [m for m in migrations() if m.version not in applied]
+
+
+def unknown(applied: set[int]) -> set[int]:
+    """Recorded versions this code does not ship: a newer dumbwaiter's."""
+    return applied - SHIPPED
 
 
 def exists_query(schema: str) -> sql.Composed:
@@ -69,31 +90,38 @@ def exists_query(schema: str) -> sql.Composed:
     )
 
 
-def max_query(schema: str) -> sql.Composed:
-    return sql.SQL("SELECT coalesce(max(version), 0) FROM {table}").format(
+def versions_query(schema: str) -> sql.Composed:
+    return sql.SQL("SELECT version FROM {table}").format(
         table=sql.Identifier(schema, "dw_schema_version")
     )
 
 
-def current_version(conn: psycopg.Connection[Any], schema: str) -> int:
-    """The recorded version (0 when there are no dumbwaiter tables in ``schema``)."""
+def applied_versions(conn: psycopg.Connection[Any], schema: str) -> set[int]:
+    """The recorded versions (none when there are no dumbwaiter tables in ``schema``)."""
     row = conn.execute(exists_query(schema)).fetchone()
     if not row or not row[0]:
-        return 0
-    row = conn.execute(max_query(schema)).fetchone()
-    return int(row[0]) if row else 0
+        return set()
+    return {int(r[0]) for r in conn.execute(versions_query(schema)).fetchall()}
 
 
-async def acurrent_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
+async def aapplied_versions(conn: psycopg.AsyncConnection[Any], schema: str) -> set[int]:
     row = await (await conn.execute(exists_query(schema))).fetchone()
     if not row or not row[0]:
-        return 0
-    row = await (await conn.execute(max_query(schema))).fetchone()
-    return int(row[0]) if row else 0
+        return set()
+    return {int(r[0]) for r in await (await conn.execute(versions_query(schema))).fetchall()}
 
 
-def too_old(schema: str, found: int) -> ConfigurationError:
+def current_version(conn: psycopg.Connection[Any], schema: str) -> int:
+    """The highest recorded version (0 when there are no dumbwaiter tables in ``schema``)."""
+    return max(applied_versions(conn, schema), default=0)
+
+
+def too_old(schema: str, applied: set[int]) -> ConfigurationError:
+    found = max(applied, default=0)
     what = "no dumbwaiter tables" if found == 0 else f"dumbwaiter schema version {found}"
+    missing = [m.version for m in pending(applied) if m.version < found]
+    if missing:  # a gap: a migration numbered below the newest was not applied
+        what += f" without migration {', '.join(map(str, missing))}"
     return ConfigurationError(
         f'PostgreSQL schema "{schema}" has {what}; this version of dumbwaiter needs version '
         f"{SCHEMA_VERSION}. Run `dumbwaiter migrate` (with the same --url or --app) to apply "
@@ -101,10 +129,11 @@ def too_old(schema: str, found: int) -> ConfigurationError:
     )
 
 
-def too_new(schema: str, found: int) -> ConfigurationError:
+def too_new(schema: str, applied: set[int]) -> ConfigurationError:
+    found = max(unknown(applied) or applied)
     return ConfigurationError(
-        f'PostgreSQL schema "{schema}" has dumbwaiter schema version {found}, newer than this '
-        f"version of dumbwaiter understands ({SCHEMA_VERSION}); upgrade dumbwaiter"
+        f'PostgreSQL schema "{schema}" has dumbwaiter schema version {found}, which this '
+        f"version of dumbwaiter does not know (it ships {sorted(SHIPPED)}); upgrade dumbwaiter"
     )
 
 

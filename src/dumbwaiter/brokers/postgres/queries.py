@@ -61,32 +61,33 @@ class Queries:
         # -- transport -----------------------------------------------------
         self.enqueue = q(
             f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
-            " updated_at, max_attempts, key, body)"
+            " updated_at, max_attempts, key, msg_key, body)"
             " SELECT v.id, v.queue, v.name, v.kind,"
             " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
             " v.priority,"
             " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
-            " now(), v.max_attempts, v.key, v.body"
+            " now(), v.max_attempts, v.key, v.msg_key, v.body"
             " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
             " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
-            " %(body)s::bytea[]) WITH ORDINALITY"
-            " AS v(id, queue, name, kind, priority, eta, max_attempts, key, body, ord)"
+            " %(msg_key)s::text[], %(body)s::bytea[]) WITH ORDINALITY"
+            " AS v(id, queue, name, kind, priority, eta, max_attempts, key, msg_key, body, ord)"
             " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
         )
         self.enqueue_one = q(
             f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
-            " updated_at, max_attempts, key, body) VALUES (%(id)s::uuid, %(queue)s, %(name)s,"
-            " %(kind)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
-            " ELSE 'ready' END, %(priority)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
+            " updated_at, max_attempts, key, msg_key, body) VALUES (%(id)s::uuid, %(queue)s,"
+            " %(name)s, %(kind)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
+            " THEN 'scheduled' ELSE 'ready' END, %(priority)s,"
+            " CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
             " THEN to_timestamp(%(eta)s::float8) ELSE now() END, now(), %(max_attempts)s,"
-            " %(key)s, %(body)s) ON CONFLICT DO NOTHING RETURNING queue, state)"
+            " %(key)s, %(msg_key)s, %(body)s) ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
         )
         # Bulk: ready jobs only (state, run_at and updated_at take their defaults).
         self.copy = q(
-            f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, body) FROM STDIN"
-            " (FORMAT BINARY)"
+            f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, msg_key, body)"
+            " FROM STDIN (FORMAT BINARY)"
         )
         # Before a COPY, in its transaction: room in memory for the insert
         # trigger's transition table (migration 0004), which holds every copied
@@ -285,6 +286,9 @@ class Queries:
         )
         # list_jobs / replay / purge add a WHERE clause built by broker._where
         self.list_prefix = f"SELECT {INFO_COLS} FROM {jobs} WHERE "
+        # The table's uuid, qualified: a bare "id" here names the output column
+        # id::text, whose order no index gives (every match would be sorted).
+        self.list_suffix = f" ORDER BY {jobs}.id DESC LIMIT %s"
         self.replay_prefix = (
             f"WITH r AS (UPDATE {jobs} SET state = 'ready', attempt = 0, run_at = now(),"
             " updated_at = now(), replays = replays + 1, expires_at = NULL"

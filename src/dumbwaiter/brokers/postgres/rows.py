@@ -19,7 +19,18 @@ from ..base import (
 )
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
-ROW_FIELDS = ("id", "queue", "name", "kind", "priority", "max_attempts", "key", "body", "eta")
+ROW_FIELDS = (
+    "id",
+    "queue",
+    "name",
+    "kind",
+    "priority",
+    "max_attempts",
+    "key",
+    "body",
+    "eta",
+    "msg_key",
+)
 #: the cursor of a first page of events
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
@@ -36,8 +47,8 @@ def compact(body: bytes) -> bytes:
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 _TRAILER = b"\xff\xff"
 _NULL = b"\xff\xff\xff\xff"
-#: a row's field count (8, COPY's columns) and its first field's length: a uuid is 16 bytes
-_ROW_HEAD = b"\x00\x08\x00\x00\x00\x10"
+#: a row's field count (9, COPY's columns) and its first field's length: a uuid is 16 bytes
+_ROW_HEAD = b"\x00\x09\x00\x00\x00\x10"
 _int4 = struct.Struct("!i").pack
 #: the size of the pieces handed to COPY (psycopg's writers pass up to 128 KiB as one)
 COPY_CHUNK = 64 * 1024
@@ -49,8 +60,8 @@ class CopyRows:
 
     Why: psycopg formats each row through a few Python calls and a dumper per
     field (~2 µs a job in a profile of a 10,000-job ``enqueue_many``, as much
-    as building the job's message).  Of the eight columns only the id, the
-    key and the body vary within a batch: the queue, name, kind, priority and
+    as building the job's message).  Of the nine columns only the id, the
+    keys and the body vary within a batch: the queue, name, kind, priority and
     max_attempts of a row are formatted once per distinct combination and
     reused, so a row is a few byte strings joined.  A priority or max_attempts outside int4
     raises ``psycopg.DataError`` (the COPY is abandoned, nothing is stored),
@@ -91,13 +102,16 @@ class CopyRows:
             raise ValueError(f"a job id must be a UUID, not {r[0]!r}")
         k = (r[1], r[2], r[3], r[4], r[5])
         fixed = self._fixed.get(k) or self._fields(k)
-        key, body = r[6], r[7]
+        key, body, msg_key = r[6], r[7], r[9]
         size = len(body)
+        held = _NULL if key is None else self._text(key)
         self._parts += (
             _ROW_HEAD,
             ident,
             fixed,
-            _NULL if key is None else self._text(key),
+            held,
+            # a task's message key is its unique key: encoded once
+            held if msg_key is key else (_NULL if msg_key is None else self._text(msg_key)),
             _int4(size),
             body,
         )

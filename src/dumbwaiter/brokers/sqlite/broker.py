@@ -53,7 +53,6 @@ from ..base import (
     QueueStats,
     Rescued,
     delivery_of,
-    key_needle,
     normalize_error_type,
     stats_rows,
 )
@@ -64,9 +63,10 @@ log = logging.getLogger("dumbwaiter.sqlite")
 
 #: finished jobs (without a kept result) are pruned after this many seconds
 DEFAULT_RETENTION = 3600.0
-SCHEMA_VERSION = 1
+#: 2: dw_jobs.msg_key (every job's Message.key, indexed for key search)
+SCHEMA_VERSION = 2
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
-#: rows per INSERT statement (11 parameters each, under SQLite's 32,766 limit)
+#: rows per INSERT statement (12 parameters each, under SQLite's 32,766 limit)
 _INSERT_CHUNK = 2000
 #: header "unique" -> the states in which a key's holder no longer blocks a new job
 _UNIQUE_RELEASE = {
@@ -91,6 +91,24 @@ def _schema_statements() -> list[str]:
             out.append(buf.strip())
             buf = ""
     return out
+
+
+#: columns of dw_jobs that older schemas lack, with their type (added in order)
+_ADDED_COLUMNS = (("msg_key", "TEXT"),)  # version 2
+
+
+def _apply_schema(conn: sqlite3.Connection) -> None:
+    """Create what is missing and upgrade an older database, in the caller's
+    transaction.  schema.sql is idempotent except for new columns of an
+    existing dw_jobs (SQLite has no ADD COLUMN IF NOT EXISTS): those are
+    added here first, so the file's indexes and backfills can name them."""
+    have = {r[0] for r in conn.execute("SELECT name FROM pragma_table_info('dw_jobs')")}
+    if have:  # an existing table (none yet: schema.sql creates it whole)
+        for name, decl in _ADDED_COLUMNS:
+            if name not in have:
+                conn.execute(f"ALTER TABLE dw_jobs ADD COLUMN {name} {decl}")
+    for stmt in _schema_statements():
+        conn.execute(stmt)
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -195,8 +213,10 @@ class SQLiteBroker(Broker):
                 f"{self.path} has dumbwaiter schema {row[0]}, newer than this version "
                 f"({SCHEMA_VERSION}) understands; upgrade dumbwaiter"
             )
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{_schema()}\nCOMMIT;")
+            _apply_schema(conn)
+            conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -317,6 +337,7 @@ class SQLiteBroker(Broker):
                     m.max_attempts,
                     m.key if m.kind == "task" else None,
                     encode_checked(m, limit),
+                    m.key,
                     *((m.headers["unique"],) if "unique" in m.headers else ()),
                 )
             )
@@ -329,12 +350,12 @@ class SQLiteBroker(Broker):
         added: Counter[tuple[str, str]] = Counter()
         for start in range(0, len(rows), _INSERT_CHUNK):
             chunk = rows[start : start + _INSERT_CHUNK]
-            params = [v for r in chunk for v in r[:11]]
-            values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(chunk))
+            params = [v for r in chunk for v in r[:12]]
+            values = ",".join(["(?,?,?,?,?,?,?,?,?,?,?,?)"] * len(chunk))
             added.update(
                 conn.execute(
                     "INSERT OR IGNORE INTO dw_jobs (id, queue, name, kind, state, priority,"
-                    f" run_at, updated_at, max_attempts, key, body) VALUES {values}"
+                    f" run_at, updated_at, max_attempts, key, body, msg_key) VALUES {values}"
                     " RETURNING queue, state",
                     params,
                 ).fetchall()
@@ -351,7 +372,7 @@ class SQLiteBroker(Broker):
         self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]], remember: bool = True
     ) -> list[str]:
         for r in rows:
-            mode = _UNIQUE_RELEASE.get(r[11]) if len(r) > 11 and r[9] is not None else None
+            mode = _UNIQUE_RELEASE.get(r[12]) if len(r) > 12 and r[9] is not None else None
             if mode:  # the key's holder no longer blocks: free the key for this job
                 conn.execute(
                     f"UPDATE dw_jobs SET key=NULL WHERE key=? AND state IN {mode}", (r[9],)
@@ -450,14 +471,13 @@ class SQLiteBroker(Broker):
 
     def enqueue_with_sync(self, sql: Sql, msgs: Sequence[Message]) -> None:
         conn = _driver_connection(sql)
-        if not self._ready:  # their transaction may hold the lock: create what is missing in it
-            for stmt in _schema_statements():
-                conn.execute(stmt)
         if conn.isolation_level is None and not conn.in_transaction:
             raise ConfigurationError(
                 "app.outbox(conn) on an autocommit sqlite3 connection needs a transaction: "
                 "BEGIN first, so the job commits (or rolls back) with your changes"
             )
+        if not self._ready:  # their transaction may hold the lock: create what is missing in it
+            _apply_schema(conn)
         tasks = [m for m in msgs if m.kind == "task"]
         events = [m for m in msgs if m.kind != "task"]
         if tasks:
@@ -803,7 +823,7 @@ class SQLiteBroker(Broker):
         rows = (
             self._worker_conn()
             .execute(
-                f"SELECT {_INFO_COLS} FROM dw_jobs WHERE {where} ORDER BY id DESC LIMIT ?",
+                f"SELECT {_INFO_COLS} FROM {_jobs(filter)} WHERE {where} ORDER BY id DESC LIMIT ?",
                 [*params, limit + 1],
             )
             .fetchall()
@@ -837,8 +857,9 @@ class SQLiteBroker(Broker):
         return self._wtx(
             lambda c: (
                 c.execute(
-                    "UPDATE dw_jobs SET state='ready', attempt=0, run_at=?, updated_at=?,"
-                    f" replays=replays+1, expires_at=NULL WHERE state='dead' AND {where}",
+                    f"UPDATE {_jobs(filter)} SET state='ready', attempt=0, run_at=?,"
+                    " updated_at=?, replays=replays+1, expires_at=NULL"
+                    f" WHERE state='dead' AND {where}",
                     [now, now, *params],
                 ).rowcount
             )
@@ -852,7 +873,7 @@ class SQLiteBroker(Broker):
         return self._wtx(
             lambda c: (
                 c.execute(
-                    f"DELETE FROM dw_jobs WHERE state!='running' AND {where}", params
+                    f"DELETE FROM {_jobs(filter)} WHERE state!='running' AND {where}", params
                 ).rowcount
             )
         )
@@ -1246,28 +1267,22 @@ def _err_type(d: Delivery) -> str | None:
 
 
 def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``).
+    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
+    a probe of ``dw_jobs_msg_key``.  ``msg_key`` holds every job's message
+    key (the ``key`` column only a unique key while it is held), and the
+    index's id order serves a listing's ``ORDER BY id DESC LIMIT`` as it is."""
+    params.append(key)
+    return "msg_key=?"
 
-    The ``key`` column holds a task's key only while the job holds it (a
-    newer unique job frees it, and events never hold one), so the column
-    answers for holders and the body answers for the rest: a job whose
-    column is NULL matches when its body's top-level ``key`` is ``key``.
-    That part is a scan of the table, newest first (a listing stops once its
-    page is full), and it parses only the bodies that contain the key's JSON
-    text (``key_needle``), an ``instr`` per row otherwise; no index serves it
-    (an index on the body's key would parse every body at enqueue).
-    """
-    extract = (
-        "CASE WHEN json_valid(CAST(body AS TEXT))"
-        " THEN json_extract(CAST(body AS TEXT), '$.key') END = ?"
-    )
-    needle = key_needle(key)
-    params.append(key)
-    if needle is not None:
-        params += [needle, key]
-        return f"(key=? OR (key IS NULL AND instr(body, ?)>0 AND {extract}))"
-    params.append(key)
-    return f"(key=? OR (key IS NULL AND {extract}))"
+
+def _jobs(f: JobFilter) -> str:
+    """The table an admin statement reads: by the key index when the filter has
+    a key.  SQLite plans without statistics (nothing runs ANALYZE), and its
+    default guesses rate an equality on two columns of (queue, state, id)
+    above one on msg_key, so a key search within a queue and state would read
+    that whole (queue, state) range; a key selects few jobs, so its index is
+    always the one to read."""
+    return "dw_jobs INDEXED BY dw_jobs_msg_key" if f.key is not None else "dw_jobs"
 
 
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
