@@ -29,8 +29,9 @@ from ..base import (
     normalize_error_type,
     stats_rows,
 )
+from ..sqlrows import info_row
 from .core import PostgresCore
-from .rows import info_row, is_uuid
+from .rows import is_uuid
 
 T = TypeVar("T")
 

@@ -47,6 +47,7 @@ from ..base import (
     Rescued,
     delivery_of,
 )
+from ..sqlrows import delivery_row, err_json, stored_message
 from .admin import PostgresAdmin
 from .core import (
     COPY_MIN,
@@ -59,17 +60,7 @@ from .core import (
 )
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .queries import LEASE_EXPIRED
-from .rows import (
-    NIL_UUID,
-    ROW_FIELDS,
-    CopyRows,
-    compact,
-    delivery_row,
-    err_json,
-    is_uuid,
-    merge_ids,
-    stored_message,
-)
+from .rows import NIL_UUID, ROW_FIELDS, CopyRows, compact, is_uuid, merge_ids
 
 if TYPE_CHECKING:
     from ...sqldb import Sql

@@ -6,17 +6,7 @@ import struct
 import uuid
 from typing import Any
 
-import orjson
 import psycopg
-
-from ...errors import MessageDecodeError
-from ...message import ErrorRecord, Message
-from ...message import from_dict as message_from_dict
-from ...state import State
-from ..base import (
-    Delivery,
-    JobInfo,
-)
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 ROW_FIELDS = (
@@ -147,85 +137,3 @@ def is_uuid(value: str) -> bool:
     except (ValueError, TypeError, AttributeError):
         return False
     return True
-
-
-def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
-    d = orjson.loads(body)
-    d["queue"] = queue
-    d["attempt"] = attempt
-    d["errors"] = orjson.loads(errors) if errors else []
-    return message_from_dict(d)
-
-
-def stored_message(body: bytes, queue: str, attempt: int, errors: str | None) -> Message | None:
-    """A stored job's envelope, or None when its body does not decode."""
-    try:
-        return message_of(body, queue, attempt, errors)
-    except (orjson.JSONDecodeError, MessageDecodeError):
-        return None
-
-
-def delivery_row(row: Any, token: int) -> Delivery:
-    id_, queue, attempt, body, errors = row[:5]
-    try:
-        msg: Message | None = message_of(body, queue, attempt, errors)
-        problem = None
-    except (orjson.JSONDecodeError, MessageDecodeError) as exc:
-        msg, problem = None, str(exc)
-    return Delivery(
-        id=id_,
-        message=msg,
-        token=token,
-        lease_until=row[7],
-        queue=queue,
-        raw=None if msg is not None else bytes(body),
-        decode_error=problem,
-    )
-
-
-def info_row(row: Any) -> JobInfo:
-    (
-        id_,
-        queue,
-        state,
-        attempt,
-        body,
-        errors,
-        run_at,
-        updated_at,
-        worker,
-        lease,
-        result,
-        replays,
-    ) = row
-    raw = None
-    try:
-        msg = message_of(body, queue, attempt, errors)
-    except (orjson.JSONDecodeError, MessageDecodeError):
-        raw = bytes(body)
-        msg = Message(
-            id=id_,
-            kind="task",
-            name="?",
-            queue=queue,
-            attempt=attempt,
-            errors=[ErrorRecord.from_dict(e) for e in orjson.loads(errors)] if errors else [],
-        )
-    st = State(state)
-    if st is State.SCHEDULED and attempt > 0:
-        st = State.RETRYING
-    return JobInfo(
-        message=msg,
-        state=st,
-        run_at=run_at,
-        updated_at=updated_at,
-        worker=worker,
-        lease_until=lease,
-        result=None if result is None else bytes(result),
-        replays=replays,
-        raw=raw,
-    )
-
-
-def err_json(d: Delivery) -> str | None:
-    return None if d.error is None else orjson.dumps(d.error.to_dict()).decode()

@@ -35,10 +35,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 
-from ...errors import ConfigurationError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...errors import ConfigurationError, InvalidURL, LeaseExpired
 from ...flow import window_wait
 from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
-from ...message import from_dict as message_from_dict
 from ...sqldb import Sql
 from ...state import State
 from ..base import (
@@ -56,6 +55,7 @@ from ..base import (
     normalize_error_type,
     stats_rows,
 )
+from ..sqlrows import delivery_row, err_json, info_row, stored_message
 from .wake import FileWaker
 
 T = TypeVar("T")
@@ -599,7 +599,7 @@ class SQLiteBroker(Broker):
                 r = c.execute("SELECT min(run_at) FROM dw_jobs WHERE state='scheduled'").fetchone()
                 next_due = r[0]
             rows.sort(key=lambda r: (-r[5], r[6]))
-            return [_delivery(r, token, until) for r in rows], next_due
+            return [delivery_row(r, token, until) for r in rows], next_due
 
         return self._wtx(run)
 
@@ -637,7 +637,7 @@ class SQLiteBroker(Broker):
             (
                 "scheduled" if d.retry_at > now else "ready",
                 max(d.retry_at, now),
-                _err_json(d),
+                err_json(d),
                 _err_type(d),
                 now,
                 d.id,
@@ -662,7 +662,7 @@ class SQLiteBroker(Broker):
 
     def _dead(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
-        rows = [(_err_json(d), _err_type(d), now, d.id, d.token) for d in ds]
+        rows = [(err_json(d), _err_type(d), now, d.id, d.token) for d in ds]
         self._wtx(
             lambda c: c.executemany(
                 "UPDATE dw_jobs SET state='dead',"
@@ -771,7 +771,9 @@ class SQLiteBroker(Broker):
                 if buried and got:
                     [(body, errors)] = got
                     dead.append(
-                        DeadLetter(id_, queue, name, rec, _stored(body, queue, attempt, errors))
+                        DeadLetter(
+                            id_, queue, name, rec, stored_message(body, queue, attempt, errors)
+                        )
                     )
             c.execute(
                 "DELETE FROM dw_jobs WHERE rowid IN (SELECT rowid FROM dw_jobs"
@@ -828,7 +830,7 @@ class SQLiteBroker(Broker):
             )
             .fetchall()
         )
-        items = [_info(r) for r in rows[:limit]]
+        items = [info_row(r) for r in rows[:limit]]
         return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
 
     async def get(self, id: str) -> JobInfo | None:
@@ -840,13 +842,13 @@ class SQLiteBroker(Broker):
             .execute(f"SELECT {_INFO_COLS} FROM dw_jobs WHERE id=?", (id,))
             .fetchone()
         )
-        return None if row is None else _info(row)
+        return None if row is None else info_row(row)
 
     def get_sync(self, id: str) -> JobInfo | None:
         """``get`` for sync callers (``Job.status()`` from a request handler)."""
         row = self._sync_conn().execute(f"SELECT {_INFO_COLS} FROM dw_jobs WHERE id=?", (id,))
         r = row.fetchone()
-        return None if r is None else _info(r)
+        return None if r is None else info_row(r)
 
     async def replay(self, filter: JobFilter) -> int:
         return await self._run(self._replay, filter)
@@ -1177,89 +1179,6 @@ _INFO_COLS = (
     "id, queue, state, attempt, body, errors, run_at, updated_at, worker,"
     " lease_until, result, replays"
 )
-
-
-def _message(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
-    d = orjson.loads(body)
-    d["queue"] = queue
-    d["attempt"] = attempt
-    d["errors"] = orjson.loads(errors) if errors else []
-    return message_from_dict(d)
-
-
-def _stored(body: bytes, queue: str, attempt: int, errors: str | None) -> Message | None:
-    """A stored job's envelope, or None when its body does not decode."""
-    try:
-        return _message(body, queue, attempt, errors)
-    except (orjson.JSONDecodeError, MessageDecodeError):
-        return None
-
-
-def _delivery(row: Any, token: int, until: float) -> Delivery:
-    id_, queue, attempt, body, errors = row[:5]
-    try:
-        msg: Message | None = _message(body, queue, attempt, errors)
-        problem = None
-    except (orjson.JSONDecodeError, MessageDecodeError) as exc:
-        msg, problem = None, str(exc)
-    return Delivery(
-        id=id_,
-        message=msg,
-        token=token,
-        lease_until=until,
-        queue=queue,
-        raw=None if msg is not None else bytes(body),
-        decode_error=problem,
-    )
-
-
-def _info(row: Any) -> JobInfo:
-    (
-        id_,
-        queue,
-        state,
-        attempt,
-        body,
-        errors,
-        run_at,
-        updated_at,
-        worker,
-        lease,
-        result,
-        replays,
-    ) = row
-    raw = None
-    try:
-        msg = _message(body, queue, attempt, errors)
-    except (orjson.JSONDecodeError, MessageDecodeError):
-        # keep what the row itself says, so the dead letter shows why it died
-        raw = bytes(body)
-        msg = Message(
-            id=id_,
-            kind="task",
-            name="?",
-            queue=queue,
-            attempt=attempt,
-            errors=[ErrorRecord.from_dict(e) for e in orjson.loads(errors)] if errors else [],
-        )
-    st = State(state)
-    if st is State.SCHEDULED and attempt > 0:
-        st = State.RETRYING
-    return JobInfo(
-        message=msg,
-        state=st,
-        run_at=run_at,
-        updated_at=updated_at,
-        worker=worker,
-        lease_until=lease,
-        result=result,
-        replays=replays,
-        raw=raw,
-    )
-
-
-def _err_json(d: Delivery) -> str | None:
-    return None if d.error is None else orjson.dumps(d.error.to_dict()).decode()
 
 
 def _err_type(d: Delivery) -> str | None:
