@@ -318,21 +318,6 @@ def delivery_of(event: Message, binding: Binding, id: str) -> Message:
     )
 
 
-def key_needle(key: str) -> bytes | None:
-    """Bytes that every JSON text carrying the string ``key`` contains, for a
-    cheap prefilter before the exact (parsed) comparison of a key search.
-
-    A key of printable ASCII without ``"``, ``\\`` or ``/`` is written as
-    ``"key"`` by every JSON encoder (escaping a plain letter is legal JSON,
-    but none does it; dumbwaiter's bodies are orjson's); any other key may be
-    escaped differently (``\\u00e9``, ``\\/``), so there is no safe prefilter
-    (None) and every body is parsed.
-    """
-    if all(" " <= c <= "~" and c not in '"\\/' for c in key):
-        return b'"' + key.encode() + b'"'
-    return None
-
-
 def error_type_matches(recorded: str, wanted: str) -> bool:
     """A short name (``TimeoutError``) matches any module's class of that name; a
     qualified one matches exactly.  Built-ins are recorded by their bare name,

@@ -325,7 +325,7 @@ class Queries:
             f"SELECT id::text, body FROM {events} WHERE type = %(type)s AND id > %(after)s::uuid"
             " AND (%(since)s::float8 IS NULL OR published_at >= to_timestamp(%(since)s::float8))"
             " AND (%(until)s::float8 IS NULL OR published_at <= to_timestamp(%(until)s::float8))"
-            " ORDER BY id LIMIT %(limit)s"
+            f" ORDER BY {events}.id LIMIT %(limit)s"  # the uuid, not the text output column
         )
         self.prune_events = q(
             f"DELETE FROM {events} WHERE id IN (SELECT id FROM {events}"

@@ -13,7 +13,8 @@ local F_queue, F_name, F_state, F_etype = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local F_since, F_until = tonumber(ARGV[9]), tonumber(ARGV[10])
 local F_key = ARGV[11]
 -- The key's JSON text when it has one spelling (printable ASCII without
--- '"', '\' or '/', as JobFilter's key_needle): bodies without it are skipped
+-- '"', '\' or '/': every JSON encoder writes such a string as it is, while
+-- any other may be escaped in several ways): bodies without it are skipped
 -- unparsed.  nil: every body is parsed.
 local F_needle = nil
 if F_key ~= '' and not string.find(F_key, '[%c"\\/\128-\255]') then
