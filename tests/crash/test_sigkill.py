@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.state import State
 from tests.brokers import BROKERS, CROSS_PROCESS
 from tests.crash import crashapp
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2000
@@ -35,11 +35,7 @@ pytestmark = pytest.mark.crash
 def _wait(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     # generous: a killed worker's jobs come back after the broker's own lease
     # (NATS' AckWait is 30 s), on a CI machine whose two cores may be busy
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, what, timeout)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.state import State
 from tests.crash import crashapp
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 #: jobs enqueued before the worker starts
@@ -38,15 +39,6 @@ class Server(Protocol):
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None: ...
     def start(self) -> None: ...
-
-
-def wait_until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``cond`` (a condition on another process: nothing to wait on)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def started(log: Path) -> list[str]:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 import dumbwaiter as dw
 from tests.apps import flowapp
 from tests.brokers import BROKERS, CROSS_PROCESS
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +44,11 @@ def test_limits_hold_across_two_worker_processes(broker: str, tmp_path: Path) ->
            "-c", "16", "--log-level", "WARNING"]  # fmt: skip
     workers = [subprocess.Popen(cmd, cwd=ROOT, env=env) for _ in range(2)]
     try:
-        deadline = time.monotonic() + 90
-        while len(log.read_text().splitlines() if log.exists() else []) < 150:
-            assert time.monotonic() < deadline, "the jobs did not all run"
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(log.read_text().splitlines() if log.exists() else []) >= 150,
+            "every job to run",
+            90,
+        )
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)

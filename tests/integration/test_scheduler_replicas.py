@@ -35,19 +35,12 @@ from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.scheduler import LOCK
 from tests.apps import schedapp
 from tests.brokers import BROKERS, CROSS_PROCESS
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.schedapp:create_app"
 HEARTBEAT = "tests.apps.schedapp.heartbeat"
 pytestmark = pytest.mark.crash
-
-
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 #: the replicas' lease: their lock lasts 4 s and is renewed every 1.67 s, so it
@@ -141,7 +134,7 @@ def test_three_replicas_leader_killed_every_tick_runs_exactly_once(
         replicas = [start("scheduler", "--lease", str(LEASE)) for _ in range(3)]
         by_pid = {p.pid: p for p in replicas}
 
-        _wait(lambda: len(runs.rows()) >= 3, "the first ticks to run")
+        wait_until(lambda: len(runs.rows()) >= 3, "the first ticks to run")
         leader = by_pid[_pid(runs.by()[-1])]
         killed_at = time.time()
         leader.send_signal(signal.SIGKILL)
@@ -152,14 +145,14 @@ def test_three_replicas_leader_killed_every_tick_runs_exactly_once(
         def others_ran(n: int) -> bool:
             return sum(1 for by in runs.by()[before:] if by != killed) >= n
 
-        _wait(lambda: others_ran(3), "another replica to lead and its ticks to run")
+        wait_until(lambda: others_ran(3), "another replica to lead and its ticks to run")
         for p in replicas:
             if p is not leader:
                 p.send_signal(signal.SIGTERM)
         for p in replicas:
             if p is not leader:
                 assert p.wait(timeout=30) == 0  # a clean stop exits 0 (and releases the lease)
-        _wait(lambda: _pending(app) == 0, "every enqueued tick to run")
+        wait_until(lambda: _pending(app) == 0, "every enqueued tick to run")
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
 
@@ -200,7 +193,7 @@ def test_worker_with_scheduler_runs_ticks_and_stops_cleanly(broker: str, tmp_pat
     env.pop("DUMBWAITER_APP", None)
     with processes(env) as start:
         w = start("worker", "-q", "default", "--with-scheduler")
-        _wait(lambda: len(runs.rows()) >= 2, "two ticks to run in the worker")
+        wait_until(lambda: len(runs.rows()) >= 2, "two ticks to run in the worker")
         w.send_signal(signal.SIGTERM)
         assert w.wait(timeout=30) == 0
     counts = Counter(key for key, _, _ in runs.rows())
