@@ -51,6 +51,7 @@ from ..base import (
     Delivery,
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
     Rescued,
@@ -1542,7 +1543,7 @@ class RabbitMQBroker(Broker):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         return await self.state.kv_update(keys, decide)
 
