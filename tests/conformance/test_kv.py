@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.base import Broker, KvWrite
 
 from .helpers import eventually
 
@@ -60,6 +60,36 @@ async def test_update_reads_decides_and_writes(broker: Broker) -> None:
         "rec:new": b"n",
     }
     assert await broker.kv_update(["rec:c"], lambda got: ({}, got)) == {}  # nothing to write
+
+
+async def test_update_writes_expire_after_their_ttl(broker: Broker) -> None:
+    """A value ``decide`` returns as ``(bytes, ttl)`` lives ``ttl`` seconds (a
+    key read or only written, one that had no expiry before); plain bytes
+    live on, even over a key that had an expiry (a new holder's entry must
+    not expire with its predecessor's); an expired key is absent to
+    ``kv_add`` and to the next update."""
+    await broker.kv_set({"upd:read": b"0", "upd:renewed": b"0"}, ttl=0.2)
+    await broker.kv_set({"upd:kept": b"0"})
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], int]:
+        return {
+            "upd:read": (b"1", 0.2),
+            "upd:kept": (b"1", 0.2),
+            "upd:new": (b"1", 0.2),
+            "upd:renewed": b"forever",
+            "upd:none": (b"1", None),
+        }, len(got)
+
+    assert await broker.kv_update(["upd:read", "upd:kept", "upd:renewed"], decide) == 3
+    short = ["upd:read", "upd:kept", "upd:new"]
+    await eventually(lambda: broker.kv_get(short), lambda d: d == {})
+    assert await broker.kv_get([*short, "upd:renewed", "upd:none"]) == {
+        "upd:renewed": b"forever",
+        "upd:none": b"1",
+    }
+    assert await broker.kv_add("upd:new", b"again")
+    seen = await broker.kv_update(["upd:read", "upd:new"], lambda got: ({}, dict(got)))
+    assert seen == {"upd:new": b"again"}
 
 
 async def test_concurrent_updates_never_lose_one(make_broker: Callable[[], Broker]) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 
@@ -38,6 +38,19 @@ T = TypeVar("T")
 
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
 DEFAULT_EVENT_RETENTION = 7 * 86400.0
+
+#: what a ``kv_update``'s ``decide`` may store under a key: the value (kept
+#: with no expiry), or ``(value, ttl)``: the value kept ``ttl`` seconds
+#: (``None``: no expiry)
+KvWrite: TypeAlias = bytes | tuple[bytes, float | None]
+
+
+def kv_write(value: KvWrite) -> tuple[bytes, float | None]:
+    """``(value, ttl)`` of one of ``decide``'s writes, in either form."""
+    if isinstance(value, tuple):
+        data, ttl = value
+        return bytes(data), ttl
+    return bytes(value), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,11 +597,21 @@ class Broker(abc.ABC):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """Read ``keys`` (as ``kv_get``), let ``decide`` say what to store
-        given what it read, store that (as ``kv_set``, no ttl) and return
+        given what it read, store that (as ``kv_set``) and return
         ``decide``'s other result: a read-modify-write of many keys.
+
+        Each value ``decide`` returns is the bytes to store, kept with no
+        expiry (replacing any the key had), or a ``(bytes, ttl)`` tuple: kept
+        ``ttl`` seconds from the write, as ``kv_set(..., ttl=)`` keeps it
+        (``None``: no expiry).  A ttl per key, not per call, because what to
+        keep and for how long are decided together, on what was read: the
+        RabbitMQ broker's ``cancel`` keeps each cancelled record until its
+        queued copy has come up (its due time, read in the update, plus the
+        retention), and an ``ack`` of a batch keeps each record and its unique
+        key's entry as long as its own result.
 
         ``decide`` is pure (no I/O, no awaits, no shared state it changes) and
         may run more than once or on another thread.  Every engine of this
@@ -604,8 +627,12 @@ class Broker(abc.ABC):
         then a ``kv_set``: another writer may come in between."""
         got = await self.kv_get(keys)
         writes, out = decide(got)
-        if writes:
-            await self.kv_set(writes)
+        by_ttl: dict[float | None, dict[str, bytes]] = {}
+        for k, v in writes.items():
+            data, ttl = kv_write(v)
+            by_ttl.setdefault(ttl, {})[k] = data
+        for ttl, items in by_ttl.items():
+            await self.kv_set(items, ttl)
         return out
 
     async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:

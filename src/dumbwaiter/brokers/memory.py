@@ -33,10 +33,12 @@ from .base import (
     Delivery,
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
     Rescued,
     delivery_of,
+    kv_write,
     stats_rows,
 )
 
@@ -608,7 +610,7 @@ class MemoryBroker(Broker):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """Under the store's lock: atomic against other threads' calls too."""
         now = time.time()
@@ -616,7 +618,8 @@ class MemoryBroker(Broker):
             found = {k: self._kv_live(k, now) for k in keys}
             writes, out = decide({k: v for k, v in found.items() if v is not None})
             for k, v in writes.items():
-                self._s.kv[k] = (bytes(v), None)
+                data, ttl = kv_write(v)
+                self._s.kv[k] = (data, None if ttl is None else now + ttl)
         return out
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
@@ -346,6 +346,27 @@ async def test_expired_kv_entries_are_deleted_by_the_sweep(
     }  # fmt: skip
     await eventually(lambda: b.kv_get(["short:a"]), lambda d: d == {})  # reads see it gone
     await b._sweep_kv(link, now=time.time() + 180)  # the sweeper, once its minute is over
+    assert set(await link.store.subjects(b.n.kv, b.n.k + b">")) == {b.n.k + b"keep"}
+    assert await link.store.subjects(b.n.work, b.n.t + b"*") == {}
+
+
+async def test_kv_update_writes_with_a_ttl_are_deleted_by_the_sweep(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A ``kv_update``'s writes with a ttl (a key it read, compare-and-set,
+    and one it only wrote, written after) leave the stream once the
+    sweeper's minute is over, like ``kv_set``'s: not only hidden from reads."""
+    b = make()
+    await b.open()
+    await b.kv_set({"upd:read": b"0"})
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], None]:
+        return {"upd:read": (b"1", 0.1), "upd:blind": (b"2", 0.1), "keep": b"3"}, None
+
+    await b.kv_update(["upd:read"], decide)
+    link = await b._link()
+    await eventually(lambda: b.kv_get(["upd:read", "upd:blind"]), lambda d: d == {})
+    await b._sweep_kv(link, now=time.time() + 180)
     assert set(await link.store.subjects(b.n.kv, b.n.k + b">")) == {b.n.k + b"keep"}
     assert await link.store.subjects(b.n.work, b.n.t + b"*") == {}
 

@@ -21,7 +21,7 @@ import pytest
 from pamqp import commands as spec
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding, Broker, JobFilter
+from dumbwaiter.brokers.base import Binding, Broker, JobFilter, Page
 from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State
@@ -680,3 +680,124 @@ async def test_two_producers_never_both_take_a_unique_key_over(
     assert await p1.enqueue([mine]) == [theirs.id]
     assert ran and stored == [theirs.id]
     assert await p1.get(mine.id) is None
+
+
+# -- what the state store keeps, and for how long ---------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def make_short(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
+    """Brokers sharing a namespace whose finished records are kept 1 s
+    (``retention=1``), on a SQLite state store (one transaction per
+    ``kv_update``) and on a Redis one (a read, then a compare-and-set)."""
+    state = (
+        f"sqlite:///{tmp_path}/state.db"
+        if request.param == "sqlite"
+        else redis_state_url(redis_prefix())
+    )
+    url = server.url(server.new_prefix(), state, retention="1")
+    made: list[Broker] = []
+
+    def new() -> RabbitMQBroker:
+        b = from_url(url)
+        assert isinstance(b, RabbitMQBroker)
+        made.append(b)
+        return b
+
+    yield new
+    for b in made:
+        await b.close()
+
+
+async def test_a_cancel_never_brings_back_a_job_a_purge_deleted(
+    make_short: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another admin purges the job right after cancel's state-store update:
+    the job stays purged.  Cancel used to write its records a second time
+    after the update (to give them their ttl), which brought the purged
+    record back, cancelled, until that ttl ran out."""
+    admin, other = make_short(), make_short()
+    await admin.open()
+    await other.open()
+    m = job()
+    await admin.enqueue([m])
+    real = admin.state.kv_update
+    purged: list[int] = []
+
+    async def update_then_purge(keys: Any, decide: Any) -> Any:
+        out = await real(keys, decide)
+        if not purged:
+            purged.append(await other.purge(JobFilter(ids=(m.id,))))
+        return out
+
+    monkeypatch.setattr(admin.state, "kv_update", update_then_purge)
+    assert await admin.cancel([m.id]) == [m.id]
+    assert purged == [1]
+    assert await admin.get(m.id) is None
+    assert await other.list_jobs(JobFilter()) == Page(items=[], cursor=None)
+
+
+async def test_a_purge_that_dies_after_its_mark_leaves_records_that_expire(
+    make_short: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge that stops between its mark (the records cancelled, the
+    unique key freed) and its deletes leaves records and entries that
+    expire, instead of cancelled records and empty entries kept forever."""
+    b = make_short()
+    await b.open()
+    m = job(key="purge:1")
+    await b.enqueue([m])
+    real = b.state.kv_update
+
+    async def mark_then_die(keys: Any, decide: Any) -> Any:
+        await real(keys, decide)
+        raise ConnectionError("the purging process died here")
+
+    monkeypatch.setattr(b.state, "kv_update", mark_then_die)
+    with pytest.raises(ConnectionError):
+        await b.purge(JobFilter(ids=(m.id,)))
+    monkeypatch.setattr(b.state, "kv_update", real)
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.CANCELLED  # marked, not deleted
+    entry = b.keys.key + "purge:1"
+    assert await b.state.kv_get([entry]) == {entry: b""}  # freed
+    await eventually(lambda: b.get(m.id), lambda i: i is None, timeout=30)
+    await eventually(lambda: b.state.kv_get([entry]), lambda d: d == {}, timeout=30)
+
+
+async def test_unique_keys_of_finished_cancelled_and_purged_jobs_expire(
+    make_short: Callable[[], RabbitMQBroker],
+) -> None:
+    """The state store keeps one entry per unique key: it must not keep one
+    for every key ever used.  A finished or cancelled job's entry expires
+    with its record (it blocks its key as long as the record is kept), a
+    purged job's freed entry expires too; a queued job's entry never
+    expires, nor does the entry of a job that took over a finished job's
+    key (its predecessor's expiry is not inherited)."""
+    b = make_short()
+    await b.open()
+    live = job(key="live")
+    await b.enqueue([live])  # first: its entry is the oldest
+    done, handed = (
+        job("other", key="done"),
+        job("other", key="handed", headers={"unique": "queued"}),
+    )
+    cancelled, purged = job(key="cancelled"), job(key="purged")
+    await b.enqueue([done, handed, cancelled, purged])
+    ds = await b.fetch(["other"], 2, 30.0, 0)
+    assert {d.id for d in ds} == {done.id, handed.id}
+    await b.ack(ds)
+    successor = job(key="handed", headers={"unique": "queued"})
+    assert await b.enqueue([successor]) == [successor.id]  # a finished holder does not block
+    assert await b.cancel([cancelled.id]) == [cancelled.id]
+    assert await b.purge(JobFilter(ids=(purged.id,))) == 1
+    gone = [b.keys.key + k for k in ("done", "cancelled", "purged")]
+    await eventually(lambda: b.state.kv_get(gone), lambda d: d == {}, timeout=30)
+    assert await b.get(done.id) is None  # the record went with the entry
+    kept = {b.keys.key + "live": live.id.encode(), b.keys.key + "handed": successor.id.encode()}
+    assert await b.state.kv_get(list(kept)) == kept
+    assert await b.enqueue([job(key="live")]) == [live.id]  # still blocks
+    again = job("other", key="done")
+    assert await b.enqueue([again]) == [again.id]  # free again

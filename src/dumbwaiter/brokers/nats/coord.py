@@ -23,6 +23,7 @@ import orjson
 
 from ...errors import BrokerError
 from ...flow import window_wait
+from ..base import KvWrite, kv_write
 from .core import Core, Hdrs, live, lock_token
 from .link import Link
 from .names import digest, key_of, tok
@@ -138,7 +139,7 @@ class Coordination(Core):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """Key locks, then per-key compare-and-set: what JetStream (2.9, one
         message per subject, no multi-subject transaction) allows.
@@ -157,7 +158,11 @@ class Coordination(Core):
            its write: the writes that went through are put back as they were
            (each only if still ours) and the update reads and decides again.
            (A key only read is not checked again.)  Keys written but not
-           read are written after, unconditionally.
+           read are written after, unconditionally.  A write with a ttl
+           carries its expiry as ``kv_set``'s does (the ``Dw-Exp`` header,
+           and a note for the sweeper once the update has won); one
+           without replaces the key's message, header and all, so it never
+           expires.
         3. Give the locks back.
 
         What it does not give: readers (``kv_get``) may see some keys of an
@@ -232,7 +237,7 @@ class Coordination(Core):
         self,
         link: Link,
         keys: list[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> tuple[bool, T]:
         """Read, decide, write, holding the keys' locks: (True, decide's result),
         or (False, its result) when a plain writer changed a key read."""
@@ -244,15 +249,19 @@ class Coordination(Core):
             v = live(cur, now)
             if v is not None:
                 got[k] = v
-        writes, out = decide(got)
-        if not writes:
+        decided, out = decide(got)
+        if not decided:
             return True, out
+        writes = {k: kv_write(v) for k, v in decided.items()}
         read = dict(zip(keys, zip(subjects, found, strict=True), strict=True))
         checked = [k for k in writes if k in read]
         futs = []
+        at = time.time()
         for k in checked:
             s, cur = read[k]
-            futs.append(link.store.put_req(s, bytes(writes[k]), cur.seq if cur else 0))
+            data, ttl = writes[k]
+            extra: Hdrs = ((b"Dw-Exp", repr(at + ttl)),) if ttl is not None else ()
+            futs.append(link.store.put_req(s, data, cur.seq if cur else 0, extra))
         mine: list[tuple[bytes, Stored | None, int]] = []  # what to put back on a conflict
         conflict = False
         failed: BaseException | None = None
@@ -273,10 +282,34 @@ class Coordination(Core):
             if failed is not None:
                 raise failed
             return False, out
-        blind = {k: v for k, v in writes.items() if k not in read}
-        if blind:
-            await self.kv_set(blind)
+        await self._kv_update_won(link, writes, read, mine)
         return True, out
+
+    async def _kv_update_won(
+        self,
+        link: Link,
+        writes: Mapping[str, tuple[bytes, float | None]],
+        read: Mapping[str, tuple[bytes, Stored | None]],
+        mine: list[tuple[bytes, Stored | None, int]],
+    ) -> None:
+        """The rest of a ``kv_update`` whose checked writes (``mine``) all
+        went through: the sweeper's notes of those with a ttl (reads treat
+        them as absent by their ``Dw-Exp`` already), then the keys written
+        but not read."""
+        ttl_of = {read[k][0]: ttl for k, (_, ttl) in writes.items() if k in read}
+        expiring: dict[float, list[tuple[bytes, int]]] = {}
+        for s, _, seq in mine:
+            ttl = ttl_of[s]
+            if ttl is not None:
+                expiring.setdefault(ttl, []).append((s, seq))
+        for ttl, notes in expiring.items():
+            await self._expire_later(link, notes, ttl)
+        blind: dict[float | None, dict[str, bytes]] = {}
+        for k, (data, ttl) in writes.items():
+            if k not in read:
+                blind.setdefault(ttl, {})[k] = data
+        for ttl, items in blind.items():
+            await self.kv_set(items, ttl)
 
     async def _kv_put_back(self, link: Link, mine: list[tuple[bytes, Stored | None, int]]) -> None:
         """Undo a ``kv_update``'s writes (subject, what it replaced, its

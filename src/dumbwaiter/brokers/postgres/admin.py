@@ -24,8 +24,10 @@ from ...state import State
 from ..base import (
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
+    kv_write,
     normalize_error_type,
     stats_rows,
 )
@@ -198,7 +200,7 @@ class PostgresAdmin(PostgresCore):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """One transaction: an advisory lock per key, the rows read ``FOR
         UPDATE``, ``decide``, the writes, commit.
@@ -210,7 +212,8 @@ class PostgresAdmin(PostgresCore):
         ``kv_delete``) of the keys that exist.  A plain writer that creates a
         key read as absent meanwhile makes the transaction roll back and run
         again (as does a deadlock with one).  Not retried after a lost
-        connection: the commit may have happened (as ``kv_incr``)."""
+        connection: the commit may have happened (as ``kv_incr``).  A write's
+        ttl is counted from the server's ``now()``, as ``kv_set``'s."""
         keys = list(dict.fromkeys(keys))
         ns = _lock_id(f"dumbwaiter.kv:{self.schema}")
         locks = sorted({_lock_id(k) for k in keys})
@@ -226,9 +229,11 @@ class PostgresAdmin(PostgresCore):
                 if writes:
                     ordered = sorted(writes)  # rows locked in one order, as kv_set does
                     present = {k for k, _, _ in rows}
+                    split = [kv_write(writes[k]) for k in ordered]
                     params = {
                         "keys": ordered,
-                        "values": [bytes(writes[k]) for k in ordered],
+                        "values": [data for data, _ in split],
+                        "ttls": [ttl for _, ttl in split],
                         "fresh": [k for k in ordered if k in wanted and k not in present],
                     }
                     cur = await c.execute(self.q.kv_write_locked, params)

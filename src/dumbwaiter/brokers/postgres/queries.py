@@ -416,12 +416,14 @@ class Queries:
             f"SELECT key, value, {_live} FROM {kv} WHERE key = ANY(%s::text[])"
             " ORDER BY key FOR UPDATE"
         )
-        # writes with no expiry; a key that had no row when read is only
-        # inserted (a plain writer that created it since leaves it updated
-        # by nobody: the row count tells, and the update runs again)
+        # writes, each with its ttl (NULL: no expiry); a key that had no row
+        # when read is only inserted (a plain writer that created it since
+        # leaves it updated by nobody: the row count tells, and the update
+        # runs again)
         self.kv_write_locked = q(
             f"INSERT INTO {kv} AS t (key, value, expires)"
-            " SELECT k, v, NULL FROM unnest(%(keys)s::text[], %(values)s::bytea[]) AS u(k, v)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = NULL"
+            " SELECT k, v, CASE WHEN x IS NULL THEN NULL ELSE now() + make_interval(secs => x) END"
+            " FROM unnest(%(keys)s::text[], %(values)s::bytea[], %(ttls)s::float8[]) AS u(k, v, x)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires = excluded.expires"
             " WHERE NOT (t.key = ANY(%(fresh)s::text[]))"
         )

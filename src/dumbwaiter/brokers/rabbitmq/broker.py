@@ -51,6 +51,7 @@ from ..base import (
     Delivery,
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
     Rescued,
@@ -1131,16 +1132,50 @@ class RabbitMQBroker(Broker):
             await self._failed(link, "ack", exc)
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
+        """Succeeded records, kept ``retention`` (or their result's time).
+
+        A job that holds a unique key keeps it exactly as long as its record
+        (a key without a unique mode blocks while its holder's record is
+        kept): the key's entry gets the record's ttl in the same
+        ``kv_update``, only if it still names the job (a newer job that took
+        the key over keeps it, with no expiry).  Jobs without a key take one
+        plain write, as before."""
         now = time.time()
-        by_ttl: dict[float, dict[str, bytes]] = {}
+        records: dict[str, tuple[bytes, float]] = {}
+        holds: list[tuple[str, str, float]] = []  # (key's entry, job id, ttl)
         for d, rec in await self._owned(ds):
             rec.state, rec.updated_at = State.SUCCEEDED, now
             rec.result = d.result
             ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
-            by_ttl.setdefault(max(ttl, self.retention), {})[self.keys.job + d.id] = rec.dump()
-        for ttl, items in by_ttl.items():
-            await self.state.kv_set(items, ttl=ttl)
+            ttl = max(ttl, self.retention)
+            records[self.keys.job + d.id] = (rec.dump(), ttl)
+            kk = self._entry_of(rec)
+            if kk is not None:
+                holds.append((kk, d.id, ttl))
+        if holds:
+
+            def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], None]:
+                writes: dict[str, KvWrite] = dict(records)
+                for kk, id_, ttl in holds:
+                    if got.get(kk, b"").decode() == id_:
+                        writes[kk] = (id_.encode(), ttl)
+                return writes, None
+
+            await self.state.kv_update(sorted({kk for kk, _, _ in holds}), decide)
+        else:
+            by_ttl: dict[float, dict[str, bytes]] = {}
+            for key, (raw, ttl) in records.items():
+                by_ttl.setdefault(ttl, {})[key] = raw
+            for ttl, items in by_ttl.items():
+                await self.state.kv_set(items, ttl=ttl)
         await self._finish(ds)
+
+    def _entry_of(self, rec: Record) -> str | None:
+        """The state-store key of the unique key ``rec``'s job was enqueued
+        with (tasks only), whoever holds it now; None without one."""
+        if rec.msg.key is None or rec.msg.kind != TASK:
+            return None
+        return self.keys.key + rec.msg.key
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
         await self._again(ds, charge=True)
@@ -1378,14 +1413,17 @@ class RabbitMQBroker(Broker):
         have taken one over: the old job keeps its message's key, and
         freeing that one's key would let a duplicate in); a freed key's
         entry stays, empty, which ``_key_holder`` reads as free, since only
-        a compare-and-delete could remove it safely.  Then tombstones and
-        the deletes, which nothing can race any more."""
+        a compare-and-delete could remove it safely.  The marks and the
+        freed entries are written with the ttl of the jobs' tombstones, so a
+        purge that dies before its deletes leaves nothing that stays.  Then
+        tombstones and the deletes, which nothing can race any more."""
         k = self.keys
         read = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
         if not read:
             return 0
         now = time.time()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
+        ttls: dict[str, float] = {}  # job's record key -> how long its mark stays
         holds: dict[str, str] = {}  # job's record key -> its unique key's entry
         for r in read:
             before = _stamp(r)
@@ -1393,16 +1431,19 @@ class RabbitMQBroker(Broker):
             mark.state, mark.updated_at = State.CANCELLED, now
             mark.ver += 1
             planned[k.job + r.msg.id] = (before, mark.dump())
-            if r.msg.key is not None and r.msg.kind == TASK:
-                holds[k.job + r.msg.id] = k.key + r.msg.key
+            ttls[k.job + r.msg.id] = self._outlive(r, now)
+            kk = self._entry_of(r)
+            if kk is not None:
+                holds[k.job + r.msg.id] = kk
 
-        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], set[str]]:
-            writes = _swapped(planned, got)
-            for key in list(writes):
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], set[str]]:
+            marks = _swapped(planned, got)
+            writes: dict[str, KvWrite] = {key: (v, ttls[key]) for key, v in marks.items()}
+            for key in marks:
                 kk = holds.get(key)
                 if kk is not None and got.get(kk, b"").decode() == key[len(k.job) :]:
-                    writes[kk] = b""
-            return writes, {key for key in writes if key in planned}
+                    writes[kk] = (b"", ttls[key])
+            return writes, set(marks)
 
         won = await self.state.kv_update([*planned, *sorted(set(holds.values()))], decide)
         gone = [r for r in read if k.job + r.msg.id in won]
@@ -1410,7 +1451,7 @@ class RabbitMQBroker(Broker):
             return 0
         # a tombstone each, kept until every copy still queued has come up
         # (a copy without a record would otherwise run)
-        ttl = max(self._outlive(r, now) for r in gone)
+        ttl = max(ttls[k.job + r.msg.id] for r in gone)
         await self.state.kv_set({k.claim + "gone:" + r.msg.id: b"1" for r in gone}, ttl=ttl)
         await self.state.kv_delete([k.job + r.msg.id for r in gone])
         await self._sweep_dlq({r.msg.id for r in gone if r.state is State.DEAD})
@@ -1444,31 +1485,60 @@ class RabbitMQBroker(Broker):
             log.warning("could not sweep the dead-letter queues: %r", exc)
 
     async def cancel(self, ids: Sequence[str]) -> list[str]:
-        """Cancel in one ``kv_update``: on a SQLite state store a fetch of the
-        same job either sees the cancel (and drops the copy) or leased it
-        first (and the job is not cancellable), never both."""
+        """Cancel in one ``kv_update``: a fetch of the same job either sees
+        the cancel (and drops the copy) or leased it first (and the job is
+        not cancellable), never both.
+
+        Each cancelled record is written once, in that update, with its ttl:
+        kept until its queued copy has come up and been dropped
+        (``_outlive``; a second write after the update would bring back a
+        record that a purge deleted in between).  The unique key a cancelled
+        job still holds gets the same ttl in the same update (it blocks as
+        long as the record is kept, as a finished job's does).  Which
+        entries those are is in the records: an update that finds a
+        cancellable job whose key's entry it did not read writes nothing
+        and names the entries, and the next one reads them too (jobs
+        without a key: one update)."""
         now = time.time()
         k = self.keys
+        wanted = list(dict.fromkeys(k.job + i for i in ids))
+        known: frozenset[str] = frozenset()
+        for _ in range(KEY_ROUNDS):
 
-        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-            writes: dict[str, bytes] = {}
-            for i in ids:
-                raw = got.get(k.job + i)
-                if raw is None or k.job + i in writes:
-                    continue
-                rec = Record.load(raw)
-                if rec.shown_state(now) not in CANCELLABLE_STATES:
-                    continue
-                rec.state, rec.updated_at = State.CANCELLED, now
-                rec.ver += 1  # its queued copy is stale now
-                writes[k.job + i] = rec.dump()
-            return writes, writes
+            def decide(
+                got: dict[str, bytes], known: frozenset[str] = known
+            ) -> tuple[dict[str, KvWrite], list[str] | frozenset[str]]:
+                writes: dict[str, KvWrite] = {}
+                done: list[str] = []
+                missing: set[str] = set()
+                for key in wanted:
+                    raw = got.get(key)
+                    if raw is None:
+                        continue
+                    rec = Record.load(raw)
+                    if rec.shown_state(now) not in CANCELLABLE_STATES:
+                        continue
+                    kk = self._entry_of(rec)
+                    if kk is not None and kk not in known:
+                        missing.add(kk)
+                        continue
+                    rec.state, rec.updated_at = State.CANCELLED, now
+                    rec.ver += 1  # its queued copy is stale now
+                    ttl = self._outlive(rec, now)
+                    writes[key] = (rec.dump(), ttl)
+                    id_ = key[len(k.job) :]
+                    if kk is not None and got.get(kk, b"").decode() == id_:
+                        writes[kk] = (id_.encode(), ttl)
+                    done.append(id_)
+                if missing:
+                    return {}, known | missing  # read those entries too, and decide again
+                return writes, done
 
-        writes = await self.state.kv_update([k.job + i for i in ids], decide)
-        if writes:  # kept until their queued copies have come up and been dropped
-            ttl = max(self._outlive(Record.load(v), now) for v in writes.values())
-            await self.state.kv_set(writes, ttl=ttl)
-        return [key[len(k.job) :] for key in writes]
+            out = await self.state.kv_update([*wanted, *sorted(known)], decide)
+            if isinstance(out, list):
+                return out
+            known = out
+        raise BrokerError("rabbitmq cancel: the jobs' unique keys kept changing")
 
     def _outlive(self, rec: Record, now: float) -> float:
         """Seconds a record or tombstone must stay so that the job's queued
@@ -1542,7 +1612,7 @@ class RabbitMQBroker(Broker):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         return await self.state.kv_update(keys, decide)
 

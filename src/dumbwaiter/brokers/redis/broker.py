@@ -52,9 +52,11 @@ from ..base import (
     Delivery,
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
     Rescued,
+    kv_write,
     normalize_error_type,
 )
 from . import bulk, events, lua
@@ -572,7 +574,7 @@ class RedisBroker(Broker):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """Optimistic and atomic: read the keys, ``decide``, then one script
         (``kv_cas.lua``) writes only if every key read still holds the value
@@ -587,7 +589,9 @@ class RedisBroker(Broker):
         kv key is a field under the app's hash tag.
 
         Read values travel back as SHA1 digests, so a big value costs its
-        bytes once.  Written keys get no expiry, as ``Broker.kv_update`` says.
+        bytes once.  A write's ttl becomes its expiry time in ``kvx``, as
+        ``kv_set`` stores it (by this client's clock, like every kv expiry
+        here); a write without one clears any expiry the key had.
         """
         keys = list(dict.fromkeys(keys))
         delay = 0.001
@@ -600,8 +604,10 @@ class RedisBroker(Broker):
             for k in keys:
                 v = got.get(k)
                 args += (k, "" if v is None else hashlib.sha1(v).hexdigest())
-            for k, v in writes.items():
-                args += (k, bytes(v))
+            at = time.time()
+            for k, w in writes.items():
+                data, ttl = kv_write(w)
+                args += (k, data, "" if ttl is None else repr(at + ttl))
             if int(await self._run(self._lua.kv_cas, args)):
                 return out
             # another writer changed a key between our read and our write

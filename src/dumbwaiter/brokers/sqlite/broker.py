@@ -48,10 +48,12 @@ from ..base import (
     Delivery,
     JobFilter,
     JobInfo,
+    KvWrite,
     Page,
     QueueStats,
     Rescued,
     delivery_of,
+    kv_write,
     normalize_error_type,
     stats_rows,
 )
@@ -1012,7 +1014,7 @@ class SQLiteBroker(Broker):
     async def kv_update(
         self,
         keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, bytes], T]],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         """One write transaction on the broker's thread: the read, ``decide``
         and the write, atomic against every other connection, one hop."""
@@ -1026,10 +1028,15 @@ class SQLiteBroker(Broker):
             )
             writes, out = decide({k: bytes(v) for k, v in rows})
             if writes:
+                now = time.time()
+                stored = []
+                for k, v in writes.items():
+                    data, ttl = kv_write(v)
+                    stored.append((k, data, None if ttl is None else now + ttl))
                 c.executemany(
-                    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,NULL) ON CONFLICT (key)"
-                    " DO UPDATE SET value=excluded.value, expires=NULL",
-                    [(k, bytes(v)) for k, v in writes.items()],
+                    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
+                    " DO UPDATE SET value=excluded.value, expires=excluded.expires",
+                    stored,
                 ).close()
             return out
 
