@@ -535,3 +535,70 @@ async def test_a_purge_that_meets_a_lease_leaves_the_running_job_alone(
     await worker.ack([d])
     info = await admin.get(m.id)
     assert info is not None and info.state is State.SUCCEEDED
+
+
+# -- the consumers' prefetch ---------------------------------------------------------
+
+
+async def _drain(broker: RabbitMQBroker, n: int, slots: int, job_time: float = 0.0) -> int:
+    """Fetch and ack ``n`` jobs, ``slots`` at a time, each batch taking
+    ``job_time``; the most messages RabbitMQ had handed the broker and not
+    had acked back at once (neither ready in the queue nor settled)."""
+    lane = broker.names.lane("default")
+    conn = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await conn.channel()
+        done = pushed = 0
+        while done < n:
+            ds = await broker.fetch(["default"], slots, 30.0, 10.0)
+            assert ds
+            ok = await ch.queue_declare(lane, passive=True)
+            pushed = max(pushed, n - done - int(ok.message_count or 0))
+            if job_time:
+                await asyncio.sleep(job_time)  # the jobs' work
+            await broker.ack(ds)
+            done += len(ds)
+        return pushed
+    finally:
+        await conn.close()
+
+
+async def test_a_fast_worker_is_handed_more_than_twice_its_slots(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quorum queue frees a consumer's slot only once its ack is committed:
+    a worker whose jobs end fast is handed what it drains in
+    ``PREFETCH_HORIZON`` beyond its slots, so it does not wait for every
+    refill (here the horizon is long, so that any drain counts as fast)."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
+    slots = 4
+    await broker.enqueue([job() for _ in range(300)])
+    assert await _drain(broker, 300, slots) > 2 * slots
+
+
+async def test_a_worker_of_slow_jobs_leaves_the_rest_of_the_queue_to_others(
+    broker: RabbitMQBroker,
+) -> None:
+    """Jobs that take a while keep the prefetch at twice the worker's slots:
+    the rest of the queue stays ready for other workers."""
+    slots = 4
+    await broker.enqueue([job() for _ in range(40)])
+    assert await _drain(broker, 40, slots, job_time=0.05) <= 2 * slots
+
+
+async def test_a_fixed_prefetch_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prefetch=`` in the URL is the prefetch, however fast the worker."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db", prefetch="6")
+    b = from_url(url)
+    assert isinstance(b, RabbitMQBroker)
+    try:
+        await b.open()
+        await b.enqueue([job() for _ in range(200)])
+        assert await _drain(b, 200, 4) <= 6
+    finally:
+        await b.close()

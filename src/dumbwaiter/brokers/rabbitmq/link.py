@@ -87,11 +87,21 @@ class Link:
         self.arrived = asyncio.Event()
         #: lane queue name -> consumer tag
         self.consumers: dict[str, str] = {}
-        #: delivery tags of ``cons`` not yet acked or nacked
-        self.unacked: set[int] = set()
+        #: lane queue name -> (logical queue, lane) of its consumer
+        self.lanes: dict[str, tuple[str, str]] = {}
+        #: delivery tags of ``cons`` not yet acked or nacked, in ascending
+        #: order (a channel's tags grow, and a dict keeps insertion order):
+        #: an ack finds the run of oldest tags it covers without a sort
+        self.unacked: dict[int, None] = {}
         #: logical queue -> time to look again whether it is still paused
         self.paused_until: dict[str, float] = {}
+        #: the consumers' prefetch, and the worker's slots it was sized for
         self.prefetch = 0
+        self.slots = 0
+        #: messages acked or nacked since ``settled_since`` (the drain rate
+        #: that sizes the prefetch, ``RabbitMQBroker._watch``)
+        self.settled = 0
+        self.settled_since = 0.0
         #: when ``_watch`` last read pauses and lanes, and for which queues
         self.looked_at = 0.0
         self.looked: set[str] = set()
@@ -136,8 +146,12 @@ class Link:
         self.buffer.clear()
         self.waiting.clear()
         self.consumers.clear()
+        self.lanes.clear()
         self.unacked.clear()
         self.prefetch = 0
+        self.slots = 0
+        self.settled = 0
+        self.settled_since = 0.0
         self.looked_at = 0.0
         self.looked = set()
         if conn is not None:
@@ -174,7 +188,7 @@ class Link:
             assert isinstance(d, spec.Basic.Deliver)
             props = m.header.properties
             tag = int(d.delivery_tag or 0)
-            self.unacked.add(tag)
+            self.unacked[tag] = None
             self.buffer.append(
                 Raw(
                     queue=queue,
@@ -192,11 +206,32 @@ class Link:
 
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
         self.consumers[lane_queue] = str(ok.consumer_tag)
+        self.lanes[lane_queue] = (queue, lane)
 
     async def cancel(self, lane_queue: str) -> None:
         tag = self.consumers.pop(lane_queue, None)
+        self.lanes.pop(lane_queue, None)
         if tag is not None and self.cons is not None and not self.cons.is_closed:
             await self.cons.basic_cancel(tag)
+
+    async def resize(self, prefetch: int) -> None:
+        """Give every consumer the prefetch ``prefetch``.
+
+        RabbitMQ applies a ``basic.qos`` to the consumers started after it
+        only, so each lane gets a new consumer first, then the old one is
+        cancelled: no gap in the deliveries, and the old consumer's messages
+        stay unacked on the channel, ours as before (aiormq hands over every
+        delivery that comes before the ``basic.cancel-ok``)."""
+        if prefetch == self.prefetch:
+            return
+        old = dict(self.consumers)
+        lanes = dict(self.lanes)
+        self.consumers.clear()
+        for lane_queue, (queue, lane) in lanes.items():
+            await self.consume(lane_queue, queue, lane, prefetch)
+        ch = self.consumer_channel()
+        for tag in old.values():
+            await ch.basic_cancel(tag)
 
     async def get(self, lane_queue: str, queue: str, lane: str) -> Raw | None:
         m = await self.consumer_channel().basic_get(lane_queue, no_ack=False)
@@ -205,7 +240,7 @@ class Link:
             return None
         props = m.header.properties
         tag = int(d.delivery_tag or 0)
-        self.unacked.add(tag)
+        self.unacked[tag] = None
         return Raw(
             queue=queue,
             lane=lane,
@@ -221,22 +256,24 @@ class Link:
         """Ack the tags of generation ``gen`` still unacked (others are gone)."""
         if gen != self.gen or self.cons is None or self.cons.is_closed:
             return
-        mine = {t for t in tags if t in self.unacked}
+        unacked = self.unacked
+        mine = {t for t in tags if t in unacked}
         if not mine:
             return
+        self.settled += len(mine)
         # One frame with ``multiple`` covers the longest run of the oldest
         # unacked tags that are all being acked (jobs mostly end in order).
         upto = 0
-        for t in sorted(self.unacked):
+        for t in unacked:  # ascending
             if t not in mine:
                 break
             upto = t
+        for t in mine:
+            del unacked[t]
         if upto:
             await self.cons.basic_ack(upto, multiple=True, wait=False)
-        self.unacked -= {t for t in mine if t <= upto}
         for t in sorted(mine):
             if t > upto:
-                self.unacked.discard(t)
                 await self.cons.basic_ack(t, wait=False)
 
     async def nack(self, gen: int, tags: list[int]) -> None:
@@ -244,7 +281,8 @@ class Link:
             return
         for tag in tags:
             if tag in self.unacked:
-                self.unacked.discard(tag)
+                del self.unacked[tag]
+                self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
 
     async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
