@@ -132,6 +132,8 @@ class Link:
                     cons = await conn.channel(publisher_confirms=False)
             except AMQP_ERRORS as exc:
                 raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
+            if _INLINE:
+                _hand_over_inline(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
@@ -181,9 +183,9 @@ class Link:
             self.prefetch = prefetch
         gen = self.gen
 
-        async def on_message(m: DeliveredMessage) -> None:
+        def on_message(m: DeliveredMessage) -> Any:
             if gen != self.gen:
-                return
+                return _HANDED
             d = m.delivery
             assert isinstance(d, spec.Basic.Deliver)
             props = m.header.properties
@@ -203,9 +205,13 @@ class Link:
                 )
             )
             self.arrived.set()
+            return _HANDED
 
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
-        self.consumers[lane_queue] = str(ok.consumer_tag)
+        tag = str(ok.consumer_tag)
+        if _INLINE:
+            _inline_consumer(ch, tag, on_message)
+        self.consumers[lane_queue] = tag
         self.lanes[lane_queue] = (queue, lane)
 
     async def cancel(self, lane_queue: str) -> None:
@@ -363,3 +369,59 @@ _AIORMQ_DIR = os.path.dirname(aiormq.__file__) + os.sep
 _LOOPS = frozenset(
     {"Connection.__reader", "Connection.__writer", "Connection.__heartbeat", "Channel._reader"}
 )
+
+
+class _Handed:
+    """What a consumer callback returns once it has handed its delivery over
+    (``_hand_over_inline``): nothing is left to run, so no task is made."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return iter(())
+
+    def add_done_callback(self, fn: Any) -> None:
+        pass
+
+
+_HANDED = _Handed()
+
+
+def _hand_over_inline(ch: AbstractChannel) -> None:
+    """Let consumer callbacks run inline, without a task per delivery.
+
+    aiormq wraps a consumer in a coroutine and runs it, for every message,
+    as a task with three done callbacks (``Channel._on_deliver_frame``:
+    ``self.create_task(consumer(message))``, ~5 us of the event loop's time
+    a message).  The link's callback only appends the message to the
+    buffer: ``_inline_consumer`` puts it unwrapped in the channel's
+    consumers, so it runs at once and returns ``_HANDED``, which this
+    channel's ``create_task`` passes through; anything else still becomes a
+    task.  A delivery that comes before the consumer is unwrapped goes the
+    usual way (the wrapper awaits ``_HANDED``, which is done at once)."""
+    make = ch.create_task
+
+    def create_task(coro: Any) -> Any:
+        return coro if coro is _HANDED else make(coro)
+
+    ch.create_task = create_task  # type: ignore[method-assign]
+
+
+def _inline_consumer(ch: AbstractChannel, tag: str, on_message: Any) -> None:
+    """Put ``on_message`` in place of aiormq's coroutine wrapper of it."""
+    consumers = getattr(ch, "consumers", None)
+    if isinstance(consumers, dict) and tag in consumers:
+        consumers[tag] = on_message
+
+
+def _inline_ok() -> bool:
+    """Whether this aiormq hands deliveries to consumers through the
+    channel's ``create_task`` and finds them in ``Channel.consumers`` (7.x
+    does, in ``Channel._on_deliver_frame``); if not, consumers stay wrapped
+    and run as tasks, the way aiormq runs them."""
+    deliver = getattr(aiormq.Channel, "_on_deliver_frame", None)
+    code = getattr(deliver, "__code__", None)
+    return code is not None and {"create_task", "consumers"} <= set(code.co_names)
+
+
+_INLINE = _inline_ok()
