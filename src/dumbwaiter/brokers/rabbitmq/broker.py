@@ -2,10 +2,10 @@
 
 RabbitMQ carries the jobs: quorum queues, publisher confirms (an enqueue
 returns once RabbitMQ confirmed every message), manual acks after the
-outcome is recorded, consumers whose prefetch is the worker's slots, a topic
-exchange that fans events out to group queues, a dead-letter exchange into a
-DLQ per queue, and a plugin-free delay cascade (``topology.py``) for ``eta``
-and retries.
+outcome is recorded, consumers whose prefetch follows the worker's drain
+rate (``_prefetch_for``), a topic exchange that fans events out to group
+queues, a dead-letter exchange into a DLQ per queue, and a plugin-free delay
+cascade (``topology.py``) for ``eta`` and retries.
 
 RabbitMQ has no key-value store, no locks and no index of jobs, so a
 companion *state store* (any other dumbwaiter broker, named by ``state=``)
