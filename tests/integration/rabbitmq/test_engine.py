@@ -573,6 +573,7 @@ async def test_a_fast_worker_is_handed_more_than_twice_its_slots(
     from dumbwaiter.brokers.rabbitmq import broker as module
 
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
+    monkeypatch.setattr(module, "PREFETCH_WINDOW", 0.01, raising=False)
     slots = 4
     await broker.enqueue([job() for _ in range(300)])
     assert await _drain(broker, 300, slots) > 2 * slots
@@ -618,8 +619,10 @@ async def test_deliveries_reach_the_buffer_without_a_task_each(broker: RabbitMQB
             return default(lp, coro, **kw)
         return asyncio.Task(coro, loop=lp, **kw)
 
+    # a fixed prefetch (as ``prefetch=`` sets it): no new consumer midway;
     # the consumer starts on an empty queue (deliveries that come before
     # aiormq's wrapper of it is replaced still run as tasks, and work)
+    broker.prefetch = 100
     assert await broker.fetch(["default"], 1, 30.0, 0.05) == []
     jobs = [job() for _ in range(50)]
     await broker.enqueue(jobs)
@@ -634,3 +637,25 @@ async def test_deliveries_reach_the_buffer_without_a_task_each(broker: RabbitMQB
         loop.set_task_factory(default)
     assert sorted(got) == sorted(m.id for m in jobs)
     assert not [q for q in made if "on_message" in q]
+
+
+async def test_a_bursts_prefetch_does_not_outlive_the_burst(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fast drain, a moment idle brings the prefetch back to twice
+    the slots: slow jobs enqueued later are not all pushed to this worker."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    slots = 4
+    monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0)
+    monkeypatch.setattr(module, "PREFETCH_WINDOW", 0.01)
+    await broker.enqueue([job() for _ in range(300)])
+    assert await _drain(broker, 300, slots) > 2 * slots
+    monkeypatch.setattr(module, "PREFETCH_HORIZON", 0.05)
+    monkeypatch.setattr(module, "PREFETCH_WINDOW", 0.1)
+    # idle: the worker's fetch loop waits on an empty queue (the first rate
+    # window may still hold the burst's last acks; the next one is empty)
+    for _ in range(2):
+        assert await broker.fetch(["default"], slots, 30.0, 0.3) == []
+    await broker.enqueue([job() for _ in range(40)])
+    assert await _drain(broker, 40, slots, job_time=0.05) <= 2 * slots

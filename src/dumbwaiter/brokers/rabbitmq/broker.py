@@ -866,7 +866,9 @@ class RabbitMQBroker(Broker):
         over ``PREFETCH_WINDOW`` (a 10,000-job backlog drains in about a
         second: the prefetch must grow within a tenth of it), and the size
         changes only when the new one is half or twice the current one (or
-        more), so that a steady rate does not re-consume."""
+        more), so that a steady rate does not re-consume; back to the floor
+        (twice the slots) it goes at once, so slow jobs after a burst get
+        exactly the prefetch they had before it."""
         if self.prefetch:
             return self.prefetch
         base = 2 * link.slots
@@ -875,7 +877,7 @@ class RabbitMQBroker(Broker):
         link.settled, link.settled_since = 0, now
         want = min(PREFETCH_MAX, max(base, link.slots + math.ceil(rate * PREFETCH_HORIZON)))
         current = link.prefetch or base
-        if current // 2 < want < current * 2:
+        if want != base and current // 2 < want < current * 2:
             return current
         return want
 
