@@ -67,7 +67,8 @@ class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
     bulk_api = "await task.aenqueue_many(ids) (records in one transaction, confirms pipelined)"
     notes = (
         "RabbitMQ quorum queue (durable, persistent messages, publisher confirms awaited), "
-        "consumer prefetch = the worker's concurrency, ack after the outcome is recorded; "
+        "consumer prefetch following the drain rate (at least twice the worker's concurrency), "
+        "ack after the outcome is recorded; "
         "job records and leases in a companion SQLite state store (WAL) on local disk; async "
         "producer (aenqueue), no thread hop."
     )

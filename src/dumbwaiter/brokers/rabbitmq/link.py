@@ -87,11 +87,21 @@ class Link:
         self.arrived = asyncio.Event()
         #: lane queue name -> consumer tag
         self.consumers: dict[str, str] = {}
-        #: delivery tags of ``cons`` not yet acked or nacked
-        self.unacked: set[int] = set()
+        #: lane queue name -> (logical queue, lane) of its consumer
+        self.lanes: dict[str, tuple[str, str]] = {}
+        #: delivery tags of ``cons`` not yet acked or nacked, in ascending
+        #: order (a channel's tags grow, and a dict keeps insertion order):
+        #: an ack finds the run of oldest tags it covers without a sort
+        self.unacked: dict[int, None] = {}
         #: logical queue -> time to look again whether it is still paused
         self.paused_until: dict[str, float] = {}
+        #: the consumers' prefetch, and the worker's slots it was sized for
         self.prefetch = 0
+        self.slots = 0
+        #: messages acked or nacked since ``settled_since`` (the drain rate
+        #: that sizes the prefetch, ``RabbitMQBroker._watch``)
+        self.settled = 0
+        self.settled_since = 0.0
         #: when ``_watch`` last read pauses and lanes, and for which queues
         self.looked_at = 0.0
         self.looked: set[str] = set()
@@ -122,6 +132,8 @@ class Link:
                     cons = await conn.channel(publisher_confirms=False)
             except AMQP_ERRORS as exc:
                 raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
+            if _INLINE:
+                _hand_over_inline(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
@@ -136,8 +148,12 @@ class Link:
         self.buffer.clear()
         self.waiting.clear()
         self.consumers.clear()
+        self.lanes.clear()
         self.unacked.clear()
         self.prefetch = 0
+        self.slots = 0
+        self.settled = 0
+        self.settled_since = 0.0
         self.looked_at = 0.0
         self.looked = set()
         if conn is not None:
@@ -167,14 +183,14 @@ class Link:
             self.prefetch = prefetch
         gen = self.gen
 
-        async def on_message(m: DeliveredMessage) -> None:
+        def on_message(m: DeliveredMessage) -> Any:
             if gen != self.gen:
-                return
+                return _HANDED
             d = m.delivery
             assert isinstance(d, spec.Basic.Deliver)
             props = m.header.properties
             tag = int(d.delivery_tag or 0)
-            self.unacked.add(tag)
+            self.unacked[tag] = None
             self.buffer.append(
                 Raw(
                     queue=queue,
@@ -189,14 +205,39 @@ class Link:
                 )
             )
             self.arrived.set()
+            return _HANDED
 
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
-        self.consumers[lane_queue] = str(ok.consumer_tag)
+        tag = str(ok.consumer_tag)
+        if _INLINE:
+            _inline_consumer(ch, tag, on_message)
+        self.consumers[lane_queue] = tag
+        self.lanes[lane_queue] = (queue, lane)
 
     async def cancel(self, lane_queue: str) -> None:
         tag = self.consumers.pop(lane_queue, None)
+        self.lanes.pop(lane_queue, None)
         if tag is not None and self.cons is not None and not self.cons.is_closed:
             await self.cons.basic_cancel(tag)
+
+    async def resize(self, prefetch: int) -> None:
+        """Give every consumer the prefetch ``prefetch``.
+
+        RabbitMQ applies a ``basic.qos`` to the consumers started after it
+        only, so each lane gets a new consumer first, then the old one is
+        cancelled: no gap in the deliveries, and the old consumer's messages
+        stay unacked on the channel, ours as before (aiormq hands over every
+        delivery that comes before the ``basic.cancel-ok``)."""
+        if prefetch == self.prefetch:
+            return
+        old = dict(self.consumers)
+        lanes = dict(self.lanes)
+        self.consumers.clear()
+        for lane_queue, (queue, lane) in lanes.items():
+            await self.consume(lane_queue, queue, lane, prefetch)
+        ch = self.consumer_channel()
+        for tag in old.values():
+            await ch.basic_cancel(tag)
 
     async def get(self, lane_queue: str, queue: str, lane: str) -> Raw | None:
         m = await self.consumer_channel().basic_get(lane_queue, no_ack=False)
@@ -205,7 +246,7 @@ class Link:
             return None
         props = m.header.properties
         tag = int(d.delivery_tag or 0)
-        self.unacked.add(tag)
+        self.unacked[tag] = None
         return Raw(
             queue=queue,
             lane=lane,
@@ -221,22 +262,24 @@ class Link:
         """Ack the tags of generation ``gen`` still unacked (others are gone)."""
         if gen != self.gen or self.cons is None or self.cons.is_closed:
             return
-        mine = {t for t in tags if t in self.unacked}
+        unacked = self.unacked
+        mine = {t for t in tags if t in unacked}
         if not mine:
             return
+        self.settled += len(mine)
         # One frame with ``multiple`` covers the longest run of the oldest
         # unacked tags that are all being acked (jobs mostly end in order).
         upto = 0
-        for t in sorted(self.unacked):
+        for t in unacked:  # ascending
             if t not in mine:
                 break
             upto = t
+        for t in mine:
+            del unacked[t]
         if upto:
             await self.cons.basic_ack(upto, multiple=True, wait=False)
-        self.unacked -= {t for t in mine if t <= upto}
         for t in sorted(mine):
             if t > upto:
-                self.unacked.discard(t)
                 await self.cons.basic_ack(t, wait=False)
 
     async def nack(self, gen: int, tags: list[int]) -> None:
@@ -244,7 +287,8 @@ class Link:
             return
         for tag in tags:
             if tag in self.unacked:
-                self.unacked.discard(tag)
+                del self.unacked[tag]
+                self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
 
     async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
@@ -325,3 +369,59 @@ _AIORMQ_DIR = os.path.dirname(aiormq.__file__) + os.sep
 _LOOPS = frozenset(
     {"Connection.__reader", "Connection.__writer", "Connection.__heartbeat", "Channel._reader"}
 )
+
+
+class _Handed:
+    """What a consumer callback returns once it has handed its delivery over
+    (``_hand_over_inline``): nothing is left to run, so no task is made."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Any:
+        return iter(())
+
+    def add_done_callback(self, fn: Any) -> None:
+        pass
+
+
+_HANDED = _Handed()
+
+
+def _hand_over_inline(ch: AbstractChannel) -> None:
+    """Let consumer callbacks run inline, without a task per delivery.
+
+    aiormq wraps a consumer in a coroutine and runs it, for every message,
+    as a task with three done callbacks (``Channel._on_deliver_frame``:
+    ``self.create_task(consumer(message))``, ~5 us of the event loop's time
+    a message).  The link's callback only appends the message to the
+    buffer: ``_inline_consumer`` puts it unwrapped in the channel's
+    consumers, so it runs at once and returns ``_HANDED``, which this
+    channel's ``create_task`` passes through; anything else still becomes a
+    task.  A delivery that comes before the consumer is unwrapped goes the
+    usual way (the wrapper awaits ``_HANDED``, which is done at once)."""
+    make = ch.create_task
+
+    def create_task(coro: Any) -> Any:
+        return coro if coro is _HANDED else make(coro)
+
+    ch.create_task = create_task  # type: ignore[method-assign]
+
+
+def _inline_consumer(ch: AbstractChannel, tag: str, on_message: Any) -> None:
+    """Put ``on_message`` in place of aiormq's coroutine wrapper of it."""
+    consumers = getattr(ch, "consumers", None)
+    if isinstance(consumers, dict) and tag in consumers:
+        consumers[tag] = on_message
+
+
+def _inline_ok() -> bool:
+    """Whether this aiormq hands deliveries to consumers through the
+    channel's ``create_task`` and finds them in ``Channel.consumers`` (7.x
+    does, in ``Channel._on_deliver_frame``); if not, consumers stay wrapped
+    and run as tasks, the way aiormq runs them."""
+    deliver = getattr(aiormq.Channel, "_on_deliver_frame", None)
+    code = getattr(deliver, "__code__", None)
+    return code is not None and {"create_task", "consumers"} <= set(code.co_names)
+
+
+_INLINE = _inline_ok()
