@@ -18,11 +18,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from dumbwaiter.brokers.base import Binding
 from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.broker import NOTIFY_MAX
 from dumbwaiter.brokers.postgres.listen import INBOX_HOLD
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
+from tests.conformance.test_events import event
 from tests.integration.postgres import server
 from tests.integration.postgres.test_counts import _counted, _sql, _stats
 
@@ -106,6 +108,21 @@ async def test_a_job_enqueued_while_a_worker_waits_starts_without_a_claim(
     assert await _stats(consumer) == _counted(consumer.schema) == {("default", "succeeded"): 1}
 
 
+async def test_an_event_for_one_waiting_group_is_handed(make_broker: Make) -> None:
+    consumer, producer = make_broker(), make_broker()
+    await producer.declare([], [Binding("order.created", "group:email", 3)])
+    waiting = asyncio.create_task(consumer.fetch(["group:email"], 10, 30.0, 60.0, "w1"))
+    [(token, _, _)] = await _registered(consumer.schema)
+    claims = _count_claims(consumer)
+    assert await producer.publish([event(order_id="o-1")]) == 1
+    [d] = await asyncio.wait_for(waiting, 10)
+    assert claims[0] == 0 and d.token == token
+    assert d.message is not None and d.message.payload == {"order_id": "o-1"}
+    assert d.message.max_attempts == 3 and d.message.attempt == 1
+    await consumer.ack([d])
+    assert await _stats(consumer) == _counted(consumer.schema)
+
+
 async def test_a_scheduled_job_or_a_job_of_a_paused_queue_is_not_handed(
     make_broker: Make,
 ) -> None:
@@ -139,6 +156,7 @@ async def test_a_job_behind_ready_ones_keeps_its_place(make_broker: Make) -> Non
     waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0, "w1"))
     [(token, _, _)] = await _registered(consumer.schema)
     _sql(f"UPDATE {jobs} SET state = 'ready' WHERE id = '{old.id}'")  # no NOTIFY
+    producer._no_waiter.clear()  # offer it (its queue found no waiter a moment ago)
     behind = msg(priority=9)
     await producer.enqueue([behind])
     # not handed: its wake-up made the fetch claim both, in priority order

@@ -89,6 +89,10 @@ NOTIFY_MAX = 8000
 HAND_HEADER = 128
 #: seconds a waiter's row is kept past its expiry before maintenance deletes it
 WAITER_GRACE = 60.0
+#: seconds a queue's single enqueues skip the handoff after an offer found no
+#: free waiter (a backlog, a busy or no worker): its lookup costs ~0.05 ms of
+#: server time per enqueue; an idle worker missed meanwhile claims as before
+HAND_BACKOFF = 0.05
 
 log = logging.getLogger("dumbwaiter.postgres")
 
@@ -396,6 +400,8 @@ class PostgresBroker(PostgresAdmin):
         r = rows[0]
         if not hand or (r[8] is not None and r[8] > time.time()):
             return self.q.enqueue_one
+        if self._no_waiter and self._no_waiter.get(r[1], 0.0) > time.monotonic():
+            return self.q.enqueue_one
         body = r[7]
         if len(body) + 6 * len(r[1]) + HAND_HEADER >= NOTIFY_MAX:
             return self.q.enqueue_one
@@ -404,6 +410,14 @@ class PostgresBroker(PostgresAdmin):
             if on.info.parameter_status("server_encoding") not in ("UTF8", "SQL_ASCII"):
                 return self.q.enqueue_one
         return self.q.enqueue_hand
+
+    def _offered(self, queue: str, row: Any) -> None:
+        """After a handoff offer: if no waiter took it, the next ones of this
+        queue for HAND_BACKOFF seconds are plain inserts."""
+        if row and row[2]:
+            self._no_waiter.pop(queue, None)
+        else:
+            self._no_waiter[queue] = time.monotonic() + HAND_BACKOFF
 
     async def _ainsert(
         self,
@@ -419,6 +433,8 @@ class PostgresBroker(PostgresAdmin):
             await conn.execute(self.q.free_keys, freeing)
         stmt = self._statement(conn, rows, hand)
         row = await (await conn.execute(stmt, self._params(rows))).fetchone()
+        if stmt is self.q.enqueue_hand:
+            self._offered(rows[0][1], row)
         holders: dict[str, str] = {}
         if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
             holders = dict(await (await conn.execute(self.q.holders, (keys,))).fetchall())
@@ -505,6 +521,8 @@ class PostgresBroker(PostgresAdmin):
             conn.execute(self.q.free_keys, freeing)
         stmt = self._statement(conn, rows, hand)
         row = conn.execute(stmt, self._params(rows)).fetchone()
+        if stmt is self.q.enqueue_hand:
+            self._offered(rows[0][1], row)
         holders: dict[str, str] = {}
         if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
             holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())

@@ -101,6 +101,9 @@ class PostgresCore(Broker):
         self._pid = os.getpid()
         self._schema_ok = False
         self._known_queues: set[str] = set()
+        #: queue -> monotonic time until which single enqueues skip the
+        #: handoff (the last offer found no free waiter; see broker._statement)
+        self._no_waiter: dict[str, float] = {}
         #: this broker's name as a candidate maintenance leader
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._next_prune = 0.0
