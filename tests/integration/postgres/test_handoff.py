@@ -61,6 +61,12 @@ def _count_claims(broker: PostgresBroker) -> list[int]:
     return calls
 
 
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def _late_withdraw(broker: PostgresBroker) -> asyncio.Event:
     """Hold back the withdrawal of a cancelled fetch's wait until the event
     is set (so a producer can still hand it a job); set when the test ends."""
@@ -140,7 +146,7 @@ async def test_a_scheduled_job_or_a_job_of_a_paused_queue_is_not_handed(
     # its wake-up made the fetch claim (nothing: paused) and wait again
     await _registered(consumer.schema)
     assert not waiting.done()
-    waiting.cancel()
+    await _cancel(waiting)
     assert _job(consumer.schema, paused.id)[:2] == ("ready", 0)
     assert await _stats(consumer) == _counted(consumer.schema)
 
@@ -197,7 +203,7 @@ async def test_a_job_whose_id_is_stored_wakes_its_waiter_to_claim(make_broker: M
         lambda w: len(w) == 1 and w[0][0] != token,
     )
     assert claims[0] == 1 and not waiting.done()
-    waiting.cancel()
+    await _cancel(waiting)
 
 
 async def test_a_job_handed_to_a_cancelled_fetch_runs_once(make_broker: Make) -> None:

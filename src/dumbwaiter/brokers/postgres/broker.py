@@ -588,18 +588,30 @@ class PostgresBroker(PostgresAdmin):
         # registers this fetch for a handoff until its deadline if it found
         # nothing; a job handed to it comes with the NOTIFY, ready to run.
         waiter = listener.add(queues)
+        # A busy worker (its last claim found jobs) claims plainly first: the
+        # idle claim's extra steps (settle waits, register) cost ~4% of W4's
+        # drain, and a busy worker's claim rarely comes back empty; when it
+        # does, the idle claim follows at once.
+        plain = st.busy
         try:
             while True:
                 waiter.event.clear()
                 remaining = deadline - time.monotonic()
-                out, due = await self._claim_safely(
-                    st, queues, limit, lease, worker, waiter, remaining
-                )
+                if plain:
+                    out, due = await self._claim_safely(st, queues, limit, lease, worker)
+                else:
+                    out, due = await self._claim_safely(
+                        st, queues, limit, lease, worker, waiter, remaining
+                    )
+                st.busy = bool(out)
                 if waiter.handed:  # handed while the claim was on its way
                     out = self._merge(listener, waiter, out, limit)
                 remaining = deadline - time.monotonic()
                 if out or remaining <= 0:
                     return out
+                if plain:  # idle now: claim again, registering the wait
+                    plain = False
+                    continue
                 if due is not None:
                     remaining = min(remaining, max(0.0, due))
                 if not listener.listening:
@@ -640,6 +652,8 @@ class PostgresBroker(PostgresAdmin):
         """Settle the waits of a fetch that was cancelled, and give back
         (uncharged) the jobs handed to them."""
         listener = st.listener
+        if self._states.get(st.loop) is not st:  # closed meanwhile: _settle did it
+            return
         try:
             out, _ = await self._run(
                 lambda c: self._claim(c, queues, 0, lease, worker, None, listener, waiter),

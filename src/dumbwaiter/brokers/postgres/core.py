@@ -71,6 +71,9 @@ class _LoopState:
         self.riders: list[Ride] = []
         #: claims started on this loop that have not yet sent their first statement
         self.boarding = 0
+        #: the last idle-capable claim of this loop found jobs: the worker is
+        #: busy, so its next fetch claims plainly first (broker.fetch)
+        self.busy = False
 
 
 class Ride:
