@@ -3,12 +3,12 @@ and procrastinate on the same server and database (the harness' ``PG_DSN``,
 database ``bench``).
 
 dumbwaiter's tables live in a schema of their own (``dumbwaiter_bench``, or
-``$DUMBWAITER_BENCH_PG_SCHEMA``: a branch whose migrations differ from
-another's benchmarks in its own schema, since each refuses a schema the other
-migrated), so resetting them never touches the peers' tables: ``reset`` applies pending
-migrations (as pgqueuer's adapter runs ``pgq install`` the first time) and
-then truncates dumbwaiter's tables.  The URL has no ``?migrate=auto``: the
-worker runs on a migrated schema, as in production.
+``$DUMBWAITER_BENCH_PG_SCHEMA``), so resetting them never touches the peers'
+tables: ``reset`` applies pending migrations (as pgqueuer's adapter runs ``pgq
+install`` the first time) and then truncates dumbwaiter's tables.  The URL has
+no ``?migrate=auto``: the worker runs on a migrated schema, as in production.
+A branch whose schema is newer than main's benchmarks in a schema of its own
+(the variable): migrating the shared one would make main's code refuse it.
 
 Worker side: ``dumbwaiter worker --app dumbwaiter_postgres_adapter:postgres_app``.
 """
@@ -26,7 +26,9 @@ from dumbwaiter.brokers.postgres import PostgresBroker
 SCHEMA = os.environ.get("DUMBWAITER_BENCH_PG_SCHEMA", "dumbwaiter_bench")
 _sep = "&" if "?" in PG_DSN else "?"
 POSTGRES_URL = f"{PG_DSN}{_sep}schema={SCHEMA}&application_name=dumbwaiter-bench"
-TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv", "dw_events", "dw_bindings")
+#: dw_waiters too (migration 0005): a wait left by the last run's worker must
+#: not be handed a job of this one
+TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv", "dw_events", "dw_bindings", "dw_waiters")
 
 # Creating an App opens no connection until first use.
 postgres_app, POSTGRES_TASKS = _app(POSTGRES_URL)

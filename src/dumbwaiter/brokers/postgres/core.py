@@ -71,6 +71,9 @@ class _LoopState:
         self.riders: list[Ride] = []
         #: claims started on this loop that have not yet sent their first statement
         self.boarding = 0
+        #: the last idle-capable claim of this loop found jobs: the worker is
+        #: busy, so its next fetch claims plainly first (broker.fetch)
+        self.busy = False
 
 
 class Ride:
@@ -101,6 +104,9 @@ class PostgresCore(Broker):
         self._pid = os.getpid()
         self._schema_ok = False
         self._known_queues: set[str] = set()
+        #: queue -> monotonic time until which single enqueues skip the
+        #: handoff (the last offer found no free waiter; see broker._statement)
+        self._no_waiter: dict[str, float] = {}
         #: this broker's name as a candidate maintenance leader
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._next_prune = 0.0
@@ -196,14 +202,26 @@ class PostgresCore(Broker):
                 other.work.abandon()
                 other.listener.abandon()
                 del self._states[other.loop]
+            listener = Listener(self.q.channel, self._aconnect)
             st = _LoopState(
                 loop,
                 LoopPool(self._aconnect, self.opts.pool_max),
                 LoopPool(self._aconnect_work, self.opts.pool_max),
-                Listener(self.q.channel, self._aconnect),
+                listener,
             )
+            listener.give_back = lambda ds: self._give_back(st, ds)
             self._states[loop] = st
         return st
+
+    def _give_back(self, st: _LoopState, ds: list[Delivery]) -> None:
+        """Requeue ``ds`` (uncharged) in the background; ``close`` waits for it."""
+        back = st.loop.create_task(self.requeue(ds))
+        st.giving_back.add(back)
+        back.add_done_callback(st.giving_back.discard)
+
+    async def _settle(self) -> None:
+        """Before this loop's connections close: what the transport still
+        holds for nobody (broker.py: handed jobs) goes back."""
 
     def _after_fork(self) -> None:
         """A forked child must not use (or close) its parent's connections."""
@@ -269,6 +287,7 @@ class PostgresCore(Broker):
         await self._run(_noop)
 
     async def close(self) -> None:
+        await self._settle()
         with self._lock:
             states, self._states = self._states, {}
             pool, self._sync_pool = self._sync_pool, None

@@ -84,6 +84,42 @@ class Queries:
             " %(key)s, %(msg_key)s, %(body)s) ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
         )
+        # The direct handoff (migration 0005): a ready job of a queue that has
+        # no ready job (so priority and FIFO order hold) and is not paused
+        # goes to a live waiter of that queue, if one is free: the waiter is
+        # deleted, the job stored running for it (attempt 1, its token, lease
+        # and worker) and sent to the waiter's channel, with the envelope, in
+        # the NOTIFY (the caller keeps it under the 8,000-byte payload limit).
+        # A job not stored (its id or key is held) sends the waiter its token
+        # alone: it was handed nothing and claims instead.  No waiter: the
+        # same row and NOTIFY as enqueue_one.  The caller's own short
+        # transaction only: the waiter stays locked until commit.
+        waiters = f"{s}.dw_waiters"
+        self.enqueue_hand = q(
+            f"WITH w AS (SELECT token, worker, lease, channel FROM {waiters}"
+            " WHERE %(queue)s = ANY(queues) AND expires > statement_timestamp()"
+            " AND coalesce(%(eta)s::float8 <= date_part('epoch', now()), true)"
+            f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
+            f" AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'ready' AND queue = %(queue)s)"
+            " LIMIT 1 FOR UPDATE SKIP LOCKED),"
+            f" t AS (DELETE FROM {waiters} x USING w WHERE x.token = w.token"
+            " RETURNING w.token, w.worker, w.lease, w.channel),"
+            f" ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
+            " updated_at, max_attempts, key, body, attempt, token, lease_until, worker)"
+            " SELECT %(id)s::uuid, %(queue)s, %(name)s, %(kind)s, CASE WHEN t.token IS NOT NULL"
+            " THEN 'running' WHEN %(eta)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
+            " ELSE 'ready' END, %(priority)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
+            " THEN to_timestamp(%(eta)s::float8) ELSE now() END, now(), %(max_attempts)s,"
+            " %(key)s, %(body)s, CASE WHEN t.token IS NULL THEN 0 ELSE 1 END, t.token,"
+            " now() + make_interval(secs => t.lease), t.worker FROM (SELECT) AS one"
+            " LEFT JOIN t ON true ON CONFLICT DO NOTHING"
+            " RETURNING id::text, queue, state, token, lease_until)"
+            f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')}),"
+            " (SELECT count(pg_notify(t.channel, CASE WHEN i.token IS NULL"
+            " THEN json_build_array(t.token)::text ELSE json_build_array(t.token, i.id,"
+            " i.queue, date_part('epoch', i.lease_until))::text"
+            " || chr(10) || convert_from(%(body)s, 'UTF8') END)) FROM t LEFT JOIN ins i ON true)"
+        )
         # Bulk: ready jobs only (state, run_at and updated_at take their defaults).
         self.copy = q(
             f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, msg_key, body)"
@@ -138,14 +174,14 @@ class Queries:
 
         ack_pairs = _PAIRS.replace("%(id)s", "%(ack_id)s").replace("%(token)s", "%(ack_token)s")
         acked = f"a AS ({ack(ack_pairs)}), "
-        claim_one = (
+        take_one = (
             f"{promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
             " WHERE state = 'ready' AND queue = %(queue)s"
             f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
             " ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= %(queue)s')}"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED})"
         )
-        claim_many = (
+        take_many = (
             f"{promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT c.id FROM"
             " (SELECT name, ord FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, ord)"
             f" WHERE NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = q.name AND p.paused)"
@@ -153,12 +189,70 @@ class Queries:
             f" CROSS JOIN LATERAL (SELECT id FROM {jobs} WHERE state = 'ready'"
             " AND queue = q.name ORDER BY priority DESC, run_at, id LIMIT %(limit)s"
             " FOR UPDATE SKIP LOCKED) c LIMIT %(limit)s) c"
-            f" WHERE j.id = c.id RETURNING {_CLAIMED}){claimed('= ANY(%(queues)s::text[])')}"
+            f" WHERE j.id = c.id RETURNING {_CLAIMED})"
         )
+        one_is, many_is = "= %(queue)s", "= ANY(%(queues)s::text[])"
+        claim_one = take_one + claimed(one_is)
+        claim_many = take_many + claimed(many_is)
         self.claim_one = q("WITH " + claim_one)
         self.claim_many = q("WITH " + claim_many)
         self.ack_claim_one = q("WITH " + acked + claim_one)
         self.ack_claim_many = q("WITH " + acked + claim_many)
+
+        # The claim of a fetch that will wait (migration 0005, see
+        # broker.fetch).  Besides claiming, one statement:
+        # * settles the waits this process registered before (``mine``):
+        #   a row it can lock was handed nothing and is deleted (``gone``);
+        #   a row no longer in this snapshot was taken by a producer, whose
+        #   job is adopted here (``h``: running with that token) in case its
+        #   NOTIFY was lost; a row in the snapshot that it cannot lock is
+        #   being taken right now (``busy``: settled by the NOTIFY or by a
+        #   later claim).  ``h`` reads the running rows only when some wait
+        #   was taken (a one-time filter), which is rare: the NOTIFY usually
+        #   comes first and the wait is no longer in ``mine``.
+        # * registers this fetch as a waiter (``r``) if it found nothing and
+        #   will wait (``wait`` > 0), unless a handoff to it may be in flight.
+        # Rows: the claimed and adopted jobs (the adopted with their token),
+        # then one row of NULLs with the promoted count, the seconds until the
+        # next scheduled job (when nothing came), whether it registered, and
+        # the busy tokens (comma-joined).
+        waiters = f"{s}.dw_waiters"
+        mine = "string_to_array(%(mine)s, ',')::int8[]"
+
+        def waiting(queue_is: str, registered_queues: str) -> str:
+            return (
+                f", m AS (SELECT token FROM {waiters} WHERE token = ANY({mine}))"
+                f", gone AS (DELETE FROM {waiters} WHERE token IN (SELECT token FROM {waiters}"
+                f" WHERE token = ANY({mine}) FOR UPDATE SKIP LOCKED) RETURNING token)"
+                ", busy AS (SELECT token FROM m EXCEPT SELECT token FROM gone)"
+                f", t AS (SELECT x FROM unnest({mine}) AS x EXCEPT SELECT token FROM m)"
+                f", h AS (SELECT {_CLAIMED}, j.token FROM {jobs} j WHERE j.state = 'running'"
+                " AND j.token IN (SELECT x FROM t) AND EXISTS (SELECT FROM t))"
+                f", r AS (INSERT INTO {waiters} (token, queues, worker, lease, channel, expires)"
+                f" SELECT %(token)s, {registered_queues}, %(worker)s, %(lease)s, %(channel)s,"
+                " statement_timestamp() + make_interval(secs => %(wait)s::float8)"
+                " WHERE %(wait)s::float8 > 0 AND NOT EXISTS (SELECT FROM c)"
+                " AND NOT EXISTS (SELECT FROM h) AND NOT EXISTS (SELECT FROM p)"
+                " AND NOT EXISTS (SELECT FROM busy) ON CONFLICT DO NOTHING RETURNING 1)"
+                " SELECT c.*, NULL::int8, NULL::int8, NULL::float8, NULL::int8, NULL::text"
+                " FROM c UNION ALL SELECT h.*, NULL, NULL, NULL, NULL FROM h UNION ALL"
+                " SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+                " (SELECT count(*) FROM p),"
+                " CASE WHEN EXISTS (SELECT FROM c) OR EXISTS (SELECT FROM h) THEN NULL ELSE"
+                f" (SELECT date_part('epoch', min(run_at) - now()) FROM {jobs}"
+                f" WHERE state = 'scheduled' AND queue {queue_is}) END,"
+                " (SELECT count(*) FROM r), (SELECT string_agg(token::text, ',') FROM busy)"
+            )
+
+        wait_one = take_one + waiting(one_is, "ARRAY[%(queue)s]")
+        wait_many = take_many + waiting(many_is, "%(queues)s::text[]")
+        self.wait_one = q("WITH " + wait_one)
+        self.wait_many = q("WITH " + wait_many)
+        self.ack_wait_one = q("WITH " + acked + wait_one)
+        self.ack_wait_many = q("WITH " + acked + wait_many)
+        self.prune_waiters = q(
+            f"DELETE FROM {waiters} WHERE expires < now() - make_interval(secs => %s)"
+        )
         self.ack = q(ack(_PAIRS))
         self.ack_results = q(
             f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"

@@ -6,7 +6,11 @@ import struct
 import uuid
 from typing import Any
 
+import orjson
 import psycopg
+
+from ..base import Delivery
+from ..sqlrows import delivery_row
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 ROW_FIELDS = (
@@ -137,3 +141,19 @@ def is_uuid(value: str) -> bool:
     except (ValueError, TypeError, AttributeError):
         return False
     return True
+
+
+def handed(payload: str) -> tuple[int, Delivery | None]:
+    """A handoff NOTIFY's payload (queries.enqueue_hand): the waiter's token
+    and the job handed to it, stored as a claim would have left it (attempt
+    1, the token, the lease); None for a waiter whose producer stored nothing.
+
+    The payload is a JSON array (token, id, queue, lease end), a newline and
+    the envelope as stored (JSON has no raw newline in its text)."""
+    head, _, body = payload.partition("\n")
+    fields = orjson.loads(head)
+    token = int(fields[0])
+    if len(fields) < 4:
+        return token, None
+    id_, queue, lease_until = fields[1], fields[2], fields[3]
+    return token, delivery_row((id_, queue, 1, body.encode(), None, 0, 0.0, lease_until), token)
