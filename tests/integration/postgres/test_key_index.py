@@ -17,7 +17,7 @@ from dumbwaiter.brokers.base import Binding, JobFilter
 from dumbwaiter.brokers.postgres import PostgresBroker, migrations
 from dumbwaiter.brokers.postgres.admin import _where
 from dumbwaiter.brokers.postgres.core import COPY_MIN
-from dumbwaiter.brokers.postgres.migrations import SHIPPED, migration_sql
+from dumbwaiter.brokers.postgres.migrations import migration_sql
 from dumbwaiter.cli import main
 from dumbwaiter.errors import ConfigurationError
 from dumbwaiter.message import EVENT, Message, encode, uuid7
@@ -175,23 +175,33 @@ def test_pending_is_what_is_not_recorded() -> None:
     assert migrations.unknown(set(shipped) | {10_000}) == {10_000}
 
 
-@pytest.fixture
-def with_a_lower_migration(monkeypatch: pytest.MonkeyPatch) -> Iterator[migrations.Migration]:
-    """This build as it will be once another change's migration numbered below
-    0006 is merged: a database already at 0006 must still get it."""
-    gap = sorted(set(range(1, migrations.SCHEMA_VERSION)) - SHIPPED)
-    if not gap:
-        pytest.skip("no gap in this build's migration numbers")
-    extra = migrations.Migration(
-        gap[0],
-        "merged_later",
-        "CREATE TABLE dw_merged_later (x int);\n"
-        f"INSERT INTO dw_schema_version (version, name) VALUES ({gap[0]}, 'merged_later');\n",
+def _fake(version: int, name: str) -> migrations.Migration:
+    return migrations.Migration(
+        version,
+        name,
+        f"CREATE TABLE dw_{name} (x int);\n"
+        f"INSERT INTO dw_schema_version (version, name) VALUES ({version}, '{name}');\n",
     )
-    shipped = sorted([*migrations.migrations(), extra], key=lambda m: m.version)
+
+
+def _ship(monkeypatch: pytest.MonkeyPatch, shipped: list[migrations.Migration]) -> None:
+    shipped = sorted(shipped, key=lambda m: m.version)
     monkeypatch.setattr(migrations, "migrations", lambda: shipped)
     monkeypatch.setattr(migrations, "SHIPPED", frozenset(m.version for m in shipped))
-    yield extra
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", shipped[-1].version)
+
+
+@pytest.fixture
+def with_a_lower_migration(monkeypatch: pytest.MonkeyPatch) -> Iterator[migrations.Migration]:
+    """Two builds whose migration numbers cross, as 0005 and 0006 did: one
+    ships a migration two numbers past today's last, the other also the one
+    in between (merged later).  A schema the first migrated must still get
+    the lower one from the second.  Yields the lower one, with the second
+    build shipped."""
+    top = max(m.version for m in migrations.migrations())
+    later, lower = _fake(top + 2, "past_a_gap"), _fake(top + 1, "merged_later")
+    _ship(monkeypatch, [*migrations.migrations(), later, lower])
+    yield lower
 
 
 async def test_a_schema_past_a_gap_still_gets_the_lower_migration(
@@ -215,16 +225,15 @@ async def test_a_schema_past_a_gap_still_gets_the_lower_migration(
 
 
 async def test_a_recorded_version_this_build_lacks_is_refused(
-    make_broker: Make, schema: str
+    make_broker: Make, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A version inside the gap, recorded by a build that ships it: newer code."""
-    gap = sorted(set(range(1, migrations.SCHEMA_VERSION)) - SHIPPED)
-    if not gap:
-        pytest.skip("no gap in this build's migration numbers")
+    """A version inside a gap, recorded by a build that ships it: newer code."""
+    top = max(m.version for m in migrations.migrations())
+    _ship(monkeypatch, [*migrations.migrations(), _fake(top + 2, "past_a_gap")])
     make_broker().migrate()
     _sql(
         f'INSERT INTO "{schema}".dw_schema_version (version, name) VALUES (%s, %s)',
-        (gap[0], "from another build"),
+        (top + 1, "from another build"),
     )
     with pytest.raises(ConfigurationError, match="upgrade dumbwaiter"):
         await make_broker(migrate="check").stats()
