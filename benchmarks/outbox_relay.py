@@ -21,6 +21,7 @@ import dumbwaiter as dw
 from dumbwaiter.relay import Relay
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
+PG_BROKER = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def main() -> None:
@@ -32,7 +33,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="dw-relay-"))
     broker_url = f"sqlite:///{tmp}/broker.db"
     if args.broker == "postgres":
-        broker_url = f"{PG}?schema=dw_relay_bench&migrate=auto"
+        # the broker in another database than the source: in the same one,
+        # the outbox inserts the jobs themselves in the caller's transaction
+        # (the same-database fast path) and there is nothing to relay
+        broker_url = f"{PG_BROKER}?schema=dw_relay_bench&migrate=auto"
     app = dw.App(broker_url)
 
     @app.task(name="bench.noop")
