@@ -206,17 +206,25 @@ async def test_a_job_whose_id_is_stored_wakes_its_waiter_to_claim(make_broker: M
     await _cancel(waiting)
 
 
-async def test_a_job_handed_to_a_cancelled_fetch_runs_once(make_broker: Make) -> None:
-    """Handed after its fetch gave up: the next fetch of the process takes it
-    (no claim), and nothing else ever gets it."""
-    consumer, producer = make_broker(), make_broker()
-    await producer.open()
+async def _a_cancelled_wait(consumer: PostgresBroker) -> tuple[asyncio.Event, Any]:
+    """A fetch of worker w1 that registered its wait and was cancelled, its
+    withdrawal held back (see _late_withdraw): a producer can still hand it
+    a job.  Returns the gate and the wait's token."""
     gate = _late_withdraw(consumer)
     waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0, "w1"))
     [(token, _, _)] = await _registered(consumer.schema)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
+    return gate, token
+
+
+async def test_a_job_handed_to_a_cancelled_fetch_runs_once(make_broker: Make) -> None:
+    """Handed after its fetch gave up: the next fetch of the process takes it
+    (no claim), and nothing else ever gets it."""
+    consumer, producer = make_broker(), make_broker()
+    await producer.open()
+    gate, token = await _a_cancelled_wait(consumer)
     m = msg()
     await producer.enqueue([m])
     assert _job(consumer.schema, m.id) == ("running", 1, "w1", token)
@@ -238,12 +246,7 @@ async def test_a_handed_job_nobody_takes_is_given_back_uncharged(make_broker: Ma
     attempt 0, for any worker; no lease runs out on it."""
     consumer, producer = make_broker(), make_broker()
     await producer.open()
-    gate = _late_withdraw(consumer)
-    waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0, "w1"))
-    await _registered(consumer.schema)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    gate, _ = await _a_cancelled_wait(consumer)
     m = msg()
     await producer.enqueue([m])
     assert _job(consumer.schema, m.id)[:2] == ("running", 1)
@@ -265,12 +268,7 @@ async def test_a_handed_job_in_the_inbox_goes_back_when_the_broker_closes(
 ) -> None:
     consumer, producer = make_broker(), make_broker()
     await producer.open()
-    gate = _late_withdraw(consumer)
-    waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0, "w1"))
-    await _registered(consumer.schema)
-    waiting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
+    gate, _ = await _a_cancelled_wait(consumer)
     m = msg()
     await producer.enqueue([m])
     listener = consumer._state().listener

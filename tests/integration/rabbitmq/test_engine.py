@@ -42,9 +42,9 @@ def event(type_: str) -> Message:
     return Message(id=uuid7(), kind=EVENT, name=type_, queue="", payload={}, created_at=time.time())
 
 
-@pytest.fixture
-async def make(tmp_path: Path) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
-    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+@contextlib.asynccontextmanager
+async def _brokers(url: str) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
+    """A factory of brokers on ``url``, each closed at the end."""
     made: list[Broker] = []
 
     def new() -> RabbitMQBroker:
@@ -53,9 +53,18 @@ async def make(tmp_path: Path) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
         made.append(b)
         return b
 
-    yield new
-    for b in made:
-        await b.close()
+    try:
+        yield new
+    finally:
+        for b in made:
+            await b.close()
+
+
+@pytest.fixture
+async def make(tmp_path: Path) -> AsyncIterator[Callable[[], RabbitMQBroker]]:
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    async with _brokers(url) as new:
+        yield new
 
 
 @pytest.fixture
@@ -547,17 +556,8 @@ async def make_on_redis() -> AsyncIterator[Callable[[], RabbitMQBroker]]:
     multi-machine setup), where ``kv_update`` is optimistic: a read, then a
     compare-and-set that fails if a key read changed meanwhile."""
     url = server.url(server.new_prefix(), redis_state_url(redis_prefix()))
-    made: list[Broker] = []
-
-    def new() -> RabbitMQBroker:
-        b = from_url(url)
-        assert isinstance(b, RabbitMQBroker)
-        made.append(b)
-        return b
-
-    yield new
-    for b in made:
-        await b.close()
+    async with _brokers(url) as new:
+        yield new
 
 
 def _when_read(
@@ -698,17 +698,8 @@ async def make_short(
         else redis_state_url(redis_prefix())
     )
     url = server.url(server.new_prefix(), state, retention="1")
-    made: list[Broker] = []
-
-    def new() -> RabbitMQBroker:
-        b = from_url(url)
-        assert isinstance(b, RabbitMQBroker)
-        made.append(b)
-        return b
-
-    yield new
-    for b in made:
-        await b.close()
+    async with _brokers(url) as new:
+        yield new
 
 
 async def test_a_cancel_never_brings_back_a_job_a_purge_deleted(
