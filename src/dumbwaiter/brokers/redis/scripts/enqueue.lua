@@ -115,7 +115,7 @@ while n <= #ARGV do
         redis.call('HSET', P .. ':keys', key, id)
         redis.call('HSET', jk, 'k', key)
       end
-      ids[nids + 1] = 0
+      ids[nids + 1] = '0'
       ids[nids + 2] = id
       nids = nids + 2
       if sched and not stage then
@@ -134,8 +134,30 @@ while n <= #ARGV do
     redis.call('SADD', queues, q)
   end
   if stage then
-    if nfresh > 0 then
-      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, nfresh, unpack(fresh))
+    if nfresh > 0 and sched then
+      redis.call('RPUSH', stage, q, 's', pr, ra, nfresh, unpack(fresh))
+    elseif nfresh > 0 and redis.call('ZCARD', P .. ':ready:' .. q) > MOVE_WHOLE then
+      -- a backlog: merging a whole set into it would cost more than adding
+      -- these members to it one by one, which the commit does (kind 'r')
+      redis.call('RPUSH', stage, q, 'r', pr, ra, nfresh, unpack(fresh))
+    elseif nfresh > 0 then
+      -- ready jobs (kind 'R'): their ready-set members wait in the call's
+      -- own set of the queue, which the commit moves whole (see publish_staged
+      -- in _lib.lua): this work is done here, while the producer encodes the
+      -- next chunk, not in the commit, which nothing overlaps
+      redis.call('RPUSH', stage, q, 'R', pr, ra, nfresh, unpack(fresh))
+      local members = {}
+      local score, pre = ready_score(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
+      for j = 1, nfresh do
+        members[2 * j - 1] = score
+        members[2 * j] = pre .. fresh[j]
+      end
+      local zk = staged_members(call, q)
+      redis.call('ZADD', zk, unpack(members))
+      -- a producer of an older version unstages without deleting this set
+      -- (a rescuer of that version, when this producer died): it goes by
+      -- itself; a commit that finds it gone rebuilds it
+      redis.call('EXPIRE', zk, STAGED_MEMBERS_TTL)
     end
   elseif nfresh > 0 then
     offer(q, pr, ra, fresh, bodies, now)
