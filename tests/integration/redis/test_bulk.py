@@ -594,3 +594,44 @@ async def test_a_commit_rebuilds_staged_members_that_are_gone(redis_server: Redi
         assert not [k for k in _keys(redis_server) if b":stage" in k]
     finally:
         await broker.close()
+
+
+async def _stage_all(broker: RedisBroker, call: str, ms: list[Message]) -> None:
+    """Stage every chunk of ``ms`` as bulk enqueue ``call`` (not committed)."""
+    for i, chunk in enumerate(bulk.encode(ms, None)):
+        first = i == 0
+        await broker._link().script(
+            broker._lua.enqueue,
+            broker._keys,
+            [
+                repr(time.time()),
+                b"stage1" if first else b"stage",
+                call,
+                repr(time.time() + bulk.STAGE_TTL) if first else "",
+                *chunk.args,
+            ],
+        )
+
+
+async def test_a_commit_into_a_ready_set_that_grew_bigger_adds_every_member(
+    redis_server: RedisServer,
+) -> None:
+    """Staged into an empty queue, committed after another producer filled
+    it with more ready jobs than the batch holds: the members are added to
+    the ready set (in slices: more than unpack takes at once), each job once,
+    oldest first."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        staged = [msg(args=[i]) for i in range(5 * bulk.CHUNK)]
+        await _stage_all(broker, "call-slow", staged)
+        others = [msg(args=[-i]) for i in range(6 * bulk.CHUNK)]
+        await broker.enqueue(iter(others))
+        await _commit(broker, "call-slow")
+        assert _zcard(redis_server, "ready:default") == len(staged) + len(others)
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for m in staged + others)
+        assert [i for i in got if i in {m.id for m in staged}] == [m.id for m in staged]
+    finally:
+        await broker.close()

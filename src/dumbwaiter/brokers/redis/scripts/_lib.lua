@@ -144,13 +144,16 @@ local function publish_staged(q, zk, n, now)
   end
   local have = redis.call('ZCARD', rk)
   if have > n then
-    local m = redis.call('ZRANGE', zk, 0, -1, 'WITHSCORES')
-    local entries = {}
-    for j = 2, #m, 2 do
-      entries[j - 1] = m[j]
-      entries[j] = m[j - 1]
+    -- 1,000 members at a time: unpack's limit is 8,000 values
+    for from = 0, n - 1, 1000 do
+      local m = redis.call('ZRANGE', zk, from, from + 999, 'WITHSCORES')
+      local entries = {}
+      for j = 2, #m, 2 do
+        entries[j - 1] = m[j]
+        entries[j] = m[j - 1]
+      end
+      redis.call('ZADD', rk, unpack(entries))
     end
-    redis.call('ZADD', rk, unpack(entries))
     redis.call('DEL', zk)
     return
   end
