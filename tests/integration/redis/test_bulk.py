@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 
@@ -504,5 +505,133 @@ async def test_jobs_staged_before_the_staged_state_are_deleted_when_their_call_e
         assert not [k for k in _keys(redis_server) if b":stage" in k]
         assert _zcard(redis_server, "ids") == 1
         assert [d.id for d in await fetch_all(broker)] == [kept.id]
+    finally:
+        await broker.close()
+
+
+# The ready jobs of a staged chunk have their ready-set members written as
+# they are staged, in a set of the call's own (`stage:<call>:r:<queue>`),
+# which the commit moves into the queue's ready set whole (see publish_staged
+# in _lib.lua).
+
+
+def _members(server: RedisServer) -> list[bytes]:
+    return [k for k in _keys(server) if b":r:" in k]
+
+
+@pytest.mark.parametrize("before", [0, 5, bulk.CHUNK + 1])
+async def test_a_big_batch_joins_the_ready_jobs_of_its_queue_in_order(
+    redis_server: RedisServer, before: int
+) -> None:
+    """Into an empty ready set (renamed whole), a small one (merged) and a
+    backlog (no member set staged: the commit adds them one by one): every
+    job once, oldest first, and the ready set keeps no expiry."""
+    broker = from_url(redis_server.url())
+    try:
+        early = [msg(args=[-1 - i]) for i in range(before)]
+        if early:
+            await broker.enqueue(early)
+        ms = [msg(args=[i]) for i in range(N)]
+        await broker.enqueue(iter(ms))
+        assert _zcard(redis_server, "ready:default") == before + N
+        assert not _members(redis_server)
+        client = _client(redis_server)
+        try:
+            assert client.ttl("{dw:t}:ready:default") == -1
+        finally:
+            client.close()
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert got == [m.id for m in early + ms]
+    finally:
+        await broker.close()
+
+
+async def test_a_commit_hands_the_first_staged_jobs_to_an_idle_worker(
+    redis_server: RedisServer,
+) -> None:
+    """A worker waiting on the queue gets the batch's first jobs, leased, in
+    its inbox (up to its limit); the rest are ready, each job once."""
+    waiter, producer = from_url(redis_server.url()), from_url(redis_server.url())
+    assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
+    try:
+        await waiter._claim(["default"], 10, 30.0, "w-idle", "w9", time.time() + 30)
+        ms = [msg(args=[i]) for i in range(N)]
+        await producer.enqueue(iter(ms))
+        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        handed = [job[0] for job in json.loads(raw)]
+        assert handed == [m.id for m in ms[:10]]
+        for m in ms[:10]:
+            info = await producer.get(m.id)
+            assert info is not None and info.state is State.RUNNING and info.worker == "w-idle"
+        assert (await producer.stats())[0].running == 10
+        got = [d.message.id for d in await fetch_all(producer) if d.message]
+        assert got == [m.id for m in ms[10:]]
+        assert not _members(redis_server)
+    finally:
+        await waiter.close()
+        await producer.close()
+
+
+async def test_a_commit_rebuilds_staged_members_that_are_gone(redis_server: RedisServer) -> None:
+    """The member set lives a day without its commit (an older version's undo
+    leaves it behind): a commit later than that still publishes every job
+    once, from the stage list."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        ms = [msg(args=[i]) for i in range(STAGED)]
+        await _stage(broker, "call-late", ms)
+        client = _client(redis_server)
+        try:
+            key = "{dw:t}:stage:call-late:r:default"
+            assert 0 < client.ttl(key) <= 86400
+            client.delete(key)
+        finally:
+            client.close()
+        await _commit(broker, "call-late")
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert got == [m.id for m in ms]
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+    finally:
+        await broker.close()
+
+
+async def _stage_all(broker: RedisBroker, call: str, ms: list[Message]) -> None:
+    """Stage every chunk of ``ms`` as bulk enqueue ``call`` (not committed)."""
+    for i, chunk in enumerate(bulk.encode(ms, None)):
+        first = i == 0
+        await broker._link().script(
+            broker._lua.enqueue,
+            broker._keys,
+            [
+                repr(time.time()),
+                b"stage1" if first else b"stage",
+                call,
+                repr(time.time() + bulk.STAGE_TTL) if first else "",
+                *chunk.args,
+            ],
+        )
+
+
+async def test_a_commit_into_a_ready_set_that_grew_bigger_adds_every_member(
+    redis_server: RedisServer,
+) -> None:
+    """Staged into an empty queue, committed after another producer filled
+    it with more ready jobs than the batch holds: the members are added to
+    the ready set (in slices: more than unpack takes at once), each job once,
+    oldest first."""
+    broker = from_url(redis_server.url())
+    assert isinstance(broker, RedisBroker)
+    try:
+        staged = [msg(args=[i]) for i in range(5 * bulk.CHUNK)]
+        await _stage_all(broker, "call-slow", staged)
+        others = [msg(args=[-i]) for i in range(6 * bulk.CHUNK)]
+        await broker.enqueue(iter(others))
+        await _commit(broker, "call-slow")
+        assert _zcard(redis_server, "ready:default") == len(staged) + len(others)
+        assert not [k for k in _keys(redis_server) if b":stage" in k]
+        got = [d.message.id for d in await fetch_all(broker) if d.message]
+        assert sorted(got) == sorted(m.id for m in staged + others)
+        assert [i for i in got if i in {m.id for m in staged}] == [m.id for m in staged]
     finally:
         await broker.close()

@@ -51,7 +51,8 @@ def _entry(m: Message, limit: int | None) -> tuple[Arg, ...]:
     del d["id"], d["queue"], d["max_attempts"]
     d["headers"] = {**m.headers, "event_id": m.id}
     eta = "" if m.eta is None else repr(m.eta)
-    return (m.id, m.name, eta, m.priority, m.max_attempts, orjson.dumps(d))
+    # text, not orjson's bytes, as a batch holds every one (see bulk.encode)
+    return (m.id, m.name, eta, m.priority, m.max_attempts, orjson.dumps(d).decode())
 
 
 def chunks(broker: RedisBroker, msgs: Iterable[Message]) -> list[list[Arg]]:

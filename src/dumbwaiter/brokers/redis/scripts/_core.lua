@@ -26,6 +26,14 @@ local function member(ra, id)
   return string.format('%016d', math.floor(tonumber(ra) * 1000000)) .. id
 end
 
+-- A ready job's score there, as text.  A number passed to redis.call is
+-- formatted by the server (snprintf, "%.17g"), which cost about as much as
+-- the rest of a ZADD per job; an integer's tostring is exact.  Ids and
+-- counts are passed as text ('0', '1') for the same reason.
+local function ready_score(pr)
+  return tostring(-tonumber(pr))
+end
+
 -- Idle workers wait in BLPOP on an inbox of their own (`in:<waiter>`), each
 -- registered in `waiters:<queue>` (score: when the registration lapses) of
 -- every queue it takes, with its worker name, lease and limit in

@@ -5,7 +5,7 @@
 
 local function make_ready(jk, id, q, pr, ra)
   redis.call('HSET', jk, 'st', 'ready', 'ra', ra)
-  redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
+  redis.call('ZADD', P .. ':ready:' .. q, ready_score(pr), member(ra, id))
 end
 
 -- Append one error record (JSON text) to the job's error list.
@@ -71,7 +71,7 @@ local function offer(q, pr, ra, ids, bodies, now, mark)
     while k <= #ids and #batch < limit do
       local id = ids[k]
       local jk = jkey(id)
-      redis.call('HSET', jk, 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1],
+      redis.call('HSET', jk, 'st', 'running', 'a', '1', 'tk', token, 'lu', lu, 'w', w[1],
         'ib', wid, 'u', now)
       redis.call('ZADD', P .. ':running', lu, id)
       local body = bodies and bodies[k] or redis.call('HGET', jk, 'body')
@@ -83,7 +83,7 @@ local function offer(q, pr, ra, ids, bodies, now, mark)
   end
   if k <= #ids then
     local ready = {}
-    local score, pre = -tonumber(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
+    local score, pre = ready_score(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
     for j = k, #ids do
       ready[#ready + 1] = score
       ready[#ready + 1] = pre .. ids[j]
@@ -93,6 +93,75 @@ local function offer(q, pr, ra, ids, bodies, now, mark)
     end
     redis.call('ZADD', P .. ':ready:' .. q, unpack(ready))
   end
+end
+
+-- The ready-set members of the ready jobs a bulk enqueue staged for queue
+-- `q` (kind 'R' in its stage list): written as the chunks are staged, moved
+-- into the queue's ready set whole by the commit.
+local function staged_members(call, q)
+  return P .. ':stage:' .. call .. ':r:' .. q
+end
+-- seconds such a set lives without a commit or an undo (a day: far beyond a
+-- bulk enqueue's deadline; only a set an older version's undo left behind
+-- lives that long)
+local STAGED_MEMBERS_TTL = 86400
+-- the biggest ready set a staging call adds a set of members to, to be
+-- merged whole at the commit (see publish_staged)
+local MOVE_WHOLE = 1000
+
+-- Publish the staged ready jobs of queue `q` (`n` of them, their members in
+-- `zk`, a set of staged_members): idle workers get the first ones, leased (as
+-- offer does), the rest join the ready set in one command when that set is
+-- empty or not bigger than these (RENAME, or ZUNIONSTORE then RENAME: no
+-- Lua work per job), else by one ZADD of every member.
+local function publish_staged(q, zk, n, now)
+  local nnow = tonumber(now)
+  while n > 0 do
+    local wid, w = take_open_waiter(q, nnow)
+    if not wid then
+      break
+    end
+    local token = redis.call('INCR', P .. ':fence')
+    local lu = nnow + tonumber(w[2])
+    local popped = redis.call('ZPOPMIN', zk, tonumber(w[3]))
+    local batch = {}
+    for j = 2, #popped, 2 do
+      local id = string.sub(popped[j - 1], 17)
+      local jk = jkey(id)
+      redis.call('HSET', jk, 'st', 'running', 'a', '1', 'tk', token, 'lu', lu, 'w', w[1],
+        'ib', wid, 'u', now)
+      redis.call('ZADD', P .. ':running', lu, id)
+      batch[#batch + 1] = {id, q, 1, redis.call('HGET', jk, 'body'), '', token, lu}
+    end
+    n = n - #batch
+    count(q, 'running', #batch)
+    redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode(batch))
+  end
+  local rk = P .. ':ready:' .. q
+  if n <= 0 then
+    redis.call('DEL', zk)
+    return
+  end
+  local have = redis.call('ZCARD', rk)
+  if have > n then
+    -- 1,000 members at a time: unpack's limit is 8,000 values
+    for from = 0, n - 1, 1000 do
+      local m = redis.call('ZRANGE', zk, from, from + 999, 'WITHSCORES')
+      local entries = {}
+      for j = 2, #m, 2 do
+        entries[j - 1] = m[j]
+        entries[j] = m[j - 1]
+      end
+      redis.call('ZADD', rk, unpack(entries))
+    end
+    redis.call('DEL', zk)
+    return
+  end
+  if have > 0 then
+    redis.call('ZUNIONSTORE', zk, 2, zk, rk, 'AGGREGATE', 'MIN')
+  end
+  redis.call('RENAME', zk, rk)
+  redis.call('PERSIST', rk) -- RENAME keeps the staging set's expiry
 end
 
 -- A bulk enqueue stages its chunks (jobs stored but in no set a worker
@@ -160,6 +229,9 @@ local function unstage(call)
       if v[1] == 'staged' or old then
         forget(jk, id, v[2]) -- in no set, no counter: only its traces to delete
       end
+    end
+    if items[i + 1] == 'R' then
+      redis.call('DEL', staged_members(call, items[i]))
     end
     i = i + 5 + n
   end

@@ -69,62 +69,77 @@ while n <= #ARGV do
   if sched then
     first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
   end
-  for j = 1, size do
-    local id, key, unique, body = ARGV[n], '', '', ARGV[n + step - 1]
-    if keyed then
-      key, unique = ARGV[n + 1], ARGV[n + 2]
+  if stage and not any and not keyed then
+    -- new jobs without keys, staged (a bulk enqueue's chunk): nothing to
+    -- look at per job, so the loop does only what each job needs
+    for j = 1, size do
+      local id = ARGV[n]
+      redis.call('HSET', jks[j], 'body', ARGV[n + 1], 'q', q, 'n', name, 'pr', pr, 'ma', ma,
+        'ra', ra, 'u', now, 'st', 'staged')
+      n = n + 2
+      ids[2 * j - 1] = '0'
+      ids[2 * j] = id
+      fresh[j] = id
     end
-    n = n + step
-    local jk = jks[j]
-    local held = false
-    local claim, again = false, false
-    if any and redis.call('EXISTS', jk) == 1 then
-      -- staged by a bulk enqueue not committed yet: a plain enqueue stores
-      -- it as its own, now (see claim_staged in _lib.lua); a staging call
-      -- names it in its reply, to be sent again after its commit
-      local staged = redis.call('HGET', jk, 'st') == 'staged'
-      claim = staged and not stage
-      again = staged and stage
-      held = not claim and id
-    end
-    if not held and key ~= '' then
-      held = redis.call('HGET', P .. ':keys', key)
-      if held == id then
-        held = false -- the staged job being claimed holds its own key
-      elseif held and unique ~= '' then
-        local st = redis.call('HGET', jkey(held), 'st')
-        if not BLOCKS[unique][st] then
-          redis.call('HDEL', jkey(held), 'k') -- its key no longer blocks: free it
-          held = false
+    nids, nfresh, pos = 2 * size, size, pos + size
+  else
+    for j = 1, size do
+      local id, key, unique, body = ARGV[n], '', '', ARGV[n + step - 1]
+      if keyed then
+        key, unique = ARGV[n + 1], ARGV[n + 2]
+      end
+      n = n + step
+      local jk = jks[j]
+      local held = false
+      local claim, again = false, false
+      if any and redis.call('EXISTS', jk) == 1 then
+        -- staged by a bulk enqueue not committed yet: a plain enqueue stores
+        -- it as its own, now (see claim_staged in _lib.lua); a staging call
+        -- names it in its reply, to be sent again after its commit
+        local staged = redis.call('HGET', jk, 'st') == 'staged'
+        claim = staged and not stage
+        again = staged and stage
+        held = not claim and id
+      end
+      if not held and key ~= '' then
+        held = redis.call('HGET', P .. ':keys', key)
+        if held == id then
+          held = false -- the staged job being claimed holds its own key
+        elseif held and unique ~= '' then
+          local st = redis.call('HGET', jkey(held), 'st')
+          if not BLOCKS[unique][st] then
+            redis.call('HDEL', jkey(held), 'k') -- its key no longer blocks: free it
+            held = false
+          end
         end
       end
-    end
-    pos = pos + 1
-    if held then
-      if held ~= id or again then
-        out[#out + 1] = pos
-        out[#out + 1] = held
-      end
-    else
-      if claim then
-        claim_staged()
-      end
-      redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
-        'u', now, 'st', stage and 'staged' or (sched and 'scheduled' or 'ready'))
-      if key ~= '' then
-        redis.call('HSET', P .. ':keys', key, id)
-        redis.call('HSET', jk, 'k', key)
-      end
-      ids[nids + 1] = 0
-      ids[nids + 2] = id
-      nids = nids + 2
-      if sched and not stage then
-        redis.call('ZADD', sk, ra, id)
+      pos = pos + 1
+      if held then
+        if held ~= id or again then
+          out[#out + 1] = pos
+          out[#out + 1] = held
+        end
       else
-        nfresh = nfresh + 1
-        fresh[nfresh] = id
-        if not stage then -- offer hands the bodies to idle workers
-          bodies[nfresh] = body
+        if claim then
+          claim_staged()
+        end
+        redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
+          'u', now, 'st', stage and 'staged' or (sched and 'scheduled' or 'ready'))
+        if key ~= '' then
+          redis.call('HSET', P .. ':keys', key, id)
+          redis.call('HSET', jk, 'k', key)
+        end
+        ids[nids + 1] = '0'
+        ids[nids + 2] = id
+        nids = nids + 2
+        if sched and not stage then
+          redis.call('ZADD', sk, ra, id)
+        else
+          nfresh = nfresh + 1
+          fresh[nfresh] = id
+          if not stage then -- offer hands the bodies to idle workers
+            bodies[nfresh] = body
+          end
         end
       end
     end
@@ -134,8 +149,30 @@ while n <= #ARGV do
     redis.call('SADD', queues, q)
   end
   if stage then
-    if nfresh > 0 then
-      redis.call('RPUSH', stage, q, sched and 's' or 'r', pr, ra, nfresh, unpack(fresh))
+    if nfresh > 0 and sched then
+      redis.call('RPUSH', stage, q, 's', pr, ra, nfresh, unpack(fresh))
+    elseif nfresh > 0 and redis.call('ZCARD', P .. ':ready:' .. q) > MOVE_WHOLE then
+      -- a backlog: merging a whole set into it would cost more than adding
+      -- these members to it one by one, which the commit does (kind 'r')
+      redis.call('RPUSH', stage, q, 'r', pr, ra, nfresh, unpack(fresh))
+    elseif nfresh > 0 then
+      -- ready jobs (kind 'R'): their ready-set members wait in the call's
+      -- own set of the queue, which the commit moves whole (see publish_staged
+      -- in _lib.lua): this work is done here, while the producer encodes the
+      -- next chunk, not in the commit, which nothing overlaps
+      redis.call('RPUSH', stage, q, 'R', pr, ra, nfresh, unpack(fresh))
+      local members = {}
+      local score, pre = ready_score(pr), string.format('%016d', math.floor(tonumber(ra) * 1000000))
+      for j = 1, nfresh do
+        members[2 * j - 1] = score
+        members[2 * j] = pre .. fresh[j]
+      end
+      local zk = staged_members(call, q)
+      redis.call('ZADD', zk, unpack(members))
+      -- a producer of an older version unstages without deleting this set
+      -- (a rescuer of that version, when this producer died): it goes by
+      -- itself; a commit that finds it gone rebuilds it
+      redis.call('EXPIRE', zk, STAGED_MEMBERS_TTL)
     end
   elseif nfresh > 0 then
     offer(q, pr, ra, fresh, bodies, now)

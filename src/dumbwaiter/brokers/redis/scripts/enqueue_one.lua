@@ -24,7 +24,7 @@ if st then
     redis.call('HSET', P .. ':stagedirty', c, 1)
   end
 end
-redis.call('ZADD', P .. ':ids', 0, id)
+redis.call('ZADD', P .. ':ids', '0', id)
 redis.call('SADD', P .. ':queues', q)
 if ARGV[6] == '1' then
   local sk = P .. ':sched:' .. q
@@ -47,13 +47,13 @@ if wid then
   local token = redis.call('INCR', P .. ':fence')
   local lu = nnow + tonumber(w[2])
   redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
-    'u', now, 'st', 'running', 'a', 1, 'tk', token, 'lu', lu, 'w', w[1], 'ib', wid)
+    'u', now, 'st', 'running', 'a', '1', 'tk', token, 'lu', lu, 'w', w[1], 'ib', wid)
   redis.call('ZADD', P .. ':running', lu, id)
-  redis.call('HINCRBY', P .. ':stat:' .. q, 'running', 1)
+  redis.call('HINCRBY', P .. ':stat:' .. q, 'running', '1')
   redis.call('RPUSH', P .. ':in:' .. wid, cjson.encode({{id, q, 1, body, '', token, lu}}))
 else
   redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
     'u', now, 'st', 'ready')
-  redis.call('ZADD', P .. ':ready:' .. q, -tonumber(pr), member(ra, id))
+  redis.call('ZADD', P .. ':ready:' .. q, ready_score(pr), member(ra, id))
 end
 return {}
