@@ -193,6 +193,7 @@ class NatsBroker(Admin, Coordination):
         index_hdr = b"NATS/1.0\r\nDw-U: %s\r\nDw-Ra: " % repr(now).encode()
         subjects = link.subjects
         items: list[tuple[bytes, bytes, bytes | None]] = []
+        indexed: set[int] = set()
         for i in send:
             m, body = prepared[i]
             mid = m.id.encode()
@@ -213,10 +214,12 @@ class NatsBroker(Admin, Coordination):
                         link.level_seen(m.queue, m.priority)
                 subject = cached
                 hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
-            # the pointer first: the server hands it to a waiting worker while
-            # it stores the index entry (both are acknowledged before this returns)
             items.append((subject, body, hdr))
-            items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+            if ra != b"0":
+                # a delay entry is not found by get the way a pointer is
+                # (Core._lookup), so a delayed job keeps its index entry
+                items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+                indexed.add(i)
         batches = []
         for k in range(0, len(items), SEND_CHUNK):
             # write each chunk as soon as it is built (and yield once, so the
@@ -225,10 +228,11 @@ class NatsBroker(Admin, Coordination):
             await link.wire.flush()
             if len(items) > SEND_CHUNK:
                 await asyncio.sleep(0)
-        replies = [r for b in batches for r in await b.wait()]
-        for k, i in enumerate(send):
-            ptr = pub_ack(replies[2 * k], "pointer")
-            pub_ack(replies[2 * k + 1], "index")
+        replies = iter([r for b in batches for r in await b.wait()])
+        for i in send:
+            ptr = pub_ack(next(replies), "pointer")
+            if i in indexed:
+                pub_ack(next(replies), "index")
             result[i] = (prepared[i][0].id, not ptr.duplicate)
         return [r if r is not None else ("", False) for r in result]
 
@@ -246,25 +250,10 @@ class NatsBroker(Admin, Coordination):
             if m.priority:
                 link.level_seen(m.queue, m.priority)
         wire = link.wire
-        b = wire.batch(
-            [
-                (
-                    subject,
-                    body,
-                    b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid),
-                ),
-                (
-                    self.n.je + mid,
-                    body,
-                    b"NATS/1.0\r\nDw-U: %s\r\nDw-Ra: 0\r\n\r\n" % repr(now).encode(),
-                ),
-            ]
-        )
+        hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
+        fut = wire.request(subject, body, hdr)
         await wire.flush()
-        ptr, index = await b.fut
-        dup = pub_ack(ptr, "pointer").duplicate
-        pub_ack(index, "index")
-        return m.id, not dup
+        return m.id, not pub_ack(await fut, "pointer").duplicate
 
     async def _take_keys(
         self,
@@ -864,6 +853,12 @@ class NatsBroker(Admin, Coordination):
         if await self.acquire(_LOCK_RESCUE, link.holder.id, 5.0) is not None:
             for h in await self._holders(link):
                 n += await self._rescue_holder(link, h)
+            try:  # before their Nats-Msg-Id leaves the window (Core._lookup)
+                await self._index_fresh(link, time.time() - self.settings.dupe_window / 2)
+            except Unavailable:
+                raise
+            except Exception:
+                log.exception("nats: indexing waiting jobs failed")
             now = time.monotonic()
             if now - link.swept >= SWEEP_EVERY:
                 link.swept = now
