@@ -391,6 +391,22 @@ async def test_jobs_stored_by_the_previous_layout_are_served(
     assert (await b.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
 
 
+async def test_an_index_entry_written_late_does_not_outlive_its_job(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The catch-up may write a fresh job's entry while the job runs and
+    finishes; the entry counts only for ``retention`` after the enqueue,
+    so it never shows the job as waiting once its record expired."""
+    b = make(retention="5")
+    await b.open()
+    m = msg()
+    link = await b._link()
+    idx = ((b"Dw-U", repr(time.time() - 6)), (b"Dw-Ra", b"0"))
+    await link.store.put(b.n.je + m.id.encode(), encode(m), None, idx)
+    assert await b.get(m.id) is None
+    assert (await b.list_jobs(JobFilter())).items == []
+
+
 async def test_the_index_cursor_starts_over_on_a_work_stream_made_anew(
     make: Callable[..., NatsBroker],
 ) -> None:

@@ -197,7 +197,7 @@ class Admin(Core):
                 out[m.subject[len(self.n.js) :].decode()] = None  # type: ignore[assignment]
         for m in fresh:
             jid = m.subject[len(self.n.je) :].decode()
-            if jid not in out:
+            if jid not in out and self._index_live(Stored(m.seq, m.subject, m.hdr, m.data)):
                 try:
                     out[jid] = fresh_of(Stored(m.seq, m.subject, m.hdr, m.data), now)
                 except MessageDecodeError:

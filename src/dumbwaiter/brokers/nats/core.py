@@ -150,8 +150,10 @@ class Core(Broker):
         jb = jid.encode()
         store = link.store
         rec, idx = await store.read_many(n.jobs, [n.js + jb, n.je + jb])
-        if rec is not None or idx is not None:
+        if rec is not None:
             return rec, idx
+        if idx is not None:
+            return None, idx if self._index_live(idx) else None
         r = await self._await(link, self._probe_req(link, jb))
         seq = _duplicate_of(r)
         if seq:
@@ -166,7 +168,16 @@ class Core(Broker):
         else:  # older than the window: index what is (see _index_fresh)
             await self._index_fresh(link, time.time() - self.settings.dupe_window / 2)
         rec, idx = await store.read_many(n.jobs, [n.js + jb, n.je + jb])
-        return rec, idx
+        return rec, idx if rec is not None or idx is None or self._index_live(idx) else None
+
+    def _index_live(self, e: Stored) -> bool:
+        """Whether a fresh job's index entry still counts: not ``retention``
+        past the job's enqueue (or its ``eta``), as when every entry was
+        written at the enqueue.  An entry written late (by the catch-up,
+        while the job ran and finished) would otherwise outlive the job's
+        record and show it as waiting."""
+        at = max(float(e.get(b"Dw-U") or 0), float(e.get(b"Dw-Ra") or 0))
+        return at + self.retention > time.time()
 
     @property
     def _direct_work(self) -> bytes:
@@ -249,7 +260,7 @@ class Core(Broker):
                 done, stopped = start + k, True
                 break
             jid = m.get(b"Dw-Id")
-            if jid and (m.get(b"Dw-G") or b"0") == b"0":
+            if jid and m.get(b"Nats-Msg-Id") == jid:  # an enqueue's (not a promoted eta)
                 hdrs = ((b"Dw-U", repr(t)), (b"Dw-Ra", b"0"))
                 writes.append(link.store.put_req(n.je + jid, m.data, None, hdrs))
         for r in await wire.gather(writes):
