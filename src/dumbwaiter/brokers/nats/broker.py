@@ -92,6 +92,9 @@ _NS_PER_S = 1_000_000_000
 _LOCK_RESCUE = "dw:rescue"
 #: publishes handed to the socket at a time by a bulk enqueue
 SEND_CHUNK = 512
+#: seconds of index catch-up per rescue (it shares the worker's loop; a
+#: ``get`` that needs an entry not written yet writes it itself)
+INDEX_BUDGET = 0.2
 
 
 class NatsBroker(Admin, Coordination):
@@ -854,7 +857,9 @@ class NatsBroker(Admin, Coordination):
             for h in await self._holders(link):
                 n += await self._rescue_holder(link, h)
             try:  # before their Nats-Msg-Id leaves the window (Core._lookup)
-                await self._index_fresh(link, time.time() - self.settings.dupe_window / 2)
+                await self._index_fresh(
+                    link, time.time() - self.settings.dupe_window / 2, INDEX_BUDGET
+                )
             except Unavailable:
                 raise
             except Exception:

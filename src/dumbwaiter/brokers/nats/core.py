@@ -194,7 +194,9 @@ class Core(Broker):
             headers((b"Nats-Msg-Id", mid), (b"Nats-Expected-Last-Sequence", _NEVER)),
         )
 
-    async def _index_fresh(self, link: Link, bound: float | None) -> None:
+    async def _index_fresh(
+        self, link: Link, bound: float | None, budget: float | None = None
+    ) -> None:
         """Write the index entry of every fresh job's pointer stored before
         ``bound`` (server time; None: all), from the namespace's index cursor
         on, and move the cursor past them.
@@ -207,7 +209,10 @@ class Core(Broker):
         nor by ``Nats-Msg-Id``; every listing, for all of them).  Each
         pointer is indexed about once, the work an enqueue used to do for
         every job, now only for jobs that wait.  The reads are direct gets:
-        a consumer would take pointers off a work-queue stream."""
+        a consumer would take pointers off a work-queue stream.  With a
+        ``budget`` (seconds: the rescuer's, which shares the worker's loop)
+        it stops after that long and leaves the rest for the next pass."""
+        deadline = None if budget is None else time.monotonic() + budget
         n = self.n
         wire = link.wire
         path = self._direct_work
@@ -226,7 +231,7 @@ class Core(Broker):
                 seq = first.seq
                 break
             seq, stopped = await self._index_from(link, first, bound)
-            if stopped:
+            if stopped or (deadline is not None and time.monotonic() > deadline):
                 break
         if seq != cursor:
             # the cursor only moves forward, except for a stream made anew
