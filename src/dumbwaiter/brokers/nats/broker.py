@@ -2,11 +2,12 @@
 
 How the seam maps onto JetStream (docs/nats.md has the full story):
 
-* **enqueue** publishes the job's envelope twice, pipelined, in one round
-  trip: a *pointer* to the work stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated
-  by ``Nats-Msg-Id`` = job id) and an index entry ``dw.NS.j.e.ID`` (so ``get``
-  finds a job nobody has touched yet).  A job with an ``eta`` goes to the
-  delay subjects ``dw.NS.d.QUEUE.s`` instead.  An id enqueued again after
+* **enqueue** publishes one message per job: a *pointer* to the work
+  stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated by ``Nats-Msg-Id`` = job
+  id), which is also how ``get`` finds a job nobody has touched yet (by that
+  id; index entries ``dw.NS.j.e.ID`` are written later for jobs that wait:
+  ``Core._index_fresh``).  A job with an ``eta`` goes to the delay subjects
+  ``dw.NS.d.QUEUE.s`` instead, with its index entry.  An id enqueued again after
   the de-duplication window gets a second pointer, which its claim drops:
   the job still runs once.
 * **fetch** pulls from one durable pull consumer per queue and priority
@@ -170,8 +171,8 @@ class NatsBroker(Admin, Coordination):
     async def _store_once(
         self, link: Link, prepared: list[tuple[Message, bytes]]
     ) -> list[tuple[str, bool]]:
-        """Publish every job's pointer (a delay entry for an ``eta``) and index
-        entry, all pipelined, then wait for every PubAck.  A job is new
+        """Publish every job's pointer (a delay entry and an index entry for
+        an ``eta``), all pipelined, then wait for every PubAck.  A job is new
         unless JetStream calls its pointer a duplicate (``Nats-Msg-Id`` = id,
         inside the de-duplication window)."""
         now = time.time()
@@ -241,8 +242,8 @@ class NatsBroker(Admin, Coordination):
 
     async def _store_one(self, link: Link, m: Message, body: bytes, now: float) -> tuple[str, bool]:
         """``_store_once`` for the usual single enqueue (a request handler's
-        ``aenqueue``: a known queue, no key, due now): the same two publishes
-        and the same headers, without what a batch of many needs (queue and
+        ``aenqueue``: a known queue, no key, due now): the same publish and
+        the same headers, without what a batch of many needs (queue and
         key checks, delay entries, chunks, reply lists).  With a thousand
         handlers enqueuing at once, that bookkeeping was about a sixth of the
         producer's CPU per job (``benchmarks/nats_enqueue.py``)."""
