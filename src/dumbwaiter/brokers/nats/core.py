@@ -166,7 +166,7 @@ class Core(Broker):
             ):
                 return None, m
         else:  # older than the window: index what is (see _index_fresh)
-            await self._index_fresh(link, time.time() - self.settings.dupe_window / 2)
+            await self._index_fresh(link, time.time() - self.settings.dupe_window / 2, want=jb)
         rec, idx = await store.read_many(n.jobs, [n.js + jb, n.je + jb])
         return rec, idx if rec is not None or idx is None or self._index_live(idx) else None
 
@@ -195,7 +195,11 @@ class Core(Broker):
         )
 
     async def _index_fresh(
-        self, link: Link, bound: float | None, budget: float | None = None
+        self,
+        link: Link,
+        bound: float | None,
+        budget: float | None = None,
+        want: bytes | None = None,
     ) -> None:
         """Write the index entry of every fresh job's pointer stored before
         ``bound`` (server time; None: all), from the namespace's index cursor
@@ -211,13 +215,16 @@ class Core(Broker):
         every job, now only for jobs that wait.  The reads are direct gets:
         a consumer would take pointers off a work-queue stream.  With a
         ``budget`` (seconds: the rescuer's, which shares the worker's loop)
-        it stops after that long and leaves the rest for the next pass."""
+        it stops after that long and leaves the rest for the next pass; with
+        ``want`` (a job id: a ``get``'s) it stops once that job's entry is
+        written."""
         deadline = None if budget is None else time.monotonic() + budget
         n = self.n
         wire = link.wire
         path = self._direct_work
         cursor = int(await self._config(link, b"idx") or 0)
         seq = max(cursor, 1)  # every fresh pointer below ``seq`` has its entry
+        span = 128  # messages read per round trip: more while they are dense
         while True:
             first = stored(await wire.call(path, _next_pointer(n, seq)))
             if first is None:
@@ -230,7 +237,8 @@ class Core(Broker):
             if bound is not None and first.time > bound:
                 seq = first.seq
                 break
-            seq, stopped = await self._index_from(link, first, bound)
+            seq, stopped, dense = await self._index_from(link, first, bound, span, want)
+            span = min(span * 2, 1024) if dense else max(span // 4, 1)
             if stopped or (deadline is not None and time.monotonic() > deadline):
                 break
         if seq != cursor:
@@ -239,17 +247,20 @@ class Core(Broker):
                 link, b"idx", lambda c: seq if seq < cursor or not c else max(int(c), seq)
             )
 
-    async def _index_from(self, link: Link, first: Stored, bound: float | None) -> tuple[int, bool]:
-        """Index the fresh pointers from ``first`` over the next 127
-        sequences (pipelined: a backlog is mostly consecutive pointers; gaps,
-        acked pointers or other subjects, are skipped).  Returns the sequence
-        below which all are done, and whether a pointer newer than ``bound``
-        stopped it."""
+    async def _index_from(
+        self, link: Link, first: Stored, bound: float | None, span: int, want: bytes | None
+    ) -> tuple[int, bool, bool]:
+        """Index the fresh pointers from ``first`` over ``span`` sequences
+        (pipelined: a backlog is mostly consecutive pointers; gaps, acked
+        pointers or other subjects, are skipped).  Returns the sequence below
+        which all are done, whether a pointer newer than ``bound`` stopped
+        it (or the job ``want``, once its entry is written), and whether most
+        of the sequences were messages."""
         n = self.n
         wire = link.wire
         path = self._direct_work
         start = first.seq
-        futs = [wire.request(path, b'{"seq":%d}' % s) for s in range(start + 1, start + 128)]
+        futs = [wire.request(path, b'{"seq":%d}' % s) for s in range(start + 1, start + span)]
         got: list[Stored | None] = [first]
         for r in await wire.gather(futs):
             got.append(stored(r) if isinstance(r, Reply) else None)
@@ -268,11 +279,14 @@ class Core(Broker):
             if jid and m.get(b"Nats-Msg-Id") == jid:  # an enqueue's (not a promoted eta)
                 hdrs = ((b"Dw-U", repr(t)), (b"Dw-Ra", b"0"))
                 writes.append(link.store.put_req(n.je + jid, m.data, None, hdrs))
+                if jid == want:
+                    done, stopped = start + k + 1, True
+                    break
         for r in await wire.gather(writes):
             if isinstance(r, BaseException):
                 raise r
             pub_ack(r, "index")
-        return done, stopped
+        return done, stopped, sum(m is not None for m in got) * 2 > span
 
     def _kv_subject(self, key: str) -> bytes:
         return self.n.k + key_tokens(key)
