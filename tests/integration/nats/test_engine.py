@@ -29,6 +29,7 @@ from dumbwaiter.brokers.nats.wire import (
     pub_ack,
 )
 from dumbwaiter.errors import InvalidURL
+from dumbwaiter.message import encode
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
@@ -285,6 +286,140 @@ async def test_cancel_takes_the_pointer_out_even_after_the_dedupe_window(
     [s] = [s for s in await b.stats() if s.queue == "default"]
     assert (s.ready, s.cancelled) == (0, 2)
     assert await b.fetch(["default"], 10, 30.0, 0) == []
+
+
+async def test_an_enqueue_stores_only_the_pointer_and_get_finds_the_job_by_it(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """One stored message per job: no index entry at enqueue; ``get``, a
+    cancel and a listing find the fresh job through its pointer."""
+    b = make()
+    await b.open()
+    a, c, later = msg(), msg(), msg(eta=time.time() + 60)
+    await b.enqueue([a])
+    await b.enqueue([c, later])
+    link = await b._link()
+    je = [b.n.je + m.id.encode() for m in (a, c, later)]
+    entries = await link.store.read_many(b.n.jobs, je)
+    assert [e is not None for e in entries] == [False, False, True]  # a delayed job keeps it
+    info = await b.get(a.id)
+    assert info is not None and info.state is State.READY and info.message.id == a.id
+    assert info.updated_at is not None and abs(info.updated_at - time.time()) < 5
+    assert await b.cancel([c.id]) == [c.id]
+    assert (await b.get(c.id)).state is State.CANCELLED  # type: ignore[union-attr]
+    page = await b.list_jobs(JobFilter(state=State.READY))
+    assert [i.message.id for i in page.items] == [a.id]
+    [d] = await b.fetch(["default"], 10, 30.0, 0)
+    assert d.id == a.id
+    await b.ack([d])
+    assert (await b.get(a.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_fresh_job_is_found_after_its_msg_id_left_the_dedupe_window(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """Past the window the pointer cannot be found by ``Nats-Msg-Id``: the
+    index entries of older pointers are written then (by the get itself
+    here; by rescue every second in a running worker)."""
+    b = make(dupe_window="0.5")
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    link = await b._link()
+
+    async def in_window() -> bool:
+        r = await link.wire.call(
+            b.n.t + b"probe",
+            b"",
+            headers((b"Nats-Msg-Id", m.id), (b"Nats-Expected-Last-Sequence", 2**62)),
+        )
+        return b'"duplicate"' in r.data
+
+    await eventually(in_window, lambda found: not found)  # the window passed
+    assert await link.store.read(b.n.jobs, b.n.je + m.id.encode()) is None
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.READY
+    assert await link.store.read(b.n.jobs, b.n.je + m.id.encode()) is not None
+    assert await b.cancel([m.id]) == [m.id]
+    assert await b.fetch(["default"], 10, 30.0, 0) == []
+
+
+async def test_rescue_indexes_pointers_before_their_msg_id_leaves_the_window(
+    make: Callable[..., NatsBroker],
+) -> None:
+    b = make(dupe_window="1")
+    await b.open()
+    old = msg()
+    await b.enqueue([old])
+    link = await b._link()
+    subject = b.n.je + old.id.encode()
+
+    async def indexed() -> bool:
+        await b.rescue()
+        return await link.store.read(b.n.jobs, subject) is not None
+
+    await eventually(indexed, bool)
+    new = msg()
+    await b.enqueue([new])
+    await b.rescue()  # a pointer younger than half the window is left to its Msg-Id
+    assert await link.store.read(b.n.jobs, b.n.je + new.id.encode()) is None
+    assert (await b.get(new.id)).state is State.READY  # type: ignore[union-attr]
+
+
+async def test_jobs_stored_by_the_previous_layout_are_served(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """Before one-message enqueues, every job had its index entry from the
+    enqueue (``Dw-U``, ``Dw-Ra`` headers): such jobs are found and run."""
+    b = make()
+    await b.open()
+    m = msg()
+    link = await b._link()
+    body = encode(m)
+    mid = m.id.encode()
+    ptr = ((b"Nats-Msg-Id", mid), (b"Dw-Id", mid), (b"Dw-G", b"0"))
+    idx = ((b"Dw-U", repr(time.time() - 5)), (b"Dw-Ra", b"0"))
+    await link.store.put(b.n.pointer("default", 0), body, None, ptr)
+    await link.store.put(b.n.je + mid, body, None, idx)
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.READY
+    assert info.updated_at is not None and info.updated_at < time.time() - 4
+    assert [i.message.id for i in (await b.list_jobs(JobFilter())).items] == [m.id]
+    [d] = await b.fetch(["default"], 10, 30.0, 0)
+    assert d.id == m.id and d.message is not None
+    await b.ack([d])
+    assert (await b.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_an_index_entry_written_late_does_not_outlive_its_job(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The catch-up may write a fresh job's entry while the job runs and
+    finishes; the entry counts only for ``retention`` after the enqueue,
+    so it never shows the job as waiting once its record expired."""
+    b = make(retention="5")
+    await b.open()
+    m = msg()
+    link = await b._link()
+    idx = ((b"Dw-U", repr(time.time() - 6)), (b"Dw-Ra", b"0"))
+    await link.store.put(b.n.je + m.id.encode(), encode(m), None, idx)
+    assert await b.get(m.id) is None
+    assert (await b.list_jobs(JobFilter())).items == []
+
+
+async def test_the_index_cursor_starts_over_on_a_work_stream_made_anew(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The cursor is a work-stream sequence; one beyond the stream's last
+    (the streams were deleted and made again, the KV bucket kept) restarts."""
+    b = make()
+    await b.open()
+    link = await b._link()
+    await b._merge_config(link, b"idx", lambda _: 10**9)
+    m = msg()
+    await b.enqueue([m])
+    assert [i.message.id for i in (await b.list_jobs(JobFilter())).items] == [m.id]
+    assert int(await b._config(link, b"idx")) < 10**9
 
 
 async def test_a_mover_that_died_between_record_and_pointer_is_repaired(

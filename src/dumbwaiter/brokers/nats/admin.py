@@ -178,7 +178,10 @@ class Admin(Core):
         return ready, lag
 
     async def _all(self, link: Link) -> list[JobInfo]:
-        """Every job in the index (a scan: admin listings without a narrower filter)."""
+        """Every job in the index (a scan: admin listings without a narrower
+        filter).  The fresh jobs' pointers are indexed first, so the scan
+        sees every job (a pointer goes only after its record is written)."""
+        await self._index_fresh(link, None)
         store = link.store
         states, fresh = await asyncio.gather(
             store.scan(self.n.jobs, self.n.js + b"*", last_per_subject=True),
@@ -194,7 +197,7 @@ class Admin(Core):
                 out[m.subject[len(self.n.js) :].decode()] = None  # type: ignore[assignment]
         for m in fresh:
             jid = m.subject[len(self.n.je) :].decode()
-            if jid not in out:
+            if jid not in out and self._index_live(Stored(m.seq, m.subject, m.hdr, m.data)):
                 try:
                     out[jid] = fresh_of(Stored(m.seq, m.subject, m.hdr, m.data), now)
                 except MessageDecodeError:
@@ -318,9 +321,7 @@ class Admin(Core):
         subject = self.n.js + jid.encode()
         for _ in range(50):
             now = time.time()
-            cur, fresh = await link.store.read_many(
-                self.n.jobs, [subject, self.n.je + jid.encode()]
-            )
+            cur, fresh = await self._lookup(link, jid)
             if cur is not None:
                 old = R.loads(cur.data)
             elif fresh is not None:
@@ -376,9 +377,7 @@ class Admin(Core):
         subject = self.n.js + jid.encode()
         for _ in range(50):
             now = time.time()
-            cur, fresh = await link.store.read_many(
-                self.n.jobs, [subject, self.n.je + jid.encode()]
-            )
+            cur, fresh = await self._lookup(link, jid)
             if cur is not None:
                 old = R.loads(cur.data)
             elif fresh is not None:

@@ -2,11 +2,12 @@
 
 How the seam maps onto JetStream (docs/nats.md has the full story):
 
-* **enqueue** publishes the job's envelope twice, pipelined, in one round
-  trip: a *pointer* to the work stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated
-  by ``Nats-Msg-Id`` = job id) and an index entry ``dw.NS.j.e.ID`` (so ``get``
-  finds a job nobody has touched yet).  A job with an ``eta`` goes to the
-  delay subjects ``dw.NS.d.QUEUE.s`` instead.  An id enqueued again after
+* **enqueue** publishes one message per job: a *pointer* to the work
+  stream (``dw.NS.w.QUEUE.PRIO``, de-duplicated by ``Nats-Msg-Id`` = job
+  id), which is also how ``get`` finds a job nobody has touched yet (by that
+  id; index entries ``dw.NS.j.e.ID`` are written later for jobs that wait:
+  ``Core._index_fresh``).  A job with an ``eta`` goes to the delay subjects
+  ``dw.NS.d.QUEUE.s`` instead, with its index entry.  An id enqueued again after
   the de-duplication window gets a second pointer, which its claim drops:
   the job still runs once.
 * **fetch** pulls from one durable pull consumer per queue and priority
@@ -92,6 +93,9 @@ _NS_PER_S = 1_000_000_000
 _LOCK_RESCUE = "dw:rescue"
 #: publishes handed to the socket at a time by a bulk enqueue
 SEND_CHUNK = 512
+#: seconds of index catch-up per rescue (it shares the worker's loop; a
+#: ``get`` that needs an entry not written yet writes it itself)
+INDEX_BUDGET = 0.2
 
 
 class NatsBroker(Admin, Coordination):
@@ -167,8 +171,8 @@ class NatsBroker(Admin, Coordination):
     async def _store_once(
         self, link: Link, prepared: list[tuple[Message, bytes]]
     ) -> list[tuple[str, bool]]:
-        """Publish every job's pointer (a delay entry for an ``eta``) and index
-        entry, all pipelined, then wait for every PubAck.  A job is new
+        """Publish every job's pointer (a delay entry and an index entry for
+        an ``eta``), all pipelined, then wait for every PubAck.  A job is new
         unless JetStream calls its pointer a duplicate (``Nats-Msg-Id`` = id,
         inside the de-duplication window)."""
         now = time.time()
@@ -193,6 +197,7 @@ class NatsBroker(Admin, Coordination):
         index_hdr = b"NATS/1.0\r\nDw-U: %s\r\nDw-Ra: " % repr(now).encode()
         subjects = link.subjects
         items: list[tuple[bytes, bytes, bytes | None]] = []
+        indexed: set[int] = set()
         for i in send:
             m, body = prepared[i]
             mid = m.id.encode()
@@ -213,10 +218,12 @@ class NatsBroker(Admin, Coordination):
                         link.level_seen(m.queue, m.priority)
                 subject = cached
                 hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
-            # the pointer first: the server hands it to a waiting worker while
-            # it stores the index entry (both are acknowledged before this returns)
             items.append((subject, body, hdr))
-            items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+            if ra != b"0":
+                # a delay entry is not found by get the way a pointer is
+                # (Core._lookup), so a delayed job keeps its index entry
+                items.append((je + mid, body, index_hdr + ra + b"\r\n\r\n"))
+                indexed.add(i)
         batches = []
         for k in range(0, len(items), SEND_CHUNK):
             # write each chunk as soon as it is built (and yield once, so the
@@ -225,17 +232,18 @@ class NatsBroker(Admin, Coordination):
             await link.wire.flush()
             if len(items) > SEND_CHUNK:
                 await asyncio.sleep(0)
-        replies = [r for b in batches for r in await b.wait()]
-        for k, i in enumerate(send):
-            ptr = pub_ack(replies[2 * k], "pointer")
-            pub_ack(replies[2 * k + 1], "index")
+        replies = iter([r for b in batches for r in await b.wait()])
+        for i in send:
+            ptr = pub_ack(next(replies), "pointer")
+            if i in indexed:
+                pub_ack(next(replies), "index")
             result[i] = (prepared[i][0].id, not ptr.duplicate)
         return [r if r is not None else ("", False) for r in result]
 
     async def _store_one(self, link: Link, m: Message, body: bytes, now: float) -> tuple[str, bool]:
         """``_store_once`` for the usual single enqueue (a request handler's
-        ``aenqueue``: a known queue, no key, due now): the same two publishes
-        and the same headers, without what a batch of many needs (queue and
+        ``aenqueue``: a known queue, no key, due now): the same publish and
+        the same headers, without what a batch of many needs (queue and
         key checks, delay entries, chunks, reply lists).  With a thousand
         handlers enqueuing at once, that bookkeeping was about a sixth of the
         producer's CPU per job (``benchmarks/nats_enqueue.py``)."""
@@ -246,25 +254,10 @@ class NatsBroker(Admin, Coordination):
             if m.priority:
                 link.level_seen(m.queue, m.priority)
         wire = link.wire
-        b = wire.batch(
-            [
-                (
-                    subject,
-                    body,
-                    b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid),
-                ),
-                (
-                    self.n.je + mid,
-                    body,
-                    b"NATS/1.0\r\nDw-U: %s\r\nDw-Ra: 0\r\n\r\n" % repr(now).encode(),
-                ),
-            ]
-        )
+        hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
+        fut = wire.request(subject, body, hdr)
         await wire.flush()
-        ptr, index = await b.fut
-        dup = pub_ack(ptr, "pointer").duplicate
-        pub_ack(index, "index")
-        return m.id, not dup
+        return m.id, not pub_ack(await fut, "pointer").duplicate
 
     async def _take_keys(
         self,
@@ -864,6 +857,14 @@ class NatsBroker(Admin, Coordination):
         if await self.acquire(_LOCK_RESCUE, link.holder.id, 5.0) is not None:
             for h in await self._holders(link):
                 n += await self._rescue_holder(link, h)
+            try:  # before their Nats-Msg-Id leaves the window (Core._lookup)
+                await self._index_fresh(
+                    link, time.time() - self.settings.dupe_window / 2, INDEX_BUDGET
+                )
+            except Unavailable:
+                raise
+            except Exception:
+                log.exception("nats: indexing waiting jobs failed")
             now = time.monotonic()
             if now - link.swept >= SWEEP_EVERY:
                 link.swept = now

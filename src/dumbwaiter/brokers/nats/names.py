@@ -10,7 +10,7 @@ stream             subjects                    what
 ``DW_NS_WORK``     ``dw.NS.w.QUEUE.PRIO``      job pointers (work-queue retention:
                    ``dw.NS.d.QUEUE.KIND``      gone once acked), delayed entries
                    ``dw.NS.t.MINUTE``          (eta, retries) and kv expiry marks
-``DW_NS_JOBS``     ``dw.NS.j.e.ID``            the job index: envelope at enqueue,
+``DW_NS_JOBS``     ``dw.NS.j.e.ID``            the job index: a waiting job's envelope,
                    ``dw.NS.j.s.ID``            state record from the first transition,
                    ``dw.NS.j.k.HASH``          unique keys; one message per subject,
                                                ``max_age`` = retention
