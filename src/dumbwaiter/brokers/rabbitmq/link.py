@@ -105,6 +105,9 @@ class Link:
         #: when ``_watch`` last read pauses and lanes, and for which queues
         self.looked_at = 0.0
         self.looked: set[str] = set()
+        #: acks waiting for this loop's next admission to write their
+        #: records (``RabbitMQBroker._ride``)
+        self.riders: list[Any] = []
 
     def ok(self) -> bool:
         return (
