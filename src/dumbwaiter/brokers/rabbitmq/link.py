@@ -25,6 +25,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
 from ...errors import BrokerError
+from . import frames
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -428,3 +429,5 @@ def _inline_ok() -> bool:
 
 
 _INLINE = _inline_ok()
+#: aiormq's connections read whole chunks of frames (``frames.py``)
+FAST_FRAMES = frames.install()
