@@ -90,3 +90,19 @@ async def test_a_protocol_header_from_the_server_is_refused() -> None:
 def test_aiormq_connections_read_with_it() -> None:
     assert link.FAST_FRAMES
     assert aiormq.connection.FrameReceiver is frames.FrameReceiver
+
+
+@pytest.mark.parametrize("redelivered", [False, True])
+async def test_deliveries_and_bodies_equal_pamqps_own(redelivered: bool) -> None:
+    """The fast paths (``Basic.Deliver``, body frames) build what pamqp's
+    generic unmarshal builds, with non-ASCII names and a redelivery."""
+    data = pamqp.frame.marshal(
+        spec.Basic.Deliver("ctag-é", 2**40 + 3, redelivered, "dw.x", "dw.q.ünï"), 5
+    ) + pamqp.frame.marshal(ContentBody(b"\x00\xce" * 50), 5)
+    got = await _read_all(data, 3)
+    want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
+    assert [(n, ch, type(f)) for n, ch, f in got] == [(n, ch, type(f)) for n, ch, f in want]
+    (_, _, d), (_, _, w) = got[0], want[0]
+    for attr in ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key"):
+        assert getattr(d, attr) == getattr(w, attr)
+    assert got[1][2].value == want[1][2].value

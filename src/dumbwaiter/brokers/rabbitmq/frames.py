@@ -27,8 +27,11 @@ from collections import deque
 from typing import Any
 
 import aiormq.connection as _conn
+import pamqp.constants
 import pamqp.frame
 from aiormq.exceptions import AMQPConnectionError, InvalidFrameError, ProtocolSyntaxError
+from pamqp import commands as spec
+from pamqp.body import ContentBody
 from pamqp.exceptions import PAMQPException
 
 _HEAD = struct.Struct(">BHI")
@@ -37,7 +40,34 @@ _HEAD_SIZE = 7
 #: what one read takes from the stream at most
 READ_SIZE = 1 << 16
 
+_CHANNEL = struct.Struct(">H")
+_INDEX = struct.Struct(">I")
+_TAG = struct.Struct(">Q")
+_METHOD, _BODY = pamqp.constants.FRAME_METHOD, pamqp.constants.FRAME_BODY
+_END = pamqp.constants.FRAME_END
+_DELIVER = spec.Basic.Deliver.index
+
 _Original = _conn.FrameReceiver
+
+
+def _deliver(buf: bytearray, at: int) -> spec.Basic.Deliver:
+    """A ``Basic.Deliver`` from its arguments at ``buf[at:]``, as pamqp's
+    generic unmarshal builds it (the same five attributes), without its
+    decoding by type name of every field: two short strings, the tag, the
+    redelivered bit, two more short strings (AMQP 0-9-1)."""
+    d = spec.Basic.Deliver.__new__(spec.Basic.Deliver)
+    n = buf[at]
+    d.consumer_tag = buf[at + 1 : at + 1 + n].decode()
+    at += 1 + n
+    d.delivery_tag = _TAG.unpack_from(buf, at)[0]
+    d.redelivered = bool(buf[at + 8] & 1)
+    at += 9
+    n = buf[at]
+    d.exchange = buf[at + 1 : at + 1 + n].decode()
+    at += 1 + n
+    n = buf[at]
+    d.routing_key = buf[at + 1 : at + 1 + n].decode()
+    return d
 
 
 class FrameReceiver(_conn.FrameReceiver):
@@ -89,10 +119,21 @@ class FrameReceiver(_conn.FrameReceiver):
             stop = pos + _HEAD_SIZE + size + 1
             if stop > end:
                 break
-            try:
-                frames.append(pamqp.frame.unmarshal(bytes(buf[pos:stop])))
-            except PAMQPException as e:
-                raise InvalidFrameError(str(e)) from e
+            kind, channel = buf[pos], _CHANNEL.unpack_from(buf, pos + 1)[0]
+            if kind == _BODY and buf[stop - 1] == _END:
+                frame: Any = ContentBody(bytes(buf[pos + _HEAD_SIZE : stop - 1]))
+                frames.append((stop - pos, channel, frame))
+            elif (
+                kind == _METHOD
+                and buf[stop - 1] == _END
+                and _INDEX.unpack_from(buf, pos + _HEAD_SIZE)[0] == _DELIVER
+            ):
+                frames.append((stop - pos, channel, _deliver(buf, pos + _HEAD_SIZE + 4)))
+            else:
+                try:
+                    frames.append(pamqp.frame.unmarshal(bytes(buf[pos:stop])))
+                except PAMQPException as e:
+                    raise InvalidFrameError(str(e)) from e
             pos = stop
         if pos:
             del buf[:pos]
