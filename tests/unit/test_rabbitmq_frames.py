@@ -106,3 +106,18 @@ async def test_deliveries_and_bodies_equal_pamqps_own(redelivered: bool) -> None
     for attr in ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key"):
         assert getattr(d, attr) == getattr(w, attr)
     assert got[1][2].value == want[1][2].value
+
+
+async def test_callers_at_once_share_the_frames_in_order() -> None:
+    """Two tasks waiting on one receiver (aiormq has one reader, but its
+    receiver allowed more) each get whole frames, in the stream's order."""
+    data = b"".join(_delivery(t, b"y" * 20) for t in range(1, 4))
+    reader = asyncio.StreamReader()
+    rx = frames.FrameReceiver(reader)
+    waiting = [asyncio.ensure_future(rx.get_frame()) for _ in range(9)]
+    await asyncio.sleep(0)
+    reader.feed_data(data)
+    got = await asyncio.gather(*waiting)
+    want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
+    assert [type(f) for _, _, f in got] == [type(f) for _, _, f in want]
+    assert [f.delivery_tag for _, _, f in got[0::3]] == [1, 2, 3]

@@ -82,7 +82,13 @@ class FrameReceiver(_conn.FrameReceiver):
         frames = self._frames
         if frames:
             return frames.popleft()
-        buf = self._buf
+        async with self.lock:  # one reader of the stream at a time, as aiormq's
+            if frames:  # another caller's read brought some meanwhile
+                return frames.popleft()
+            return await self._read()
+
+    async def _read(self) -> Any:
+        frames, buf = self._frames, self._buf
         if not buf and self.reader.at_eof():
             del self.reader
             raise StopAsyncIteration
