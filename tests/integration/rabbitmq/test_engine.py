@@ -23,6 +23,7 @@ from pamqp import commands as spec
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Binding, Broker, JobFilter, Page
 from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
+from dumbwaiter.errors import BrokerError
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State
 from tests.conformance.helpers import error, eventually
@@ -916,3 +917,81 @@ async def test_a_bursts_prefetch_does_not_outlive_the_burst(
         assert await broker.fetch(["default"], slots, 30.0, 0.3) == []
     await broker.enqueue([job() for _ in range(40)])
     assert await _drain(broker, 40, slots, job_time=0.05) <= 2 * slots
+
+
+async def _two_batches(broker: RabbitMQBroker) -> tuple[list[Any], list[Message]]:
+    """A batch leased (``first``) and more jobs waiting in the consumer's buffer."""
+    broker.prefetch = 100
+    assert await broker.fetch(["default"], 1, 30.0, 0.05) == []
+    jobs = [job() for _ in range(6)]
+    await broker.enqueue(jobs)
+    first: list[Any] = []
+    while len(first) < 3:
+        first += await asyncio.wait_for(broker.fetch(["default"], 3 - len(first), 30.0, 10.0), 20)
+    link = broker._links[asyncio.get_running_loop()]
+    while len(link.buffer) < 3:  # each delivery sets ``arrived``
+        link.arrived.clear()
+        await asyncio.wait_for(link.arrived.wait(), 10)
+    return first, jobs
+
+
+async def test_an_ack_rides_with_the_next_admission(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ack made while the worker's next fetch admits copies writes its
+    records in that admission's ``kv_update``: one state-store trip for
+    both, and the records are stored before the AMQP ack, as alone."""
+    first, jobs = await _two_batches(broker)
+    writes: list[Any] = []
+    real = broker.state.kv_set
+
+    async def counted(items: Any, ttl: Any = None) -> None:
+        writes.append(dict(items))
+        await real(items, ttl)
+
+    monkeypatch.setattr(broker.state, "kv_set", counted)
+    acked = asyncio.ensure_future(broker.ack(first))
+    await asyncio.sleep(0)  # the ack waits for a ride
+    second = await asyncio.wait_for(broker.fetch(["default"], 3, 30.0, 10.0), 20)
+    await acked
+    assert second and not writes
+    for d in first:
+        info = await broker.get(d.id)
+        assert info is not None and info.state is State.SUCCEEDED
+    await broker.ack(second)  # no admission comes: written alone, after a few turns
+    assert writes
+    left = [d.id for d in second]
+    assert {m.id for m in jobs} >= set(left) | {d.id for d in first}
+
+
+async def test_an_ack_whose_admission_fails_raises_and_can_be_made_again(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state store fails the admission an ack rides with: the ack raises
+    (the worker keeps the outcome and makes it again), nothing was stored,
+    and the next ack records it."""
+    first, _ = await _two_batches(broker)
+    real = broker.state.kv_update
+    calls = 0
+
+    async def failing_once(keys: Any, decide: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return await real(keys, decide)
+
+    monkeypatch.setattr(broker.state, "kv_update", failing_once)
+    acked = asyncio.ensure_future(broker.ack(first))
+    await asyncio.sleep(0)
+    with pytest.raises(sqlite3.OperationalError):
+        await asyncio.wait_for(broker.fetch(["default"], 3, 30.0, 10.0), 20)
+    with pytest.raises(BrokerError):
+        await acked
+    for d in first:
+        info = await broker.get(d.id)
+        assert info is not None and info.state is State.RUNNING
+    await broker.ack(first)
+    for d in first:
+        info = await broker.get(d.id)
+        assert info is not None and info.state is State.SUCCEEDED

@@ -57,6 +57,7 @@ from ..base import (
     QueueStats,
     Rescued,
     delivery_of,
+    kv_write,
     stats_rows,
 )
 from . import topology as topo
@@ -97,6 +98,9 @@ PREFETCH_HORIZON = 0.05
 PREFETCH_MAX = 1000
 #: seconds over which that drain rate is measured
 PREFETCH_WINDOW = 0.1
+#: turns of the event loop an ack waits for this loop's next admission to
+#: carry its records (``_ride``); then it writes them alone
+RIDE_TURNS = 6
 #: what a publish that may be tried again on a new connection can raise
 SEND_ERRORS: tuple[type[BaseException], ...] = (BrokerError, *AMQP_ERRORS)
 #: what ``_judge`` decides about a copy RabbitMQ handed out
@@ -126,6 +130,17 @@ class Token:
     record: int
     gen: int
     tag: int
+
+
+@dataclass(slots=True)
+class _Ride:
+    """An ack's records (with their ttls), waiting for an admission to
+    write them in its ``kv_update``."""
+
+    writes: dict[str, KvWrite]
+    ids: set[str]
+    done: asyncio.Future[None]
+    taken: bool = False
 
 
 def _seen(raw: Raw, now: float) -> float:
@@ -989,12 +1004,38 @@ class RabbitMQBroker(Broker):
         wanted = [k.job + did for _, _, did, _ in parsed]
         wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
         wanted += [k.paused + q for q in {raw.queue for raw in raws}]
-        held = dict(self._held)  # the lease map's base, read on this thread
+        rides, link.riders = link.riders, []
+        carried: dict[str, KvWrite] = {}
+        for ride in rides:
+            ride.taken = True
+            carried.update(ride.writes)
+        # the lease map's base, read on this thread; the jobs whose acks
+        # ride here are finished by the same write
+        held = dict(self._held)
+        for ride in rides:
+            for id_ in ride.ids:
+                held.pop(id_, None)
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[_Verdict]]:
+            if not carried:
+                return self._decide(parsed, got, held, now, lease, worker)
+            # judged as if the carried acks were written first (a copy of
+            # an acked job is then dropped, not leased over its success)
+            seen = dict(got)
+            for key in wanted:
+                if key in carried:
+                    seen[key] = kv_write(carried[key])[0]
+            writes, verdicts = self._decide(parsed, seen, held, now, lease, worker)
+            return {**carried, **writes}, verdicts
+
         try:
-            return await self.state.kv_update(
-                wanted, lambda got: self._decide(parsed, got, held, now, lease, worker)
-            )
-        except BaseException:
+            verdicts = await self.state.kv_update(wanted, decide)
+        except BaseException as exc:
+            for ride in rides:  # not written: their acks raise, and are made again
+                if not ride.done.done():
+                    ride.done.set_exception(
+                        BrokerError(f"rabbitmq ack: the admission carrying it failed: {exc!r}")
+                    )
             # the state store failed (or the fetch was cancelled): the copies
             # go back to the head of the buffer, to be judged again by the
             # next fetch; left out, they would stay unacked on a live
@@ -1002,6 +1043,10 @@ class RabbitMQBroker(Broker):
             if raws and raws[0].gen == link.gen:
                 link.buffer.extendleft(reversed(raws))
             raise
+        for ride in rides:
+            if not ride.done.done():
+                ride.done.set_result(None)
+        return verdicts
 
     def _decide(
         self,
@@ -1011,7 +1056,7 @@ class RabbitMQBroker(Broker):
         now: float,
         lease: float,
         worker: str,
-    ) -> tuple[dict[str, bytes], list[_Verdict]]:
+    ) -> tuple[dict[str, KvWrite], list[_Verdict]]:
         """The admission's verdicts and writes (the leased records and this
         broker's lease map, ``held`` plus them), given the records read.
 
@@ -1019,7 +1064,7 @@ class RabbitMQBroker(Broker):
         thread: it reads only its arguments, builds new records and changes
         nothing shared."""
         k = self.keys
-        writes: dict[str, bytes] = {}
+        writes: dict[str, KvWrite] = {}
         verdicts: list[_Verdict] = []
         leased = dict(held)
         judged: set[str] = set()
@@ -1207,13 +1252,41 @@ class RabbitMQBroker(Broker):
                 return writes, None
 
             await self.state.kv_update(sorted({kk for kk, _, _ in holds}), decide)
-        else:
+        elif records and not await self._ride(records, {d.id for d in ds}):
             by_ttl: dict[float, dict[str, bytes]] = {}
             for key, (raw, ttl) in records.items():
                 by_ttl.setdefault(ttl, {})[key] = raw
             for ttl, items in by_ttl.items():
                 await self.state.kv_set(items, ttl=ttl)
         await self._finish(ds)
+
+    async def _ride(self, records: dict[str, tuple[bytes, float]], ids: set[str]) -> bool:
+        """Write an ack's records with this loop's next admission, if one
+        comes within ``RIDE_TURNS`` turns of the loop: True once written that
+        way, False if none came (the caller writes them alone).
+
+        A worker's finished jobs wake its settler (the ack) and its fetch
+        loop (the next admission) together, and on a busy worker the
+        admission's ``kv_update`` comes a few turns later: the records
+        ride in it, one state-store trip for both.  Either way the records
+        are written before the AMQP ack, as before."""
+        link = self._links.get(asyncio.get_running_loop())
+        if link is None:
+            return False
+        ride = _Ride(dict(records), ids, asyncio.get_running_loop().create_future())
+        link.riders.append(ride)
+        try:
+            for _ in range(RIDE_TURNS):
+                if ride.taken:
+                    break
+                await asyncio.sleep(0)
+            if not ride.taken:
+                return False
+            await ride.done
+            return True
+        finally:
+            if ride in link.riders:  # not taken (or cancelled while waiting)
+                link.riders.remove(ride)
 
     def _entry_of(self, rec: Record) -> str | None:
         """The state-store key of the unique key ``rec``'s job was enqueued

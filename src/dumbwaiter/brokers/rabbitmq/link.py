@@ -25,6 +25,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
 from ...errors import BrokerError
+from . import frames
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -105,6 +106,9 @@ class Link:
         #: when ``_watch`` last read pauses and lanes, and for which queues
         self.looked_at = 0.0
         self.looked: set[str] = set()
+        #: acks waiting for this loop's next admission to write their
+        #: records (``RabbitMQBroker._ride``)
+        self.riders: list[Any] = []
 
     def ok(self) -> bool:
         return (
@@ -425,3 +429,5 @@ def _inline_ok() -> bool:
 
 
 _INLINE = _inline_ok()
+#: aiormq's connections read whole chunks of frames (``frames.py``)
+FAST_FRAMES = frames.install()
