@@ -31,6 +31,7 @@ docs/postgres.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -85,6 +86,9 @@ WAITER_GRACE = 60.0
 #: free waiter (a backlog, a busy or no worker): its lookup costs ~0.05 ms of
 #: server time per enqueue; an idle worker missed meanwhile claims as before
 HAND_BACKOFF = 0.05
+#: the most seconds a cancelled fetch's withdrawal waits for a handoff that
+#: was in flight to it (the next fetch of the loop waits for the withdrawal)
+WITHDRAW_HOLD = 1.0
 
 log = logging.getLogger("dumbwaiter.postgres")
 
@@ -573,6 +577,7 @@ class PostgresBroker(PostgresAdmin):
         kept = listener.take(queues, limit)
         if kept:
             return kept
+        await _withdrawn(st)
         if wait <= 0:
             return (await self._claim_safely(st, queues, limit, lease, worker))[0]
         deadline = time.monotonic() + wait
@@ -650,11 +655,28 @@ class PostgresBroker(PostgresAdmin):
         if self._states.get(st.loop) is not st:  # closed meanwhile: _settle did it
             return
         try:
-            out, _ = await self._run(
-                lambda c: self._claim(c, queues, 0, lease, worker, None, listener, waiter),
-                retry=False,
-                work=True,
-            )
+            out: list[Delivery] = []
+            deadline = time.monotonic() + WITHDRAW_HOLD
+            while True:
+                waiter.event.clear()
+                got, _ = await self._run(
+                    lambda c: self._claim(c, queues, 0, lease, worker, None, listener, waiter),
+                    retry=False,
+                    work=True,
+                )
+                out += got
+                # A wait a producer was handing a job to right then (busy: its
+                # row locked) is settled by that job's NOTIFY, or adopted by the
+                # next claim once the handoff committed: settle it here, so
+                # that when the withdrawal ends (the next fetch waits for it)
+                # such a job is ready again, not on its way to the inbox.
+                remaining = deadline - time.monotonic()
+                if not listener.carries(waiter) or remaining <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter.event.wait(), min(remaining, 0.05))
+                if not listener.carries(waiter):
+                    break
             out += listener.take(queues, len(listener.inbox))
             await self.requeue(out)
         except Exception as exc:  # their leases run out; the rescuer gives them back
@@ -982,6 +1004,16 @@ class _Ticket:
             for r in rides:
                 if not r.done.done():
                     r.done.set_result(False)
+
+
+async def _withdrawn(st: _LoopState) -> None:
+    """Wait for the withdrawals of this loop's cancelled fetches: a job being
+    handed to one of their waits is running for nobody until it reaches the
+    inbox or the withdrawal gives it back, so a claim before that would not
+    see it (a fetch right after a cancelled one would miss a job just
+    enqueued)."""
+    if st.giving_back:
+        await asyncio.gather(*list(st.giving_back), return_exceptions=True)
 
 
 def _to_wait(

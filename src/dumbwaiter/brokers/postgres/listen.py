@@ -134,6 +134,11 @@ class Listener:
             if (o is w or (not o.active and o.queues <= w.queues)) and t not in self.registering
         ]
 
+    def carries(self, w: Waiter) -> bool:
+        """Whether a wait of ``w``'s fetch is still unsettled (registered,
+        and neither handed nothing nor handed a job that reached us)."""
+        return any(o is w for o in self.pending.values())
+
     def take(self, queues: Sequence[str], limit: int) -> list[Delivery]:
         """Up to ``limit`` inbox jobs of ``queues`` (the next fetch's first)."""
         if not self.inbox:
@@ -184,6 +189,7 @@ class Listener:
             w.event.set()
         else:
             self.keep([d])
+            w.event.set()  # a withdrawal may wait for it (broker._withdraw)
 
     async def _run(self) -> None:
         backoff = 0.05
