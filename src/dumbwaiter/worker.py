@@ -302,7 +302,34 @@ class Worker:
         while self._buffer and len(self._inflight) < limit:
             d = self._buffer.popleft()
             self._inflight[d.id] = d
-            self._tasks[d.id] = asyncio.create_task(self._process(d))
+            self._tasks[d.id] = asyncio.create_task(self._run_slot(d))
+
+    async def _run_slot(self, d: Delivery) -> None:
+        """Run ``d``, then buffered jobs one after another while the slot is free.
+
+        The next job starts in this task, right after the previous one is
+        settled, without a turn of the loop: a new task per job would only
+        start after every other callback already queued, and when a wave of
+        timers fires together (50 jobs that slept 10 ms), that is every other
+        job of the wave ending first (W4: 3-7% of the slots' time idle
+        between jobs, ~0.4 ms per refill).  Contextvars are as before: a
+        task made here copied the ending job's context anyway.  The run is
+        bounded by the buffer, which only a fetch (a turn of the loop) fills.
+        """
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            await self._process(d)
+            if self._stopping or me.cancelling():
+                break  # shutdown: _drain gives the buffer back
+            if not self._buffer or len(self._inflight) >= self.config.concurrency - self._stuck:
+                break
+            d = self._buffer.popleft()
+            self._inflight[d.id] = d
+            self._tasks[d.id] = me
+            self._fill()  # more slots may be free (a stuck thread returned)
+            self._slot.set()
+        self._slot.set()
 
     async def _drain(self) -> None:
         """After stop: wait for in-flight jobs (grace period), then give back the rest."""
@@ -453,9 +480,6 @@ class Worker:
             await self._dead_batch_shard(d)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
-        if not self._stopping:
-            self._fill()
-        self._slot.set()
 
     async def _execute(self, d: Delivery) -> str:
         msg = d.message
