@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import uuid
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,12 +44,17 @@ def once(url: str, loop: str, n: int, concurrency: int) -> dict[str, float]:
     app = dw.App(url)
     rec: list[tuple[float, float]] = []
     done = asyncio.Event()
+    dry = [0]  # job ends that found the prefetch buffer empty
+    fetches: list[tuple[float, int]] = []  # (seconds, jobs) of each fetch while draining
+    worker: list[dw.Worker] = []
 
     @app.task(name="sleep10ms")
     async def sleep10ms(i: int) -> None:
         t0 = time.monotonic()
         await asyncio.sleep(0.01)
         rec.append((t0, time.monotonic()))
+        if not worker[0]._buffer and len(rec) < n - concurrency:
+            dry[0] += 1
         if len(rec) == n:
             done.set()
 
@@ -57,6 +63,17 @@ def once(url: str, loop: str, n: int, concurrency: int) -> dict[str, float]:
         done = asyncio.Event()
         await sleep10ms.aenqueue_many(range(n))
         w = dw.Worker(app, queues=("default",), concurrency=concurrency)
+        worker.append(w)
+        fetch = w.broker.fetch
+
+        async def timed_fetch(*a: Any, **kw: Any) -> Any:
+            t = time.monotonic()
+            out = await fetch(*a, **kw)
+            if out and len(rec) < n:
+                fetches.append((time.monotonic() - t, len(out)))
+            return out
+
+        w.broker.fetch = timed_fetch  # type: ignore[method-assign]
         runner = asyncio.create_task(w.run())
         cpu0 = time.process_time()
         await done.wait()
@@ -71,6 +88,10 @@ def once(url: str, loop: str, n: int, concurrency: int) -> dict[str, float]:
     cpu = run_on(main(), loop)
     r = w4_waves.analyse(sorted(rec), concurrency)
     r["cpu_us"] = cpu / n * 1e6
+    r["dry%"] = dry[0] / n * 100
+    r["fetches"] = len(fetches)
+    r["fetch_ms"] = sum(t for t, _ in fetches) / max(1, len(fetches)) * 1000
+    r["fetch_n"] = sum(k for _, k in fetches) / max(1, len(fetches))
     return r
 
 
@@ -87,7 +108,8 @@ def main() -> None:
     p.add_argument("-c", "--concurrency", type=int, default=50)
     a = p.parse_args()
     cols = ["rate", "eff", "sleep_p50", "sleep_p90", "busy_avg", "over%", "ramp%", "tail%"]
-    cols += ["gaps%", "refill_p50", "refill_p90", "waves", "cpu_us"]
+    cols += ["gaps%", "refill_p50", "refill_p90", "waves", "cpu_us", "dry%", "fetches"]
+    cols += ["fetch_ms", "fetch_n"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "--:|" * len(cols))
     for _ in range(a.reps):

@@ -69,6 +69,8 @@ WORKER_KEY = "worker:"
 
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
+#: the most a worker holds beyond its free slots, in multiples of its concurrency
+PREFETCH_SLOTS = 2
 
 
 def default_worker_id() -> str:
@@ -289,12 +291,22 @@ class Worker:
         once), while a worker never holds more than a few tens of
         milliseconds of work that an idle worker could have started: for
         jobs of a second or more it holds none (Celery's prefetch starvation).
+
+        At most ``PREFETCH_SLOTS`` x concurrency: equal short jobs end in
+        waves of up to every slot at once, and each freed slot takes its next
+        job from the buffer before the fetch loop runs again (``_run_slot``),
+        so a buffer of one wave (concurrency) is empty after a full wave and
+        the next wave's jobs, which end while the refill is on its way,
+        find nothing (W4 on Redis: 149 of 2,000 jobs ended with the buffer
+        empty, in some 20 of the run's 45 waves, their slots idle for the
+        ~3 ms a 50-job claim takes inside the busy worker).  Twice the slots
+        keeps a wave in reserve.
         """
         if self._job_time <= 0.0:
             return 0
         horizon = max(PREFETCH_HORIZON, 2 * self._fetch_time)
         n = int(len(self._inflight) * horizon / self._job_time + 0.5)
-        return min(self.config.concurrency, n)
+        return min(PREFETCH_SLOTS * self.config.concurrency, n)
 
     def _fill(self) -> None:
         """Start buffered jobs while slots are free."""

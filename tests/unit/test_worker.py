@@ -550,3 +550,30 @@ async def test_stop_ends_a_slot_s_run_of_buffered_jobs_and_gives_them_back(app: 
         assert info is not None
         if info.state is State.READY:
             assert info.message.attempt == 0 and info.message.errors == []
+
+
+async def test_a_worker_of_short_jobs_holds_up_to_twice_its_slots_in_reserve(app: dw.App) -> None:
+    """Equal short jobs end in waves of every slot at once: the buffer keeps
+    more than one wave (up to twice the concurrency) beyond the running jobs,
+    and never more."""
+    concurrency = 4
+    held: list[int] = []
+    holder: dict[str, dw.Worker] = {}
+    done = asyncio.Event()
+
+    @app.task
+    async def step(i: int) -> None:
+        await asyncio.sleep(0.002)
+        held.append(len(holder["w"]._buffer))
+        if len(held) == 200:
+            done.set()
+
+    await step.aenqueue_many(range(200))
+    worker = dw.Worker(app, concurrency=concurrency, fetch_wait=0.1)
+    holder["w"] = worker
+    run = asyncio.create_task(worker.run())
+    await done.wait()
+    worker.stop()
+    await run
+    assert max(held) > concurrency
+    assert max(held) <= 2 * concurrency
