@@ -1,7 +1,10 @@
 """The worker: one asyncio loop that fetches, runs and settles jobs.
 
-* It fetches in batches, never more than its free slots (bounded in-flight
-  work is the back-pressure), and an idle fetch blocks on the broker.
+* It fetches in batches, never more than its free slots plus a short-job
+  prefetch of at most twice its concurrency (bounded in-flight work is the
+  back-pressure), and an idle fetch blocks on the broker.
+* A slot whose job ended starts the next buffered job in the same task, with
+  no turn of the loop in between (see ``Worker._run_slot``).
 * Async handlers run on the loop; sync handlers in a thread pool.
 * Every fetched job holds a lease; one heartbeat per worker extends all of
   them in one call, so a killed worker's jobs come back within one lease.
