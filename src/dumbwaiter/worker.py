@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .batch import shard_done
-from .brokers.base import HELD_PER_SLOT
 from .context import Context, reset_current, set_current
 from .errors import (
     InvalidArguments,
@@ -74,7 +73,7 @@ WORKER_KEY = "worker:"
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
 #: the most a worker holds beyond its free slots, in multiples of its concurrency
-PREFETCH_SLOTS = HELD_PER_SLOT - 1
+PREFETCH_SLOTS = 2
 
 
 def default_worker_id() -> str:

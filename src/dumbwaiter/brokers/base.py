@@ -39,11 +39,6 @@ T = TypeVar("T")
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
 DEFAULT_EVENT_RETENTION = 7 * 86400.0
 
-#: the most jobs a worker holds per slot of its concurrency: the running one
-#: plus its prefetch of short jobs (``Worker._prefetch``); a broker that
-#: pushes messages to its client sizes the client's window from it
-HELD_PER_SLOT = 3
-
 #: what a ``kv_update``'s ``decide`` may store under a key: the value (kept
 #: with no expiry), or ``(value, ttl)``: the value kept ``ttl`` seconds
 #: (``None``: no expiry)

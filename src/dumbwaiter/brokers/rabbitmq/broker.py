@@ -45,7 +45,6 @@ from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from .. import from_url
 from ..base import (
     FOUND_DEAD_LIMIT,
-    HELD_PER_SLOT,
     Binding,
     Broker,
     Capabilities,
@@ -855,7 +854,7 @@ class RabbitMQBroker(Broker):
         start consumers with the prefetch of the others (``_prefetch_for``)."""
         now = time.time()
         if now >= link.looked_at + 1.0 or any(q not in link.looked for q in queues):
-            prefetch = link.prefetch or self.prefetch or HELD_PER_SLOT * link.slots
+            prefetch = link.prefetch or self.prefetch or 2 * link.slots
             lanes = await self._lanes(queues)
             link.looked_at, link.looked = now, set(queues)
             for q in queues:
@@ -890,7 +889,7 @@ class RabbitMQBroker(Broker):
         exactly the prefetch they had before it."""
         if self.prefetch:
             return self.prefetch
-        base = HELD_PER_SLOT * link.slots
+        base = 2 * link.slots
         span = now - link.settled_since
         rate = link.settled / span if link.settled_since and span > 0 else 0.0
         link.settled, link.settled_since = 0, now
