@@ -12,6 +12,7 @@ broker.
     python benchmarks/w4_inproc.py --url memory:// --reps 5
     python benchmarks/w4_inproc.py --url 'redis://127.0.0.1:6379/5?prefix=w4' --reps 3
     python benchmarks/w4_inproc.py --url sqlite:////tmp/w4.db --loop asyncio
+    python benchmarks/w4_inproc.py --bare       # the loop's ceiling: sleeps only
 """
 
 from __future__ import annotations
@@ -95,6 +96,31 @@ def once(url: str, loop: str, n: int, concurrency: int) -> dict[str, float]:
     return r
 
 
+def bare(loop: str, n: int, concurrency: int) -> dict[str, float]:
+    """The loop's own ceiling: ``concurrency`` tasks that only sleep 10 ms in
+    turn, ``n`` sleeps in all, no worker and no broker."""
+    rec: list[tuple[float, float]] = []
+
+    async def slot(k: int) -> None:
+        for _ in range(k):
+            t0 = time.monotonic()
+            await asyncio.sleep(0.01)
+            rec.append((t0, time.monotonic()))
+
+    async def main() -> float:
+        cpu0 = time.process_time()
+        await asyncio.gather(*(slot(n // concurrency) for _ in range(concurrency)))
+        return time.process_time() - cpu0
+
+    gc.collect()
+    gc.freeze()
+    cpu = run_on(main(), loop)
+    r = w4_waves.analyse(sorted(rec), concurrency)
+    r["cpu_us"] = cpu / len(rec) * 1e6
+    r["dry%"] = r["fetches"] = r["fetch_ms"] = r["fetch_n"] = 0.0
+    return r
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.3f}" if x < 1 else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
 
@@ -106,6 +132,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("-n", type=int, default=2000)
     p.add_argument("-c", "--concurrency", type=int, default=50)
+    p.add_argument("--bare", action="store_true", help="the loop alone: sleeps, no worker")
     a = p.parse_args()
     cols = ["rate", "eff", "sleep_p50", "sleep_p90", "busy_avg", "over%", "ramp%", "tail%"]
     cols += ["gaps%", "refill_p50", "refill_p90", "waves", "cpu_us", "dry%", "fetches"]
@@ -113,7 +140,7 @@ def main() -> None:
     print("| " + " | ".join(cols) + " |")
     print("|" + "--:|" * len(cols))
     for _ in range(a.reps):
-        r = once(a.url, a.loop, a.n, a.concurrency)
+        r = bare(a.loop, a.n, a.concurrency) if a.bare else once(a.url, a.loop, a.n, a.concurrency)
         print("| " + " | ".join(_fmt(r[c]) for c in cols) + " |")
 
 
