@@ -1,7 +1,10 @@
 """The worker: one asyncio loop that fetches, runs and settles jobs.
 
-* It fetches in batches, never more than its free slots (bounded in-flight
-  work is the back-pressure), and an idle fetch blocks on the broker.
+* It fetches in batches, never more than its free slots plus a short-job
+  prefetch of at most twice its concurrency (bounded in-flight work is the
+  back-pressure), and an idle fetch blocks on the broker.
+* A slot whose job ended starts the next buffered job in the same task, with
+  no turn of the loop in between (see ``Worker._run_slot``).
 * Async handlers run on the loop; sync handlers in a thread pool.
 * Every fetched job holds a lease; one heartbeat per worker extends all of
   them in one call, so a killed worker's jobs come back within one lease.
@@ -69,6 +72,8 @@ WORKER_KEY = "worker:"
 
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
+#: the most a worker holds beyond its free slots, in multiples of its concurrency
+PREFETCH_SLOTS = 2
 
 
 def default_worker_id() -> str:
@@ -289,12 +294,22 @@ class Worker:
         once), while a worker never holds more than a few tens of
         milliseconds of work that an idle worker could have started: for
         jobs of a second or more it holds none (Celery's prefetch starvation).
+
+        At most ``PREFETCH_SLOTS`` x concurrency: equal short jobs end in
+        waves of up to every slot at once, and each freed slot takes its next
+        job from the buffer before the fetch loop runs again (``_run_slot``),
+        so a buffer of one wave (concurrency) is empty after a full wave and
+        the next wave's jobs, which end while the refill is on its way,
+        find nothing (W4 on Redis: 149 of 2,000 jobs ended with the buffer
+        empty, in some 20 of the run's 45 waves, their slots idle for the
+        ~3 ms a 50-job claim takes inside the busy worker).  Twice the slots
+        keeps a wave in reserve.
         """
         if self._job_time <= 0.0:
             return 0
         horizon = max(PREFETCH_HORIZON, 2 * self._fetch_time)
         n = int(len(self._inflight) * horizon / self._job_time + 0.5)
-        return min(self.config.concurrency, n)
+        return min(PREFETCH_SLOTS * self.config.concurrency, n)
 
     def _fill(self) -> None:
         """Start buffered jobs while slots are free."""
@@ -302,7 +317,34 @@ class Worker:
         while self._buffer and len(self._inflight) < limit:
             d = self._buffer.popleft()
             self._inflight[d.id] = d
-            self._tasks[d.id] = asyncio.create_task(self._process(d))
+            self._tasks[d.id] = asyncio.create_task(self._run_slot(d))
+
+    async def _run_slot(self, d: Delivery) -> None:
+        """Run ``d``, then buffered jobs one after another while the slot is free.
+
+        The next job starts in this task, right after the previous one is
+        settled, without a turn of the loop: a new task per job would only
+        start after every other callback already queued, and when a wave of
+        timers fires together (50 jobs that slept 10 ms), that is every other
+        job of the wave ending first (W4: 3-7% of the slots' time idle
+        between jobs, ~0.4 ms per refill).  Contextvars are as before: a
+        task made here copied the ending job's context anyway.  The run is
+        bounded by the buffer, which only a fetch (a turn of the loop) fills.
+        """
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            await self._process(d)
+            if self._stopping or me.cancelling():
+                break  # shutdown: _drain gives the buffer back
+            if not self._buffer or len(self._inflight) >= self.config.concurrency - self._stuck:
+                break
+            d = self._buffer.popleft()
+            self._inflight[d.id] = d
+            self._tasks[d.id] = me
+            self._fill()  # more slots may be free (a stuck thread returned)
+            self._slot.set()
+        self._slot.set()
 
     async def _drain(self) -> None:
         """After stop: wait for in-flight jobs (grace period), then give back the rest."""
@@ -453,9 +495,6 @@ class Worker:
             await self._dead_batch_shard(d)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
-        if not self._stopping:
-            self._fill()
-        self._slot.set()
 
     async def _execute(self, d: Delivery) -> str:
         msg = d.message

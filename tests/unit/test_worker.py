@@ -494,3 +494,86 @@ async def test_a_job_the_rescuer_dead_letters_reaches_on_dead() -> None:
     labels = {"queue": "mail", "task": send.name}
     assert registry.get_sample_value("dumbwaiter_jobs_dead_total", labels) == 1
     assert w.counts["rescued"] == 1
+
+
+async def test_a_freed_slot_starts_its_next_buffered_job_without_a_loop_turn(app: dw.App) -> None:
+    """When a job ends and a prefetched job waits, the slot's task starts it at
+    once: no other callback of the loop runs in between (a new task per job
+    would wait behind every job that ended in the same wave of timers)."""
+    n = 30
+    starts: list[int] = []
+    turned: list[bool] = []  # per start: did the loop turn since the previous job ended?
+    flag = {"turn": True}
+
+    def loop_turned() -> None:
+        flag["turn"] = True
+
+    @app.task
+    async def step(i: int) -> None:
+        turned.append(flag["turn"])
+        starts.append(i)
+        await asyncio.sleep(0.002)  # long enough for the prefetch to refill the buffer
+        flag["turn"] = False
+        asyncio.get_running_loop().call_soon(loop_turned)
+
+    await step.aenqueue_many(range(n))
+    await drain(app, concurrency=1)
+    assert sorted(starts) == list(range(n))
+    # the prefetch needs a job's run time first, so the earliest starts do wait
+    assert sum(not t for t in turned) >= n // 2
+
+
+async def test_stop_ends_a_slot_s_run_of_buffered_jobs_and_gives_them_back(app: dw.App) -> None:
+    """A slot that runs buffered jobs one after another stops taking them once
+    ``stop()`` is called; the rest go back to the queue uncharged."""
+    n = 40
+    ran: list[int] = []
+    holder: dict[str, dw.Worker] = {}
+
+    @app.task
+    async def step(i: int) -> None:
+        ran.append(i)
+        await asyncio.sleep(0.002)
+        if len(ran) == 20:
+            holder["w"].stop()
+
+    jobs = await step.aenqueue_many(range(n))
+    worker = holder["w"] = dw.Worker(app, concurrency=1, grace=5)
+    await worker.run()
+    # stop() takes effect at the loop's next turn: the job after it may start
+    assert 20 <= len(ran) <= 21
+    states = [await j.astatus() for j in jobs]
+    assert states.count(State.SUCCEEDED) == len(ran)
+    assert states.count(State.READY) == n - len(ran)
+    for j in jobs:
+        info = await j.ainfo()
+        assert info is not None
+        if info.state is State.READY:
+            assert info.message.attempt == 0 and info.message.errors == []
+
+
+async def test_a_worker_of_short_jobs_holds_up_to_twice_its_slots_in_reserve(app: dw.App) -> None:
+    """Equal short jobs end in waves of every slot at once: the buffer keeps
+    more than one wave (up to twice the concurrency) beyond the running jobs,
+    and never more."""
+    concurrency = 4
+    held: list[int] = []
+    holder: dict[str, dw.Worker] = {}
+    done = asyncio.Event()
+
+    @app.task
+    async def step(i: int) -> None:
+        await asyncio.sleep(0.002)
+        held.append(len(holder["w"]._buffer))
+        if len(held) == 200:
+            done.set()
+
+    await step.aenqueue_many(range(200))
+    worker = dw.Worker(app, concurrency=concurrency, fetch_wait=0.1)
+    holder["w"] = worker
+    run = asyncio.create_task(worker.run())
+    await done.wait()
+    worker.stop()
+    await run
+    assert max(held) > concurrency
+    assert max(held) <= 2 * concurrency
