@@ -1390,9 +1390,9 @@ class RabbitMQBroker(Broker):
         if not expired:
             return 0, []
         got = await self.state.kv_get([k.job + i for i in expired])
-        writes: dict[str, bytes] = {}
+        planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
-        dead: list[DeadLetter] = []
+        dead: dict[str, DeadLetter] = {}
         for id_, token in expired.items():
             found = got.get(k.job + id_)
             if found is None:
@@ -1402,22 +1402,32 @@ class RabbitMQBroker(Broker):
                 continue
             if not await self.state.kv_add(f"{k.claim}rescue:{id_}:{token}", b"1", ttl=3600):
                 continue
+            stamp = _stamp(rec)
             rec.msg.errors.append(_lease_error(rec, now, "it stopped heartbeating"))
             rec.ver += 1
             rec.updated_at = now
             if rec.msg.attempt >= rec.msg.max_attempts:
                 rec.state = State.DEAD
                 copies.append(self._dead_copy(rec.msg, rec.msg.queue))
-                dead.append(
-                    DeadLetter(id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy())
+                dead[k.job + id_] = DeadLetter(
+                    id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy()
                 )
             else:
                 rec.state, rec.run_at = State.READY, now
                 copies.append(self._copy(rec.msg, rec.ver, now))
-            writes[k.job + id_] = rec.dump()
+            planned[k.job + id_] = (stamp, rec.dump())
+        # The copies go first (a rescuer that dies next loses nothing: a copy
+        # ahead of its record wins after RECORD_GRACE).  The records are then
+        # written only where they are still the expired lease read above:
+        # since then, a redelivered copy may have taken the job over (its
+        # admission leases an expired job) and even finished it; a blind write
+        # would set that job back to ready after its new copy was judged
+        # stale, a record no copy serves (the crash test's stuck jobs).  A
+        # copy whose write lost is ahead of its record: dropped once the job
+        # is finished, parked while it is leased (``_ahead``).
         await self._send(copies, True)
-        if writes:
-            await self.state.kv_set(writes)
+        won = await self._swap(planned) if planned else []
+        dead_letters = [dead[key] for key in won if key in dead]
         # tidy other owners' lease maps: what is rescued or finished leaves them
         gone = [
             key
@@ -1428,7 +1438,7 @@ class RabbitMQBroker(Broker):
         ]
         if gone:
             await self.state.kv_delete(gone)
-        return len(writes), dead
+        return len(won), dead_letters
 
     # -- admin --------------------------------------------------------------------------------
 
