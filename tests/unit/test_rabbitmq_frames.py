@@ -167,3 +167,15 @@ async def test_a_malformed_content_header_is_pamqps_to_refuse() -> None:
     data = bytearray(pamqp.frame.marshal(ContentHeader(0, 1, _PROPS[0]), 4))
     data[7 + 14 + 1 + 16 + 3] = 0xFF  # the header table's length, past the frame
     assert frames._fast_header(data, 7, len(data) - 1) is None
+
+
+@pytest.mark.parametrize("multiple", [False, True])
+async def test_publisher_confirms_equal_pamqps_own(multiple: bool) -> None:
+    data = pamqp.frame.marshal(spec.Basic.Ack(2**40 + 7, multiple), 1) + pamqp.frame.marshal(
+        spec.Basic.Nack(9, multiple, True), 1
+    )
+    got = await _read_all(data, 5)
+    want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
+    assert [(n, ch, type(f)) for n, ch, f in got] == [(n, ch, type(f)) for n, ch, f in want]
+    for (_, _, g), (_, _, w) in zip(got, want, strict=True):
+        assert (g.delivery_tag, g.multiple) == (w.delivery_tag, w.multiple)

@@ -69,6 +69,9 @@ _DEFAULTS = [(name, getattr(_P(), name)) for name in _P.__slots__]
 _FAST = _CONTENT_TYPE | _ENCODING | _HEADERS | _MODE | _PRIORITY | _MESSAGE_ID
 _END = pamqp.constants.FRAME_END
 _DELIVER = spec.Basic.Deliver.index
+_ACK = spec.Basic.Ack.index
+#: its method index, the delivery tag and the bits octet
+_ACK_SIZE = 13
 
 _Original = _conn.FrameReceiver
 
@@ -189,6 +192,15 @@ def _fast_header(buf: bytearray, at: int, end: int) -> ContentHeader | None:
         return None
 
 
+def _ack(buf: bytearray, at: int) -> spec.Basic.Ack:
+    """A publisher confirm's ``Basic.Ack`` (its delivery tag and the
+    ``multiple`` bit), as pamqp's unmarshal builds it."""
+    a = spec.Basic.Ack.__new__(spec.Basic.Ack)
+    a.delivery_tag = _TAG.unpack_from(buf, at)[0]
+    a.multiple = bool(buf[at + 8] & 1)
+    return a
+
+
 class FrameReceiver(_conn.FrameReceiver):
     """aiormq's frame receiver, reading the stream in whole chunks."""
 
@@ -260,6 +272,13 @@ class FrameReceiver(_conn.FrameReceiver):
                 and _INDEX.unpack_from(buf, pos + _HEAD_SIZE)[0] == _DELIVER
             ):
                 frames.append((stop - pos, channel, _deliver(buf, pos + _HEAD_SIZE + 4)))
+            elif (
+                kind == _METHOD
+                and size == _ACK_SIZE
+                and buf[stop - 1] == _END
+                and _INDEX.unpack_from(buf, pos + _HEAD_SIZE)[0] == _ACK
+            ):
+                frames.append((stop - pos, channel, _ack(buf, pos + _HEAD_SIZE + 4)))
             else:
                 try:
                     frames.append(pamqp.frame.unmarshal(bytes(buf[pos:stop])))
