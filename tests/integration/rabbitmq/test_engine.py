@@ -1028,6 +1028,38 @@ async def test_an_enqueue_writes_its_record_while_its_copy_is_confirmed(
     assert info is not None and info.state is State.READY
 
 
+async def test_a_batchs_records_are_written_while_its_copies_are_confirmed(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a batch: its records' write waits for the copies'
+    confirms without holding the call up, and every job runs once."""
+    await broker.declare(["default"])
+    confirmed = asyncio.Event()
+    real_send, real_set = broker._send, broker.state.kv_set
+
+    async def send(*a: Any, **kw: Any) -> None:
+        await real_send(*a, **kw)
+        confirmed.set()
+
+    async def kv_set(items: Any, ttl: float | None = None) -> None:
+        await confirmed.wait()
+        await real_set(items, ttl)
+
+    monkeypatch.setattr(broker, "_send", send)
+    monkeypatch.setattr(broker.state, "kv_set", kv_set)
+    ms = [job() for _ in range(5)]
+    assert await asyncio.wait_for(broker.enqueue(ms), 20) == [m.id for m in ms]
+    for m in ms:
+        info = await broker.get(m.id)
+        assert info is not None and info.state is State.READY
+    got: list[Any] = []
+    while len(got) < 5:
+        got += await asyncio.wait_for(broker.fetch(["default"], 10, 30.0, 10.0), 20)
+    assert sorted(d.id for d in got) == sorted(m.id for m in ms)
+    await broker.ack(got)
+    assert await broker.fetch(["default"], 10, 30.0, 0.5) == []
+
+
 async def test_a_duplicate_enqueues_copy_never_runs_with_its_own_arguments(
     broker: RabbitMQBroker,
 ) -> None:

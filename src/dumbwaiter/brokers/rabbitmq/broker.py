@@ -582,6 +582,7 @@ class RabbitMQBroker(Broker):
         if len(batch) == 1 and (batch[0][0].key is None or batch[0][0].kind != TASK):
             return [await self._enqueue_one(*batch[0], now)]
         existing = await self.state.kv_get([k.job + m.id for m, _ in batch])
+        enq = os.urandom(8).hex()
         ids: list[str] = []
         fresh: list[tuple[Record, bytes]] = []
         taken_keys: dict[str, str] = {}
@@ -598,24 +599,31 @@ class RabbitMQBroker(Broker):
                 taken_keys[m.key] = m.id
             due = m.eta if m.eta is not None and m.eta > now else now
             state = State.SCHEDULED if due > now else State.READY
-            fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now), raw))
+            fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now, enq=enq), raw))
             seen.add(m.id)
             ids.append(m.id)
         if not fresh:
             return ids
         written = {k.job + r.msg.id: r.dump() for r, _ in fresh}
-        # Records first, then the copies: a copy never reaches a worker before
-        # its record (which would make it wait; see ``_judge``).
-        await self.state.kv_set(written)
+        # The records are written while the copies are published, as in
+        # ``_enqueue_one``, with this call's token in both: a copy of an id
+        # another call wrote meanwhile (the check above is a read) runs only
+        # if the record is this call's.
+        store = asyncio.ensure_future(self.state.kv_set(written))
         try:
-            await self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True)
+            await self._send([self._copy(r.msg, 0, r.run_at, raw, enq) for r, raw in fresh], True)
         except BaseException:
             # nothing of the batch may stay: forget the records and keys
+            try:
+                await store
+            except BaseException:
+                log.exception("could not write the records of a failed enqueue")
             try:
                 await self.state.kv_delete([*written, *(k.key + key for key in taken_keys)])
             except Exception:
                 log.exception("could not forget the records of a failed enqueue")
             raise
+        await store  # raises if they could not be written (see ``_enqueue_one``)
         return ids
 
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
