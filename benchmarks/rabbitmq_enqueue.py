@@ -10,7 +10,7 @@ and the medians of the enqueue's two steps: the record's ``kv_add`` in the
 state store and the confirmed publish (``_send``).
 
     .venv/bin/python benchmarks/rabbitmq_enqueue.py [-n 1000] [--reps 3]
-    .venv/bin/python benchmarks/rabbitmq_enqueue.py --profile /tmp/enq.prof  # cProfile, the calls only
+    .venv/bin/python benchmarks/rabbitmq_enqueue.py --profile /tmp/enq.prof  # cProfile the calls
 
 Queues under the prefix ``dwenq`` and ``dw-enq-bare`` (deleted at the end),
 the state store in ``/tmp``.  Run it under the benchmarks' flock.
