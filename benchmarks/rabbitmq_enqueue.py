@@ -10,6 +10,7 @@ and the medians of the enqueue's two steps: the record's ``kv_add`` in the
 state store and the confirmed publish (``_send``).
 
     .venv/bin/python benchmarks/rabbitmq_enqueue.py [-n 1000] [--reps 3]
+    .venv/bin/python benchmarks/rabbitmq_enqueue.py --profile /tmp/enq.prof  # cProfile the calls
 
 Queues under the prefix ``dwenq`` and ``dw-enq-bare`` (deleted at the end),
 the state store in ``/tmp``.  Run it under the benchmarks' flock.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
+import pstats
 import statistics
 import time
 from typing import Any
@@ -60,7 +63,7 @@ def _fresh_state() -> None:
             os.unlink(STATE + suffix)
 
 
-async def main(n: int, reps: int) -> None:
+async def main(n: int, reps: int, profile: str | None = None) -> None:
     url = f"{AMQP}?prefix=dwenq&delays=dwenq.delay&state={quote(f'sqlite:///{STATE}', safe='')}"
     app = dw.App(url)
 
@@ -82,9 +85,16 @@ async def main(n: int, reps: int) -> None:
             bare, bare_cpu = await _bare(ch, n)
             adds.clear()
             sends.clear()
+            prof = cProfile.Profile() if profile else None
+            if prof is not None:
+                prof.enable()
             cpu, t = time.thread_time(), time.perf_counter()
             for i in range(n):
                 await noop.aenqueue(i)
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(profile)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             rate, dw_cpu = n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
             bare2, bare_cpu2 = await _bare(ch, n)
             anchor = (bare + bare2) / 2
@@ -105,6 +115,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("-n", type=int, default=1000)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--profile", help="cProfile the aenqueue calls into this file (and print)")
     args = p.parse_args()
     _fresh_state()
-    asyncio.run(main(args.n, args.reps))
+    asyncio.run(main(args.n, args.reps, args.profile))

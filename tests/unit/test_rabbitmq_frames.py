@@ -121,3 +121,61 @@ async def test_callers_at_once_share_the_frames_in_order() -> None:
     want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
     assert [type(f) for _, _, f in got] == [type(f) for _, _, f in want]
     assert [f.delivery_tag for _, _, f in got[0::3]] == [1, 2, 3]
+
+
+_PROPS = [
+    spec.Basic.Properties(
+        content_type="application/json",
+        delivery_mode=2,
+        message_id="ïd-1",
+        headers={"dw-v": 3, "dw-e": "a1b2", "dw-seen": "1764612345.123456"},
+    ),
+    spec.Basic.Properties(  # RabbitMQ's dead-lettering: x-death, arrays, timestamps
+        content_type="application/json",
+        delivery_mode=2,
+        priority=7,
+        message_id="m",
+        headers={
+            "dw-v": 2**40,
+            "neg": -5,
+            "big": -(2**33),
+            "ok": True,
+            "x-death": [{"count": 1, "queue": "q", "reason": "expired", "f": 1.5}],
+        },
+    ),
+    spec.Basic.Properties(message_id="m", headers={}),
+    spec.Basic.Properties(),
+    # flags the fast path leaves to pamqp
+    spec.Basic.Properties(correlation_id="c", reply_to="r", expiration="100", app_id="a"),
+]
+
+
+@pytest.mark.parametrize("props", _PROPS)
+async def test_content_headers_equal_pamqps_own(props: spec.Basic.Properties) -> None:
+    """The content header's fast path builds the ``ContentHeader`` and
+    ``Basic.Properties`` pamqp's unmarshal builds (every attribute)."""
+    data = pamqp.frame.marshal(ContentHeader(0, 12345, props), 4)
+    [(n, ch, got)] = await _read_all(data, 1 << 20)
+    wn, wch, want = pamqp.frame.unmarshal(data)
+    assert (n, ch, type(got)) == (wn, wch, type(want))
+    assert (got.class_id, got.weight, got.body_size) == (want.class_id, want.weight, 12345)
+    for name in spec.Basic.Properties.__slots__:
+        assert getattr(got.properties, name) == getattr(want.properties, name), name
+
+
+async def test_a_malformed_content_header_is_pamqps_to_refuse() -> None:
+    data = bytearray(pamqp.frame.marshal(ContentHeader(0, 1, _PROPS[0]), 4))
+    data[7 + 14 + 1 + 16 + 3] = 0xFF  # the header table's length, past the frame
+    assert frames._fast_header(data, 7, len(data) - 1) is None
+
+
+@pytest.mark.parametrize("multiple", [False, True])
+async def test_publisher_confirms_equal_pamqps_own(multiple: bool) -> None:
+    data = pamqp.frame.marshal(spec.Basic.Ack(2**40 + 7, multiple), 1) + pamqp.frame.marshal(
+        spec.Basic.Nack(9, multiple, True), 1
+    )
+    got = await _read_all(data, 5)
+    want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
+    assert [(n, ch, type(f)) for n, ch, f in got] == [(n, ch, type(f)) for n, ch, f in want]
+    for (_, _, g), (_, _, w) in zip(got, want, strict=True):
+        assert (g.delivery_tag, g.multiple) == (w.delivery_tag, w.multiple)

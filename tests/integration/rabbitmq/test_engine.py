@@ -10,6 +10,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -994,4 +995,178 @@ async def test_an_ack_whose_admission_fails_raises_and_can_be_made_again(
     await broker.ack(first)
     for d in first:
         info = await broker.get(d.id)
+        assert info is not None and info.state is State.SUCCEEDED
+
+
+# -- the enqueue's record, written while its copy is published ------------------------
+
+
+async def test_an_enqueue_writes_its_record_while_its_copy_is_confirmed(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's write does not wait for the publish, nor the publish for
+    the record: a record write held until the copy is confirmed does not
+    hold the call up forever (written first, it would), and ``get`` after the
+    call finds the job."""
+    await broker.declare(["default"])
+    confirmed = asyncio.Event()
+    real_send, real_add = broker._send, broker.state.kv_add
+
+    async def send(*a: Any, **kw: Any) -> None:
+        await real_send(*a, **kw)
+        confirmed.set()
+
+    async def add(key: str, value: bytes, ttl: float | None = None) -> bool:
+        await confirmed.wait()
+        return await real_add(key, value, ttl)
+
+    monkeypatch.setattr(broker, "_send", send)
+    monkeypatch.setattr(broker.state, "kv_add", add)
+    m = job()
+    assert await asyncio.wait_for(broker.enqueue([m]), 20) == [m.id]
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.READY
+
+
+async def test_a_batchs_records_are_written_while_its_copies_are_confirmed(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a batch: its records' write waits for the copies'
+    confirms without holding the call up, and every job runs once."""
+    await broker.declare(["default"])
+    confirmed = asyncio.Event()
+    real_send, real_set = broker._send, broker.state.kv_set
+
+    async def send(*a: Any, **kw: Any) -> None:
+        await real_send(*a, **kw)
+        confirmed.set()
+
+    async def kv_set(items: Any, ttl: float | None = None) -> None:
+        await confirmed.wait()
+        await real_set(items, ttl)
+
+    monkeypatch.setattr(broker, "_send", send)
+    monkeypatch.setattr(broker.state, "kv_set", kv_set)
+    ms = [job() for _ in range(5)]
+    assert await asyncio.wait_for(broker.enqueue(ms), 20) == [m.id for m in ms]
+    for m in ms:
+        info = await broker.get(m.id)
+        assert info is not None and info.state is State.READY
+    got: list[Any] = []
+    while len(got) < 5:
+        got += await asyncio.wait_for(broker.fetch(["default"], 10, 30.0, 10.0), 20)
+    assert sorted(d.id for d in got) == sorted(m.id for m in ms)
+    await broker.ack(got)
+    assert await broker.fetch(["default"], 10, 30.0, 0.5) == []
+
+
+async def test_a_duplicate_enqueues_copy_never_runs_with_its_own_arguments(
+    broker: RabbitMQBroker,
+) -> None:
+    """A second enqueue of an existing id publishes its copy before it knows
+    it lost the record: the copy carries its call's token, not the record's,
+    and is dropped; the job runs once, with the first call's arguments."""
+    m = job(payload={"n": 1})
+    assert await broker.enqueue([m]) == [m.id]
+    twin = Message(
+        id=m.id,
+        kind=TASK,
+        name="t.job",
+        queue="default",
+        created_at=time.time(),
+        payload={"n": 2},
+        max_attempts=4,
+    )
+    assert await broker.enqueue([twin]) == [m.id]
+    got = await asyncio.wait_for(broker.fetch(["default"], 10, 30.0, 1.0), 20)
+    assert [d.message.payload for d in got if d.message is not None] == [{"n": 1}]
+    await broker.ack(got)
+    assert await broker.fetch(["default"], 10, 30.0, 0.5) == []  # the twin's copy: dropped
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+    assert info.message.payload == {"n": 1}
+
+
+async def test_a_copy_of_another_enqueue_is_dropped_even_before_the_record_runs(
+    broker: RabbitMQBroker,
+) -> None:
+    """A copy whose token is not its record's is dropped (acked), and the
+    record's own copy still runs."""
+    await broker.declare(["default"])
+    m = job()
+    now = time.time()
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
+    await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
+    await broker._send([broker._copy(m, 0, now, enq="theirs")], True)
+    assert await broker.fetch(["default"], 1, 30.0, 0.5) == []
+    await broker._send([broker._copy(m, 0, now, enq="mine")], True)
+    [d] = await asyncio.wait_for(broker.fetch(["default"], 1, 30.0, 10.0), 20)
+    assert d.id == m.id
+    await broker.ack([d])
+
+
+_KILLED_PRODUCER = """
+import asyncio, sys, time
+from dumbwaiter.brokers import from_url
+from dumbwaiter.message import TASK, Message
+
+async def main() -> None:
+    b = from_url(sys.argv[1])
+    await b.open()
+    await b.declare(["default"])
+    real_send = b._send
+
+    async def never(key, value, ttl=None):  # the record's write never commits
+        await asyncio.Event().wait()
+
+    async def send(*a, **kw):
+        await real_send(*a, **kw)
+        print("confirmed", flush=True)
+
+    b.state.kv_add = never
+    b._send = send
+    m = Message(id=sys.argv[2], kind=TASK, name="t.job", queue="default",
+                created_at=time.time(), max_attempts=4)
+    await b.enqueue([m])
+
+asyncio.run(main())
+"""
+
+
+async def test_a_producer_killed_between_the_confirm_and_the_record_leaves_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed after RabbitMQ confirmed the copy and before the record
+    committed: the copy waits for its record, then runs once, from itself
+    (its record written by that admission), and no second copy runs."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECORD_GRACE", 0.5)
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    id_ = uuid7()
+    script = tmp_path / "producer.py"
+    script.write_text(_KILLED_PRODUCER)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        url,
+        id_,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.strip() == b"confirmed"
+    proc.kill()
+    await proc.wait()
+    async with _brokers(url) as new:
+        b = new()
+        await b.open()
+        assert await b.get(id_) is None  # the record never committed
+        [d] = await asyncio.wait_for(b.fetch(["default"], 1, 30.0, 30.0), 20)
+        assert d.id == id_ and d.message is not None and d.message.attempt == 1
+        await b.ack([d])
+        assert await b.fetch(["default"], 1, 30.0, 1.0) == []
+        info = await b.get(id_)
         assert info is not None and info.state is State.SUCCEEDED

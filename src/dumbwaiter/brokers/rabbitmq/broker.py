@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import secrets
 import time
 from collections import deque
@@ -87,11 +88,12 @@ SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
 #: seconds of that a first-seen copy waits in the worker, judged again after
-#: 1, 2, 4... ms, before it goes to the delay cascade (UNIT and more): a
-#: producer writes a job's record while RabbitMQ stores its copy, and
-#: a worker may see the copy a moment before the record's commit
+#: 0.25, 0.5, 1, 2... ms, before it goes to the delay cascade (UNIT and
+#: more): a producer writes a job's record while RabbitMQ stores its copy,
+#: and a worker may see the copy a moment before the record's commit; the
+#: first recheck is of the order of a record write (~0.2-0.3 ms on SQLite)
 LOCAL_GRACE = 0.05
-FIRST_RECHECK = 0.001
+FIRST_RECHECK = 0.00025
 #: seconds of a worker's drain that its consumers' prefetch may hold beyond
 #: its slots (``_prefetch_for``), and the most it holds in all
 PREFETCH_HORIZON = 0.05
@@ -175,6 +177,14 @@ def _recheck_due(link: Link) -> None:
     if due:
         link.waiting = [r for r in link.waiting if r.recheck_at > now]
         link.buffer.extendleft(reversed(due))
+
+
+def _enq_of(raw: Raw) -> str | None:
+    """The token of the enqueue that sent a copy (``dw-e``), if it carries one."""
+    value = raw.headers.get("dw-e")
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def _may_wait(raw: Raw, now: float) -> bool:
@@ -445,17 +455,23 @@ class RabbitMQBroker(Broker):
     # -- copies ----------------------------------------------------------------------
 
     def _copy(
-        self, msg: Message, ver: int, run_at: float, body: bytes | None = None
+        self,
+        msg: Message,
+        ver: int,
+        run_at: float,
+        body: bytes | None = None,
+        enq: str | None = None,
     ) -> tuple[str, str, bytes, spec.Basic.Properties]:
         """How to send one copy of a job: straight into its lane, or through the
-        delay cascade when ``run_at`` is ahead."""
+        delay cascade when ``run_at`` is ahead.  ``enq``: the token of the
+        enqueue that writes its record meanwhile (``dw-e``, see ``_judge``)."""
         lane = topo.lane_of(msg.priority)
         target = self.names.lane(msg.queue, lane)
         props = spec.Basic.Properties(
             content_type="application/json",
             delivery_mode=2,
             message_id=msg.id,
-            headers={"dw-v": ver},
+            headers={"dw-v": ver} if enq is None else {"dw-v": ver, "dw-e": enq},
         )
         raw = encode(msg) if body is None else body
         units = topo.delay_units(run_at - time.time())
@@ -566,6 +582,7 @@ class RabbitMQBroker(Broker):
         if len(batch) == 1 and (batch[0][0].key is None or batch[0][0].kind != TASK):
             return [await self._enqueue_one(*batch[0], now)]
         existing = await self.state.kv_get([k.job + m.id for m, _ in batch])
+        enq = os.urandom(8).hex()
         ids: list[str] = []
         fresh: list[tuple[Record, bytes]] = []
         taken_keys: dict[str, str] = {}
@@ -582,54 +599,89 @@ class RabbitMQBroker(Broker):
                 taken_keys[m.key] = m.id
             due = m.eta if m.eta is not None and m.eta > now else now
             state = State.SCHEDULED if due > now else State.READY
-            fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now), raw))
+            fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now, enq=enq), raw))
             seen.add(m.id)
             ids.append(m.id)
         if not fresh:
             return ids
         written = {k.job + r.msg.id: r.dump() for r, _ in fresh}
-        # Records first, then the copies: a copy never reaches a worker before
-        # its record (which would make it wait; see ``_judge``).
-        await self.state.kv_set(written)
+        # The records are written while the copies are published, as in
+        # ``_enqueue_one``, with this call's token in both: a copy of an id
+        # another call wrote meanwhile (the check above is a read) runs only
+        # if the record is this call's.
+        store = asyncio.ensure_future(self.state.kv_set(written))
         try:
-            await self._send([self._copy(r.msg, 0, r.run_at, raw) for r, raw in fresh], True)
+            await self._send([self._copy(r.msg, 0, r.run_at, raw, enq) for r, raw in fresh], True)
         except BaseException:
             # nothing of the batch may stay: forget the records and keys
+            try:
+                await store
+            except BaseException:
+                log.exception("could not write the records of a failed enqueue")
             try:
                 await self.state.kv_delete([*written, *(k.key + key for key in taken_keys)])
             except Exception:
                 log.exception("could not forget the records of a failed enqueue")
             raise
+        await store  # raises if they could not be written (see ``_enqueue_one``)
         return ids
 
     async def _enqueue_one(self, m: Message, raw: bytes, now: float) -> str:
-        """One job without a unique key (the usual producer call): the record
-        is added only if absent, in the same state-store call that checks for
-        a duplicate id, then the copy is confirmed.
+        """One job without a unique key (the usual producer call): its record
+        is added (only if absent: the same call checks for a duplicate id)
+        *while* its copy is published and confirmed, and the call returns when
+        both are done, so it takes the longer of the two, not their sum, and
+        ``get(id)`` after it finds the job.
 
-        Records go first.  Writing the record while the copy is published
-        (fb7391e) took the record's trip off the call, but a worker handed the
-        copy then met the producer's transaction on the state store, and a
-        SQLite writer that meets another's lock sleeps a millisecond or more
-        (W3's p90 went from ~1.3 to 5-7 ms from delivery to start)."""
+        The record and the copy carry one token of this call (``Record.enq``,
+        the copy's ``dw-e`` header): a worker runs the copy only if the record
+        it finds is this call's (``_judge``).  So a second enqueue of an
+        existing id, whose ``kv_add`` loses, leaves a copy that is dropped and
+        never runs with its own arguments; it returns the id, as when the
+        record was written first.  A copy that reaches a worker before its
+        record commits waits in the worker, judged again after a fraction of
+        a millisecond and then more (``FIRST_RECHECK``, ``LOCAL_GRACE``), and
+        past that the ``RECORD_GRACE`` rule: a producer that died between the
+        copy's confirm and the record's commit leaves a copy that runs once,
+        from itself; one that died after the record and before the publish
+        leaves a record that never runs, as before (its call never returned).
+        """
         due = m.eta if m.eta is not None and m.eta > now else now
+        enq = os.urandom(8).hex()
         rec = Record(
             msg=m,
             state=State.SCHEDULED if due > now else State.READY,
             run_at=due,
             updated_at=now,
+            enq=enq,
         )
         key = self.keys.job + m.id
-        if not await self.state.kv_add(key, rec.dump()):
-            return m.id  # enqueued before
+        # scheduled first: it is on the state store's thread before the
+        # copy's frames leave, so the record normally commits long before
+        # RabbitMQ (a quorum queue: after its log's commit) hands the copy out
+        add = asyncio.ensure_future(self.state.kv_add(key, rec.dump()))
         try:
-            await self._send([self._copy(m, 0, due, raw)], True)
-        except BaseException:
+            await self._send([self._copy(m, 0, due, raw, enq)], True)
+        except BaseException as exc:
             try:
-                await self.state.kv_delete([key])
-            except Exception:
-                log.exception("could not forget the record of a failed enqueue")
+                ours = await add
+            except BaseException:
+                ours = False  # not written: nothing to forget, the send's error stands
+                log.exception("could not write the record of a failed enqueue")
+            else:
+                if not ours and isinstance(exc, Exception):
+                    return m.id  # enqueued before: the failed copy was a duplicate's
+            if ours:
+                try:
+                    await self.state.kv_delete([key])
+                except Exception:
+                    log.exception("could not forget the record of a failed enqueue")
             raise
+        # raises if the record could not be written: the call's outcome is
+        # then unknown, as after a lost confirm (the confirmed copy runs from
+        # itself once RECORD_GRACE has passed; enqueued again with its id, it
+        # is dropped for the new call's copy, whose token the record holds)
+        await add
         return m.id
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
@@ -1134,8 +1186,13 @@ class RabbitMQBroker(Broker):
                 if _may_wait(raw, now):
                     return _WAIT, None
                 return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
-            return _TAKE, Record(msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now)
+            return _TAKE, Record(
+                msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
+            )
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
+        enq = _enq_of(raw)
+        if enq is not None and enq != rec.enq:
+            return _DROP, None  # another enqueue's copy: that one's record won
         if ver < rec.ver or rec.state in FINAL_STATES:
             return _DROP, None
         if ver > rec.ver:

@@ -58,6 +58,10 @@ class Record:
     lease_until: float = 0.0
     result: bytes | None = None
     replays: int = 0
+    #: the token of the enqueue that wrote this record, which its first copy
+    #: carries in ``dw-e``: a copy of another enqueue of the same id (one that
+    #: lost the record's ``kv_add``) carries another token and is dropped
+    enq: str | None = None
 
     def dump(self) -> bytes:
         d: dict[str, Any] = {
@@ -73,6 +77,8 @@ class Record:
         }
         if self.result is not None:
             d["x"] = self.result.decode()
+        if self.enq is not None:
+            d["e"] = self.enq
         return orjson.dumps(d)
 
     @classmethod
@@ -94,6 +100,7 @@ class Record:
             lease_until=float(d.get("l") or 0.0),
             result=None if x is None else x.encode(),
             replays=int(d.get("p") or 0),
+            enq=d.get("e"),
         )
 
     def shown_state(self, now: float) -> State:

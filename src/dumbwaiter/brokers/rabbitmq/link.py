@@ -25,7 +25,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
 from ...errors import BrokerError
-from . import frames
+from . import frames, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -304,9 +304,7 @@ class Link:
         if len(items) == 1:  # the usual enqueue: no task and gather around it
             ex, rk, body, props = items[0]
             async with asyncio.timeout(CONFIRM_TIMEOUT):
-                r = await ch.basic_publish(
-                    body, exchange=ex, routing_key=rk, properties=props, wait=False
-                )
+                r = await outgoing.publish(ch, ex, rk, body, props)
             if not isinstance(r, spec.Basic.Ack):
                 raise BrokerError(f"rabbitmq refused a message: {r!r}")
             return
@@ -323,11 +321,14 @@ class Link:
     async def _publish(
         ch: aiormq.Channel, items: list[tuple[str, str, bytes, spec.Basic.Properties]]
     ) -> list[Any]:
+        together = await outgoing.publish_many(ch, items)
+        if together is not None:
+            return together
         return await asyncio.gather(
             *(
                 # wait=False: queue the frames without waiting for each to
                 # reach the socket; the confirms are what is awaited
-                ch.basic_publish(body, exchange=ex, routing_key=rk, properties=props, wait=False)
+                outgoing.publish(ch, ex, rk, body, props)
                 for ex, rk, body, props in items
             ),
             return_exceptions=True,
