@@ -221,11 +221,6 @@ def encode(msg: Message) -> bytes:
     return orjson.dumps(msg.to_dict())
 
 
-#: envelopes up to this many bytes are copied out of orjson's result (see
-#: encode_checked): pymalloc's limit for small objects
-_COMPACT = 512
-
-
 def _dumps_checked(msg: Message, limit: int | None) -> bytes:
     raw = orjson.dumps(msg.to_dict())
     if limit is not None and len(raw) > limit:
@@ -240,15 +235,16 @@ def encode_checked(msg: Message, limit: int | None) -> bytes:
     Brokers call this once per message at enqueue, so the size check costs no
     second encoding and still fails the caller's call, before anything is stored.
 
-    A small envelope is returned as a copy: orjson builds every result in a
-    1 KiB ``bytes`` object (past pymalloc's 512 bytes, so glibc's ``malloc``)
-    and shrinks it in place, and a bulk enqueue holds thousands of those
-    until its batch is stored, which cost ~4 us each (10,000 kept: 5.1 us a
-    message against 1.4 with the copy, ``benchmarks/encode_cost.py``).  The
-    copy is pymalloc's, and orjson's object goes back to ``malloc`` at once.
+    The envelope is returned as a copy of its own size: orjson builds every
+    result in a buffer of at least 1 KiB (past pymalloc's 512 bytes, so
+    glibc's ``malloc``) and shrinks it in place, so the envelopes a bulk
+    enqueue holds until its batch is stored sit a memory page or more apart,
+    and touching each new page cost more than the encoding (10,000 kept:
+    4.9 us a message, with the copy 1.5, ``benchmarks/encode_cost.py``).  A
+    small copy is pymalloc's, packed with its neighbours, and orjson's
+    buffer is freed at once, for the next envelope to reuse.
     """
-    raw = _dumps_checked(msg, limit)
-    return bytes(memoryview(raw)) if len(raw) <= _COMPACT else raw
+    return memoryview(_dumps_checked(msg, limit)).tobytes()
 
 
 def encode_checked_text(msg: Message, limit: int | None) -> str:
