@@ -5,7 +5,8 @@
 
 10,000 no-op jobs (the harness' W2 batch) are encoded once, by this tree's
 ``bulk.encode``, then staged in chunks of 1,000 (``enqueue.lua`` in stage
-mode) and committed (``commit.lua``) on a redis-server of its own, once with
+mode) and committed (``commit.lua``), then sent again the plain way (one
+``enqueue.lua`` call a chunk, as a batch of up to 1,000 is) on a redis-server of its own, once with
 the scripts of git revision ``--rev`` and once with this tree's, alternately.
 Each phase is measured by the server: ``INFO commandstats`` (µs in
 ``EVALSHA`` per job; wall time inside the server, so a loaded machine
@@ -84,7 +85,7 @@ def main() -> None:
     )
     ap.add_argument("--rev", default="af01834", help="git revision to compare with this tree")
     ap.add_argument("--port", type=int, default=6391)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, help="rounds, alternately (default: 5; 1 with --callgrind)")
     ap.add_argument("--callgrind", action="store_true", help="count the server's instructions")
     a = ap.parse_args()
     r = redis.Redis(port=a.port)
@@ -108,8 +109,11 @@ def main() -> None:
             return spent
 
         unit = "us"
-    figures: dict[str, tuple[list[float], list[float]]] = {a.rev: ([], []), "tree": ([], [])}
-    for rep in range(1 if a.callgrind else a.reps):
+    figures: dict[str, tuple[list[float], list[float], list[float]]] = {
+        a.rev: ([], [], []),
+        "tree": ([], [], []),
+    }
+    for rep in range(a.reps or (1 if a.callgrind else 5)):
         for rev in [a.rev, "tree"] if rep % 2 == 0 else ["tree", a.rev]:
             src = "-" if rev == "tree" else rev
             r.flushall()
@@ -124,9 +128,20 @@ def main() -> None:
             r.evalsha(sc, 1, PREFIX, repr(time.time()), call)
             figures[rev][1].append(phase() / N)
             assert r.zcard(PREFIX + b":ready:default") == N
-    for rev, (stage, comm) in figures.items():
-        s, c = statistics.median(stage), statistics.median(comm)
-        print(f"{rev:>10}: staging {s:,.2f}  commit {c:,.2f}  total {s + c:,.2f} {unit} per job")
+            # the same chunks the plain way (mode ''): what a batch of up to
+            # 1,000 jobs costs, one call each
+            r.flushall()
+            phase()
+            for ch in chunks:
+                r.evalsha(se, 1, PREFIX, repr(time.time()), b"", "", "", *ch.args)
+            figures[rev][2].append(phase() / N)
+            assert r.zcard(PREFIX + b":ready:default") == N
+    for rev, (stage, comm, plain) in figures.items():
+        s, c, p = statistics.median(stage), statistics.median(comm), statistics.median(plain)
+        print(
+            f"{rev:>10}: staging {s:,.2f}  commit {c:,.2f}  total {s + c:,.2f}  "
+            f"plain {p:,.2f} {unit} per job"
+        )
     app.close()
 
 

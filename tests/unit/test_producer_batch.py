@@ -19,7 +19,16 @@ import pytest
 import dumbwaiter as dw
 import dumbwaiter.message as message_mod
 from dumbwaiter.context import Context, reset_current, set_current
-from dumbwaiter.message import TASK, Message, decode, encode, encode_checked, uuid7, uuid7_many
+from dumbwaiter.message import (
+    TASK,
+    Message,
+    decode,
+    encode,
+    encode_checked,
+    encode_checked_text,
+    uuid7,
+    uuid7_many,
+)
 from dumbwaiter.task import SendOptions
 
 # -- ids ---------------------------------------------------------------------------
@@ -123,6 +132,24 @@ def test_envelope_bytes_of_a_bulk_job_are_unchanged(app: dw.App) -> None:
         )
     )
     assert decode(encode(m)) == m
+
+
+@pytest.mark.parametrize("size", [0, 300, 511, 2000])
+def test_encode_checked_copies_keep_the_same_bytes(app: dw.App, size: int) -> None:
+    # small envelopes are copied out of orjson's result (a batch holds them):
+    # the same bytes, as bytes and as text, on either side of the copy limit
+    @app.task(name="noop")
+    async def noop(s: str) -> None: ...
+
+    (m,) = noop.messages(["x" * size], SendOptions())
+    raw = encode(m)
+    assert encode_checked(m, 1 << 20) == raw
+    assert type(encode_checked(m, 1 << 20)) is bytes
+    assert encode_checked_text(m, 1 << 20) == raw.decode()
+    with pytest.raises(dw.PayloadTooLarge):
+        encode_checked(m, len(raw) - 1)
+    with pytest.raises(dw.PayloadTooLarge):
+        encode_checked_text(m, len(raw) - 1)
 
 
 CALLS: list[Any] = [1, "x", None, True, 2**64 - 1, -(2**63), 1.5, [1, 2], {"a": 1}, (3,), (4, 5)]

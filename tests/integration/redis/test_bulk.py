@@ -14,7 +14,7 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.brokers.redis import RedisBroker, bulk
 from dumbwaiter.errors import PayloadTooLarge
-from dumbwaiter.message import Message
+from dumbwaiter.message import Message, decode
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, fetch_all
@@ -635,3 +635,37 @@ async def test_a_commit_into_a_ready_set_that_grew_bigger_adds_every_member(
         assert [i for i in got if i in {m.id for m in staged}] == [m.id for m in staged]
     finally:
         await broker.close()
+
+
+async def test_a_small_batch_hands_its_first_jobs_to_an_idle_worker(
+    redis_server: RedisServer,
+) -> None:
+    """A batch of one chunk (one plain script call, its loop for new jobs
+    without keys) gives an idle worker its first jobs, leased, with their
+    bodies, and puts the rest in the ready set in order; a scheduled batch
+    and a batch with an id already stored take the general loop."""
+    waiter, producer = from_url(redis_server.url()), from_url(redis_server.url())
+    assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
+    try:
+        await waiter._claim(["default"], 3, 30.0, "w-idle", "w9", time.time() + 30)
+        ms = [msg(args=[i]) for i in range(8)]
+        assert await producer.enqueue(iter(ms)) == [m.id for m in ms]
+        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        handed = json.loads(raw)
+        assert [job[0] for job in handed] == [m.id for m in ms[:3]]
+        assert [decode(job[3]).args for job in handed] == [[0], [1], [2]]
+        for m in ms:
+            info = await producer.get(m.id)
+            want = State.RUNNING if m in ms[:3] else State.READY
+            assert info is not None and info.state is want
+        again = [msg(args=[99]), ms[5]]  # one new, one stored: nothing stored twice
+        assert await producer.enqueue(iter(again)) == [m.id for m in again]
+        later = [msg(args=[i], eta=time.time() + 3600) for i in range(3)]
+        await producer.enqueue(iter(later))
+        [st] = await producer.stats()
+        assert (st.running, st.ready, st.scheduled) == (3, 6, 3)
+        got = [d.message.args[0] for d in await fetch_all(producer) if d.message]
+        assert got == [3, 4, 5, 6, 7, 99]
+    finally:
+        await waiter.close()
+        await producer.close()

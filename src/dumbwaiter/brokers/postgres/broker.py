@@ -68,7 +68,7 @@ from .core import (
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .listen import Listener, Waiter
 from .queries import LEASE_EXPIRED
-from .rows import NIL_UUID, ROW_FIELDS, CopyRows, compact, is_uuid, merge_ids
+from .rows import NIL_UUID, ROW_FIELDS, CopyRows, is_uuid, merge_ids
 
 if TYPE_CHECKING:
     from ...sqldb import Sql
@@ -300,21 +300,18 @@ class PostgresBroker(PostgresAdmin):
     # so a batch whose connection died (mid-call, or before the reply) is
     # retried with backoff for up to RECONNECT_FOR seconds.
 
-    def _row(self, m: Message, kept: bool = False) -> tuple[Any, ...]:
+    def _row(self, m: Message) -> tuple[Any, ...]:
         """One job as stored: (id, queue, name, kind, priority, max_attempts,
         key, body, eta, msg_key), then its unique mode (the "unique" header of
         a keyed task, else None).  ``key`` is the unique key a task holds,
         ``msg_key`` the message's key of every job (event deliveries too), for
         search.  Encoded and size-checked before any I/O.
 
-        ``kept``: a row of a bulk enqueue, which keeps every row until its
-        commit (to store the batch again if COPY fails); its body is a compact
-        copy.  Why: orjson returns each envelope in a buffer it shrank from a
-        much larger one, so 10,000 envelopes kept at once sit a memory page or
-        more apart, and touching each new page costs more than the encoding
-        (~6 µs a job on the benchmark host, half of a 10,000-job
-        ``enqueue_many``).  The copy (~0.4 µs) is packed with its neighbours
-        and the original is freed, so the next envelope reuses its memory."""
+        A bulk enqueue keeps every row until its commit (to store the batch
+        again if COPY fails): the body is a compact copy (``encode_checked``
+        makes one for every broker; orjson's own buffers, kept by the
+        thousand, cost ~6 µs a job on the benchmark host, half of a
+        10,000-job ``enqueue_many``)."""
         key = m.key if m.kind == "task" else None
         body = encode_checked(m, self.max_message_size)
         return (
@@ -325,7 +322,7 @@ class PostgresBroker(PostgresAdmin):
             m.priority,
             m.max_attempts,
             key,
-            compact(body) if kept else body,
+            body,
             m.eta,
             m.key,
             None if key is None else m.headers.get("unique"),
@@ -351,7 +348,7 @@ class PostgresBroker(PostgresAdmin):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m, True) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         if len(head) == COPY_MIN:
             copied: list[tuple[Any, ...]] = []
@@ -454,7 +451,7 @@ class PostgresBroker(PostgresAdmin):
             await conn.execute(self.q.copy_memory)
             data = CopyRows(conn.info.encoding)
             async with conn.cursor().copy(self.q.copy) as cp:
-                for r in itertools.chain(head, (self._row(m, True) for m in rest)):
+                for r in itertools.chain(head, (self._row(m) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)
@@ -475,7 +472,7 @@ class PostgresBroker(PostgresAdmin):
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         it = iter(msgs)
-        head = [self._row(m, True) for m in itertools.islice(it, COPY_MIN)]
+        head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
         pool = self._sync()
         if len(head) == COPY_MIN:
@@ -547,7 +544,7 @@ class PostgresBroker(PostgresAdmin):
             # the writer thread sends while this one encodes: the server stores
             # the first rows while the last ones are being made
             with cur.copy(self.q.copy, writer=QueuedLibpqWriter(cur)) as cp:
-                for r in itertools.chain(head, (self._row(m, True) for m in rest)):
+                for r in itertools.chain(head, (self._row(m) for m in rest)):
                     kept.append(r)
                     if r[8] is not None and r[8] > now:
                         later.append(r)

@@ -29,11 +29,6 @@ ROW_FIELDS = (
 NIL_UUID = "00000000-0000-0000-0000-000000000000"
 
 
-def compact(body: bytes) -> bytes:
-    """A copy of ``body`` in memory of its own size (see ``PostgresBroker._row``)."""
-    return memoryview(body).tobytes()
-
-
 # PostgreSQL's binary COPY format (the COPY documentation, "Binary Format"):
 # a signature, flags and header-extension length; per row a 16-bit field
 # count, then per field a 32-bit length (-1: NULL) and the value's binary

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseError
 
 from ...errors import BrokerError
-from ...message import TASK, Message, encode_checked, uuid7
+from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
 from .client import TRANSIENT, Arg, AsyncLink, SyncLink
 from .lua import Script
 
@@ -89,12 +89,10 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
     group: tuple[Any, ...] | None = None
     head = count = size = 0
     for m in msgs:
-        # kept as text: orjson builds each result in a 1 KiB bytes object
-        # (past pymalloc's 512 bytes, so glibc's malloc) and shrinks it; a
-        # batch holds thousands of those until it is committed, which cost
-        # ~4 us each here, more than the encoding (a str copy: ~0.2 us; the
-        # bytes go back to the allocator at once).  The same bytes travel.
-        body = encode_checked(m, limit).decode()
+        # kept as text, one copy of orjson's result (see encode_checked:
+        # holding thousands of orjson's own objects is dear); the same
+        # bytes travel
+        body = encode_checked_text(m, limit)
         eta = m.eta
         if eta is not None and eta > now:
             sched, ra = b"1", repr(eta)

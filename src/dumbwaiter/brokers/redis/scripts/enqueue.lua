@@ -69,17 +69,23 @@ while n <= #ARGV do
   if sched then
     first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
   end
-  if stage and not any and not keyed then
-    -- new jobs without keys, staged (a bulk enqueue's chunk): nothing to
-    -- look at per job, so the loop does only what each job needs
+  if not any and not keyed and (stage or not sched) then
+    -- new jobs without keys, staged (a bulk enqueue's chunk) or ready (a
+    -- batch of up to 1,000): nothing to look at per job, so the loop does
+    -- only what each job needs
+    local st = stage and 'staged' or 'ready'
+    local give = not stage -- offer hands the bodies to idle workers
     for j = 1, size do
-      local id = ARGV[n]
-      redis.call('HSET', jks[j], 'body', ARGV[n + 1], 'q', q, 'n', name, 'pr', pr, 'ma', ma,
-        'ra', ra, 'u', now, 'st', 'staged')
+      local id, body = ARGV[n], ARGV[n + 1]
+      redis.call('HSET', jks[j], 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma,
+        'ra', ra, 'u', now, 'st', st)
       n = n + 2
       ids[2 * j - 1] = '0'
       ids[2 * j] = id
       fresh[j] = id
+      if give then
+        bodies[j] = body
+      end
     end
     nids, nfresh, pos = 2 * size, size, pos + size
   else
