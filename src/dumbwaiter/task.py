@@ -172,7 +172,11 @@ class Task:
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
         """``enqueue`` for async callers."""
-        return await self._aenqueue_one(self.message(args, kwargs, _NO_OPTIONS))
+        msg = self.message(args, kwargs, _NO_OPTIONS)
+        app = self.app
+        if self.flow is None and not app.middleware.enqueue_hooks:  # _aenqueue_one, inlined:
+            return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
+        return (await self._asender()([msg]))[0]
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
