@@ -342,31 +342,33 @@ class App:
         The payload was validated when the event was built; it is checked for
         JSON and size here, before anything is sent.  ``key`` orders events
         of one entity where the broker promises order."""
-        from .event import event_message
-
-        msg = event_message(event, key, headers)
-        self._before([msg])
+        msg = _event_message(event, key, headers)
+        hooks = self.middleware.enqueue_hooks
+        if hooks:
+            self._before([msg])
         if not self._declared:
             self._call(self._declare())
         if self.broker.capabilities.sync_enqueue:
             self.broker.publish_sync([msg])
         else:
             self._call(self.broker.publish([msg]))
-        self._sent([msg], [msg.id])
+        if hooks:
+            self._sent([msg], [msg.id])
         return msg.id
 
     async def apublish(
         self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
     ) -> str:
         """``publish`` for async callers."""
-        from .event import event_message
-
-        msg = event_message(event, key, headers)
-        self._before([msg])
+        msg = _event_message(event, key, headers)
+        hooks = self.middleware.enqueue_hooks
+        if hooks:
+            self._before([msg])
         if not self._declared:
             await self._declare()
         await self.broker.publish([msg])
-        self._sent([msg], [msg.id])
+        if hooks:
+            self._sent([msg], [msg.id])
         return msg.id
 
     async def _declare(self) -> None:
@@ -437,9 +439,11 @@ class App:
         return msgs
 
     def _sent(self, msgs: Iterable[Message], ids: list[str]) -> list[Job]:
-        if self.middleware.has("after_enqueue"):
+        mw = self.middleware
+        if mw.has("after_enqueue"):
+            call = mw.call
             for m, i in zip(msgs, ids, strict=True):
-                self.middleware.call("after_enqueue", m, i)
+                call("after_enqueue", m, i)
         return [Job(self, i) for i in ids]
 
     # -- sync bridge -----------------------------------------------------------
@@ -509,6 +513,17 @@ class App:
             grace=grace,
             task_options=task_options,
         )
+
+
+def _event_message(event: Event, key: str | None, headers: dict[str, Any] | None) -> Message:
+    """``event.event_message``, imported on the first publish (an app of tasks
+    only never loads pydantic), then called straight: a function-level import
+    costs a microsecond on every call."""
+    global _event_message
+    from .event import event_message
+
+    _event_message = event_message
+    return event_message(event, key, headers)
 
 
 def _timeout(value: float | timedelta | None) -> float | None:

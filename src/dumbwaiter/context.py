@@ -191,6 +191,10 @@ def caused_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+#: the running job's context or None (``Context.current`` without the method call)
+current_context = _current.get
+
+
 def set_current(ctx: Context | None) -> contextvars.Token[Context | None]:
     return _current.set(ctx)
 

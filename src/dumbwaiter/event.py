@@ -189,15 +189,9 @@ def event_message(event: Event, key: str | None, headers: dict[str, Any] | None)
     h = caused_headers(headers)
     h["schema_version"] = cls.event_version
     h.setdefault("correlation_id", id_)
+    # by position, in the fields' order: cheaper than by keyword
     return Message(
-        id=id_,
-        kind=EVENT,
-        name=cls.event_type,
-        queue="",
-        payload=payload,
-        headers=h,
-        created_at=time.time(),
-        key=key,
+        id_, EVENT, cls.event_type, "", [], {}, payload, h, 0, 1, time.time(), None, 0, key, []
     )
 
 

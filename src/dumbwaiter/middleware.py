@@ -102,18 +102,22 @@ class Chain:
             ]
             for hook in _HOOKS
         }
+        #: each hook's overriders in calling order (``after_*`` reversed), worked
+        #: out once: ``call`` runs on every enqueue and every attempt
+        self._ordered: dict[str, list[Middleware]] = {
+            hook: ms[::-1] if hook.startswith("after_") or hook == "on_worker_stop" else ms
+            for hook, ms in self._by_hook.items()
+        }
+        #: whether any middleware has an enqueue hook: without one, a single
+        #: enqueue skips the hook plumbing altogether (``Task.enqueue``)
+        self.enqueue_hooks = bool(self._by_hook["before_enqueue"] or self._by_hook["after_enqueue"])
 
     def has(self, hook: str) -> bool:
         return bool(self._by_hook[hook])
 
     def call(self, hook: str, *args: Any) -> None:
         """Run a plain hook on every middleware that overrides it (after_* reversed)."""
-        ms = self._by_hook[hook]
-        if not ms:
-            return
-        if hook.startswith("after_") or hook == "on_worker_stop":
-            ms = ms[::-1]
-        for m in ms:
+        for m in self._ordered[hook]:
             try:
                 getattr(m, hook)(*args)
             except JobControl:

@@ -143,7 +143,30 @@ class NatsBroker(Admin, Coordination):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         prepared = self._encode(msgs)
-        if not prepared:
+        if len(prepared) == 1:
+            # A request handler's single enqueue on this loop's connected
+            # link: straight to ``_store_one``, without the three coroutines
+            # of ``_store_jobs`` -> ``_link`` -> ``_store_once`` (about a
+            # tenth of the CPU per job with 1,000 concurrent callers).  The
+            # same conditions as ``_store_once``'s; when NATS is unreachable
+            # the general path below retries (the publish is idempotent: its
+            # Nats-Msg-Id is the job's id).
+            m, body = prepared[0]
+            link = self._last
+            if (
+                link is not None
+                and link.ready
+                and m.queue in link.queues
+                and (m.key is None or m.kind != "task")
+                and link.loop is asyncio.get_running_loop()
+            ):
+                now = time.time()
+                if m.eta is None or m.eta <= now:
+                    try:
+                        return [(await self._store_one(link, m, body, now))[0]]
+                    except Unavailable:
+                        pass
+        elif not prepared:
             return []
         return [i for i, _ in await self._store_jobs(prepared)]
 
