@@ -78,7 +78,29 @@ TARGETS: dict[str, list[Target]] = {
     "dumbwaiter-redis": [  # issue 3
         _t("W1 drain", "W1", "drain_rate", 10_000, True, "peer:taskiq-stream", 3_457.9),
         _t("W1 enqueue", "W1", "enqueue_rate", 7_500, True, "peer:huey", 7_265.9),
+        # the issue sets the enqueue targets against the bare client too
+        # ("redis-py does about 8,000 one-by-one LPUSH/s and 155,000
+        # pipelined"): the same run's bare client is the anchor least moved
+        # by the peers' own variance
+        _t(
+            "W1 enqueue",
+            "W1",
+            "enqueue_rate",
+            7_500,
+            True,
+            "limit:redis_py_lpush_1by1_per_s",
+            8_006.0,
+        ),
         _t("W2 bulk enqueue", "W2", "enqueue_rate", 100_000, True, "peer:rq-simple", 14_520.9),
+        _t(
+            "W2 bulk enqueue",
+            "W2",
+            "enqueue_rate",
+            100_000,
+            True,
+            "limit:redis_py_lpush_pipeline1000_per_s",
+            155_535.0,
+        ),
         _t("W3 p50", "W3", "p50_ms", 0.7, False, "peer:huey", 0.947),
         _t("W3 p99", "W3", "p99_ms", 1.2, False, "peer:huey", 1.452),
         _t("W4 drain", "W4", "drain_rate", 4_500, True, "peer:dramatiq", 3_360.2),
