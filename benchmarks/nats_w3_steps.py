@@ -209,7 +209,7 @@ def report(calls: dict[int, float], done: str, steps: str) -> None:
             per[s].append((seen[s][0] - t0) * 1000)
         for a, b in (("ptr", "w0"), ("w0", "w1"), ("reply", "fetched")):
             spans.setdefault(f"{a} -> {b}", []).append(
-                ((seen[b][2] - seen[a][2]) * 1000, (seen[b][0] - seen[a][0]) * 1000)
+                ((seen[b][1] - seen[a][1]) * 1000, (seen[b][0] - seen[a][0]) * 1000)
             )
     for s in STEPS:
         if per[s]:
