@@ -1112,6 +1112,15 @@ class RabbitMQBroker(Broker):
         """The admission's verdicts and writes (the leased records and this
         broker's lease map, ``held`` plus them), given the records read.
 
+        Two copies of one job in a batch are each judged against the record
+        read, except after one of them took the job (leased it, buried it,
+        or took an event's delivery without a record): the later one is a
+        twin, dropped.  A copy judged stale does not make the next one a
+        twin: a killed worker's original, given back by RabbitMQ, and the
+        copy its rescue sent can meet in one batch, the original first
+        (stale: the rescue bumped the version); had it counted, both would
+        be dropped and the ready record left with no copy to serve it.
+
         Runs in the state store's transaction, maybe twice, maybe on its
         thread: it reads only its arguments, builds new records and changes
         nothing shared."""
@@ -1119,28 +1128,31 @@ class RabbitMQBroker(Broker):
         writes: dict[str, KvWrite] = {}
         verdicts: list[_Verdict] = []
         leased = dict(held)
-        judged: set[str] = set()
+        #: jobs an earlier copy of this batch took: their record is no longer the one read
+        taken: set[str] = set()
         for raw, m, did, ev in parsed:
             if k.paused + raw.queue in got:
                 verdicts.append((_REQUEUE, None))
                 continue
-            if did in judged:  # a second copy of a job in this very batch
+            if did in taken:  # a second copy of a job this very batch took
                 verdicts.append((_DROP, None))
                 continue
-            judged.add(did)
             if ev is not None and k.job + did not in got and k.claim + "gone:" + did not in got:
+                taken.add(did)
                 verdicts.append((_BIND, None))  # its record comes with the binding
                 continue
             verdict, rec = self._judge(raw, m, did, ev, got, now)
             if verdict is _DEAD:
                 assert rec is not None
                 writes[k.job + did] = rec.dump()
+                taken.add(did)
             elif verdict is _TAKE and rec is not None:
                 if rec.msg is m:  # the parsed copy's: not this call's to change
                     rec.msg = m.copy()
                 self._lease(rec, now, lease, worker)
                 writes[k.job + did] = rec.dump()
                 leased[did] = (rec.token, rec.lease_until)
+                taken.add(did)
             verdicts.append((verdict, rec))
         if writes:
             writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
