@@ -1271,3 +1271,57 @@ async def test_a_losing_duplicates_copy_ahead_of_the_jobs_own_in_one_batch_leave
     assert d.id == m.id
     await broker.ack([d])
     assert await _ready_copies(broker) == 0
+
+
+async def test_a_record_an_older_worker_rewrote_without_the_token_still_runs_its_copy(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    """Rolling upgrade: a worker of a version before the enqueue tokens leased
+    the job and rewrote its record without the token (``e``), then its
+    connection died.  The original copy, carrying its enqueue's token
+    (``dw-e``), comes back: it is judged by its version alone (a token
+    mismatch needs a token on both), waits out the lease and runs."""
+    crashed, other = make(), make()
+    await crashed.open()
+    await other.open()
+    m = job()
+    await other.enqueue([m])
+    [d] = await crashed.fetch(["default"], 1, 0.5, 0, "w-older")
+    key = crashed.keys.job + m.id
+    stored = orjson.loads((await crashed.state.kv_get([key]))[key])
+    assert stored.pop("e") is not None  # the new version's lease kept it...
+    await crashed.state.kv_set({key: orjson.dumps(stored)})  # ...the older one's did not
+    await crashed.close()  # the connection drops with the job unacked
+    [again] = await asyncio.wait_for(other.fetch(["default"], 1, 30.0, 15.0), 20)
+    assert again.id == m.id and time.time() >= d.lease_until
+    assert again.message is not None and again.message.attempt == 2
+    [err] = again.message.errors
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-older"
+    await other.ack([again])
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by_version(
+    broker: RabbitMQBroker,
+) -> None:
+    """The token drops a copy only against a record that has another one:
+    a tokenless record runs a tokened copy, a tokened record a tokenless copy
+    (a rescue's, a retry's), and two tokens that differ drop the copy."""
+    await broker.declare(["default"])
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    for record_enq, copy_enq, runs in [
+        (None, "mine", True),
+        ("mine", None, True),
+        ("mine", "theirs", False),
+        ("mine", "mine", True),
+    ]:
+        m = job()
+        now = time.time()
+        rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq=record_enq)
+        await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
+        await broker._send([broker._copy(m, 0, now, enq=copy_enq)], True)
+        got = await broker.fetch(["default"], 1, 30.0, 5.0 if runs else 0.5)
+        assert [d.id for d in got] == ([m.id] if runs else []), (record_enq, copy_enq)
+        await broker.ack(got)
