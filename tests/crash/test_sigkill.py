@@ -29,7 +29,7 @@ from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2000
-#: room for the waits below to time out and the test to say why (``diagnose``)
+# room for a wait below to time out and the test to say why (``diagnose``)
 # before pytest-timeout stops it
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(420)]
 
