@@ -24,12 +24,14 @@ import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.state import State
 from tests.brokers import BROKERS, CROSS_PROCESS
-from tests.crash import crashapp
+from tests.crash import crashapp, diagnose
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2000
-pytestmark = pytest.mark.crash
+# room for a wait below to time out and the test to say why (``diagnose``)
+# before pytest-timeout stops it
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(420)]
 
 
 def _wait(cond: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
@@ -47,6 +49,18 @@ def _killed_on_failure(proc: subprocess.Popen[bytes]) -> Iterator[None]:
         proc.kill()
         proc.wait(timeout=10)
         raise
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0  # graceful stop exits cleanly
+
+
+def _explained(app: dw.App, log: Path, exc: AssertionError) -> AssertionError:
+    """``exc`` (a wait that timed out) with what the unfinished jobs look
+    like once the worker is stopped (``diagnose``): a job that never
+    finishes is a lost job, and this is all that is left to explain it."""
+    return AssertionError(f"{exc}\n{asyncio.run(diagnose.unfinished(app, _lines(log)))}")
 
 
 def _lines(log: Path) -> list[str]:
@@ -99,14 +113,16 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
         in_flight_at_kills |= held
 
     proc = start()
-    try:
-        _wait(
-            lambda: asyncio.run(app.broker.stats())[0].succeeded == N,
-            "every job to succeed after the restarts",
-        )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0  # graceful stop exits cleanly
+    with _killed_on_failure(proc):
+        try:
+            _wait(
+                lambda: asyncio.run(app.broker.stats())[0].succeeded == N,
+                "every job to succeed after the restarts",
+            )
+        except AssertionError as exc:  # stopped first: its copies go back to the queues
+            _stop(proc)
+            raise _explained(app, log, exc) from None
+    _stop(proc)
     [stats] = asyncio.run(app.broker.stats())
     assert (stats.succeeded, stats.dead, stats.ready, stats.running) == (N, 0, 0, 0)
 
@@ -140,11 +156,13 @@ def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
     assert proc.wait(timeout=10) == -signal.SIGKILL
     in_flight |= _running_ids(app)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    try:
-        _wait(lambda: batch.progress()["state"] == "complete", "the batch to complete")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    with _killed_on_failure(proc):
+        try:
+            _wait(lambda: batch.progress()["state"] == "complete", "the batch to complete")
+        except AssertionError as exc:  # stopped first: its copies go back to the queues
+            _stop(proc)
+            raise _explained(app, log, exc) from None
+    _stop(proc)
     p = batch.progress()
     assert (p["done"], p["failed"], p["total"]) == (600, 0, 600)
     starts = Counter(line.split()[0] for line in _lines(log))

@@ -1170,3 +1170,158 @@ async def test_a_producer_killed_between_the_confirm_and_the_record_leaves_one_r
         assert await b.fetch(["default"], 1, 30.0, 1.0) == []
         info = await b.get(id_)
         assert info is not None and info.state is State.SUCCEEDED
+
+
+_KILLED_WORKER = """
+import asyncio, sys
+from dumbwaiter.brokers import from_url
+
+async def main() -> None:
+    b = from_url(sys.argv[1])
+    await b.open()
+    [d] = await b.fetch(["default"], 1, float(sys.argv[2]), 0, "w-killed")
+    print("fetched", d.id, flush=True)
+    await asyncio.Event().wait()  # holds it, unacked, until SIGKILLed
+
+asyncio.run(main())
+"""
+
+
+async def _ready_copies(broker: RabbitMQBroker, queue: str = "default") -> int:
+    """How many copies wait in ``queue``'s main lane (a passive declare)."""
+    link = await broker._link()
+    ok = await link.channel().queue_declare(broker.names.lane(queue), passive=True)
+    return int(ok.message_count or 0)
+
+
+async def _killed_holding(url: str, tmp_path: Path, lease: float) -> str:
+    """A worker process that fetched the one job of ``default`` under
+    ``lease``, SIGKILLed while it held it: the id it held."""
+    script = tmp_path / "worker.py"
+    script.write_text(_KILLED_WORKER)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), url, str(lease), stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    proc.kill()
+    await proc.wait()
+    word, id_ = line.split()
+    assert word == b"fetched"
+    return id_.decode()
+
+
+@pytest.mark.parametrize("parked", [False, True], ids=["given-back", "parked"])
+async def test_a_rescued_copy_behind_the_stale_original_in_one_batch_still_runs(
+    tmp_path: Path, parked: bool
+) -> None:
+    """A worker SIGKILLed holding a job: RabbitMQ gives its copy back (and a
+    fetch before the lease ends parks it in the cascade until then), the
+    lease runs out and the rescue sends a new copy and makes the record
+    ready for it.  A fetch handed both, the original first (as a consumer's
+    buffer or ``basic.get`` gives them when they come up close together),
+    drops the original as stale and runs the rescued copy: a copy dropped as
+    stale must not make the next copy of its job in the batch a twin (both
+    were dropped, leaving a ready record that no copy serves and nothing
+    rescues: the crash test's job that never finished)."""
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    async with _brokers(url) as new:
+        b = new()
+        await b.open()
+        m = job()
+        await b.enqueue([m])
+        assert await _killed_holding(url, tmp_path, 3.0 if parked else 0.5) == m.id
+        await eventually(lambda: _ready_copies(b), lambda n: n == 1)  # given back
+        if parked:
+            assert await b.fetch(["default"], 10, 30.0, 0) == []  # the lease still runs
+            assert await _ready_copies(b) == 0  # in the cascade until it ends
+            await eventually(lambda: _ready_copies(b), lambda n: n == 1, timeout=20)
+        assert await eventually(b.rescue, lambda n: n > 0) == 1  # once the lease ran out
+        info = await b.get(m.id)
+        assert info is not None and info.state is State.READY
+        assert await _ready_copies(b) == 2  # the original, then the rescued copy
+        [d] = await b.fetch(["default"], 10, 30.0, 0)
+        assert d.id == m.id and d.message is not None and d.message.attempt == 2
+        [err] = d.message.errors
+        assert err.type.endswith("LeaseExpired") and err.worker == "w-killed"
+        await b.ack([d])
+        info = await b.get(m.id)
+        assert info is not None and info.state is State.SUCCEEDED
+        assert await _ready_copies(b) == 0
+
+
+async def test_a_losing_duplicates_copy_ahead_of_the_jobs_own_in_one_batch_leaves_it_to_run(
+    broker: RabbitMQBroker,
+) -> None:
+    """The same rule for the enqueue token: a duplicate enqueue's copy
+    (another token, dropped) just before the job's own copy in one batch
+    does not make the job's own copy a twin; it runs."""
+    await broker.declare(["default"])
+    m = job()
+    now = time.time()
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
+    await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
+    await broker._send(
+        [broker._copy(m, 0, now, enq="theirs"), broker._copy(m, 0, now, enq="mine")], True
+    )
+    await eventually(lambda: _ready_copies(broker), lambda n: n == 2)
+    [d] = await broker.fetch(["default"], 10, 30.0, 0)
+    assert d.id == m.id
+    await broker.ack([d])
+    assert await _ready_copies(broker) == 0
+
+
+async def test_a_record_an_older_worker_rewrote_without_the_token_still_runs_its_copy(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    """Rolling upgrade: a worker of a version before the enqueue tokens leased
+    the job and rewrote its record without the token (``e``), then its
+    connection died.  The original copy, carrying its enqueue's token
+    (``dw-e``), comes back: it is judged by its version alone (a token
+    mismatch needs a token on both), waits out the lease and runs."""
+    crashed, other = make(), make()
+    await crashed.open()
+    await other.open()
+    m = job()
+    await other.enqueue([m])
+    [d] = await crashed.fetch(["default"], 1, 0.5, 0, "w-older")
+    key = crashed.keys.job + m.id
+    stored = orjson.loads((await crashed.state.kv_get([key]))[key])
+    assert stored.pop("e") is not None  # the new version's lease kept it...
+    await crashed.state.kv_set({key: orjson.dumps(stored)})  # ...the older one's did not
+    await crashed.close()  # the connection drops with the job unacked
+    [again] = await asyncio.wait_for(other.fetch(["default"], 1, 30.0, 15.0), 20)
+    assert again.id == m.id and time.time() >= d.lease_until
+    assert again.message is not None and again.message.attempt == 2
+    [err] = again.message.errors
+    assert err.type.endswith("LeaseExpired") and err.worker == "w-older"
+    await other.ack([again])
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by_version(
+    broker: RabbitMQBroker,
+) -> None:
+    """The token drops a copy only against a record that has another one:
+    a tokenless record runs a tokened copy, a tokened record a tokenless copy
+    (a rescue's, a retry's), and two tokens that differ drop the copy."""
+    await broker.declare(["default"])
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    for record_enq, copy_enq, runs in [
+        (None, "mine", True),
+        ("mine", None, True),
+        ("mine", "theirs", False),
+        ("mine", "mine", True),
+    ]:
+        m = job()
+        now = time.time()
+        rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq=record_enq)
+        await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
+        await broker._send([broker._copy(m, 0, now, enq=copy_enq)], True)
+        got = await broker.fetch(["default"], 1, 30.0, 5.0 if runs else 0.5)
+        assert [d.id for d in got] == ([m.id] if runs else []), (record_enq, copy_enq)
+        await broker.ack(got)

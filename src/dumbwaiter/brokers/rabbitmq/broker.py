@@ -187,6 +187,19 @@ def _enq_of(raw: Raw) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _other_enqueue(copy: str | None, record: str | None) -> bool:
+    """Whether a copy is another enqueue's than its record's: only when both
+    carry an enqueue token and they differ.  A copy without one was sent by
+    a rescue, a retry, an admin call or a version before the tokens; a
+    record without one was written (or rewritten, by a lease or an outcome)
+    by such a version: a worker of it drops the field.  Either way the
+    version alone judges the copy, as before the tokens: during a rolling
+    upgrade, the original copy of a job an older worker leased and lost
+    must still run, and a losing duplicate of an id whose record has no
+    token may run with its own arguments, as it did then."""
+    return copy is not None and record is not None and copy != record
+
+
 def _may_wait(raw: Raw, now: float) -> bool:
     """Whether a copy without its record may wait in the worker (``_WAIT``)
     rather than in the cascade: one a consumer handed over, never parked
@@ -634,17 +647,18 @@ class RabbitMQBroker(Broker):
         ``get(id)`` after it finds the job.
 
         The record and the copy carry one token of this call (``Record.enq``,
-        the copy's ``dw-e`` header): a worker runs the copy only if the record
-        it finds is this call's (``_judge``).  So a second enqueue of an
-        existing id, whose ``kv_add`` loses, leaves a copy that is dropped and
-        never runs with its own arguments; it returns the id, as when the
-        record was written first.  A copy that reaches a worker before its
-        record commits waits in the worker, judged again after a fraction of
-        a millisecond and then more (``FIRST_RECHECK``, ``LOCAL_GRACE``), and
-        past that the ``RECORD_GRACE`` rule: a producer that died between the
-        copy's confirm and the record's commit leaves a copy that runs once,
-        from itself; one that died after the record and before the publish
-        leaves a record that never runs, as before (its call never returned).
+        the copy's ``dw-e`` header): a worker drops the copy if the record
+        it finds holds another call's token (``_other_enqueue``).  So a
+        second enqueue of an existing id, whose ``kv_add`` loses, leaves a
+        copy that is dropped and never runs with its own arguments; it
+        returns the id, as when the record was written first.  A copy that
+        reaches a worker before its record commits waits in the worker,
+        judged again after a fraction of a millisecond and then more
+        (``FIRST_RECHECK``, ``LOCAL_GRACE``), and past that the
+        ``RECORD_GRACE`` rule: a producer that died between the copy's
+        confirm and the record's commit leaves a copy that runs once, from
+        itself; one that died after the record and before the publish leaves
+        a record that never runs, as before (its call never returned).
         """
         due = m.eta if m.eta is not None and m.eta > now else now
         enq = os.urandom(8).hex()
@@ -1112,6 +1126,15 @@ class RabbitMQBroker(Broker):
         """The admission's verdicts and writes (the leased records and this
         broker's lease map, ``held`` plus them), given the records read.
 
+        Two copies of one job in a batch are each judged against the record
+        read, except after one of them took the job (leased it, buried it,
+        or took an event's delivery without a record): the later one is a
+        twin, dropped.  A copy judged stale does not make the next one a
+        twin: a killed worker's original, given back by RabbitMQ, and the
+        copy its rescue sent can meet in one batch, the original first
+        (stale: the rescue bumped the version); had it counted, both would
+        be dropped and the ready record left with no copy to serve it.
+
         Runs in the state store's transaction, maybe twice, maybe on its
         thread: it reads only its arguments, builds new records and changes
         nothing shared."""
@@ -1119,28 +1142,31 @@ class RabbitMQBroker(Broker):
         writes: dict[str, KvWrite] = {}
         verdicts: list[_Verdict] = []
         leased = dict(held)
-        judged: set[str] = set()
+        #: jobs an earlier copy of this batch took: their record is no longer the one read
+        taken: set[str] = set()
         for raw, m, did, ev in parsed:
             if k.paused + raw.queue in got:
                 verdicts.append((_REQUEUE, None))
                 continue
-            if did in judged:  # a second copy of a job in this very batch
+            if did in taken:  # a second copy of a job this very batch took
                 verdicts.append((_DROP, None))
                 continue
-            judged.add(did)
             if ev is not None and k.job + did not in got and k.claim + "gone:" + did not in got:
+                taken.add(did)
                 verdicts.append((_BIND, None))  # its record comes with the binding
                 continue
             verdict, rec = self._judge(raw, m, did, ev, got, now)
             if verdict is _DEAD:
                 assert rec is not None
                 writes[k.job + did] = rec.dump()
+                taken.add(did)
             elif verdict is _TAKE and rec is not None:
                 if rec.msg is m:  # the parsed copy's: not this call's to change
                     rec.msg = m.copy()
                 self._lease(rec, now, lease, worker)
                 writes[k.job + did] = rec.dump()
                 leased[did] = (rec.token, rec.lease_until)
+                taken.add(did)
             verdicts.append((verdict, rec))
         if writes:
             writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
@@ -1190,8 +1216,7 @@ class RabbitMQBroker(Broker):
                 msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
             )
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
-        enq = _enq_of(raw)
-        if enq is not None and enq != rec.enq:
+        if _other_enqueue(_enq_of(raw), rec.enq):
             return _DROP, None  # another enqueue's copy: that one's record won
         if ver < rec.ver or rec.state in FINAL_STATES:
             return _DROP, None

@@ -60,7 +60,9 @@ class Record:
     replays: int = 0
     #: the token of the enqueue that wrote this record, which its first copy
     #: carries in ``dw-e``: a copy of another enqueue of the same id (one that
-    #: lost the record's ``kv_add``) carries another token and is dropped
+    #: lost the record's ``kv_add``) carries another token and is dropped;
+    #: None in a record a version before the tokens wrote or rewrote (its
+    #: copies are then judged by their version alone)
     enq: str | None = None
 
     def dump(self) -> bytes:
