@@ -32,6 +32,7 @@ import aiormq
 from pamqp import commands as spec
 
 import dumbwaiter as dw
+from dumbwaiter.brokers.rabbitmq import topology as topo
 
 AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/dwenq-state.db"
@@ -106,6 +107,15 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
                 f"publish+confirm p50 {statistics.median(sends) * 1e6:.0f} us"
             )
         await ch.queue_delete(BARE_QUEUE)
+        # the jobs enqueued (no worker runs them) and the delay cascade: left
+        # behind, each run's quorum queue kept growing on the server
+        names = broker.names
+        for q in [*names.lanes("default"), names.dlq("default")]:
+            await ch.queue_delete(q)
+        for lvl in range(topo.LEVELS):
+            await ch.queue_delete(names.level_queue(lvl))
+            await ch.exchange_delete(names.level(lvl))
+        await ch.exchange_delete(names.level(-1))
     finally:
         await conn.close()
         await app.aclose()
