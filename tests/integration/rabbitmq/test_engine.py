@@ -1325,3 +1325,44 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
         got = await broker.fetch(["default"], 1, 30.0, 5.0 if runs else 0.5)
         assert [d.id for d in got] == ([m.id] if runs else []), (record_enq, copy_enq)
         await broker.ack(got)
+
+
+# -- a worker's outcome racing a rescue ----------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["retry", "dead"])
+async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    """A worker's retry (or dead letter) trusts its own lease (more than
+    ``SURE`` left) and publishes its copy; the publish is slow, the lease
+    runs out meanwhile, the job is rescued and another worker takes it.  The
+    outcome's record write must then leave that worker's lease alone: a
+    blind write set the record ``retrying``/``dead`` under the running job,
+    whose ack was then fenced off (the job ran on with no record of it, and
+    a retry's copy, of the rescue's version, was dropped as sent twice)."""
+    slow, rescuer, other = make(), make(), make()
+    for b in (slow, rescuer, other):
+        await b.open()
+    m = job()
+    await rescuer.enqueue([m])
+    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    taken: list[Any] = []
+    real_send = slow._send
+
+    async def send_after_a_takeover(copies: Any, confirm: bool) -> Any:
+        if not taken:
+            assert await eventually(rescuer.rescue, lambda n: n > 0) == 1
+            taken.extend(await other.fetch(["default"], 1, 30.0, 10.0, "w-other"))
+        return await real_send(copies, confirm)
+
+    monkeypatch.setattr(slow, "_send", send_after_a_takeover)
+    d.error = error()
+    d.retry_at = time.time()
+    await (slow.retry([d]) if outcome == "retry" else slow.dead([d]))
+    [t] = taken
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
+    await other.ack([t])
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED

@@ -1384,11 +1384,19 @@ class RabbitMQBroker(Broker):
         await self._again(ds, charge=False)
 
     async def _again(self, ds: Sequence[Delivery], charge: bool) -> None:
-        """A new copy, due at ``d.retry_at``; then the old one goes."""
+        """A new copy, due at ``d.retry_at``; then the old one goes.
+
+        The record is written only where it is still the lease read
+        (``_swap``): ``_owned`` trusts a lease with more than ``SURE`` to
+        run, and a publish slower than that lets the lease run out, the job
+        be rescued and another worker take it.  A blind write then set the
+        record back under that worker's running job (its ack fenced off, the
+        rescue's copy and this one of one version: a job no copy served)."""
         now = time.time()
-        writes: dict[str, bytes] = {}
+        writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
+            before = _stamp(rec)
             if charge and d.error is not None:
                 rec.msg.errors.append(d.error)
             if not charge:
@@ -1398,29 +1406,32 @@ class RabbitMQBroker(Broker):
             rec.run_at = max(d.retry_at, now)
             rec.state = State.SCHEDULED if d.retry_at > now else State.READY
             copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
-            writes[self.keys.job + d.id] = rec.dump()
+            writes[self.keys.job + d.id] = (before, rec.dump())
         await self._send(copies, True)
         if writes:
-            await self.state.kv_set(writes)
+            await self._swap(writes)
         await self._finish(ds)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
+        """The job's copy to the DLQ, its record dead where it is still the
+        lease read (``_swap``, as ``_again``)."""
         now = time.time()
-        writes: dict[str, bytes] = {}
+        writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
+            before = _stamp(rec)
             if d.error is not None:
                 rec.msg.errors.append(d.error)
             rec.state, rec.updated_at = State.DEAD, now
             rec.ver += 1
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
-            writes[self.keys.job + d.id] = rec.dump()
+            writes[self.keys.job + d.id] = (before, rec.dump())
         for d in ds:  # undecodable bodies go to the DLQ as they came
             if d.message is None and isinstance(d.token, Token):
                 copies.append(self._dead_copy(None, d.queue, d.raw or b""))
         await self._send(copies, True)
         if writes:
-            await self.state.kv_set(writes)
+            await self._swap(writes)
         await self._finish(ds)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
