@@ -79,6 +79,21 @@ def callgrind_counter(port: int) -> Callable[[], int]:
     return dump
 
 
+def w2_chunks(port: int) -> list[bulk.Chunk]:
+    """The staging chunks of W2's bulk enqueue (``N`` no-op jobs), encoded
+    once, as the producer sends them: what every measured call replays."""
+    app = dw.App(f"redis://127.0.0.1:{port}/0?prefix=bench")
+
+    async def noop(i: int) -> None:
+        pass
+
+    task = app.task(name="noop")(noop)
+    try:
+        return list(bulk.encode(task.messages(range(N), _NO_OPTIONS), None))
+    finally:
+        app.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -89,13 +104,7 @@ def main() -> None:
     ap.add_argument("--callgrind", action="store_true", help="count the server's instructions")
     a = ap.parse_args()
     r = redis.Redis(port=a.port)
-    app = dw.App(f"redis://127.0.0.1:{a.port}/0?prefix=bench")
-
-    async def noop(i: int) -> None:
-        pass
-
-    task = app.task(name="noop")(noop)
-    chunks = list(bulk.encode(task.messages(range(N), _NO_OPTIONS), None))
+    chunks = w2_chunks(a.port)
     # phase(): the server's cost since the previous phase() call
     if a.callgrind:
         phase = callgrind_counter(a.port)  # a dump restarts the count
@@ -142,7 +151,6 @@ def main() -> None:
             f"{rev:>10}: staging {s:,.2f}  commit {c:,.2f}  total {s + c:,.2f}  "
             f"plain {p:,.2f} {unit} per job"
         )
-    app.close()
 
 
 if __name__ == "__main__":

@@ -21,11 +21,7 @@ import time
 import redis
 import redis_bulk_cost
 
-import dumbwaiter as dw
-from dumbwaiter.brokers.redis import bulk
-from dumbwaiter.task import _NO_OPTIONS
-
-N = 10_000
+N = redis_bulk_cost.N
 HEAD = """
 local P = KEYS[1]
 local n = 5
@@ -83,13 +79,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=6392)
     a = ap.parse_args()
     r = redis.Redis(port=a.port)
-    app = dw.App(f"redis://127.0.0.1:{a.port}/0?prefix=bench")
-
-    async def noop(i: int) -> None:
-        pass
-
-    task = app.task(name="noop")(noop)
-    chunks = list(bulk.encode(task.messages(range(N), _NO_OPTIONS), None))
+    chunks = redis_bulk_cost.w2_chunks(a.port)
     count = redis_bulk_cost.callgrind_counter(a.port)
     for name, body in PARTS.items():
         r.flushall()
@@ -100,7 +90,6 @@ def main() -> None:
                 sha, 1, redis_bulk_cost.PREFIX, repr(time.time()), b"stage", "c", "", *ch.args
             )
         print(f"{count() / N:>9,.0f}  {name}")
-    app.close()
 
 
 if __name__ == "__main__":
