@@ -32,7 +32,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
@@ -622,7 +622,7 @@ class RabbitMQBroker(Broker):
         # ``_enqueue_one``, with this call's token in both: a copy of an id
         # another call wrote meanwhile (the check above is a read) runs only
         # if the record is this call's.
-        store = asyncio.ensure_future(self.state.kv_set(written))
+        store = asyncio.ensure_future(_after_send(self.state.kv_set, written))
         try:
             await self._send([self._copy(r.msg, 0, r.run_at, raw, enq) for r, raw in fresh], True)
         except BaseException:
@@ -670,10 +670,9 @@ class RabbitMQBroker(Broker):
             enq=enq,
         )
         key = self.keys.job + m.id
-        # scheduled first: it is on the state store's thread before the
-        # copy's frames leave, so the record normally commits long before
-        # RabbitMQ (a quorum queue: after its log's commit) hands the copy out
-        add = asyncio.ensure_future(self.state.kv_add(key, rec.dump()))
+        # written while RabbitMQ (a quorum queue: its log's commit) confirms
+        # the copy, so it normally commits long before the copy is handed out
+        add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
         try:
             await self._send([self._copy(m, 0, due, raw, enq)], True)
         except BaseException as exc:
@@ -1896,6 +1895,19 @@ def _parse(
         else:
             parsed.append((raw, m, m.id, None))
     return parsed, bad
+
+
+async def _after_send(write: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``write(*args)`` once the event loop has had one turn.
+
+    Started as a task right before the publish: the publish queues its
+    frames for aiormq's writer task, which runs in the loop's next turn, and
+    this task's first turn would come before it.  A state store that writes
+    on the caller's thread (SQLite's quick path) would then hold the frames
+    back for the length of its write; one turn later they are on the socket
+    and the write overlaps the broker's confirm instead of preceding it."""
+    await asyncio.sleep(0)
+    return await write(*args)
 
 
 def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict | None:

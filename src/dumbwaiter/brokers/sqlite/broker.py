@@ -13,7 +13,12 @@ fsynced, so an enqueued job survives power loss); worker connections use
 job run again (its claim or ack is rolled back), never lose it.
 
 Calls from async code run on one thread owned by the broker (sqlite3 blocks);
-sync producers use a connection of their own thread, with no hop.
+sync producers use a connection of their own thread, with no hop.  Short
+key-value calls (a few keys: a companion broker's job record, a limit) run
+on the caller's thread when the write lock is free (``_quick``): they do not
+wait for the disk (``synchronous=NORMAL``, no checkpoint), and a hop to the
+broker's thread would cost more than the call, mostly in the GIL handed back
+and forth with that thread.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -76,6 +81,13 @@ _UNIQUE_RELEASE = {
     "queued": "('running', 'succeeded', 'dead', 'cancelled')",
 }
 _SYNC = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
+#: key-value calls of at most this many keys may run on the caller's thread
+#: (``SQLiteBroker._quick``); a bigger one would hold the event loop too long
+QUICK_KEYS = 64
+#: commits on callers' threads between two WAL checkpoints, which run on the
+#: broker's thread (a checkpoint fsyncs: it must not stall an event loop)
+QUICK_CHECKPOINT = 1000
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _schema() -> str:
@@ -160,6 +172,7 @@ class SQLiteBroker(Broker):
         self._wakers: dict[asyncio.AbstractEventLoop, FileWaker] = {}
         self._known_queues: set[str] = set()
         self._ready = False
+        self._quick_writes = 0
 
     # -- connections -------------------------------------------------------
 
@@ -242,6 +255,74 @@ class SQLiteBroker(Broker):
         if self._aconn is None:
             self._aconn = self._connect("NORMAL")
         return self._aconn
+
+    def _quick_conn(self) -> sqlite3.Connection | None:
+        """This thread's connection for ``_quick`` calls (None before ``open``).
+
+        It never waits for a lock (``busy_timeout=0``: a busy database sends
+        the call to the broker's thread instead) and never checkpoints the
+        WAL itself (``_quick_wrote`` has the broker's thread do it)."""
+        if self._executor is None or not self._ready:
+            return None
+        conn: sqlite3.Connection | None = getattr(self._local, "quick", None)
+        if conn is None:
+            conn = self._connect("NORMAL")
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._local.quick = conn
+        return conn
+
+    async def _quick(
+        self, fn: Callable[[sqlite3.Connection], T], size: int = 1, write: bool = True
+    ) -> T:
+        """Run ``fn`` (a transaction's body when ``write``, else a read) on
+        the caller's thread if it is small and the write lock is free, else
+        on the broker's thread.
+
+        Only the ``BEGIN IMMEDIATE`` may meet a busy database: once it holds
+        the lock, ``fn`` runs once, so a ``decide`` with effects is never run
+        twice.  Calls do not keep their order against calls already sent to
+        the broker's thread, which no caller may rely on: concurrent calls
+        never had an order."""
+        conn = self._quick_conn() if size <= QUICK_KEYS else None
+        if conn is not None:
+            try:
+                if not write:
+                    return fn(conn)
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF not in _BUSY:
+                    raise
+            else:
+                out = self._body(conn, fn)
+                self._quick_wrote()
+                return out
+        if write:
+            return await self._run(self._wtx, fn)
+        return await self._run(lambda: fn(self._worker_conn()))
+
+    def _quick_wrote(self) -> None:
+        self._quick_writes += 1
+        if self._quick_writes % QUICK_CHECKPOINT == 0 and self._executor is not None:
+            self._executor.submit(self._checkpoint).add_done_callback(_log_failure)
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL back into the database without waiting for readers
+        (PASSIVE), on the broker's thread: the quick connections never do."""
+        self._worker_conn().execute("PRAGMA wal_checkpoint(PASSIVE)").close()
+
+    def _body(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """The rest of a transaction ``BEGIN IMMEDIATE`` opened: ``fn`` and
+        the commit, or the rollback."""
+        try:
+            out = fn(conn)
+            if isinstance(out, sqlite3.Cursor):
+                out.close()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return out
 
     def _tx(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
         """One write transaction.
@@ -989,26 +1070,28 @@ class SQLiteBroker(Broker):
     # -- key-value ---------------------------------------------------------------
 
     async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
-        return await self._run(self._kv_get, list(keys))
+        payload = orjson.dumps(list(keys))
 
-    def _kv_get(self, keys: list[str]) -> dict[str, bytes]:
-        rows = self._worker_conn().execute(
-            "SELECT key, value FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
-            " AND (expires IS NULL OR expires > ?)",
-            (orjson.dumps(keys), time.time()),
-        )
-        return {k: bytes(v) for k, v in rows}
+        def run(c: sqlite3.Connection) -> dict[str, bytes]:
+            rows = c.execute(
+                "SELECT key, value FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
+                " AND (expires IS NULL OR expires > ?)",
+                (payload, time.time()),
+            )
+            return {k: bytes(v) for k, v in rows}
+
+        return await self._quick(run, len(keys), write=False)
 
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         expires = None if ttl is None else time.time() + ttl
         rows = [(k, bytes(v), expires) for k, v in items.items()]
-        await self._run(
-            self._wtx,
+        await self._quick(
             lambda c: c.executemany(
                 "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
                 " DO UPDATE SET value=excluded.value, expires=excluded.expires",
                 rows,
             ),
+            len(rows),
         )
 
     async def kv_update(
@@ -1016,8 +1099,9 @@ class SQLiteBroker(Broker):
         keys: Sequence[str],
         decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
-        """One write transaction on the broker's thread: the read, ``decide``
-        and the write, atomic against every other connection, one hop."""
+        """One write transaction: the read, ``decide`` and the write, atomic
+        against every other connection (on the caller's thread or one hop
+        away, ``_quick``)."""
         payload = orjson.dumps(list(keys))
 
         def run(c: sqlite3.Connection) -> T:
@@ -1040,19 +1124,21 @@ class SQLiteBroker(Broker):
                 ).close()
             return out
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run, len(keys))
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         def run(c: sqlite3.Connection) -> bool:
+            # one statement: an expired entry is taken over in place
             now = time.time()
-            c.execute("DELETE FROM dw_kv WHERE key=? AND expires<=?", (key, now))
             cur = c.execute(
-                "INSERT OR IGNORE INTO dw_kv (key, value, expires) VALUES (?,?,?)",
-                (key, bytes(value), None if ttl is None else now + ttl),
+                "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
+                " DO UPDATE SET value=excluded.value, expires=excluded.expires"
+                " WHERE dw_kv.expires <= ?",
+                (key, bytes(value), None if ttl is None else now + ttl, now),
             )
             return cur.rowcount == 1
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run)
 
     async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
         def run(c: sqlite3.Connection) -> int:
@@ -1067,13 +1153,12 @@ class SQLiteBroker(Broker):
             ).fetchone()
             return int(row[0])
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run)
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         now = time.time()
         payload = orjson.dumps(list(keys))
-        return await self._run(
-            self._wtx,
+        return await self._quick(
             lambda c: (
                 c.execute(
                     "DELETE FROM dw_kv WHERE key IN (SELECT value FROM json_each(?))"
@@ -1081,6 +1166,7 @@ class SQLiteBroker(Broker):
                     (payload, now),
                 ).rowcount
             ),
+            len(keys),
         )
 
     async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
@@ -1098,7 +1184,7 @@ class SQLiteBroker(Broker):
                 )
             return len(members)
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run)
 
     async def kv_smembers(self, key: str) -> set[str]:
         raw = (await self.kv_get([key])).get(key)
@@ -1133,7 +1219,7 @@ class SQLiteBroker(Broker):
                 c.execute("INSERT INTO dw_rate (key, t) VALUES (?, ?)", (key, at))
             return wait
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run)
 
     async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
         def run(c: sqlite3.Connection) -> bool:
@@ -1151,21 +1237,27 @@ class SQLiteBroker(Broker):
             )
             return True
 
-        return await self._run(self._wtx, run)
+        return await self._quick(run)
 
     async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
         rows = [(time.time() + ttl, k, h) for k, h in holds]
-        await self._run(
-            self._wtx,
+        await self._quick(
             lambda c: c.executemany("UPDATE dw_slots SET expires=? WHERE key=? AND holder=?", rows),
+            len(rows),
         )
 
     async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
         rows = list(holds)
-        await self._run(
-            self._wtx,
+        await self._quick(
             lambda c: c.executemany("DELETE FROM dw_slots WHERE key=? AND holder=?", rows),
+            len(rows),
         )
+
+
+def _log_failure(fut: Future[None]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.warning("sqlite WAL checkpoint failed: %r (the next one tries again)", exc)
 
 
 # -- row mapping -------------------------------------------------------------
