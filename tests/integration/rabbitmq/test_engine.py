@@ -1366,3 +1366,113 @@ async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
     await other.ack([t])
     info = await other.get(m.id)
     assert info is not None and info.state is State.SUCCEEDED
+
+
+# -- a heartbeat racing a rescue -------------------------------------------------
+
+
+async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat looked at its lease (still its own), then the lease ran
+    out, was rescued and another worker took the job before the heartbeat
+    wrote.  The heartbeat must leave that worker's record alone and report
+    the lease lost: a blind write set the record back to the first worker,
+    and the new holder's ack was fenced off (the job ran, its record never
+    said so)."""
+    slow, rescuer, other = make(), make(), make()
+    for b in (slow, rescuer, other):
+        await b.open()
+    m = job()
+    await rescuer.enqueue([m])
+    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    taken: list[Any] = []
+    real_owned = slow._owned
+
+    async def owned_then_a_takeover(ds: Any) -> Any:
+        out = await real_owned(ds)
+        if not taken:
+            assert await eventually(rescuer.rescue, lambda n: n > 0) == 1
+            taken.extend(await other.fetch(["default"], 1, 30.0, 10.0, "w-other"))
+        return out
+
+    monkeypatch.setattr(slow, "_owned", owned_then_a_takeover)
+    lost = await slow.extend([d], 30.0)
+    [t] = taken
+    assert [x.id for x in lost] == [m.id]
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
+    await other.ack([t])
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_rescue_that_meets_a_heartbeat_leaves_the_lease_to_its_worker(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rescuer read an expired lease; before it wrote, the worker's
+    heartbeat renewed it.  The rescue must lose (the worker is alive and
+    holds the job): it compared version, token and state only, so it set
+    the job ready under its running worker, whose ack was then fenced off
+    while the rescue's copy ran the job a second time."""
+    worker, rescuer, other = make(), make(), make()
+    for b in (worker, rescuer, other):
+        await b.open()
+    m = job()
+    await rescuer.enqueue([m])
+    [d] = await worker.fetch(["default"], 1, 1.0, 0, "w-late")
+    beats: list[list[Any]] = []
+    real_send = rescuer._send
+
+    async def a_heartbeat_before_the_write(copies: Any, confirm: bool) -> Any:
+        if copies and not beats:
+            beats.append(await worker.extend([d], 60.0))
+        return await real_send(copies, confirm)
+
+    monkeypatch.setattr(rescuer, "_send", a_heartbeat_before_the_write)
+    # the lease runs out unseen by its worker; the rescue that finds it
+    # first (then the heartbeat comes) must take nothing
+    got = await eventually(rescuer.rescue, lambda r: bool(beats))
+    assert beats == [[]]  # the heartbeat kept the lease
+    assert got == 0
+    info = await rescuer.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-late"
+    assert await other.fetch(["default"], 1, 30.0, 1.0, "w-other") == []
+    await worker.ack([d])
+    info = await rescuer.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_rescue_whose_publish_failed_is_tried_again_at_once(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rescue claims each expired lease before it publishes its copy.  When
+    the publish fails (RabbitMQ went away), the claims must go with it: left
+    in place, they kept every later rescue, in any process, off those jobs
+    for the claim's hour."""
+    worker, rescuer, later = make(), make(), make()
+    for b in (worker, rescuer, later):
+        await b.open()
+    m = job()
+    await rescuer.enqueue([m])
+    await worker.fetch(["default"], 1, 1.0, 0, "w-dead")
+    real_send = rescuer._send
+
+    async def unreachable(copies: Any, confirm: bool) -> Any:
+        if copies:
+            raise BrokerError("rabbitmq publish: connection refused")
+        return await real_send(copies, confirm)
+
+    monkeypatch.setattr(rescuer, "_send", unreachable)
+
+    async def rescue_until_it_fails() -> bool:
+        try:
+            await rescuer.rescue()
+        except BrokerError:
+            return True
+        return False
+
+    assert await eventually(rescue_until_it_fails, bool)
+    assert await later.rescue() == 1
+    [d] = await later.fetch(["default"], 1, 30.0, 10.0, "w-next")
+    assert d.id == m.id and d.message is not None and d.message.attempt == 2

@@ -1434,22 +1434,50 @@ class RabbitMQBroker(Broker):
         await self._finish(ds)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        """Move each lease still this worker's ``lease`` seconds ahead.
+
+        The record is written only where it is still the one this worker
+        holds (``_swap``'s compare, in one ``kv_update`` with the lease map):
+        a rescue, or another worker's takeover of the expired lease, may
+        have come between ``_owned``'s look and this write, and a blind
+        write would set the job back under that worker (its ack fenced off)
+        or undo a rescue's dead letter.  Such a lease is reported lost.  The
+        rescuer's compare includes the lease's end, so of a heartbeat and a
+        rescue that meet, exactly one wins."""
         now = time.time()
-        owned = await self._owned(ds)
-        mine = {d.id for d, _ in owned}
-        lost = [d for d in ds if d.id not in mine and d.message is not None]
-        writes: dict[str, bytes] = {}
-        for d, rec in owned:
-            rec.lease_until = d.lease_until = now + lease
-            self._held[d.id] = (rec.token, rec.lease_until)
-            self._recs[d.id] = rec
-            writes[self.keys.job + d.id] = rec.dump()
+        k = self.keys
+        planned: dict[str, tuple[_Stamp, bytes]] = {}
+        renewed: dict[str, tuple[Delivery, Record]] = {}
+        for d, rec in await self._owned(ds):
+            new = replace(rec, lease_until=now + lease)
+            planned[k.job + d.id] = (_stamp(rec), new.dump())
+            renewed[k.job + d.id] = (d, new)
+        lease_key = k.lease + self.instance
+        held = dict(self._held)
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], set[str]]:
+            writes = _swapped(planned, got)
+            mine = dict(held)
+            for key, (d, rec) in renewed.items():
+                if key in writes:
+                    mine[d.id] = (rec.token, rec.lease_until)
+                else:
+                    mine.pop(d.id, None)
+            won = set(writes)
+            writes[lease_key] = orjson.dumps({"at": now, "held": mine})
+            return writes, won
+
+        won = await self.state.kv_update(list(planned), decide)
+        for key, (d, rec) in renewed.items():
+            if key in won:
+                d.lease_until = rec.lease_until
+                self._held[d.id] = (rec.token, rec.lease_until)
+                self._recs[d.id] = rec
+        lost = [d for d in ds if d.message is not None and k.job + d.id not in won]
         for d in lost:
             if self._held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
                 self._held.pop(d.id, None)
                 self._recs.pop(d.id, None)
-        writes[self.keys.lease + self.instance] = self._lease_map(now)
-        await self.state.kv_set(writes)
         return lost
 
     async def rescue(self) -> Rescued:
@@ -1484,6 +1512,7 @@ class RabbitMQBroker(Broker):
         got = await self.state.kv_get([k.job + i for i in expired])
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
+        claims: list[str] = []
         dead: dict[str, DeadLetter] = {}
         for id_, token in expired.items():
             found = got.get(k.job + id_)
@@ -1492,8 +1521,10 @@ class RabbitMQBroker(Broker):
             rec = Record.load(found)
             if rec.state is not State.RUNNING or rec.token != token or rec.lease_until >= now:
                 continue
-            if not await self.state.kv_add(f"{k.claim}rescue:{id_}:{token}", b"1", ttl=3600):
+            claim = f"{k.claim}rescue:{id_}:{token}"
+            if not await self.state.kv_add(claim, b"1", ttl=3600):
                 continue
+            claims.append(claim)
             stamp = _stamp(rec)
             rec.msg.errors.append(_lease_error(rec, now, "it stopped heartbeating"))
             rec.ver += 1
@@ -1517,7 +1548,16 @@ class RabbitMQBroker(Broker):
         # stale, a record no copy serves (the crash test's stuck jobs).  A
         # copy whose write lost is ahead of its record: dropped once the job
         # is finished, parked while it is leased (``_ahead``).
-        await self._send(copies, True)
+        try:
+            await self._send(copies, True)
+        except BaseException:
+            # unclaimed, or these leases would wait out the claim's hour
+            # before the next rescue (of this or another process) tried them
+            try:
+                await self.state.kv_delete(claims)
+            except Exception:
+                log.exception("could not release the claims of a failed rescue")
+            raise
         won = await self._swap(planned) if planned else []
         dead_letters = [dead[key] for key in won if key in dead]
         # tidy other owners' lease maps: what is rescued or finished leaves them
@@ -1935,12 +1975,13 @@ def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict 
 
 
 #: what tells one record of a job from the next: its version (a new copy, a
-#: cancel), its fencing token (a lease) and its state (an ack)
-_Stamp = tuple[int, int, str]
+#: cancel), its fencing token (a lease), its state (an ack) and its lease's
+#: end (a heartbeat: a rescue of the lease it read must lose to it)
+_Stamp = tuple[int, int, str, float]
 
 
 def _stamp(rec: Record) -> _Stamp:
-    return rec.ver, rec.token, rec.state.value
+    return rec.ver, rec.token, rec.state.value, rec.lease_until
 
 
 def _swapped(
@@ -1959,7 +2000,7 @@ def _swapped(
 def _stamp_raw(raw: bytes) -> _Stamp:
     """``_stamp`` of a stored record without parsing its envelope."""
     d = orjson.loads(raw)
-    return int(d["v"]), int(d["t"]), str(d["s"])
+    return int(d["v"]), int(d["t"]), str(d["s"]), float(d.get("l") or 0.0)
 
 
 def _lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
