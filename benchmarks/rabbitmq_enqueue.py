@@ -2,10 +2,13 @@
 bare confirmed publish to a quorum queue (the issue's anchor).
 
 Alternates, in one process and one event loop, ``N`` bare aiormq publishes
-with confirms (``benchmarks/rabbitmq_bare.py``'s one-at-a-time loop) and
+with confirms (``benchmarks/rabbitmq_bare.py``'s one-at-a-time loop), ``N``
+bare aio-pika publishes (the harness' ``aio_pika_quorum_confirm_1by1_per_s``
+loop: the issue's anchor, "the bare aio-pika client with confirms") and
 ``N`` ``await task.aenqueue(i)`` calls (quorum queue, SQLite state store, as
-the harness' adapter), and prints per repetition: both rates and their
-ratio, the event loop thread's CPU per call (``time.thread_time``) for each,
+the harness' adapter), each on an empty quorum queue, and prints per repetition: the rates and the
+enqueue's ratio to each bare client (its mean of the runs before and after),
+the event loop thread's CPU per call (``time.thread_time``) for each,
 and the medians of the enqueue's two steps: the record's ``kv_add`` in the
 state store and the confirmed publish (``_send``).
 
@@ -28,15 +31,18 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import aio_pika
 import aiormq
 from pamqp import commands as spec
 
 import dumbwaiter as dw
 from dumbwaiter.brokers.rabbitmq import topology as topo
+from dumbwaiter.brokers.rabbitmq.link import Link
 
 AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/dwenq-state.db"
 BARE_QUEUE = "dw-enq-bare"
+PIKA_QUEUE = "dw-enq-pika"
 
 
 async def _bare(ch: aiormq.abc.AbstractChannel, n: int) -> tuple[float, float]:
@@ -45,6 +51,16 @@ async def _bare(ch: aiormq.abc.AbstractChannel, n: int) -> tuple[float, float]:
     for _ in range(n):
         await ch.basic_publish(b"x" * 300, routing_key=BARE_QUEUE, properties=props)
     return n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
+
+
+async def _pika(ex: Any, n: int) -> float:
+    """The harness' loop (``peers/limits.py``): a new 100-byte persistent
+    ``aio_pika.Message`` per publish to the default exchange."""
+    t = time.perf_counter()
+    for _ in range(n):
+        msg = aio_pika.Message(b"x" * 100, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        await ex.publish(msg, routing_key=PIKA_QUEUE)
+    return n / (time.perf_counter() - t)
 
 
 def _timed(calls: list[float], fn: Any) -> Any:
@@ -78,12 +94,50 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
     sends: list[float] = []
     broker.state.kv_add = _timed(adds, broker.state.kv_add)
     broker._send = _timed(sends, broker._send)
+    # the usual call sends through the link (``Link.start_one``) instead:
+    # from its frames' start to its confirm
+    starts: dict[int, float] = {}
+    real_start, real_confirm = Link.start_one, Link.confirm_one
+
+    def start_one(self: Link, item: Any) -> Any:
+        t = time.perf_counter()
+        fut = real_start(self, item)
+        if fut is not None:
+            starts[id(fut)] = t
+        return fut
+
+    async def confirm_one(self: Link, fut: Any) -> None:
+        try:
+            await real_confirm(self, fut)
+        finally:
+            sends.append(time.perf_counter() - starts.pop(id(fut)))
+
+    Link.start_one = start_one  # type: ignore[method-assign]
+    Link.confirm_one = confirm_one  # type: ignore[method-assign]
     conn = await aiormq.connect(AMQP)
+    pika = await aio_pika.connect(AMQP)
     try:
         ch = await conn.channel(publisher_confirms=True)
         await ch.queue_declare(BARE_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        pch = await pika.channel(publisher_confirms=True)
+        await pch.declare_queue(PIKA_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        lane = broker.names.lane("default", topo.lane_of(0))  # where noop's jobs go
+
+        async def empty(*queues: str) -> None:
+            # every run starts on an empty queue: a quorum queue takes
+            # publishes slower as it fills, so a client that ran after the
+            # others' messages piled up would be measured on a deeper queue
+            for q in queues:
+                await ch.queue_purge(q)
+
+        of_aiormq: list[float] = []
+        of_pika: list[float] = []
         for rep in range(1, reps + 1):
+            await empty(PIKA_QUEUE)
+            pika1 = await _pika(pch.default_exchange, n)
+            await empty(BARE_QUEUE)
             bare, bare_cpu = await _bare(ch, n)
+            await empty(lane)
             adds.clear()
             sends.clear()
             prof = cProfile.Profile() if profile else None
@@ -97,16 +151,28 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
                 prof.dump_stats(profile)
                 pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             rate, dw_cpu = n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
+            await empty(BARE_QUEUE)
             bare2, bare_cpu2 = await _bare(ch, n)
+            await empty(PIKA_QUEUE)
+            pika2 = await _pika(pch.default_exchange, n)
             anchor = (bare + bare2) / 2
+            pika_anchor = (pika1 + pika2) / 2
+            of_aiormq.append(rate / anchor)
+            of_pika.append(rate / pika_anchor)
             print(
-                f"rep {rep}: bare {bare:,.0f}/{bare2:,.0f}/s, aenqueue {rate:,.0f}/s "
-                f"({rate / anchor:.2f} of the bare); loop CPU per call "
+                f"rep {rep}: bare aiormq {bare:,.0f}/{bare2:,.0f}/s, aio-pika "
+                f"{pika1:,.0f}/{pika2:,.0f}/s, aenqueue {rate:,.0f}/s ({rate / anchor:.2f} of "
+                f"aiormq, {rate / pika_anchor:.2f} of aio-pika); loop CPU per call "
                 f"{dw_cpu * 1e6:.0f} us (bare {(bare_cpu + bare_cpu2) / 2 * 1e6:.0f}); "
                 f"kv_add p50 {statistics.median(adds) * 1e6:.0f} us, "
                 f"publish+confirm p50 {statistics.median(sends) * 1e6:.0f} us"
             )
+        print(
+            f"median of {reps}: {statistics.median(of_aiormq):.2f} of bare aiormq, "
+            f"{statistics.median(of_pika):.2f} of bare aio-pika"
+        )
         await ch.queue_delete(BARE_QUEUE)
+        await ch.queue_delete(PIKA_QUEUE)
         # the jobs enqueued (no worker runs them) and the delay cascade: left
         # behind, each run's quorum queue kept growing on the server
         names = broker.names
@@ -117,6 +183,7 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
             await ch.exchange_delete(names.level(lvl))
         await ch.exchange_delete(names.level(-1))
     finally:
+        await pika.close()
         await conn.close()
         await app.aclose()
 

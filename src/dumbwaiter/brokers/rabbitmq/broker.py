@@ -561,6 +561,8 @@ class RabbitMQBroker(Broker):
                     elif ex == self.names.dlx:
                         await self._declare_dlq(link, rk)
                 await link.publish(items)
+                # the next copy to one of these lanes needs no declare
+                link.targets.update((ex, rk) for ex, rk, *_ in items if ex == "")
                 return
             except SEND_ERRORS as exc:
                 err = await self._failed(link, "publish", exc)
@@ -670,32 +672,61 @@ class RabbitMQBroker(Broker):
             enq=enq,
         )
         key = self.keys.job + m.id
-        # written while RabbitMQ (a quorum queue: its log's commit) confirms
-        # the copy, so it normally commits long before the copy is handed out
-        add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
-        try:
-            await self._send([self._copy(m, 0, due, raw, enq)], True)
-        except BaseException as exc:
+        copy = self._copy(m, 0, due, raw, enq)
+        link = self._links.get(asyncio.get_running_loop())
+        sent = None if link is None else link.start_one(copy)
+        if link is None or sent is None:
+            # written while RabbitMQ (a quorum queue: its log's commit)
+            # confirms the copy, so it normally commits long before the
+            # copy is handed out
+            add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
             try:
-                ours = await add
-            except BaseException:
-                ours = False  # not written: nothing to forget, the send's error stands
-                log.exception("could not write the record of a failed enqueue")
-            else:
-                if not ours and isinstance(exc, Exception):
-                    return m.id  # enqueued before: the failed copy was a duplicate's
-            if ours:
-                try:
-                    await self.state.kv_delete([key])
-                except Exception:
-                    log.exception("could not forget the record of a failed enqueue")
-            raise
-        # raises if the record could not be written: the call's outcome is
-        # then unknown, as after a lost confirm (the confirmed copy runs from
-        # itself once RECORD_GRACE has passed; enqueued again with its id, it
-        # is dropped for the new call's copy, whose token the record holds)
-        await add
+                await self._send([copy], True)
+            except BaseException as exc:
+                return await self._unsent(m, key, add, exc)
+            await add
+            return m.id
+        # The usual call: the copy's frames are on the socket already
+        # (``Link.start_one``), and the record is written while RabbitMQ
+        # confirms them, here, without a task (on SQLite, on this thread).
+        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        try:
+            written.set_result(await self.state.kv_add(key, rec.dump()))
+        except BaseException as exc:
+            written.set_exception(exc)
+            if not isinstance(exc, Exception):  # cancelled: the outcome is unknown
+                return await self._unsent(m, key, written, exc)
+        try:
+            try:
+                await link.confirm_one(sent)
+            except SEND_ERRORS as exc:  # again, on a new connection if need be
+                log.debug("rabbitmq publish failed (%r); sending again", exc)
+                await self._send([copy], True)
+        except BaseException as exc:
+            return await self._unsent(m, key, written, exc)
+        await written  # raises if the record could not be written (see above)
         return m.id
+
+    async def _unsent(
+        self, m: Message, key: str, written: Awaitable[bool], exc: BaseException
+    ) -> str:
+        """The end of a single enqueue whose copy could not be sent: forget its
+        record if this call wrote it, and raise; the id if the record was
+        another enqueue's (the failed copy was a duplicate's)."""
+        try:
+            ours = await written
+        except BaseException:
+            ours = False  # not written: nothing to forget, the send's error stands
+            log.exception("could not write the record of a failed enqueue")
+        else:
+            if not ours and isinstance(exc, Exception):
+                return m.id  # enqueued before: the failed copy was a duplicate's
+        if ours:
+            try:
+                await self.state.kv_delete([key])
+            except Exception:
+                log.exception("could not forget the record of a failed enqueue")
+        raise exc
 
     async def _key_holder(self, m: Message, now: float) -> str | None:
         """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
@@ -863,6 +894,13 @@ class RabbitMQBroker(Broker):
                         if raw is None:
                             break
                         raws.append(raw)
+            if not raws:
+                # A copy RabbitMQ pushed to this link's consumer (a fetch
+                # that waited earlier left it on the queue) is not in the
+                # queue for a get: it was in flight.  The channel answers a
+                # get after what it delivered before, so such a copy has
+                # reached the buffer by the time the get came back empty.
+                raws = self._from_buffer(link, list(lanes), limit - len(out))
             if not raws:
                 break
             out += await self._admit(link, raws, lease, worker)

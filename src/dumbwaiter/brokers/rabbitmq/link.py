@@ -13,6 +13,7 @@ messages back), which the ``unacked`` set also guards against double acks
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, cast
 
 import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
+from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
 from pamqp import commands as spec
 
 from ...errors import BrokerError
@@ -109,6 +111,12 @@ class Link:
         #: acks waiting for this loop's next admission to write their
         #: records (``RabbitMQBroker._ride``)
         self.riders: list[Any] = []
+        #: the connection's stream, for frames that may skip aiormq's
+        #: writer task (``outgoing.start``); None where aiormq hides it
+        self.writer: asyncio.StreamWriter | None = None
+        #: (exchange, routing key) of copies this connection published
+        #: after declaring their queue: the next one needs no declare
+        self.targets: set[tuple[str, str]] = set()
 
     def ok(self) -> bool:
         return (
@@ -127,10 +135,13 @@ class Link:
             if self.ok():
                 return
             await self.drop()
+            factory = _Recording(self.url)
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
                     conn = await aiormq.connect(
-                        self.url, client_properties={"connection_name": self.name}
+                        self.url,
+                        client_properties={"connection_name": self.name},
+                        **({"transport_factory": factory} if _FACTORIES else {}),
                     )
                     pub = await conn.channel(publisher_confirms=True)
                     cons = await conn.channel(publisher_confirms=False)
@@ -139,6 +150,7 @@ class Link:
             if _INLINE:
                 _hand_over_inline(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
+            self.writer = factory.writer
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
 
@@ -149,6 +161,8 @@ class Link:
         """Forget the connection (its unacked messages go back to their queues)."""
         conn = self.conn
         self.conn = self.pub = self.cons = None
+        self.writer = None
+        self.targets.clear()
         self.buffer.clear()
         self.waiting.clear()
         self.consumers.clear()
@@ -295,6 +309,24 @@ class Link:
                 self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
 
+    def start_one(
+        self, item: tuple[str, str, bytes, spec.Basic.Properties]
+    ) -> asyncio.Future[Any] | None:
+        """Send one copy to a target this connection published to before,
+        at once (``outgoing.start``): its pending confirmation, for
+        ``confirm_one``; None when it must go through ``publish``."""
+        ex, rk, body, props = item
+        if (ex, rk) not in self.targets or not self.ok():
+            return None
+        return outgoing.start(cast(aiormq.Channel, self.pub), self.writer, ex, rk, body, props)
+
+    async def confirm_one(self, confirmation: asyncio.Future[Any]) -> None:
+        """Wait for a ``start_one`` copy's confirm, as ``publish`` does."""
+        async with asyncio.timeout(CONFIRM_TIMEOUT):
+            r = await outgoing.confirmed(cast(aiormq.Channel, self.pub), confirmation)
+        if not isinstance(r, spec.Basic.Ack):
+            raise BrokerError(f"rabbitmq refused a message: {r!r}")
+
     async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
         """Publish and wait for every confirm (pipelined: one round trip)."""
         if not items:
@@ -429,6 +461,30 @@ def _inline_ok() -> bool:
     return code is not None and {"create_task", "consumers"} <= set(code.co_names)
 
 
+class _Recording(TransportFactory):
+    """aiormq's own transport factory for the URL's scheme, keeping the
+    stream writer it made (the link's ``writer``)."""
+
+    def __init__(self, url: str) -> None:
+        self.inner = TLSTransportFactory() if url.startswith("amqps:") else TCPTransportFactory()
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def create(self, url: Any, **kwargs: Any) -> tuple[Any, Any]:
+        reader, writer = await self.inner.create(url, **kwargs)
+        if isinstance(writer, asyncio.StreamWriter):
+            self.writer = writer
+        return reader, writer
+
+
+def _factories_ok() -> bool:
+    """Whether this aiormq takes a ``transport_factory`` (7.x does)."""
+    try:
+        return "transport_factory" in inspect.signature(aiormq.Connection.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_FACTORIES = _factories_ok()
 _INLINE = _inline_ok()
 #: aiormq's connections read whole chunks of frames (``frames.py``)
 FAST_FRAMES = frames.install()
