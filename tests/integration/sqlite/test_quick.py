@@ -49,13 +49,14 @@ async def test_kv_add_takes_over_an_expired_entry_and_keeps_a_live_one(tmp_path:
 async def test_quick_writes_have_the_broker_thread_checkpoint_the_wal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_broker, "QUICK_CHECKPOINT", 50)
+    monkeypatch.setattr(sqlite_broker, "QUICK_CHECKPOINT", 55)
     b = SQLiteBroker(f"sqlite:///{tmp_path}/q.db")
     await b.open()
     try:
         for i in range(110):
             await b.kv_set({f"k{i}": b"x" * 100})
-        await b._run(lambda: None)  # after the checkpoints those writes sent there
+        # the 110th write sent a checkpoint, after every write: wait for it
+        await b._run(lambda: None)
         await b.kv_set({"last": b"x"})  # a WAL copied back whole starts over here
         # the quick connection never checkpoints itself: without the broker
         # thread's checkpoints every one of the 111 commits' frames would be
