@@ -80,14 +80,33 @@ def _fresh_state() -> None:
             os.unlink(STATE + suffix)
 
 
-async def main(n: int, reps: int, profile: str | None = None) -> None:
-    url = f"{AMQP}?prefix=dwenq&delays=dwenq.delay&state={quote(f'sqlite:///{STATE}', safe='')}"
-    app = dw.App(url)
+def noop_app(prefix: str, state: str) -> tuple[dw.App, Any]:
+    """An App on RabbitMQ under ``prefix`` (its own delay cascade), records in
+    the SQLite file ``state``, and its no-op task."""
+    url = f"{AMQP}?prefix={prefix}&delays={prefix}.delay"
+    app = dw.App(f"{url}&state={quote(f'sqlite:///{state}', safe='')}")
 
     @app.task(name="noop")
     async def noop(i: int) -> None:
         pass
 
+    return app, noop
+
+
+async def delete_topology(ch: aiormq.abc.AbstractChannel, broker: Any) -> None:
+    """Delete the queues and the delay cascade ``broker`` declared: the jobs
+    enqueued (no worker runs them) would pile up run after run."""
+    names = broker.names
+    for q in [*names.lanes("default"), names.dlq("default")]:
+        await ch.queue_delete(q)
+    for lvl in range(topo.LEVELS):
+        await ch.queue_delete(names.level_queue(lvl))
+        await ch.exchange_delete(names.level(lvl))
+    await ch.exchange_delete(names.level(-1))
+
+
+async def main(n: int, reps: int, profile: str | None = None) -> None:
+    app, noop = noop_app("dwenq", STATE)
     await noop.aenqueue(-1)  # connects, declares
     broker: Any = app.broker
     adds: list[float] = []
@@ -176,15 +195,7 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
         )
         await ch.queue_delete(BARE_QUEUE)
         await ch.queue_delete(PIKA_QUEUE)
-        # the jobs enqueued (no worker runs them) and the delay cascade: left
-        # behind, each run's quorum queue kept growing on the server
-        names = broker.names
-        for q in [*names.lanes("default"), names.dlq("default")]:
-            await ch.queue_delete(q)
-        for lvl in range(topo.LEVELS):
-            await ch.queue_delete(names.level_queue(lvl))
-            await ch.exchange_delete(names.level(lvl))
-        await ch.exchange_delete(names.level(-1))
+        await delete_topology(ch, broker)
     finally:
         await pika.close()
         await conn.close()

@@ -19,22 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 from asyncio import selector_events
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import aiormq
 from pamqp import commands as spec
+from rabbitmq_enqueue import AMQP, delete_topology, noop_app
 
-import dumbwaiter as dw
-from dumbwaiter.brokers.rabbitmq import topology as topo
-
-AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/dwphase-state.db"
 BARE_QUEUE = "dw-ph-bare"
 
@@ -83,13 +78,7 @@ def _fresh_state() -> None:
 
 async def main(n: int, reps: int, record: bool) -> None:
     _fresh_state()
-    url = f"{AMQP}?prefix=dwph&delays=dwph.delay&state={quote(f'sqlite:///{STATE}', safe='')}"
-    app = dw.App(url)
-
-    @app.task(name="noop")
-    async def noop(i: int) -> None:
-        pass
-
+    app, noop = noop_app("dwph", STATE)
     await noop.aenqueue(-1)  # connects, declares
     broker: Any = app.broker
     if not record:
@@ -115,13 +104,8 @@ async def main(n: int, reps: int, record: bool) -> None:
     finally:
         _TRANSPORT.write = _write
         asyncio.StreamReader.feed_data = _feed  # type: ignore[method-assign]
-        names = broker.names
-        for q in [BARE_QUEUE, *names.lanes("default"), names.dlq("default")]:
-            await ch.queue_delete(q)
-        for lvl in range(topo.LEVELS):
-            await ch.queue_delete(names.level_queue(lvl))
-            await ch.exchange_delete(names.level(lvl))
-        await ch.exchange_delete(names.level(-1))
+        await ch.queue_delete(BARE_QUEUE)
+        await delete_topology(ch, broker)
         await conn.close()
         await app.aclose()
 

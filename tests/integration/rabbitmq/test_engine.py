@@ -1330,6 +1330,29 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
 # -- a worker's outcome racing a rescue ----------------------------------------
 
 
+async def _leased_briefly(
+    make: Callable[[], RabbitMQBroker],
+) -> tuple[RabbitMQBroker, RabbitMQBroker, RabbitMQBroker, Message, Any]:
+    """Three open brokers (``slow``, ``rescuer``, ``other``) and a job that
+    ``slow`` (``w-slow``) holds on a lease of 1.5 s, with its delivery."""
+    slow, rescuer, other = make(), make(), make()
+    for b in (slow, rescuer, other):
+        await b.open()
+    m = job()
+    await rescuer.enqueue([m])
+    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    return slow, rescuer, other, m, d
+
+
+async def _the_new_holder_finishes(other: RabbitMQBroker, t: Any, m: Message) -> None:
+    """The job is ``other``'s (``w-other``) and its ack counts."""
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
+    await other.ack([t])
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+
+
 @pytest.mark.parametrize("outcome", ["retry", "dead"])
 async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
     make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch, outcome: str
@@ -1341,12 +1364,7 @@ async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
     blind write set the record ``retrying``/``dead`` under the running job,
     whose ack was then fenced off (the job ran on with no record of it, and
     a retry's copy, of the rescue's version, was dropped as sent twice)."""
-    slow, rescuer, other = make(), make(), make()
-    for b in (slow, rescuer, other):
-        await b.open()
-    m = job()
-    await rescuer.enqueue([m])
-    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    slow, rescuer, other, m, d = await _leased_briefly(make)
     taken: list[Any] = []
     real_send = slow._send
 
@@ -1361,11 +1379,7 @@ async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
     d.retry_at = time.time()
     await (slow.retry([d]) if outcome == "retry" else slow.dead([d]))
     [t] = taken
-    info = await other.get(m.id)
-    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
-    await other.ack([t])
-    info = await other.get(m.id)
-    assert info is not None and info.state is State.SUCCEEDED
+    await _the_new_holder_finishes(other, t, m)
 
 
 # -- a heartbeat racing a rescue -------------------------------------------------
@@ -1380,12 +1394,7 @@ async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
     the lease lost: a blind write set the record back to the first worker,
     and the new holder's ack was fenced off (the job ran, its record never
     said so)."""
-    slow, rescuer, other = make(), make(), make()
-    for b in (slow, rescuer, other):
-        await b.open()
-    m = job()
-    await rescuer.enqueue([m])
-    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    slow, rescuer, other, m, d = await _leased_briefly(make)
     taken: list[Any] = []
     real_owned = slow._owned
 
@@ -1400,11 +1409,7 @@ async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
     lost = await slow.extend([d], 30.0)
     [t] = taken
     assert [x.id for x in lost] == [m.id]
-    info = await other.get(m.id)
-    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
-    await other.ack([t])
-    info = await other.get(m.id)
-    assert info is not None and info.state is State.SUCCEEDED
+    await _the_new_holder_finishes(other, t, m)
 
 
 async def test_a_rescue_that_meets_a_heartbeat_leaves_the_lease_to_its_worker(
