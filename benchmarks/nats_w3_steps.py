@@ -131,11 +131,12 @@ def _lines(path: str) -> list[str]:
         return []
 
 
-def _spawn(done: str, steps: str) -> subprocess.Popen[bytes]:
-    here = os.path.dirname(os.path.abspath(__file__))
+def _spawn(done: str, steps: str, script: str = __file__) -> subprocess.Popen[bytes]:
+    """``script --worker`` in a process of its own (benchmarks/ on its path)."""
+    here = os.path.dirname(os.path.abspath(script))
     env = dict(os.environ, W3_DONE=done, W3_STEPS=steps)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"], env=env)
+    return subprocess.Popen([sys.executable, os.path.abspath(script), "--worker"], env=env)
 
 
 async def _started(done: str, n: int, timeout: float) -> None:
@@ -159,9 +160,16 @@ async def produce(n: int, d: str) -> None:
         except Exception:
             pass
     await nc.close()
+    calls = await w3(app, noop, n, d, __file__)
+    report(calls, f"{d}/done", f"{d}/steps")
+
+
+async def w3(app: dw.App, noop: Any, n: int, d: str, script: str) -> dict[int, float]:
+    """W3's producer side: ``script``'s worker started, a warm-up job, 2 s
+    idle, then ``n`` jobs 5 ms apart; the time of each call, by job."""
     await app.broker.open()
     done, steps = f"{d}/done", f"{d}/steps"
-    w = _spawn(done, steps)
+    w = _spawn(done, steps, script)
     calls: dict[int, float] = {}
     try:
         await noop.aenqueue(-1)
@@ -179,10 +187,20 @@ async def produce(n: int, d: str) -> None:
         w.send_signal(signal.SIGTERM)
         w.wait(30)
         await app.aclose()
-    report(calls, done, steps)
+    return calls
 
 
-def report(calls: dict[int, float], done: str, steps: str) -> None:
+def report(
+    calls: dict[int, float],
+    done: str,
+    steps: str,
+    names: tuple[str, ...] = STEPS,
+    needed: tuple[str, ...] = ("ptr", "claim", "w0", "reply", "fetched"),
+    pairs: tuple[tuple[str, str], ...] = (("ptr", "w0"), ("w0", "w1"), ("reply", "fetched")),
+) -> None:
+    """The latency of each clean pickup, and the median time of each step
+    ``names`` (in their order) after the producer's call; ``pairs``: spans
+    printed with the worker thread's CPU beside their wall time."""
     starts = {int(i): float(t) for _, i, t in (line.split() for line in open(done))}
     lat = sorted((starts[k] - calls[k]) * 1000 for k in calls if k in starts)
     print(
@@ -190,7 +208,7 @@ def report(calls: dict[int, float], done: str, steps: str) -> None:
     )
     ev = sorted(((n, float(t), float(c)) for n, t, c in (ln.split() for ln in _lines(steps))),
                 key=lambda e: e[1])  # fmt: skip
-    per: dict[str, list[float]] = {s: [] for s in STEPS}
+    per: dict[str, list[float]] = {s: [] for s in names}
     spans: dict[str, list[tuple[float, float]]] = {}
     for k, t0 in calls.items():
         if k not in starts or starts[k] > calls.get(k + 1, t0 + 1):
@@ -199,19 +217,19 @@ def report(calls: dict[int, float], done: str, steps: str) -> None:
         for name, t, c in ev:
             if t < t0 or t > starts[k]:
                 continue
-            order = STEPS.index(name)
-            if name not in seen and all(s in seen for s in STEPS[: max(order - 1, 0)]):
+            order = names.index(name)
+            if name not in seen and all(s in seen for s in names[: max(order - 1, 0)]):
                 seen[name] = (t, c)
-        if not all(s in seen for s in ("ptr", "claim", "w0", "reply", "fetched")):
+        if not all(s in seen for s in needed):
             continue
         seen["start"] = (starts[k], 0.0)
-        for s in STEPS:
+        for s in names:
             per[s].append((seen[s][0] - t0) * 1000)
-        for a, b in (("ptr", "w0"), ("w0", "w1"), ("reply", "fetched")):
+        for a, b in pairs:
             spans.setdefault(f"{a} -> {b}", []).append(
                 ((seen[b][1] - seen[a][1]) * 1000, (seen[b][0] - seen[a][0]) * 1000)
             )
-    for s in STEPS:
+    for s in names:
         if per[s]:
             print(f"  {s:8s} {statistics.median(per[s]):.3f} ms  ({len(per[s])} jobs)")
     for span, xs in spans.items():
