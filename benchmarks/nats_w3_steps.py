@@ -37,12 +37,17 @@ app = dw.App(URL)
 _fd: list[int] = []
 
 
-@app.task(name="noop")
-async def noop(i: int) -> None:
+def started(i: int) -> None:
+    """The handler's start of job ``i``, a line in the worker's log (W3_DONE)."""
     t = time.time()
     if not _fd:
         _fd.append(os.open(os.environ["W3_DONE"], os.O_WRONLY | os.O_CREAT | os.O_APPEND))
     os.write(_fd[0], f"start {i} {t:.6f}\n".encode())
+
+
+@app.task(name="noop")
+async def noop(i: int) -> None:
+    started(i)
 
 
 STEPS = ("ptr", "claim", "w0", "w1", "reply", "fetched", "start")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nats_w3_steps import report, w3
+from nats_w3_steps import report, started, w3
 
 import dumbwaiter as dw
 
@@ -49,15 +49,11 @@ AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/w3s-state.db"
 URL = f"{AMQP}?prefix=w3s&delays=w3s.delay&state={quote(f'sqlite:///{STATE}', safe='')}"
 app = dw.App(URL)
-_fd: list[int] = []
 
 
 @app.task(name="noop")
 async def noop(i: int) -> None:
-    t = time.time()
-    if not _fd:
-        _fd.append(os.open(os.environ["W3_DONE"], os.O_WRONLY | os.O_CREAT | os.O_APPEND))
-    os.write(_fd[0], f"start {i} {t:.6f}\n".encode())
+    started(i)
 
 
 STEPS: tuple[str, ...] = ("read", "cut", "ondeliv", "deliv", "woke", "watch1", "admit0")
