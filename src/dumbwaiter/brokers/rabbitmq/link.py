@@ -23,7 +23,6 @@ from typing import Any, cast
 
 import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
-from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
 from pamqp import commands as spec
 
 from ...errors import BrokerError
@@ -141,7 +140,7 @@ class Link:
                     conn = await aiormq.connect(
                         self.url,
                         client_properties={"connection_name": self.name},
-                        **({"transport_factory": factory} if _FACTORIES else {}),
+                        **({"transport_factory": factory} if _FACTORIES and factory.inner else {}),
                     )
                     pub = await conn.channel(publisher_confirms=True)
                     cons = await conn.channel(publisher_confirms=False)
@@ -461,12 +460,20 @@ def _inline_ok() -> bool:
     return code is not None and {"create_task", "consumers"} <= set(code.co_names)
 
 
-class _Recording(TransportFactory):
+# aiormq 7.x: the connection's transport comes from a factory one may pass
+_conn_module: Any = aiormq.connection
+_Factory: Any = getattr(_conn_module, "TransportFactory", object)
+
+
+class _Recording(_Factory):  # type: ignore[misc]
     """aiormq's own transport factory for the URL's scheme, keeping the
-    stream writer it made (the link's ``writer``)."""
+    stream writer it made (the link's ``writer``); on an aiormq without
+    factories it is never passed (``_FACTORIES``) and records nothing."""
 
     def __init__(self, url: str) -> None:
-        self.inner = TLSTransportFactory() if url.startswith("amqps:") else TCPTransportFactory()
+        kind = "TLSTransportFactory" if url.startswith("amqps:") else "TCPTransportFactory"
+        made = getattr(_conn_module, kind, None)
+        self.inner: Any = made() if made is not None else None
         self.writer: asyncio.StreamWriter | None = None
 
     async def create(self, url: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -477,7 +484,10 @@ class _Recording(TransportFactory):
 
 
 def _factories_ok() -> bool:
-    """Whether this aiormq takes a ``transport_factory`` (7.x does)."""
+    """Whether this aiormq takes a ``transport_factory`` (7.x does) and has
+    the factories ``_Recording`` wraps."""
+    if _Factory is object or _Recording("amqp:").inner is None:
+        return False
     try:
         return "transport_factory" in inspect.signature(aiormq.Connection.__init__).parameters
     except (TypeError, ValueError):
