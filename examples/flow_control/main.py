@@ -57,7 +57,7 @@ async def main() -> None:
     await drain(app, concurrency=16)
     span = max(starts) - min(starts)
     print(f"50 partner calls over {span:.1f} s (20/s allows no faster than ~2 s)")
-    print(f"peak concurrent exports per tenant: {peak}")
+    print(f"peak concurrent exports per tenant: {dict(sorted(peak.items()))}")
     print(f"rebuild enqueued twice -> one job: {a.id == b.id}; digest: {c.id == d.id}")
     print(f"done in {time.time() - t0:.1f} s")
 
