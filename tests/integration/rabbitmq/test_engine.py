@@ -1344,12 +1344,14 @@ async def _leased_briefly(
     return slow, rescuer, other, m, d
 
 
-async def _the_new_holder_finishes(other: RabbitMQBroker, t: Any, m: Message) -> None:
-    """The job is ``other``'s (``w-other``) and its ack counts."""
-    info = await other.get(m.id)
-    assert info is not None and info.state is State.RUNNING and info.worker == "w-other"
-    await other.ack([t])
-    info = await other.get(m.id)
+async def _the_holder_finishes(
+    holder: RabbitMQBroker, t: Any, m: Message, worker: str = "w-other"
+) -> None:
+    """The job runs under ``worker`` (``holder``'s lease) and its ack counts."""
+    info = await holder.get(m.id)
+    assert info is not None and info.state is State.RUNNING and info.worker == worker
+    await holder.ack([t])
+    info = await holder.get(m.id)
     assert info is not None and info.state is State.SUCCEEDED
 
 
@@ -1379,7 +1381,7 @@ async def test_an_outcome_that_meets_a_rescue_leaves_the_new_holders_job_alone(
     d.retry_at = time.time()
     await (slow.retry([d]) if outcome == "retry" else slow.dead([d]))
     [t] = taken
-    await _the_new_holder_finishes(other, t, m)
+    await _the_holder_finishes(other, t, m)
 
 
 # -- a heartbeat racing a rescue -------------------------------------------------
@@ -1409,7 +1411,7 @@ async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
     lost = await slow.extend([d], 30.0)
     [t] = taken
     assert [x.id for x in lost] == [m.id]
-    await _the_new_holder_finishes(other, t, m)
+    await _the_holder_finishes(other, t, m)
 
 
 async def test_a_rescue_that_meets_a_heartbeat_leaves_the_lease_to_its_worker(
@@ -1440,12 +1442,8 @@ async def test_a_rescue_that_meets_a_heartbeat_leaves_the_lease_to_its_worker(
     got = await eventually(rescuer.rescue, lambda r: bool(beats))
     assert beats == [[]]  # the heartbeat kept the lease
     assert got == 0
-    info = await rescuer.get(m.id)
-    assert info is not None and info.state is State.RUNNING and info.worker == "w-late"
     assert await other.fetch(["default"], 1, 30.0, 1.0, "w-other") == []
-    await worker.ack([d])
-    info = await rescuer.get(m.id)
-    assert info is not None and info.state is State.SUCCEEDED
+    await _the_holder_finishes(worker, d, m, "w-late")
 
 
 async def test_a_rescue_whose_publish_failed_is_tried_again_at_once(
