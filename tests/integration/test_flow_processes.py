@@ -34,16 +34,26 @@ def test_limits_hold_across_two_worker_processes(broker: str, tmp_path: Path) ->
     tenant_job = app.task(name="flow.tenant_job", concurrency=3, limit_key=lambda a: a["tenant"])(
         flowapp.tenant_job.fn
     )
-    try:
-        api_call.enqueue_many(range(120))
-        tenant_job.enqueue_many([(t, i) for t in ("a", "b") for i in range(15)])
-    finally:  # the portal's connection (RabbitMQ's lives until its vhost is deleted)
-        app.close()
     env = {**os.environ, "FLOWAPP_URL": url, "FLOWAPP_LOG": str(log), "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app", "tests.apps.flowapp:app",
-           "-c", "16", "--log-level", "WARNING"]  # fmt: skip
-    workers = [subprocess.Popen(cmd, cwd=ROOT, env=env) for _ in range(2)]
+           "-c", "16", "--log-level", "INFO"]  # fmt: skip
+    # Both workers are up before any job exists: started after the enqueue,
+    # one that came up late (a loaded machine) could find the other had run
+    # every rate-limited job, and the limits would not be shared at all.
+    outs = [tmp_path / f"worker{n}.err" for n in range(2)]
+    workers = []
+    for out in outs:
+        with out.open("w") as f:
+            workers.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=f))
     try:
+        wait_until(
+            lambda: all(" started: " in out.read_text() for out in outs), "both workers up", 60
+        )
+        try:
+            api_call.enqueue_many(range(120))
+            tenant_job.enqueue_many([(t, i) for t in ("a", "b") for i in range(15)])
+        finally:  # the portal's connection (RabbitMQ's lives until its vhost is deleted)
+            app.close()
         wait_until(
             lambda: len(log.read_text().splitlines() if log.exists() else []) >= 150,
             "every job to run",
