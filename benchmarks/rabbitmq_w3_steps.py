@@ -22,8 +22,7 @@ and ``decide``: the admission's own Python inside its ``kv_update``).
     PYTHONPATH=SNAPSHOT/src .venv/bin/python benchmarks/rabbitmq_w3_steps.py [--n 400]
 
 Queues under the prefix ``w3s`` on ``DW_ENQ_AMQP`` (the records in
-``/tmp/w3s-state.db``), deleted by their next run's reset of the state file
-only: the queues are left empty (every job ran).
+``/tmp/w3s-state.db``), deleted by the next run before it starts.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from typing import Any
 from urllib.parse import quote
 
 from nats_w3_steps import report, started, w3
+from rabbitmq_enqueue import delete_topology
 
 import dumbwaiter as dw
 
@@ -177,8 +177,21 @@ def _report(calls: dict[int, float], d: str) -> None:
     print(Path(f"{d}/steps.kv").read_text(), end="")
 
 
+async def _clear() -> None:
+    """Delete the queues an earlier run left: one that failed leaves its
+    copies queued, and this run's worker would pick them up."""
+    import aiormq
+
+    conn = await aiormq.connect(AMQP)
+    try:
+        await delete_topology(await conn.channel(), app.broker)
+    finally:
+        await conn.close()
+
+
 async def produce(n: int, d: str) -> None:
     _fresh_state()
+    await _clear()
     _report(await w3(app, noop, n, d, __file__), d)
 
 
