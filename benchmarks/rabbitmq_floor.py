@@ -16,6 +16,12 @@ queue with confirms (``queue_type=classic``), a classic queue without
 confirms (what dramatiq does by default).
 
     .venv/bin/python benchmarks/rabbitmq_floor.py [-n 1000] [--rate 200] [--url AMQP_URL]
+    .venv/bin/python benchmarks/rabbitmq_floor.py --json FILE   # the figures as JSON too
+
+``benchmarks/run.sh`` runs it after the harness whenever a RabbitMQ library
+ran, writing ``rabbitmq-floor.json`` beside ``results.json``, and
+``benchmarks/ratios.py`` sets dumbwaiter's W3 against it: the floor of the
+same run, not of another day.
 
 Queues ``dw-floor-*`` are declared and deleted.  Run it under the
 benchmarks' flock, like the harness.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import statistics
 import struct
@@ -100,7 +107,9 @@ def main() -> None:
     p.add_argument("-n", type=int, default=1000)
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--url", default="amqp://guest:guest@127.0.0.1:5672/")
+    p.add_argument("--json", help="also write the figures to this file")
     a = p.parse_args()
+    rows: list[dict[str, object]] = []
     ctx = mp.get_context("spawn")
     print("| queue | confirms | p50 ms | p95 ms | p99 ms |\n|---|---|--:|--:|--:|")
     for kind, confirms in CASES:
@@ -116,10 +125,23 @@ def main() -> None:
         finally:
             proc.join(30)
             asyncio.run(_declare(a.url, queue, kind, delete=True))
+        row = {
+            "queue": kind,
+            "confirms": confirms,
+            "p50_ms": round(statistics.median(lat) * 1000, 3),
+            "p95_ms": round(_pct(lat, 0.95), 3),
+            "p99_ms": round(_pct(lat, 0.99), 3),
+            "n": len(lat),
+        }
+        rows.append(row)
         print(
-            f"| {kind} | {'yes' if confirms else 'no'} | {statistics.median(lat) * 1000:.2f} "
-            f"| {_pct(lat, 0.95):.2f} | {_pct(lat, 0.99):.2f} |"
+            f"| {kind} | {'yes' if confirms else 'no'} | {row['p50_ms']:.2f} "
+            f"| {row['p95_ms']:.2f} | {row['p99_ms']:.2f} |"
         )
+    if a.json:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        with open(a.json, "w") as f:
+            json.dump({"at": at, "rate": a.rate, "cases": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

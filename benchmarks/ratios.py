@@ -218,6 +218,35 @@ def tables(data: dict[str, Any], lib: str) -> str:
     return "\n".join(out)
 
 
+#: written beside results.json by benchmarks/run.sh when a RabbitMQ library ran
+FLOOR_FILE = "rabbitmq-floor.json"
+
+
+def floor_lines(floor: dict[str, Any] | None, data: dict[str, Any], lib: str) -> list[str]:
+    """W3 on RabbitMQ against the bare client's pickup of the same run
+    (``benchmarks/rabbitmq_floor.py``): what the library adds, and whether
+    the W3 target is under the floor a quorum queue sets for any client."""
+    w3 = median(data, "W3", lib, "p50_ms")
+    if floor is None or "rabbitmq" not in lib or w3 is None:
+        return []
+    cases = {(c["queue"], bool(c["confirms"])): c for c in floor.get("cases", [])}
+    quorum = cases.get(("quorum", True))
+    if quorum is None:
+        return []
+    out = ["", f"W3 p50 over the bare client's pickup, same run ({floor.get('at', '?')}):", ""]
+    for (kind, confirms), c in cases.items():
+        how = "with" if confirms else "without"
+        out.append(f"- bare aiormq, {kind} queue, {how} confirms: {c['p50_ms']:.2f} ms")
+    out.append(f"- {lib}: {w3:.2f} ms = the quorum floor + {w3 - quorum['p50_ms']:.2f} ms")
+    for t in TARGETS.get(lib, []):
+        if t.workload == "W3" and t.metric == "p50_ms" and t.bound < quorum["p50_ms"]:
+            out.append(
+                f"- the target (<= {t.bound:.2f} ms) is under that floor: the bare client "
+                f"itself took {quorum['p50_ms']:.2f} ms on a quorum queue in this run"
+            )
+    return out
+
+
 def reference(data: dict[str, Any], t: Target) -> float | None:
     """The median of ``t``'s reference in this run (None when it did not run)."""
     kind, _, name = t.ref.partition(":")
@@ -261,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     data = json.loads(Path(args.results).read_text())
     print(tables(data, args.lib))
+    floor_path = Path(args.results).with_name(FLOOR_FILE)
+    floor = json.loads(floor_path.read_text()) if floor_path.exists() else None
+    for line in floor_lines(floor, data, args.lib):
+        print(line)
     return 0
 
 

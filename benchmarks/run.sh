@@ -7,7 +7,8 @@
 #   WORKLOADS="W1 W3" STEP_TIMEOUT=240 benchmarks/run.sh   # passed through to run_all.sh
 #
 # -> benchmarks/results/peers/results.md and results.json (raw records and
-#    worker logs in benchmarks/results/peers/scratch/, git-ignored)
+#    worker logs in benchmarks/results/peers/scratch/, git-ignored); with a
+#    RabbitMQ library, rabbitmq-floor.json too (the bare client's W3 floor)
 set -eu
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,4 +32,14 @@ fi
 "$PEERS_VENV/bin/pip" install -q -e "$REPO"
 
 mkdir -p "$PEERS_RESULTS_DIR" "$DUMBWAITER_BENCH_DIR"
-exec "$HARNESS/peers/run_all.sh"
+"$HARNESS/peers/run_all.sh"
+# W3 on RabbitMQ has a floor no library goes under (a quorum queue delivers
+# only what its log committed): the bare client's pickup, measured here in the
+# same run, for benchmarks/ratios.py
+case " $LIBS " in
+  *rabbitmq*)
+    echo "=== the bare client's pickup on RabbitMQ (benchmarks/rabbitmq_floor.py)"
+    "$PEERS_VENV/bin/python" "$REPO/benchmarks/rabbitmq_floor.py" -n "${FLOOR_N:-1000}" \
+      --json "$PEERS_RESULTS_DIR/rabbitmq-floor.json"
+    ;;
+esac
