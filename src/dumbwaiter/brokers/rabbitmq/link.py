@@ -26,7 +26,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
 from ...errors import BrokerError
-from . import frames, outgoing
+from . import direct, frames, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -148,6 +148,8 @@ class Link:
                 raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
             if _INLINE:
                 _hand_over_inline(cons)
+                if _DIRECT:
+                    direct.install(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
             self.writer = factory.writer
             self.gen = next(_GENS)
@@ -447,7 +449,7 @@ def _inline_consumer(ch: AbstractChannel, tag: str, on_message: Any) -> None:
     """Put ``on_message`` in place of aiormq's coroutine wrapper of it."""
     consumers = getattr(ch, "consumers", None)
     if isinstance(consumers, dict) and tag in consumers:
-        consumers[tag] = on_message
+        consumers[tag] = direct.mark(on_message) if _DIRECT else on_message
 
 
 def _inline_ok() -> bool:
@@ -496,5 +498,7 @@ def _factories_ok() -> bool:
 
 _FACTORIES = _factories_ok()
 _INLINE = _inline_ok()
+#: deliveries reach the unwrapped consumers without the channel's queue (``direct.py``)
+_DIRECT = _INLINE and direct.ok()
 #: aiormq's connections read whole chunks of frames (``frames.py``)
 FAST_FRAMES = frames.install()
