@@ -21,7 +21,10 @@ loop, ``dumbwaiter-sqli`` the state store's thread.  ``--profile`` attaches
 ``py-spy record --threads --nonblocking`` for the same span and writes
 collapsed stacks; ``--top`` prints the heaviest frames of such a file.
 
-Run it under the benchmarks' flock when comparing commits, alternating them.
+Run it under the benchmarks' flock when comparing commits, alternating them,
+each with its own copy of this script (``cd EXPORT && python
+benchmarks/rabbitmq_drain.py``): the worker runs the checkout the script is
+in, whatever ``PYTHONPATH`` says.
 """
 
 from __future__ import annotations
