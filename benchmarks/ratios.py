@@ -1,6 +1,7 @@
 """Figures of one peers run, and dumbwaiter's ratios to each peer of that run.
 
     python benchmarks/ratios.py [benchmarks/results/peers/results.json] [--lib dumbwaiter-sqlite]
+    python benchmarks/ratios.py RESULTS.json --lib dumbwaiter-rabbitmq [--floor FLOOR.json]
 
 Reads the ``results.json`` that the harness' report wrote and prints two
 markdown tables: the medians of every library, and ``lib ÷ peer`` for each
@@ -287,10 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("results", nargs="?", default=str(DEFAULT), help="results.json of a run")
     ap.add_argument("--lib", default="dumbwaiter-sqlite", help="the library to compare")
+    ap.add_argument(
+        "--floor", help=f"the run's RabbitMQ floor (default: {FLOOR_FILE} beside the results)"
+    )
     args = ap.parse_args(argv)
     data = json.loads(Path(args.results).read_text())
     print(tables(data, args.lib))
-    floor_path = Path(args.results).with_name(FLOOR_FILE)
+    floor_path = Path(args.floor) if args.floor else Path(args.results).with_name(FLOOR_FILE)
     floor = json.loads(floor_path.read_text()) if floor_path.exists() else None
     for line in floor_lines(floor, data, args.lib):
         print(line)
