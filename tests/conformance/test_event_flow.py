@@ -43,7 +43,7 @@ def test_event_types_follow_the_rule() -> None:
     for bad in ("OrderCreated", "order", "order.Created", "order..created", "1order.x"):
         with pytest.raises(dw.ConfigurationError, match=r"domain\.action"):
 
-            class Bad(dw.Event, type=bad):  # type: ignore[misc]
+            class Bad(dw.Event, type=bad):
                 x: int
 
     with pytest.raises(dw.ConfigurationError, match="version must be an integer"):

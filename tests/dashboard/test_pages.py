@@ -7,6 +7,8 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 import pytest
@@ -21,12 +23,14 @@ from dumbwaiter.state import State
 from tests.dashboard.conftest import LOOPBACK, Seeded, cell, csrf, ids_on
 from tests.dashboard.dashapp import create_app as create_dashapp
 
+T = TypeVar("T")
 
-def broker_call(seeded: Seeded, fn):  # type: ignore[no-untyped-def]
+
+def broker_call(seeded: Seeded, fn: Callable[[dw.App], Awaitable[T]]) -> T:
     """Run ``await fn(app)`` on a separate App (another process's view) with
     the test app's tasks."""
 
-    async def go():  # type: ignore[no-untyped-def]
+    async def go() -> T:
         app = create_dashapp()
         try:
             return await fn(app)
@@ -358,4 +362,4 @@ def test_replayed_dead_letter_runs(client: TestClient, seeded: Seeded) -> None:
     assert broker_call(seeded, work) == [State.SUCCEEDED, State.SUCCEEDED]
     page = client.get(f"/jobs/{seeded.dead[0]}").text
     assert 'id="job-state">succeeded<' in page and "<dt>replays</dt><dd>1</dd>" in page
-    assert JobFilter  # imported for readers: the actions use JobFilter(state=DEAD)
+    assert JobFilter  # type: ignore[truthy-function]  # imported for readers: the actions use JobFilter(state=DEAD)

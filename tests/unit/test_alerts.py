@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 import dumbwaiter as dw
 from dumbwaiter.alerts import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,9 +16,9 @@ from dumbwaiter.state import State
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> dw.App:
+def app(tmp_path: Path) -> Iterator[dw.App]:
     a = dw.App(f"sqlite:///{tmp_path}/jobs.db")
-    yield a  # type: ignore[misc]
+    yield a
     a.close()
 
 
@@ -26,7 +27,7 @@ def test_enqueue_returns_a_job_the_broker_holds(app: dw.App) -> None:
     def send_welcome(user_id: int) -> None: ...
 
     job = send_welcome.enqueue(42)
-    assert job.status() == State.READY == "ready"
+    assert job.status() == State.READY == "ready"  # type: ignore[comparison-overlap]
     info = job.info()
     assert info is not None and info.message.args == [42]
     assert info.message.name.startswith(__name__) and info.message.name.endswith(".send_welcome")
@@ -72,7 +73,7 @@ def test_payload_over_the_maximum_fails(tmp_path: Path) -> None:
         upload.enqueue("x" * 2000)
     upload.enqueue("x" * 100)
     default = dw.App("memory://")
-    big = default.task(upload.fn, name="big")
+    big = default.task(upload.fn, name="big")  # type: ignore[call-overload]
     with pytest.raises(dw.PayloadTooLarge, match="1,048,576"):
         big.enqueue("x" * (1024 * 1024 + 1))
     small.close()
@@ -205,4 +206,4 @@ def test_retry_policy_validation_and_schedule() -> None:
     assert dw.Retry(backoff=timedelta(minutes=1), jitter=0).wait(3) == 60.0
     for bad in ({"attempts": 0}, {"backoff": ()}, {"jitter": 2}, {"retry_on": [int]}):
         with pytest.raises(dw.ConfigurationError):
-            dw.Retry(**bad)  # type: ignore[arg-type]
+            dw.Retry(**bad)

@@ -105,7 +105,9 @@ async def test_deliveries_and_bodies_equal_pamqps_own(redelivered: bool) -> None
     (_, _, d), (_, _, w) = got[0], want[0]
     for attr in ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key"):
         assert getattr(d, attr) == getattr(w, attr)
-    assert got[1][2].value == want[1][2].value
+    body = want[1][2]
+    assert isinstance(body, ContentBody)
+    assert got[1][2].value == body.value
 
 
 async def test_callers_at_once_share_the_frames_in_order() -> None:
@@ -158,6 +160,7 @@ async def test_content_headers_equal_pamqps_own(props: spec.Basic.Properties) ->
     [(n, ch, got)] = await _read_all(data, 1 << 20)
     wn, wch, want = pamqp.frame.unmarshal(data)
     assert (n, ch, type(got)) == (wn, wch, type(want))
+    assert isinstance(want, ContentHeader)
     assert (got.class_id, got.weight, got.body_size) == (want.class_id, want.weight, 12345)
     for name in spec.Basic.Properties.__slots__:
         assert getattr(got.properties, name) == getattr(want.properties, name), name
@@ -178,4 +181,5 @@ async def test_publisher_confirms_equal_pamqps_own(multiple: bool) -> None:
     want = [pamqp.frame.unmarshal(data[i:]) for i in _offsets(data)]
     assert [(n, ch, type(f)) for n, ch, f in got] == [(n, ch, type(f)) for n, ch, f in want]
     for (_, _, g), (_, _, w) in zip(got, want, strict=True):
+        assert isinstance(w, spec.Basic.Ack | spec.Basic.Nack)
         assert (g.delivery_tag, g.multiple) == (w.delivery_tag, w.multiple)

@@ -5,7 +5,7 @@ own path for anything else."""
 from __future__ import annotations
 
 import pytest
-from aiormq.abc import ChannelFrame
+from aiormq.abc import ChannelFrame, FrameType
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -16,7 +16,10 @@ _P = spec.Basic.Properties
 
 
 def _aiormqs(channel: int, max_body: int, ex: str, rk: str, body: bytes, props: _P) -> bytes:
-    parts = [spec.Basic.Publish(exchange=ex, routing_key=rk), ContentHeader(0, len(body), props)]
+    parts: list[FrameType] = [
+        spec.Basic.Publish(exchange=ex, routing_key=rk),
+        ContentHeader(0, len(body), props),
+    ]
     parts += [ContentBody(body[i : i + max_body]) for i in range(0, len(body), max_body)]
     return ChannelFrame.marshall(channel, parts).payload
 

@@ -29,7 +29,7 @@ NY = ZoneInfo("America/New_York")
 
 def at(*parts: int, tz: ZoneInfo | None = None, fold: int = 0) -> float:
     """Epoch seconds of a wall-clock time (UTC unless ``tz``)."""
-    return datetime(*parts, tzinfo=tz or UTC, fold=fold).timestamp()  # type: ignore[misc]
+    return datetime(*parts, tzinfo=tz or UTC, fold=fold).timestamp()  # type: ignore[arg-type, misc]
 
 
 def ticks(tt: Timetable, start: float, n: int) -> list[float]:

@@ -30,7 +30,9 @@ def by_kind(done: tuple[ReadableSpan, ...], kind: SpanKind) -> list[ReadableSpan
     return [s for s in done if s.kind == kind]
 
 
-async def test_producer_and_consumer_spans(spans: tuple[TracerProvider, InMemorySpanExporter]):
+async def test_producer_and_consumer_spans(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
     provider, exporter = spans
     app = dw.App(
         "memory://",
@@ -68,6 +70,7 @@ async def test_producer_and_consumer_spans(spans: tuple[TracerProvider, InMemory
 
     # the W3C traceparent in the headers names the producer span
     ctx = producer.get_span_context()
+    assert ctx is not None
     assert seen[0] == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
     assert seen[0] == seen[1]
 

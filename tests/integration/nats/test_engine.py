@@ -579,8 +579,9 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
         await link.wire.flush()
         listed = await eventually(
             lambda: link.store.read(dying.n.hold, dying.n.h + link.holder.id.encode()),
-            lambda cur: cur is not None and cur.seq != listed.seq,  # type: ignore[union-attr]
+            lambda cur: cur is not None and cur.seq != listed.seq,
         )
+        assert listed is not None  # what the accept above waited for
         content = orjson.loads(listed.data)
         assert m.id in content["run"] and content["t"] > rec[R.UPDATED]
     await link.wire.close()  # "dies": its list still says running
@@ -643,6 +644,7 @@ async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(
     b = make(retention="2")
     await b.open()
     m = msg(eta=time.time() + 5, key="report:7")
+    assert m.eta is not None
     await b.enqueue([m])
     fetching = asyncio.create_task(b.fetch(["default"], 1, 30.0, 15.0))
     while time.time() < m.eta - 0.5:  # twice the retention: the entry would be gone

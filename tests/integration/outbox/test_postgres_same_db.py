@@ -44,7 +44,7 @@ def app(schema: str) -> Iterator[dw.App]:
     a.close()
 
 
-def _in(schema: str) -> dict[str, str]:
+def _in(schema: str) -> dict[str, Any]:
     """The application's connections put what they make in the test's schema
     (an outbox table, had one been made, would be there)."""
     return {"options": f"-csearch_path={schema}"}
@@ -73,14 +73,14 @@ def test_psycopg_rolled_back_leaves_nothing_committed_runs_without_a_relay(
         ran.append(user_id)
 
     with psycopg.connect(server.SERVER, **_in(schema)) as conn:  # the application's own
-        conn.execute(f'CREATE TABLE "{schema}".users (id int)')  # type: ignore[arg-type]
+        conn.execute(f'CREATE TABLE "{schema}".users (id int)')
         conn.commit()
         with pytest.raises(RuntimeError), conn.transaction():
-            conn.execute(f'INSERT INTO "{schema}".users VALUES (1)')  # type: ignore[arg-type]
+            conn.execute(f'INSERT INTO "{schema}".users VALUES (1)')
             rolled_back = app.outbox(conn).enqueue(send_welcome, 1)
             raise RuntimeError("the request failed")
         with conn.transaction():
-            conn.execute(f'INSERT INTO "{schema}".users VALUES (2)')  # type: ignore[arg-type]
+            conn.execute(f'INSERT INTO "{schema}".users VALUES (2)')
             committed = app.outbox(conn).enqueue(send_welcome, 2)
     assert _get(app, rolled_back) is None
     assert app.job(committed).status() == dw.State.READY  # a job already, no relay
@@ -96,7 +96,7 @@ async def test_async_psycopg_commit_sends_the_notify_that_wakes_a_waiting_fetch(
     async def ship(order: str) -> None: ...
 
     listen = await psycopg.AsyncConnection.connect(server.SERVER, autocommit=True)
-    await listen.execute(f'LISTEN "dumbwaiter:{schema}"')  # type: ignore[arg-type]
+    await listen.execute(f'LISTEN "dumbwaiter:{schema}"')
     other = from_url(app.url)
     # poll_interval=3600: only a NOTIFY can wake this fetch before the test's timeout
     waiting = asyncio.create_task(app.broker.fetch(["default"], 10, 30.0, 60.0))
@@ -184,7 +184,7 @@ def test_another_database_or_a_role_without_rights_is_not_ours(app: dw.App, sche
         conn.rollback()
     role = f"dw_probe_{secrets.token_hex(4)}"
     with psycopg.connect(server.SERVER, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN")  # type: ignore[arg-type]
+        admin.execute(f"CREATE ROLE {role} LOGIN")
     try:
         as_role = server.SERVER.replace("://postgres@", f"://{role}@", 1)
         with psycopg.connect(as_role) as conn:
@@ -196,7 +196,7 @@ def test_another_database_or_a_role_without_rights_is_not_ours(app: dw.App, sche
             conn.rollback()
     finally:
         with psycopg.connect(server.SERVER, autocommit=True) as admin:
-            admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+            admin.execute(f"DROP ROLE {role}")
 
 
 def test_the_callers_search_path_does_not_matter(app: dw.App) -> None:

@@ -100,6 +100,6 @@ def drop(names: list[str]) -> None:
     try:
         with psycopg.connect(SERVER, autocommit=True, connect_timeout=3) as conn:
             for name in names:
-                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
     except Exception:  # the server went away: nothing more to do at exit
         pass

@@ -75,8 +75,8 @@ async def test_counts_follow_concurrent_workers_and_sql_run_by_hand(make_broker:
 
 async def test_an_upgrade_counts_the_jobs_already_stored(make_broker: Make, schema: str) -> None:
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
-        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
-        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')
         for version in (1, 2, 3):
             conn.execute(migration_sql(version).encode())
         conn.execute(

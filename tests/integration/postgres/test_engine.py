@@ -63,7 +63,7 @@ async def test_a_claim_skips_rows_locked_by_another_transaction(make_broker: Mak
     schema = broker.schema
     with psycopg.connect(server.SERVER) as slow:  # a transaction left open on purpose
         slow.execute(
-            f'SELECT id FROM "{schema}".dw_jobs WHERE state = %s'  # type: ignore[arg-type]
+            f'SELECT id FROM "{schema}".dw_jobs WHERE state = %s'
             " ORDER BY run_at LIMIT 2 FOR UPDATE",
             ("ready",),
         )

@@ -80,7 +80,7 @@ def _late_withdraw(broker: PostgresBroker) -> asyncio.Event:
             pass
         await withdraw(*args)
 
-    broker._withdraw = late_withdraw  # type: ignore[method-assign]
+    broker._withdraw = late_withdraw  # type: ignore[method-assign, assignment]
     return gate
 
 
@@ -357,6 +357,7 @@ def test_a_job_handed_to_a_worker_killed_while_waiting_runs_elsewhere(
 
     app = dw.App(url)
     work = app.task(name="crash.work")(crashapp.work.fn)
+    assert isinstance(app.broker, PostgresBroker)
     app.broker.open_sync()  # the schema (migrate=auto) before anyone looks for it
     first = subprocess.Popen([sys.executable, "-c", _WORKER, "60"], cwd=ROOT, env=env)
     second: subprocess.Popen[bytes] | None = None

@@ -112,8 +112,8 @@ async def test_every_enqueue_path_stores_the_key(make_broker: Make, schema: str)
 def _version_4(schema: str, rows: list[tuple[Any, ...]]) -> None:
     """A schema as dumbwaiter made it before migration 0006, with jobs in it."""
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
-        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
-        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')
         for version in (1, 2, 3, 4):
             conn.execute(migration_sql(version).encode())
         conn.cursor().executemany(
@@ -210,8 +210,8 @@ async def test_a_schema_past_a_gap_still_gets_the_lower_migration(
     extra = with_a_lower_migration
     # a schema migrated by this build before the merge: every version but the gap's
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
-        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
-        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')
         for m in migrations.migrations():
             if m.version != extra.version:
                 conn.execute(m.sql.encode())

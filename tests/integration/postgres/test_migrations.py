@@ -68,10 +68,10 @@ async def test_sql_files_run_by_hand_satisfy_the_broker(
 ) -> None:
     """What an Alembic or Django migration does: run the files with search_path set."""
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
-        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
-        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
-        for m in migrations():
-            conn.execute(migration_sql(m.version).encode())
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')
+        for migration in migrations():
+            conn.execute(migration_sql(migration.version).encode())
     broker = make_broker(migrate="check")
     m = msg()
     assert await broker.enqueue([m]) == [m.id]
@@ -85,7 +85,7 @@ async def test_an_older_schema_is_refused(
     with psycopg.connect(server.SERVER, autocommit=True) as conn:
         # as if the newest migration had not been applied yet
         conn.execute(
-            f'DELETE FROM "{schema}".dw_schema_version WHERE version = %s',  # type: ignore[arg-type]
+            f'DELETE FROM "{schema}".dw_schema_version WHERE version = %s',
             (SCHEMA_VERSION,),
         )
     with pytest.raises(ConfigurationError, match=f"needs version {SCHEMA_VERSION}"):
@@ -98,7 +98,7 @@ async def test_a_newer_schema_is_refused(
     make_broker().migrate()
     with psycopg.connect(server.SERVER, autocommit=True) as conn:
         conn.execute(
-            f'INSERT INTO "{schema}".dw_schema_version (version, name)'  # type: ignore[arg-type]
+            f'INSERT INTO "{schema}".dw_schema_version (version, name)'
             " VALUES (%s, 'from the future')",
             (SCHEMA_VERSION + 1,),
         )
@@ -123,8 +123,8 @@ async def test_an_upgrade_applies_only_what_is_pending(
     explicitly, by the next migrations only, and its jobs survive."""
     assert SCHEMA_VERSION >= 2
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
-        conn.execute(f'CREATE SCHEMA "{schema}"')  # type: ignore[arg-type]
-        conn.execute(f'SET LOCAL search_path TO "{schema}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+        conn.execute(f'SET LOCAL search_path TO "{schema}"')
         conn.execute(migration_sql(1).encode())
     url = make_url(migrate="check")
     refused = PostgresBroker(url)
@@ -134,7 +134,7 @@ async def test_an_upgrade_applies_only_what_is_pending(
     kept = PostgresBroker(make_url(migrate="check"))
     with psycopg.connect(server.SERVER, autocommit=True) as conn:  # a job of the old version
         conn.execute(
-            f'INSERT INTO "{schema}".dw_jobs (id, queue, name, kind, max_attempts, body)'  # type: ignore[arg-type]
+            f'INSERT INTO "{schema}".dw_jobs (id, queue, name, kind, max_attempts, body)'
             " VALUES (gen_random_uuid(), 'default', 'old', 'task', 1, '\\x7b7d')"
         )
     result = CliRunner().invoke(main, ["migrate", "--url", url])

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiormq
 import orjson
@@ -298,6 +298,7 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     consumer handed the copy before the record commits keeps it and judges it
     again a moment later (not through the delay cascade, 50 ms and more)."""
     from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq.ledger import Record
 
     monkeypatch.setattr(module, "LOCAL_GRACE", 30.0)  # however slow the machine
     waiting = asyncio.Event()
@@ -310,9 +311,12 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     monkeypatch.setattr(module, "_wait", wait)
     parked: list[object] = []
     real_park = broker._park
-    monkeypatch.setattr(
-        broker, "_park", lambda raw, until: parked.append(raw) or real_park(raw, until)
-    )
+
+    def park(raw: Any, until: float) -> Any:
+        parked.append(raw)
+        return real_park(raw, until)
+
+    monkeypatch.setattr(broker, "_park", park)
     await broker.declare(["default"])
     m = job()
     await broker._send([broker._copy(m, 0, time.time())], True)  # the copy, no record yet
@@ -322,7 +326,7 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     now = time.time()
     await broker.state.kv_set(
         {
-            broker.keys.job + m.id: module.Record(
+            broker.keys.job + m.id: Record(
                 msg=m, state=State.READY, run_at=now, updated_at=now
             ).dump()
         }
@@ -398,7 +402,7 @@ async def test_close_ends_the_portals_connection_before_it_returns(tmp_path: Pat
     assert conn is not None and not conn.is_closed
     await app.aclose()
     assert portal_loop.is_closed()
-    assert conn.is_closed
+    assert cast(bool, conn.is_closed)  # mypy keeps it narrowed to False from above
     assert [t for t in asyncio.all_tasks(portal_loop) if not t.done()] == []
 
 
@@ -430,13 +434,14 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     raw = Raw(queue="default", lane=topology.MAIN, tag=1, gen=1, redelivered=False, body=b"{}")
     before = time.time()
     _, _, _, props = b._park(raw, before + 1.0)
+    assert props.headers is not None
     _, headers = decode.field_table(encode.field_table(props.headers))  # as a delivery has them
     back = Raw(queue="default", lane=topology.MAIN, tag=2, gen=1, redelivered=False, body=b"{}")
     back.headers = headers
     assert before - 0.001 <= _seen(back, 0.0) <= time.time() + 0.001
     # parked again: the first sighting is kept
     _, _, _, props2 = b._park(back, time.time() + 1.0)
-    assert props2.headers["dw-seen"] == headers["dw-seen"]
+    assert props2.headers is not None and props2.headers["dw-seen"] == headers["dw-seen"]
 
 
 # -- admin calls racing a fetch or another admin call -----------------------------------
@@ -1095,9 +1100,9 @@ async def test_a_copy_of_another_enqueue_is_dropped_even_before_the_record_runs(
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq.ledger import Record
 
-    rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
+    rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
     await broker._send([broker._copy(m, 0, now, enq="theirs")], True)
     assert await broker.fetch(["default"], 1, 30.0, 0.5) == []
@@ -1259,9 +1264,9 @@ async def test_a_losing_duplicates_copy_ahead_of_the_jobs_own_in_one_batch_leave
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq.ledger import Record
 
-    rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
+    rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
     await broker._send(
         [broker._copy(m, 0, now, enq="theirs"), broker._copy(m, 0, now, enq="mine")], True
@@ -1309,7 +1314,7 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
     a tokenless record runs a tokened copy, a tokened record a tokenless copy
     (a rescue's, a retry's), and two tokens that differ drop the copy."""
     await broker.declare(["default"])
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq.ledger import Record
 
     for record_enq, copy_enq, runs in [
         (None, "mine", True),
@@ -1319,7 +1324,7 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
     ]:
         m = job()
         now = time.time()
-        rec = module.Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq=record_enq)
+        rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq=record_enq)
         await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
         await broker._send([broker._copy(m, 0, now, enq=copy_enq)], True)
         got = await broker.fetch(["default"], 1, 30.0, 5.0 if runs else 0.5)

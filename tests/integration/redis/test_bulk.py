@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -279,7 +280,8 @@ async def test_admin_operations_treat_staged_jobs_as_not_yet_enqueued(
         client = _client(redis_server)
         try:
             due = {m.id.encode(): s for m, s in zip(sched, [later] * STAGED, strict=True)}
-            for member, score in client.zrange("{dw:t}:sched:default", 0, -1, withscores=True):
+            scored = client.zrange("{dw:t}:sched:default", 0, -1, withscores=True)
+            for member, score in cast(list[tuple[bytes, float]], scored):
                 assert score == pytest.approx(due[member])
         finally:
             client.close()

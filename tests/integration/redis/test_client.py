@@ -37,7 +37,7 @@ def test_connection_killed_by_the_server_is_dropped(shared_url: str) -> None:
     try:
         link.call(b"CLIENT", b"SETNAME", b"dw-roundtrip-test")
         [conn] = link.free
-        admin.client_kill_filter(_id=int(link.call(b"CLIENT", b"ID")))
+        admin.client_kill_filter(_id=str(int(link.call(b"CLIENT", b"ID"))))
         with pytest.raises(RedisConnectionError):
             link.call(b"PING")
         assert link.free == []  # never reused

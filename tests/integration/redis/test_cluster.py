@@ -22,7 +22,7 @@ def _owner(cluster: RedisCluster, prefix: str) -> int:
     slot = key_slot(f"{{dw:{prefix}}}".encode())
     client = redis.Redis(port=cluster.nodes[0].port)
     try:
-        for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):
+        for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):  # type: ignore[no-untyped-call]
             if start <= slot <= end:
                 return int(primary[1])
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -61,7 +61,7 @@ async def test_a_stream_per_type_and_a_consumer_group_per_subscriber_group(
     events = [event(n=i) for i in range(3)]
     assert await broker.publish(events) == 6
     stream = f"{{dw:{prefix}}}:ev:order.created"
-    entries = client.xrange(stream)
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], client.xrange(stream))
     assert [e[1][b"i"].decode() for e in entries] == [e.id for e in events]
     groups = _groups(client, stream)
     assert set(groups) == {"group:email", "group:billing"}

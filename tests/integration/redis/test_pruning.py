@@ -3,6 +3,8 @@ deleted by the rescuer with every trace of them; dead letters stay."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis
 
 from dumbwaiter.brokers import from_url
@@ -73,7 +75,7 @@ async def test_expired_kv_entries_are_swept() -> None:
 
         async def swept() -> list[bytes]:
             await broker.rescue()  # no read in between: the sweep itself deletes it
-            return list(client.hkeys(f"{{dw:{prefix}}}:kv"))
+            return list(cast(list[bytes], client.hkeys(f"{{dw:{prefix}}}:kv")))
 
         try:
             await eventually(swept, lambda keys: keys == [b"long"])
@@ -99,7 +101,12 @@ async def test_one_rescue_prunes_more_than_one_call_does() -> None:
             return (await broker.stats())[0].succeeded
 
         seen: list[int] = []
-        await eventually(left_after_rescue, lambda k: seen.append(k) or k == 0)
+
+        def none_left(k: int) -> bool:
+            seen.append(k)
+            return k == 0
+
+        await eventually(left_after_rescue, none_left)
         assert set(seen) <= {0, n}  # nothing yet, or everything in one rescue()
     finally:
         await broker.close()

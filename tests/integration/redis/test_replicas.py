@@ -13,8 +13,9 @@ from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
 from tests.conformance.test_events import event
+from tests.integration.serverproc import free_port
 
-from .conftest import RedisServer, free_port
+from .conftest import RedisServer
 
 
 def _synced(replica: RedisServer) -> bool:
