@@ -7,7 +7,8 @@ apart) with the worker's steps stamped by wrapping functions from outside
 
 * ``read``: the connection's first bytes after the producer's call;
 * ``cut``: our frame reader cutting them into frames;
-* ``ondeliv``: aiormq's channel handling the ``Basic.Deliver``;
+* ``ondeliv``: the delivery assembled: by aiormq's channel handling the
+  ``Basic.Deliver``, or, with ``direct.py``, by the channel's frame queue;
 * ``deliv``: the link's consumer making the copy (``Raw``);
 * ``woke`` / ``watch1``: the fetch awake, past ``_watch``;
 * ``admit0`` / ``admit1``: the admission (one ``kv_update`` of the state
@@ -112,6 +113,10 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
         return await on_deliver(self, *a)
 
     setattr(aiormq.Channel, "_on_deliver_frame", _on_deliver)  # noqa: B010
+    # since direct.py, a delivery skips the channel's queue and that handler
+    from dumbwaiter.brokers.rabbitmq import direct as D
+
+    stamp_sync(D._Frames, "_hand", "ondeliv")
     for name, before, after in (("_watch", "woke", "watch1"), ("_admit", "admit0", "admit1")):
         f = getattr(B.RabbitMQBroker, name)
 
