@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import dumbwaiter as dw
@@ -108,7 +109,7 @@ def _instrument(path: str) -> None:
         note("reply")
         on_reply(self, *a)
 
-    W.Wire._on_reply = _on_reply  # type: ignore[method-assign]
+    W.Wire._on_reply = _on_reply  # type: ignore[method-assign, assignment]
     fetch = B.NatsBroker.fetch
 
     async def _fetch(self: Any, *a: Any, **k: Any) -> Any:
@@ -243,7 +244,12 @@ def report(
         print(f"  {span:16s} worker CPU {c:.3f} ms, wall {w:.3f} ms")
 
 
-if __name__ == "__main__":
+def main(
+    worker: Callable[[], None], produce: Callable[[int, str], Coroutine[Any, Any, None]]
+) -> None:
+    """A W3 step script's command line: ``--worker`` runs ``worker`` (the
+    process ``w3`` spawns), else ``produce`` with ``--n`` jobs and a scratch
+    directory for the two processes' files."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--worker", action="store_true")
@@ -253,3 +259,7 @@ if __name__ == "__main__":
     else:
         with tempfile.TemporaryDirectory() as d:
             asyncio.run(produce(args.n, d))
+
+
+if __name__ == "__main__":
+    main(worker, produce)

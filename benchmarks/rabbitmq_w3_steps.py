@@ -28,20 +28,18 @@ Queues under the prefix ``w3s`` on ``DW_ENQ_AMQP`` (the records in
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import atexit
 import collections
 import itertools
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nats_w3_steps import report, started, w3
+from nats_w3_steps import main, report, started, w3
 from rabbitmq_enqueue import delete_topology
 
 import dumbwaiter as dw
@@ -201,12 +199,4 @@ async def produce(n: int, d: str) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=400)
-    ap.add_argument("--worker", action="store_true")
-    args = ap.parse_args()
-    if args.worker:
-        worker()
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            asyncio.run(produce(args.n, d))
+    main(worker, produce)

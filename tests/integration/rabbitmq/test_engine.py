@@ -1336,16 +1336,16 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
 
 
 async def _leased_briefly(
-    make: Callable[[], RabbitMQBroker],
+    make: Callable[[], RabbitMQBroker], lease: float = 1.5, worker: str = "w-slow"
 ) -> tuple[RabbitMQBroker, RabbitMQBroker, RabbitMQBroker, Message, Any]:
     """Three open brokers (``slow``, ``rescuer``, ``other``) and a job that
-    ``slow`` (``w-slow``) holds on a lease of 1.5 s, with its delivery."""
+    ``slow`` (as ``worker``) holds on a lease of ``lease`` s, with its delivery."""
     slow, rescuer, other = make(), make(), make()
     for b in (slow, rescuer, other):
         await b.open()
     m = job()
     await rescuer.enqueue([m])
-    [d] = await slow.fetch(["default"], 1, 1.5, 0, "w-slow")
+    [d] = await slow.fetch(["default"], 1, lease, 0, worker)
     return slow, rescuer, other, m, d
 
 
@@ -1427,12 +1427,7 @@ async def test_a_rescue_that_meets_a_heartbeat_leaves_the_lease_to_its_worker(
     holds the job): it compared version, token and state only, so it set
     the job ready under its running worker, whose ack was then fenced off
     while the rescue's copy ran the job a second time."""
-    worker, rescuer, other = make(), make(), make()
-    for b in (worker, rescuer, other):
-        await b.open()
-    m = job()
-    await rescuer.enqueue([m])
-    [d] = await worker.fetch(["default"], 1, 1.0, 0, "w-late")
+    worker, rescuer, other, m, d = await _leased_briefly(make, lease=1.0, worker="w-late")
     beats: list[list[Any]] = []
     real_send = rescuer._send
 
