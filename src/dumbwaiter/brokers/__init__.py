@@ -60,8 +60,9 @@ def from_url(url: str) -> Broker:
     except ImportError as exc:
         if extra is None or (exc.name or "").startswith("dumbwaiter"):
             raise
+        package = (exc.name or "").partition(".")[0]
         raise MissingDependency(
-            f"the {scheme}:// broker needs {exc.name!r}, which is not installed: "
+            f"the {scheme}:// broker needs {package!r}, which is not installed: "
             f"pip install 'dumbwaiter[{extra}]'"
         ) from exc
     cls: type[Broker] = getattr(module, class_name)
