@@ -29,6 +29,10 @@ def mask_url(url: str, *, path: bool = False) -> str:
     query entirely, for webhook URLs whose secret is the path itself
     (``/services/T000/B000/XXXX``).  Anything that does not parse as a URL is
     masked whole."""
+    if "://" not in url and "@" in url:  # a URL without its scheme: ``user:pw@host``
+        userinfo, _, host = url.rpartition("@")
+        user, sep, _password = userinfo.partition(":")
+        return f"{user}:{MASK}@{host}" if sep else url
     try:
         parts = urlsplit(url)
         netloc = parts.netloc

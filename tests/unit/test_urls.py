@@ -163,6 +163,11 @@ def test_a_bad_host_or_port_fails_at_app(scheme: str, url: str, says: str) -> No
         assert "is not a number from 1 to 65535" in text
 
 
+def test_an_unknown_scheme_or_no_scheme_is_refused_without_the_password() -> None:
+    assert "'kafka'" in _refused(f"kafka://app:{SECRET}@127.0.0.1:9092")
+    assert "no scheme" in _refused(f"app:{SECRET}@127.0.0.1")
+
+
 def test_an_option_given_twice_or_for_another_scheme_is_refused() -> None:
     assert "given twice" in _refused(BASES["redis"] + "prefix=a&prefix=b")
     assert "applies to rediss:// only" in _refused(BASES["redis"] + "ssl_ca_certs=/etc/ca.pem")

@@ -157,7 +157,7 @@ def parse_url(url: str) -> tuple[str, urlopts.Values]:
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     if not path or path == ":memory:":
         raise InvalidURL(
-            f"sqlite URL {url!r} names no database file (an in-memory database cannot be "
+            f"sqlite URL {mask_url(url)!r} names no database file (an in-memory database cannot be "
             "shared by workers; use memory:// for tests)"
         )
     return path, OPTIONS.parse(url)
