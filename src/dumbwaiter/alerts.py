@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from .brokers.base import JobFilter
-from .dashboard.redact import mask_url
 from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
+from .redact import mask_url
 from .state import State
 
 if TYPE_CHECKING:

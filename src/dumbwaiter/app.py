@@ -25,6 +25,7 @@ from .job import Job
 from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
 from .middleware import Chain, Middleware
 from .portal import Portal
+from .redact import mask_url
 from .retry import Retry
 from .task import DEFAULT_RESULT_TTL, Task
 
@@ -82,7 +83,7 @@ class App:
         self._portal = Portal()
 
     def __repr__(self) -> str:
-        return f"<dumbwaiter.App {self.url} tasks={len(self.tasks)}>"
+        return f"<dumbwaiter.App {mask_url(self.url)} tasks={len(self.tasks)}>"
 
     # -- registry ------------------------------------------------------------
 

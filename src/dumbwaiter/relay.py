@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from .errors import ConfigurationError, MessageDecodeError
 from .message import Message, decode
 from .outbox import NOTIFY_CHANNEL, ensure_outbox_sync
+from .redact import mask_url
 from .sqldb import Sql, adapt
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ class Relay:
             return True
         self._token = await b.acquire(self._lock, self.owner, self.lease)
         if self._token is not None:
-            log.info("relay %s leads the outbox of %s", self.owner, _masked(self.source))
+            log.info("relay %s leads the outbox of %s", self.owner, mask_url(self.source))
         return self._token is not None
 
     def _close(self) -> None:
@@ -234,13 +235,6 @@ def _identity(url: str) -> str:
     p = urlsplit(url)
     host = p.hostname or ""
     return f"{p.scheme}://{host}:{p.port or ''}{p.path}"
-
-
-def _masked(url: str) -> str:
-    p = urlsplit(url)
-    if p.password:
-        return url.replace(f":{p.password}@", ":***@")
-    return url
 
 
 def service(source: str) -> Callable[[Worker], Any]:

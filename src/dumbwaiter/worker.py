@@ -45,6 +45,7 @@ from .errors import (
 )
 from .loop import loop_name
 from .message import TASK, ErrorRecord, Message, check_json, dumps
+from .redact import mask_url
 from .retry import Reject, RetryLater
 from .workflow import advance
 
@@ -627,7 +628,7 @@ class Worker:
             if msg.kind == "task"
             else f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
         )
-        return UnknownTask(f"{what} (app {self.app.url}); replay it once one is")
+        return UnknownTask(f"{what} (app {mask_url(self.app.url)}); replay it once one is")
 
     async def _admit(self, d: Delivery, name: str, flow: Flow, now: float) -> bool:
         """Take the job's concurrency slot and rate permit, or hold it back.

@@ -17,8 +17,8 @@ from starlette.testclient import TestClient
 import dumbwaiter as dw
 from dumbwaiter.cli import main
 from dumbwaiter.dashboard import Auth, create_app
-from dumbwaiter.dashboard.redact import mask_url, secrets_of
 from dumbwaiter.dashboard.security import is_loopback
+from dumbwaiter.redact import mask_url, secrets_of
 from tests.dashboard.conftest import LOOPBACK, Seeded, csrf
 from tests.dashboard.dashapp import create_app as create_dashapp
 
@@ -158,6 +158,7 @@ def test_mask_url() -> None:
     assert mask_url("redis://:tok3n@cache:6379/0") == "redis://:***@cache:6379/0"
     assert mask_url("redis://cache:6379/0?password=pw1") == "redis://cache:6379/0?password=***"
     assert mask_url("sqlite:///var/lib/jobs.db") == "sqlite:///var/lib/jobs.db"
+    assert mask_url("postgresql://app@db/app") == "postgresql://app@db/app"  # no secret
     assert mask_url("https://hooks.example/services/T0/B0/XYZ", path=True) == (
         "https://hooks.example/***"
     )
@@ -208,6 +209,19 @@ def test_broker_secrets_never_appear(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert f"{parts.username}:***@{parts.hostname}" in pages[0]
     assert secret not in caplog.text
     assert "replayed 1 dead letter" in pages[-1]
+
+
+def test_a_user_name_without_a_password_is_shown(tmp_path: Path) -> None:
+    """Only the password is a secret: the page names the account it uses."""
+    from tests.integration.postgres.server import postgres_url
+
+    url = postgres_url(tmp_path)
+    parts = urlsplit(url)
+    assert parts.username and not parts.password
+    with TestClient(create_app(url, sample=False), client=LOOPBACK) as c:
+        page = c.get("/").text
+    assert f"{parts.scheme}://{parts.username}@{parts.hostname}" in page
+    assert "***@" not in page
 
 
 def test_cli_refuses_other_addresses_without_auth() -> None:

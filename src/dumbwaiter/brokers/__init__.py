@@ -11,6 +11,7 @@ import importlib
 from urllib.parse import urlsplit
 
 from ..errors import InvalidURL, MissingDependency
+from ..redact import mask_url
 from .base import (
     Binding,
     Broker,
@@ -44,14 +45,14 @@ def from_url(url: str) -> Broker:
     """The broker a URL names, e.g. ``sqlite:///jobs.db`` or ``memory://``."""
     if not isinstance(url, str) or "://" not in url:
         raise InvalidURL(
-            f"broker URL {url!r} has no scheme; expected one of: "
-            + ", ".join(f"{s}://" for s in sorted(REGISTRY))
+            f"broker URL {mask_url(url) if isinstance(url, str) else url!r} has no scheme; "
+            "expected one of: " + ", ".join(f"{s}://" for s in sorted(REGISTRY))
         )
     scheme = urlsplit(url).scheme.lower()
     entry = REGISTRY.get(scheme)
     if entry is None:
         raise InvalidURL(
-            f"unsupported broker URL scheme {scheme!r} in {url!r}; supported: "
+            f"unsupported broker URL scheme {scheme!r} in {mask_url(url)!r}; supported: "
             + ", ".join(f"{s}://" for s in sorted(REGISTRY))
         )
     module_name, class_name, extra = entry
@@ -60,8 +61,9 @@ def from_url(url: str) -> Broker:
     except ImportError as exc:
         if extra is None or (exc.name or "").startswith("dumbwaiter"):
             raise
+        package = (exc.name or "").partition(".")[0]
         raise MissingDependency(
-            f"the {scheme}:// broker needs {exc.name!r}, which is not installed: "
+            f"the {scheme}:// broker needs {package!r}, which is not installed: "
             f"pip install 'dumbwaiter[{extra}]'"
         ) from exc
     cls: type[Broker] = getattr(module, class_name)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
+from ..redact import mask_url
 
 if TYPE_CHECKING:
     from ..sqldb import Sql
@@ -365,6 +366,9 @@ class Broker(abc.ABC):
         self.max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
         #: seconds published events stay in the log for replay (the App sets it)
         self.event_retention: float = DEFAULT_EVENT_RETENTION
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {mask_url(self.url)}>"
 
     # -- transport -------------------------------------------------------
 

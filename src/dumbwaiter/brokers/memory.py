@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -25,6 +26,7 @@ from ..errors import LeaseExpired
 from ..flow import window_wait
 from ..message import ErrorRecord, Message, encode_checked, uuid7
 from ..state import CANCELLABLE_STATES, State
+from . import urlopts
 from .base import (
     Binding,
     Broker,
@@ -115,9 +117,14 @@ class _Store:
     )
 
 
+RETENTION = urlopts.seconds("retention", DEFAULT_RETENTION, "seconds finished jobs stay visible")
+OPTIONS = urlopts.Table("memory", [RETENTION], check_hosts=False)
+
+
 class MemoryBroker(Broker):
     """In-process broker.  ``memory://`` is private to one broker object;
-    ``memory://NAME`` is shared by every broker of that name in the process."""
+    ``memory://NAME`` is shared by every broker of that name in the process.
+    ``?retention=SECONDS`` is its one option (the ``retention`` argument wins)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
         sync_enqueue=True, multi_process=False, events=True, limits=True
@@ -126,15 +133,17 @@ class MemoryBroker(Broker):
     _named: ClassVar[dict[str, _Store]] = {}
     _named_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, url: str = "memory://", retention: float = DEFAULT_RETENTION) -> None:
+    def __init__(self, url: str = "memory://", retention: float | None = None) -> None:
         super().__init__(url)
-        name = url.split("://", 1)[1] if "://" in url else ""
+        opts = OPTIONS.parse(url)
+        parts = urlsplit(url)
+        name = parts.netloc + parts.path
         if name:
             with self._named_lock:
                 self._s = self._named.setdefault(name, _Store())
         else:
             self._s = _Store()
-        self.retention = retention
+        self.retention = opts[RETENTION] if retention is None else retention
         self._seq = itertools.count()
         self._tokens = itertools.count(1)
 

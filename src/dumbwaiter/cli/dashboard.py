@@ -12,6 +12,7 @@ import logging
 import click
 
 from ..errors import MissingDependency
+from ..redact import mask_url
 from .common import app_options, log_level_option, resolve_app, setup_logging
 
 log = logging.getLogger("dumbwaiter.cli")
@@ -63,7 +64,6 @@ def dashboard(
         import uvicorn
 
         from ..dashboard import create_app
-        from ..dashboard.redact import mask_url
         from ..dashboard.security import Auth, is_loopback
     except ImportError as exc:
         raise click.UsageError(

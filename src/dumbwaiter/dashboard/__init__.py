@@ -6,7 +6,7 @@ create_app(app))``); ``dumbwaiter dashboard`` runs it with uvicorn.
 
 Importing this package costs nothing: Starlette and Jinja2 (``pip install
 'dumbwaiter[dashboard]'``) are imported by ``create_app``, so the throughput
-sampler and the URL masking next to it work in a worker without them.
+sampler works in a worker without them.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from starlette.templating import Jinja2Templates
 from ..app import App
 from ..cli.output import duration, relative, timestamp
 from ..metrics import SCHEDULER_SLACK, StatsCache
-from .redact import mask_url
+from ..redact import mask_url
 from .security import Auth, Guard
 
 log = logging.getLogger("dumbwaiter.dashboard")

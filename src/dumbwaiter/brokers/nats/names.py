@@ -33,30 +33,64 @@ import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ...errors import InvalidURL
+from ...redact import mask_url
+from .. import urlopts
 
 _NS = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _NS_PER_S = 1_000_000_000
 
-#: options dumbwaiter reads from the URL's query (the rest is refused)
-OPTIONS = {
-    "prefix": "namespace: stream and subject names (default dumbwaiter)",
-    "retention": "seconds finished jobs stay visible (JOBS max_age; default 3600)",
-    "dead_retention": "seconds dead letters are kept (0: until purged; default 0)",
-    "ack_wait": "JetStream AckWait of the work consumers, seconds (default 30)",
-    "dupe_window": "Nats-Msg-Id de-duplication window, seconds (default 120)",
-    "storage": "file (default) or memory",
-    "replicas": "stream replicas in a cluster (default 1)",
-    "reconnect": "seconds an enqueue keeps retrying while NATS is unreachable (default 30)",
-    "timeout": "seconds a request waits for its reply (default 10)",
-    "connect_timeout": "seconds to connect (default 5)",
-    "name": "client connection name shown by the server",
-    "tls": "true: connect with TLS (system CA bundle)",
-    "token": "auth token",
-}
+PREFIX = urlopts.text(
+    "prefix",
+    "dumbwaiter",
+    "namespace: stream and subject names (or the path)",
+    pattern=r"[A-Za-z0-9_-]{0,48}",  # empty: the path's, else the default
+    accepts="a namespace of 1-48 letters, digits, '_' or '-'",
+)
+RETENTION = urlopts.seconds(
+    "retention", 3600.0, "seconds finished jobs stay visible", positive=True
+)
+DEAD_RETENTION = urlopts.seconds(
+    "dead_retention", 0.0, "seconds dead letters are kept (0: until purged)"
+)
+ACK_WAIT = urlopts.seconds("ack_wait", 30.0, "AckWait of the work consumers", positive=True)
+DUPE_WINDOW = urlopts.seconds(
+    "dupe_window", 120.0, "Nats-Msg-Id de-duplication window", positive=True
+)
+STORAGE = urlopts.choice("storage", "file", ("file", "memory"), "stream storage")
+REPLICAS = urlopts.integer("replicas", 1, "stream replicas in a cluster", low=1, high=5)
+RECONNECT = urlopts.seconds(
+    "reconnect", 30.0, "seconds an enqueue keeps retrying while NATS is unreachable"
+)
+TIMEOUT = urlopts.seconds("timeout", 10.0, "seconds a request waits for its reply", positive=True)
+CONNECT_TIMEOUT = urlopts.seconds("connect_timeout", 5.0, "seconds to connect", positive=True)
+NAME = urlopts.text("name", "dumbwaiter", "client connection name shown by the server")
+TLS = urlopts.flag("tls", False, "connect with TLS (system CA bundle)")
+TOKEN = urlopts.text("token", None, "auth token")
+#: every option of a nats:// URL (all are dumbwaiter's: it builds nats-py's
+#: connect arguments itself)
+OPTIONS = urlopts.Table(
+    "nats",
+    [
+        PREFIX,
+        RETENTION,
+        DEAD_RETENTION,
+        ACK_WAIT,
+        DUPE_WINDOW,
+        STORAGE,
+        REPLICAS,
+        RECONNECT,
+        TIMEOUT,
+        CONNECT_TIMEOUT,
+        NAME,
+        TLS,
+        TOKEN,
+    ],
+    several=True,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,59 +117,40 @@ def parse_url(url: str) -> Settings:
     """``nats://[user:pass@]host[:port][,host2[:port2]...][/NS][?options]``."""
     parts = urlsplit(url)
     if parts.scheme != "nats":
-        raise InvalidURL(f"not a nats URL: {url!r}")
+        raise InvalidURL(f"not a nats URL: {mask_url(url)!r}")
+    opts = OPTIONS.parse(url)
     netloc = parts.netloc
     user = password = None
     if "@" in netloc:
         cred, netloc = netloc.rsplit("@", 1)
         user, _, password = cred.partition(":")
         user, password = unquote(user), unquote(password) if password else None
-    hosts = [h for h in netloc.split(",") if h] or ["127.0.0.1:4222"]
+    hosts = netloc.split(",")
     servers = [f"nats://{h}" if ":" in h.rsplit("]", 1)[-1] else f"nats://{h}:4222" for h in hosts]
-    opts: dict[str, str] = {}
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
-        if k not in OPTIONS:
-            raise InvalidURL(
-                f"nats URL {url!r}: unknown option {k!r}; known: {', '.join(sorted(OPTIONS))}"
-            )
-        opts[k] = v
-    path_ns = parts.path.strip("/")
-    ns = opts.pop("prefix", "") or path_ns or "dumbwaiter"
+    given = opts[PREFIX] if PREFIX.name in opts.given else ""
+    ns = given or parts.path.strip("/") or PREFIX.default
     if not _NS.match(ns):
         raise InvalidURL(
-            f"nats URL {url!r}: namespace {ns!r} must be 1-48 letters, digits, '_' or '-'"
+            f"nats URL {mask_url(url)!r}: namespace {ns!r} must be 1-48 letters, digits, '_' or '-'"
         )
-    try:
-        s = Settings(
-            servers=servers,
-            ns=ns,
-            retention=_pos(opts, "retention", 3600.0),
-            dead_retention=float(opts.get("dead_retention", 0.0)),
-            ack_wait=_pos(opts, "ack_wait", 30.0),
-            dupe_window=_pos(opts, "dupe_window", 120.0),
-            storage=opts.get("storage", "file"),
-            replicas=int(opts.get("replicas", 1)),
-            reconnect=float(opts.get("reconnect", 30.0)),
-            timeout=_pos(opts, "timeout", 10.0),
-            connect_timeout=_pos(opts, "connect_timeout", 5.0),
-            name=opts.get("name", "dumbwaiter"),
-            tls=opts.get("tls", "").lower() in ("1", "true", "yes"),
-            token=opts.get("token"),
-            user=user,
-            password=password,
-        )
-    except ValueError as exc:
-        raise InvalidURL(f"bad option in nats URL {url!r}: {exc}") from None
-    if s.storage not in ("file", "memory"):
-        raise InvalidURL(f"nats URL {url!r}: storage must be 'file' or 'memory'")
-    return s
-
-
-def _pos(opts: dict[str, str], key: str, default: float) -> float:
-    value = float(opts.get(key, default))
-    if value <= 0:
-        raise ValueError(f"{key} must be positive")
-    return value
+    return Settings(
+        servers=servers,
+        ns=ns,
+        retention=opts[RETENTION],
+        dead_retention=opts[DEAD_RETENTION],
+        ack_wait=opts[ACK_WAIT],
+        dupe_window=opts[DUPE_WINDOW],
+        storage=opts[STORAGE],
+        replicas=opts[REPLICAS],
+        reconnect=opts[RECONNECT],
+        timeout=opts[TIMEOUT],
+        connect_timeout=opts[CONNECT_TIMEOUT],
+        name=opts[NAME],
+        tls=opts[TLS],
+        token=opts[TOKEN],
+        user=user,
+        password=password,
+    )
 
 
 def tok(text: str) -> bytes:

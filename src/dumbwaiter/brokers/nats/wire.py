@@ -32,7 +32,9 @@ the connection drops and with ``BrokerError`` after ``timeout`` seconds.
 
 These hooks use nats-py internals (``Client._ps``, ``_pending``,
 ``_flush_pending``, ``_process_msg``, ``_process_ping`` and friends), checked
-once at connect; the extra pins the 2.x series (tested with 2.16).
+once at connect; the extra pins the 2.x series (tested with 2.16).  nats-py
+is imported with this module, not at the first connect, so an app without
+the extra fails at ``App()`` with ``MissingDependency`` like every broker.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import nats
 import orjson
+from nats.aio.client import Client
+from nats.errors import ProtocolError
 
 from ...errors import BrokerError
 
@@ -279,8 +284,6 @@ class _Parser:
 
 
 def _protocol_error(text: str) -> Exception:
-    from nats.errors import ProtocolError
-
     return ProtocolError(text)
 
 
@@ -318,9 +321,6 @@ class Wire:
     # -- connection ---------------------------------------------------------------
 
     async def connect(self) -> None:
-        import nats
-        from nats.aio.client import Client
-
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %s", exc)
 

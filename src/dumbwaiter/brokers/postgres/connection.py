@@ -28,28 +28,17 @@ import select
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import InvalidURL
+from ...redact import mask_url
+from .. import urlopts
 
 log = logging.getLogger("dumbwaiter.postgres")
-
-#: options of ours in the URL's query string; the rest goes to libpq
-_OPTIONS = (
-    "schema",
-    "pool_min",
-    "pool_max",
-    "sync_pool_max",
-    "migrate",
-    "retention",
-    "prune_interval",
-    "prepare_threshold",
-    "poll_interval",
-    "worker_sync_commit",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,54 +70,118 @@ class Options:
     worker_sync_commit: str = "off"
 
 
+def _prepare(text: str) -> int | None:
+    if text.lower() in ("", "none", "off"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _libpq_keys() -> frozenset[str]:
+    """Every connection parameter this libpq knows (``sslmode``, ``options``...)."""
+    return frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults())
+
+
+SCHEMA = urlopts.text(
+    "schema",
+    "public",
+    "the schema holding dumbwaiter's tables",
+    pattern=r".{1,50}",
+    accepts="a schema name of 1 to 50 characters",
+)
+MIGRATE = urlopts.choice("migrate", "check", ("check", "auto"), "apply pending migrations?")
+RETENTION = urlopts.seconds("retention", 3600.0, "seconds a finished job is kept")
+PRUNE_INTERVAL = urlopts.seconds("prune_interval", 10.0, "seconds between prunes", positive=True)
+POOL_MAX = urlopts.integer("pool_max", 10, "most connections per event loop and pool", low=2)
+POOL_MIN = urlopts.integer("pool_min", 1, "connections the sync pool keeps open")
+SYNC_POOL_MAX = urlopts.integer("sync_pool_max", 10, "most connections of the sync pool", low=1)
+PREPARE_THRESHOLD: urlopts.Option[int | None] = urlopts.custom(
+    "prepare_threshold",
+    5,
+    "runs before a statement is prepared on the server",
+    _prepare,
+    "a whole number of 0 or more, or none",
+)
+POLL_INTERVAL = urlopts.seconds(
+    "poll_interval", 0.5, "seconds between polls while LISTEN is down", positive=True
+)
+WORKER_SYNC_COMMIT = urlopts.choice(
+    "worker_sync_commit",
+    "off",
+    ("off", "local", "remote_write", "on", "remote_apply"),
+    "synchronous_commit of a worker's own transitions",
+)
+#: ours, then the libpq parameters checked here before libpq sees them (any
+#: other libpq parameter passes unchecked: libpq's parser knows them)
+OPTIONS = urlopts.Table(
+    "PostgreSQL",
+    [
+        SCHEMA,
+        MIGRATE,
+        RETENTION,
+        PRUNE_INTERVAL,
+        POOL_MAX,
+        POOL_MIN,
+        SYNC_POOL_MAX,
+        PREPARE_THRESHOLD,
+        POLL_INTERVAL,
+        WORKER_SYNC_COMMIT,
+        urlopts.text(
+            "application_name", "dumbwaiter", "name in pg_stat_activity", passthrough=True
+        ),
+        urlopts.choice(
+            "sslmode",
+            "prefer",
+            ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+            "TLS to the server",
+            passthrough=True,
+        ),
+        urlopts.integer("connect_timeout", 0, "seconds to connect (0: no limit)", passthrough=True),
+    ],
+    client="libpq",
+    other_keys=_libpq_keys,
+    others="any other libpq connection parameter (target_session_attrs, sslrootcert...)",
+    host_required=False,  # no host: libpq's Unix socket
+    several=True,
+)
+
+
 def parse_url(url: str) -> Options:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
-        raise InvalidURL(f"not a PostgreSQL URL: {url!r}")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _OPTIONS}
-    rest = [(k, v) for k, v in query if k not in _OPTIONS]
-    if not any(k == "application_name" for k, _ in rest):
+        raise InvalidURL(f"not a PostgreSQL URL: {mask_url(url)!r}")
+    ours = OPTIONS.parse(url)
+    rest = list(ours.client)
+    if "application_name" not in ours.given:
         rest.append(("application_name", "dumbwaiter"))
-    conninfo = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
-    try:
-        prepare = ours.pop("prepare_threshold", "5")
-        opts = Options(
-            conninfo=conninfo,
-            schema=ours.pop("schema", "public"),
-            pool_min=int(ours.pop("pool_min", 1)),
-            pool_max=int(ours.pop("pool_max", 10)),
-            sync_pool_max=int(ours.pop("sync_pool_max", 10)),
-            migrate=ours.pop("migrate", "check").lower(),
-            retention=float(ours.pop("retention", 3600.0)),
-            prune_interval=float(ours.pop("prune_interval", 10.0)),
-            prepare_threshold=None if prepare.lower() in ("", "none", "off") else int(prepare),
-            poll_interval=float(ours.pop("poll_interval", 0.5)),
-            worker_sync_commit=ours.pop("worker_sync_commit", "off").lower(),
-        )
-    except ValueError as exc:
-        raise InvalidURL(f"bad option in PostgreSQL URL {_redact(url)!r}: {exc}") from None
-    if opts.worker_sync_commit not in ("off", "local", "remote_write", "on", "remote_apply"):
+    # written out, not with urlunsplit, which drops the "//" of a URL without
+    # a host (``postgresql:///db``: libpq's Unix socket)
+    conninfo = f"postgresql://{parts.netloc}{parts.path}?{urlencode(rest)}"
+    try:  # libpq's own parser: the URI's syntax, and the keys only it knows
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidURL(f"PostgreSQL URL {mask_url(url)!r}: {str(exc).strip()}") from None
+    opts = Options(
+        conninfo=conninfo,
+        schema=ours[SCHEMA],
+        pool_min=ours[POOL_MIN],
+        pool_max=ours[POOL_MAX],
+        sync_pool_max=ours[SYNC_POOL_MAX],
+        migrate=ours[MIGRATE],
+        retention=ours[RETENTION],
+        prune_interval=ours[PRUNE_INTERVAL],
+        prepare_threshold=ours[PREPARE_THRESHOLD],
+        poll_interval=ours[POLL_INTERVAL],
+        worker_sync_commit=ours[WORKER_SYNC_COMMIT],
+    )
+    if opts.pool_min > opts.sync_pool_max:
         raise InvalidURL(
-            f"worker_sync_commit= takes a synchronous_commit value, not {opts.worker_sync_commit!r}"
-        )
-    if opts.migrate not in ("check", "auto"):
-        raise InvalidURL(f"migrate= takes 'check' or 'auto', not {opts.migrate!r}")
-    if not opts.schema or len(opts.schema) > 50:
-        raise InvalidURL(f"schema= must name a schema of 1 to 50 characters: {opts.schema!r}")
-    if opts.pool_max < 2 or opts.sync_pool_max < 1 or not 0 <= opts.pool_min <= opts.sync_pool_max:
-        raise InvalidURL(
-            "pool sizes: need pool_max >= 2, sync_pool_max >= 1, 0 <= pool_min <= sync_pool_max"
+            f"PostgreSQL URL {mask_url(url)!r}: pool_min ({opts.pool_min}) is more than "
+            f"sync_pool_max ({opts.sync_pool_max})"
         )
     return opts
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

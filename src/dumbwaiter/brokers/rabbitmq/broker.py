@@ -35,15 +35,16 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 import orjson
 from pamqp import commands as spec
 
 from ...errors import BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
 from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, encode_checked
+from ...redact import mask_url
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
-from .. import from_url
+from .. import from_url, urlopts
 from ..base import (
     FOUND_DEAD_LIMIT,
     Binding,
@@ -71,16 +72,6 @@ log = logging.getLogger("dumbwaiter.rabbitmq")
 DEFAULT_RETENTION = 3600.0
 #: the state store when the URL names none (fine on one machine only)
 DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
-_OPTIONS = {
-    "state",
-    "prefix",
-    "queue_type",
-    "delays",
-    "retention",
-    "exchange_type",
-    "reconnect",
-    "prefetch",
-}
 _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
 #: seconds of lease left under which an outcome reads the record (fencing)
@@ -211,18 +202,66 @@ def _may_wait(raw: Raw, now: float) -> bool:
     )
 
 
-def parse_url(url: str) -> tuple[str, dict[str, str]]:
-    """Split off dumbwaiter's options; the rest is the AMQP URL for aiormq."""
+_TLS = ("amqps",)
+STATE = urlopts.text("state", DEFAULT_STATE, "URL of the state store (URL-encoded)")
+PREFIX = urlopts.text("prefix", "dw", "first word of every queue, exchange and record name")
+QUEUE_TYPE = urlopts.choice("queue_type", "quorum", ("quorum", "classic"), "type of every queue")
+DELAYS = urlopts.text("delays", "dw.delay", "name of the delay cascade")
+EXCHANGE_TYPE = urlopts.choice(
+    "exchange_type", "topic", _EXCHANGE_TYPES, "type of the events exchange"
+)
+RETENTION = urlopts.seconds("retention", DEFAULT_RETENTION, "seconds finished jobs' records stay")
+RECONNECT = urlopts.seconds(
+    "reconnect", 30.0, "seconds an enqueue keeps trying while RabbitMQ is unreachable"
+)
+PREFETCH = urlopts.integer("prefetch", 0, "consumer prefetch (0: follows the drain rate)")
+#: ours, then what aiormq reads from the URL's query (it ignores any other key)
+OPTIONS = urlopts.Table(
+    "amqp",
+    [
+        STATE,
+        PREFIX,
+        QUEUE_TYPE,
+        DELAYS,
+        EXCHANGE_TYPE,
+        RETENTION,
+        RECONNECT,
+        PREFETCH,
+        urlopts.integer(
+            "heartbeat", 60, "seconds between heartbeats (0: none)", high=65535, passthrough=True
+        ),
+        urlopts.choice("auth", "plain", ("plain", "external"), "SASL mechanism", passthrough=True),
+        *(
+            urlopts.text(name, None, help, passthrough=True, schemes=_TLS)
+            for name, help in (
+                ("cafile", "CA bundle file"),
+                ("capath", "directory of CA certificates"),
+                ("cadata", "CA certificates, base64"),
+                ("certfile", "client certificate file"),
+                ("keyfile", "client key file"),
+            )
+        ),
+        urlopts.flag(
+            "no_verify_ssl",
+            False,
+            "skip the server certificate check",
+            passthrough=True,
+            schemes=_TLS,
+        ),
+    ],
+    client="aiormq",
+)
+
+
+def parse_url(url: str) -> tuple[str, urlopts.Values]:
+    """Check the URL; split off dumbwaiter's options (the rest is aiormq's)."""
     parts = urlsplit(url)
     if parts.scheme not in ("amqp", "amqps"):
-        raise InvalidURL(f"not an AMQP URL: {url!r}")
-    ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
-        (ours.__setitem__(k, v) if k in _OPTIONS else theirs.append((k, v)))
+        raise InvalidURL(f"not an AMQP URL: {mask_url(url)!r}")
+    opts = OPTIONS.parse(url)
     path = parts.path or "/"
-    rest = urlunsplit(parts._replace(path=path, query=urlencode(theirs)))
-    return rest, ours
+    rest = urlunsplit(parts._replace(path=path, query=urlencode(opts.client)))
+    return rest, opts
 
 
 class RabbitMQBroker(Broker):
@@ -238,28 +277,22 @@ class RabbitMQBroker(Broker):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.amqp_url, opts = parse_url(url)
-        prefix = opts.get("prefix") or "dw"
-        queue_type = opts.get("queue_type", "quorum")
-        exchange_type = opts.get("exchange_type", "topic")
-        if queue_type not in ("quorum", "classic"):
-            raise InvalidURL(f"amqp URL {url!r}: queue_type must be quorum or classic")
-        if exchange_type not in _EXCHANGE_TYPES:
-            raise InvalidURL(f"amqp URL {url!r}: exchange_type must be one of {_EXCHANGE_TYPES}")
-        try:
-            self.retention = float(opts.get("retention", DEFAULT_RETENTION))
-            #: seconds an enqueue keeps trying while RabbitMQ is unreachable
-            self.reconnect = float(opts.get("reconnect", 30.0))
-            #: consumer prefetch (0: twice the worker's concurrency)
-            self.prefetch = int(opts.get("prefetch", 0))
-        except ValueError as exc:
-            raise InvalidURL(f"bad option in amqp URL {url!r}: {exc}") from None
-        self.names = topo.Names(prefix, opts.get("delays") or "dw.delay", queue_type)
-        self.exchange_type = exchange_type
-        self.state_url = opts.get("state") or DEFAULT_STATE
+        prefix = opts[PREFIX] or PREFIX.default
+        self.retention = opts[RETENTION]
+        #: seconds an enqueue keeps trying while RabbitMQ is unreachable
+        self.reconnect = opts[RECONNECT]
+        #: consumer prefetch (0: follows the worker's drain rate)
+        self.prefetch = opts[PREFETCH]
+        self.names = topo.Names(prefix, opts[DELAYS] or DELAYS.default, opts[QUEUE_TYPE])
+        self.exchange_type = opts[EXCHANGE_TYPE]
+        self.state_url = opts[STATE] or DEFAULT_STATE
         if urlsplit(self.state_url).scheme in ("amqp", "amqps"):
             raise InvalidURL("the state store of an amqp:// broker cannot be RabbitMQ itself")
         #: the companion broker that keeps records and coordination
-        self.state = from_url(self.state_url)
+        try:
+            self.state = from_url(self.state_url)
+        except InvalidURL as exc:
+            raise InvalidURL(f"the state= of amqp URL {mask_url(url)!r}: {exc}") from None
         # Flow control and sharing between processes are what the state store
         # offers; the class default claims both, each instance says its own.
         caps = replace(

@@ -35,7 +35,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import orjson
 from redis.exceptions import RedisError
@@ -43,7 +43,9 @@ from redis.exceptions import RedisError
 from ...errors import BrokerError, InvalidURL, MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
+from ...redact import mask_url
 from ...state import State
+from .. import urlopts
 from ..base import (
     Binding,
     Broker,
@@ -80,30 +82,108 @@ WAITER_TTL = 1.0
 #: gives up (each lost round backs off 1 ms, doubling to 50 ms, jittered: a
 #: few seconds in all, far more than any real contention needs)
 KV_UPDATE_ATTEMPTS = 200
-_OPTIONS = {
-    "prefix",
-    "retention",
-    "reconnect",
-    "socket_timeout",
-    "connect_timeout",
-    "wait_replicas",
-    "wait_timeout",
-}
 #: fields of a job as ``get`` and ``list`` read them
 _INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp")
 
 
-def parse_url(url: str) -> tuple[str, dict[str, str]]:
-    """Split off dumbwaiter's own options; the rest of the URL is redis-py's."""
+def _wait_ms(text: str) -> float:
+    """``WAIT`` takes whole milliseconds and ``0`` blocks forever: at least 1 ms."""
+    value = float(text)
+    if not value >= 0.001 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+_TLS = ("rediss",)
+PREFIX = urlopts.text(
+    "prefix",
+    "default",
+    "every key of the app starts with {dw:PREFIX}:",
+    pattern=r"[^{}]*",
+    accepts="a name without braces",
+)
+RETENTION = urlopts.seconds("retention", DEFAULT_RETENTION, "seconds finished jobs stay visible")
+RECONNECT = urlopts.seconds(
+    "reconnect", 30.0, "seconds an enqueue keeps trying while the server is unreachable"
+)
+WAIT_REPLICAS = urlopts.integer(
+    "wait_replicas", 0, "an enqueue returns once this many replicas have its writes"
+)
+WAIT_TIMEOUT = urlopts.custom(
+    "wait_timeout",
+    1.0,
+    "seconds wait_replicas waits before the enqueue fails",
+    _wait_ms,
+    "a number of seconds of 0.001 or more",
+)
+SOCKET_TIMEOUT = urlopts.seconds("socket_timeout", 30.0, "seconds a reply may take", positive=True)
+CONNECT_TIMEOUT = urlopts.seconds("connect_timeout", 5.0, "seconds to connect", positive=True)
+#: what redis-py reads from the URL and dumbwaiter lets through (its other
+#: connection arguments either clash with the broker's own, such as
+#: ``decode_responses``, or cannot be written in a URL)
+OPTIONS = urlopts.Table(
+    "redis",
+    [
+        PREFIX,
+        RETENTION,
+        RECONNECT,
+        WAIT_REPLICAS,
+        WAIT_TIMEOUT,
+        SOCKET_TIMEOUT,
+        CONNECT_TIMEOUT,
+        urlopts.integer("db", 0, "database number (or the path: /N)", passthrough=True),
+        urlopts.text("username", None, "ACL user (or user@ in the URL)", passthrough=True),
+        urlopts.text("password", None, "password (or :password@ in the URL)", passthrough=True),
+        urlopts.text("client_name", None, "CLIENT SETNAME of each connection", passthrough=True),
+        urlopts.integer(
+            "health_check_interval", 0, "seconds idle before a PING check", passthrough=True
+        ),
+        urlopts.choice(
+            "ssl_cert_reqs",
+            "required",
+            ("none", "optional", "required"),
+            "server certificate check",
+            passthrough=True,
+            schemes=_TLS,
+        ),
+        *(
+            urlopts.text(name, None, help, passthrough=True, schemes=_TLS)
+            for name, help in (
+                ("ssl_ca_certs", "CA bundle file"),
+                ("ssl_ca_path", "directory of CA certificates"),
+                ("ssl_ca_data", "CA certificates, PEM"),
+                ("ssl_certfile", "client certificate file"),
+                ("ssl_keyfile", "client key file"),
+                ("ssl_password", "password of the client key"),
+                ("ssl_ciphers", "OpenSSL cipher list"),
+            )
+        ),
+        urlopts.flag(
+            "ssl_check_hostname",
+            True,
+            "check the certificate's host name",
+            passthrough=True,
+            schemes=_TLS,
+        ),
+    ],
+    client="redis-py",
+)
+
+
+def parse_url(url: str) -> tuple[str, urlopts.Values]:
+    """Check the URL; split off dumbwaiter's own options (the rest is redis-py's)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss"):
-        raise InvalidURL(f"not a redis URL: {url!r}")
-    ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
-        (ours.__setitem__(k, v) if k in _OPTIONS else theirs.append((k, v)))
-    rest = urlunsplit(parts._replace(query=urlencode(theirs)))
-    return rest, ours
+        raise InvalidURL(f"not a redis URL: {mask_url(url)!r}")
+    opts = OPTIONS.parse(url)
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise InvalidURL(
+            f"redis URL {mask_url(url)!r}: the path names the database, a number "
+            f"(redis://host:6379/0), not {db!r}"
+        )
+    rest = urlunsplit(parts._replace(query=urlencode(opts.client)))
+    return rest, opts
 
 
 class RedisBroker(Broker):
@@ -115,22 +195,19 @@ class RedisBroker(Broker):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         rest, opts = parse_url(url)
-        name = opts.get("prefix") or "default"
-        if any(c in name for c in "{}"):
-            raise InvalidURL(f"redis URL {url!r}: prefix {name!r} must not contain braces")
+        name = opts[PREFIX] or "default"
+        self.retention = opts[RETENTION]
+        #: seconds an enqueue keeps trying while the server is unreachable
+        self.reconnect = opts[RECONNECT]
+        #: an enqueue returns only once this many replicas have its writes
+        #: (``WAIT``), or fails after ``wait_timeout`` seconds
+        self.wait_replicas = opts[WAIT_REPLICAS]
+        self.wait_timeout = opts[WAIT_TIMEOUT]
+        socket_timeout = opts[SOCKET_TIMEOUT]
         try:
-            self.retention = float(opts.get("retention", DEFAULT_RETENTION))
-            #: seconds an enqueue keeps trying while the server is unreachable
-            self.reconnect = float(opts.get("reconnect", 30.0))
-            #: an enqueue returns only once this many replicas have its writes
-            #: (``WAIT``), or fails after ``wait_timeout`` seconds
-            self.wait_replicas = int(opts.get("wait_replicas", 0))
-            self.wait_timeout = float(opts.get("wait_timeout", 1.0))
-            socket_timeout = float(opts.get("socket_timeout", 30.0))
-            connect_timeout = float(opts.get("connect_timeout", 5.0))
-            self._target = Target(rest, socket_timeout, connect_timeout)
-        except ValueError as exc:
-            raise InvalidURL(f"bad option in redis URL {url!r}: {exc}") from None
+            self._target = Target(rest, socket_timeout, opts[CONNECT_TIMEOUT])
+        except ValueError as exc:  # redis-py's own reading of the URL
+            raise InvalidURL(f"redis URL {mask_url(url)!r}: {exc}") from None
         self.socket_timeout = socket_timeout
         #: the hash tag every key of this app starts with
         self.prefix = f"{{dw:{name}}}"

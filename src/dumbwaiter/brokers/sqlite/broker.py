@@ -36,15 +36,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import orjson
 
 from ...errors import ConfigurationError, InvalidURL, LeaseExpired
 from ...flow import window_wait
 from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
+from ...redact import mask_url
 from ...sqldb import Sql
 from ...state import State
+from .. import urlopts
 from ..base import (
     Binding,
     Broker,
@@ -129,23 +131,36 @@ def _apply_schema(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
-def parse_url(url: str) -> tuple[str, dict[str, str]]:
+SYNCHRONOUS = urlopts.choice(
+    "synchronous",
+    "full",
+    list(_SYNC),
+    "producer commits: full fsyncs each enqueue; normal does not",
+)
+RETENTION = urlopts.seconds("retention", DEFAULT_RETENTION, "seconds finished jobs stay visible")
+BUSY_TIMEOUT = urlopts.seconds(
+    "busy_timeout", 30.0, "seconds a connection waits for the write lock"
+)
+OPTIONS = urlopts.Table("sqlite", [SYNCHRONOUS, RETENTION, BUSY_TIMEOUT], check_hosts=False)
+
+
+def parse_url(url: str) -> tuple[str, urlopts.Values]:
     """``sqlite:///rel.db`` is relative, ``sqlite:////abs.db`` absolute."""
     parts = urlsplit(url)
     if parts.scheme != "sqlite":
-        raise InvalidURL(f"not a sqlite URL: {url!r}")
+        raise InvalidURL(f"not a sqlite URL: {mask_url(url)!r}")
     if parts.netloc:
         raise InvalidURL(
-            f"sqlite URL {url!r} has a host part ({parts.netloc!r}); "
+            f"sqlite URL {mask_url(url)!r} has a host part ({mask_url(parts.netloc)!r}); "
             "write sqlite:///relative.db or sqlite:////absolute/path.db"
         )
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     if not path or path == ":memory:":
         raise InvalidURL(
-            f"sqlite URL {url!r} names no database file (an in-memory database cannot be "
+            f"sqlite URL {mask_url(url)!r} names no database file (an in-memory database cannot be "
             "shared by workers; use memory:// for tests)"
         )
-    return path, dict(parse_qsl(parts.query))
+    return path, OPTIONS.parse(url)
 
 
 class SQLiteBroker(Broker):
@@ -157,17 +172,9 @@ class SQLiteBroker(Broker):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.path, opts = parse_url(url)
-        try:
-            self.retention = float(opts.pop("retention", DEFAULT_RETENTION))
-            self.busy_timeout = float(opts.pop("busy_timeout", 30.0))
-            self.producer_sync = _SYNC[opts.pop("synchronous", "full").lower()]
-        except (ValueError, KeyError) as exc:
-            raise InvalidURL(f"bad option in sqlite URL {url!r}: {exc}") from None
-        if opts:
-            raise InvalidURL(
-                f"unknown option(s) {sorted(opts)} in sqlite URL {url!r}; "
-                "known: retention, busy_timeout, synchronous"
-            )
+        self.retention = opts[RETENTION]
+        self.busy_timeout = opts[BUSY_TIMEOUT]
+        self.producer_sync = _SYNC[opts[SYNCHRONOUS]]
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
