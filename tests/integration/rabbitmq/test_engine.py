@@ -27,7 +27,7 @@ from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
 from dumbwaiter.errors import BrokerError
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State
-from tests.conformance.helpers import error, eventually
+from tests.conformance.helpers import error, eventually, fetch_all
 from tests.integration.rabbitmq import server
 from tests.integration.redis.server import new_prefix as redis_prefix
 from tests.integration.redis.server import url as redis_state_url
@@ -1479,3 +1479,84 @@ async def test_a_rescue_whose_publish_failed_is_tried_again_at_once(
     assert await later.rescue() == 1
     [d] = await later.fetch(["default"], 1, 30.0, 10.0, "w-next")
     assert d.id == m.id and d.message is not None and d.message.attempt == 2
+
+
+# -- replay: copies first, records next ------------------------------------------------------
+
+
+async def _dead_jobs(b: RabbitMQBroker, n: int) -> list[str]:
+    """``n`` jobs of ``default``, each dead after its one attempt."""
+    ms = [job(max_attempts=1) for _ in range(n)]
+    await b.enqueue(ms)
+    ds = await fetch_all(b)
+    for d in ds:
+        d.error = error(message="boom")
+    await b.dead(ds)
+    assert sorted(d.id for d in ds) == sorted(m.id for m in ms)
+    return [m.id for m in ms]
+
+
+async def test_a_replays_copy_that_beats_its_record_waits_for_it(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replay`` confirms the new copies, then rewrites the records: a
+    worker handed a copy in between finds its record still dead.  The copy
+    is newer than that record, so it waits for it (it was dropped as a
+    finished job's, and the replayed record stayed ready with no copy, for
+    ever)."""
+    admin, worker = make(), make()
+    await admin.open()
+    await worker.open()
+    ids = await _dead_jobs(admin, 3)
+    real_swap = admin._swap
+
+    async def swap_after_the_worker_looked(planned: Any) -> Any:
+        # every copy is in the lane: the worker judges each against a dead record
+        assert await worker.fetch(["default"], 10, 30.0, 0) == []
+        return await real_swap(planned)
+
+    monkeypatch.setattr(admin, "_swap", swap_after_the_worker_looked)
+    assert await admin.replay(JobFilter(state=State.DEAD)) == 3
+    got: list[str] = []
+    while len(got) < 3:
+        ds = await asyncio.wait_for(worker.fetch(["default"], 10, 30.0, 10.0), 20)
+        assert ds, f"the replayed jobs never came back: {sorted(set(ids) - set(got))}"
+        got += [d.id for d in ds]
+        await worker.ack(ds)
+    assert sorted(got) == sorted(ids)
+
+
+async def test_every_replayed_job_runs_while_a_worker_drains_the_queue(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    """The issue's run: 50 dead jobs replayed while a worker consumes the
+    queue.  Every one of them must run (34 and 40 of 50 did: the rest were
+    dropped as dead before replay's record write and stayed ready with no
+    copy)."""
+    admin, worker = make(), make()
+    await admin.open()
+    await worker.open()
+    ids = await _dead_jobs(admin, 50)
+    ran: set[str] = set()
+
+    async def drain() -> None:
+        while True:
+            ds = await worker.fetch(["default"], 10, 30.0, 1.0)
+            ran.update(d.id for d in ds)
+            await worker.ack(ds)
+
+    draining = asyncio.ensure_future(drain())
+    try:
+        await worker.fetch(["default"], 10, 30.0, 0.05)  # its consumer is on the lane
+        assert await admin.replay(JobFilter(state=State.DEAD)) == 50
+
+        async def succeeded() -> int:
+            infos = [await admin.get(i) for i in ids]
+            return sum(1 for info in infos if info is not None and info.state is State.SUCCEEDED)
+
+        await eventually(succeeded, lambda n: n == 50, timeout=30.0)
+    finally:
+        draining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
+    assert ran == set(ids)

@@ -1255,12 +1255,16 @@ class RabbitMQBroker(Broker):
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if _other_enqueue(_enq_of(raw), rec.enq):
             return _DROP, None  # another enqueue's copy: that one's record won
-        if ver < rec.ver or rec.state in FINAL_STATES:
+        if ver < rec.ver:
             return _DROP, None
         if ver > rec.ver:
+            # judged before the state: a replay's copy is sent while its
+            # record still says dead, and must wait for the record
             ahead = _ahead(raw, m, rec, ver, now)
             if ahead is not None:
                 return ahead
+        elif rec.state in FINAL_STATES:
+            return _DROP, None
         if rec.state is State.RUNNING:
             if not raw.redelivered and "dw-seen" not in raw.headers:
                 return _DROP, None  # a copy sent twice (a publish tried again)
@@ -1993,18 +1997,24 @@ def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict 
     copy wins (``rec`` is then its job's record as the copy makes it).
 
     A copy sent before its record is written (the writer publishes first,
-    so a crash in between loses nothing): wait for the record; if it never
-    comes, its writer died, and the copy wins, but never over a live lease:
-    an admin call whose record write found the job leased since its read
+    so a crash in between loses nothing): wait for the record, whatever
+    state it is in now (``replay`` publishes while the record still says
+    dead; dropped as a dead job's, its copy left the replayed record ready
+    with no copy to serve it).  If the record never comes, its writer died,
+    and the copy wins over a waiting record or a dead one (the replay's),
+    but never over a live lease or a finished job: an admin call or a
+    rescue whose record write found the job leased since its read
     (``_swap``) leaves such a copy behind, and it waits the lease out (the
-    job is then done, retried, rescued or its lease lost, and the copy
-    stale, a twin or the winner)."""
+    job is then done, and the copy dropped; or retried, rescued or its
+    lease lost, and the copy stale, a twin or the winner)."""
     seen = _seen(raw, now)
     if now - seen < RECORD_GRACE:
         if _may_wait(raw, now):
             return _WAIT, None
         rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
         return _PARK, rec
+    if rec.state in (State.SUCCEEDED, State.CANCELLED):
+        return _DROP, None
     if rec.state is State.RUNNING and rec.lease_until > now:
         return _PARK, rec
     rec.ver, rec.msg = ver, m
