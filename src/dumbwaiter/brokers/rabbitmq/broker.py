@@ -1240,18 +1240,7 @@ class RabbitMQBroker(Broker):
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return _DROP, None  # purged: its tombstone outlives its copies
-            # No record: its enqueue is between the publish and a failed
-            # compensation, or the state store lost it (a crash of a store
-            # that does not sync every commit).  Wait a moment for it; then
-            # the copy, which RabbitMQ confirmed, is the truth.
-            seen = _seen(raw, now)
-            if now - seen < RECORD_GRACE:
-                if _may_wait(raw, now):
-                    return _WAIT, None
-                return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
-            return _TAKE, Record(
-                msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
-            )
+            return _unrecorded(raw, m, ver, now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if _other_enqueue(_enq_of(raw), rec.enq):
             return _DROP, None  # another enqueue's copy: that one's record won
@@ -1990,6 +1979,21 @@ async def _after_send(write: Callable[..., Awaitable[T]], *args: Any) -> T:
     and the write overlaps the broker's confirm instead of preceding it."""
     await asyncio.sleep(0)
     return await write(*args)
+
+
+def _unrecorded(raw: Raw, m: Message, ver: int, now: float) -> _Verdict:
+    """``_judge`` of a copy without a record (nor a tombstone): its enqueue
+    is between the publish and a failed compensation, or the state store
+    lost it (a crash of a store that does not sync every commit).  Wait a
+    moment for it; then the copy, which RabbitMQ confirmed, is the truth."""
+    seen = _seen(raw, now)
+    if now - seen < RECORD_GRACE:
+        if _may_wait(raw, now):
+            return _WAIT, None
+        return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
+    return _TAKE, Record(
+        msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
+    )
 
 
 def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict | None:
