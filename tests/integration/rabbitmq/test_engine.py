@@ -1560,3 +1560,115 @@ async def test_every_replayed_job_runs_while_a_worker_drains_the_queue(
         with contextlib.suppress(asyncio.CancelledError):
             await draining
     assert ran == set(ids)
+
+
+# -- messages that are not envelopes -------------------------------------------------------
+
+#: what another AMQP client may put on a job queue: bytes, text, JSON that is
+#: not an envelope (one with a message id), and bytes that are not UTF-8
+_NOT_ENVELOPES = [
+    (b"\x00\x01garbage\x02", None),
+    (b"hello, not json", None),
+    (b'{"order": 17, "note": "an envelope has an id, a kind, a name"}', "their-own-id"),
+    (b"\xff\xfe\xfd not utf-8", None),
+]
+
+
+async def _publish_raw(queue: str, bodies: list[tuple[bytes, str | None]]) -> None:
+    """Put ``bodies`` straight on a lane, as another AMQP client would."""
+    conn = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await conn.channel()
+        for body, message_id in bodies:
+            await ch.basic_publish(
+                body,
+                exchange="",
+                routing_key=queue,
+                properties=spec.Basic.Properties(delivery_mode=2, message_id=message_id),
+            )
+    finally:
+        await conn.close()
+
+
+def _cli(url: str, *args: str) -> Any:
+    """``dumbwaiter ARGS --url URL --json`` in-process: its decoded output."""
+    from click.testing import CliRunner
+
+    from dumbwaiter.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--json", "--url", url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.stdout)
+
+
+async def test_a_message_that_is_not_an_envelope_is_a_dead_job_users_can_see(
+    tmp_path: Path,
+) -> None:
+    """Raw messages put on the queue by another client: the worker
+    dead-letters each (it did, into the DLQ only: ``dlq ls`` showed 0,
+    ``stats`` nothing, ``dlq show`` "no such job").  Now each is a dead job
+    of the state store: listed, counted, shown with its body as it came,
+    put back as it came by a replay (and dead again, under the same id), and
+    purged (out of the DLQ too)."""
+    import dumbwaiter as dw
+
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    app = dw.App(url)
+    admin = app.broker
+    assert isinstance(admin, RabbitMQBroker)
+    await admin.open()
+    await admin.declare(["default"])
+    await _publish_raw(admin.names.lane("default"), _NOT_ENVELOPES)
+
+    async def dead() -> list[Any]:
+        return (await admin.list_jobs(JobFilter(state=State.DEAD))).items
+
+    async def work_until(done: Callable[[list[Any]], bool]) -> list[Any]:
+        worker = dw.Worker(app, queues=("default",), concurrency=2, fetch_wait=0.2)
+        run = asyncio.ensure_future(worker.run())
+        try:
+            return await eventually(dead, done, timeout=30)
+        finally:
+            worker.stop()
+            await run
+
+    try:
+        infos = await work_until(lambda items: len(items) == len(_NOT_ENVELOPES))
+        bodies = {body for body, _ in _NOT_ENVELOPES}
+        assert {i.raw for i in infos} == bodies
+        for info in infos:
+            assert info.message.queue == "default" and info.message.id != "their-own-id"
+            assert info.message.errors[-1].type.endswith("MessageDecodeError")
+            got = await admin.get(info.message.id)
+            assert got is not None and got.state is State.DEAD and got.raw == info.raw
+        [row] = [s for s in await admin.stats() if s.queue == "default"]
+        assert (row.dead, row.ready, row.running) == (len(bodies), 0, 0)
+        dlq = await _read_queue(admin.names.dlq("default"))
+        assert sorted(body for body, _ in dlq) == sorted(bodies)
+
+        # what the issue's user ran: the same answers through the CLI
+        listed = await asyncio.to_thread(_cli, url, "dlq", "ls")
+        assert {i["id"] for i in listed["items"]} == {i.message.id for i in infos}
+        [utf8] = [i for i in infos if i.raw == b"hello, not json"]
+        shown = await asyncio.to_thread(_cli, url, "dlq", "show", utf8.message.id)
+        assert shown["raw"] == "hello, not json" and shown["state"] == "dead"
+        stats = await asyncio.to_thread(_cli, url, "stats")
+        [stat] = [s for s in stats["queues"] if s["queue"] == "default"]
+        assert stat["dead"] == len(bodies)
+
+        # a replay puts the body back as it came; it is dead again, same job
+        assert await admin.replay(JobFilter(ids=(utf8.message.id,))) == 1
+        again = await work_until(
+            lambda items: any(i.message.id == utf8.message.id and i.replays == 1 for i in items)
+        )
+        [back] = [i for i in again if i.message.id == utf8.message.id]
+        assert back.raw == b"hello, not json" and len(back.message.errors) == 2
+        assert len(again) == len(bodies)
+
+        assert await admin.purge(JobFilter(state=State.DEAD)) == len(bodies)
+        assert await dead() == []
+        [row] = [s for s in await admin.stats() if s.queue == "default"]
+        assert row.dead == 0
+        assert await _read_queue(admin.names.dlq("default")) == []
+    finally:
+        await app.aclose()

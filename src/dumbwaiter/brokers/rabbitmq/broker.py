@@ -41,7 +41,16 @@ import orjson
 from pamqp import commands as spec
 
 from ...errors import BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
-from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, encode_checked
+from ...message import (
+    EVENT,
+    TASK,
+    ErrorRecord,
+    Message,
+    decode,
+    encode,
+    encode_checked,
+    uuid7,
+)
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from .. import from_url
 from ..base import (
@@ -181,10 +190,26 @@ def _recheck_due(link: Link) -> None:
 
 def _enq_of(raw: Raw) -> str | None:
     """The token of the enqueue that sent a copy (``dw-e``), if it carries one."""
-    value = raw.headers.get("dw-e")
+    return _text_header(raw, "dw-e")
+
+
+def _text_header(raw: Raw, name: str) -> str | None:
+    """A header of text, whichever AMQP string type carried it; None when it
+    is absent or of another type (a message put on the queue by hand)."""
+    value = raw.headers.get(name)
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return value if isinstance(value, str) else None
+
+
+def _ver_of(raw: Raw) -> int:
+    """A copy's version (``dw-v``); 0 when it carries none, or one that is not
+    a number (a message put on the queue by hand must not fail the fetch)."""
+    value = raw.headers.get("dw-v", 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _other_enqueue(copy: str | None, record: str | None) -> bool:
@@ -529,13 +554,32 @@ class RabbitMQBroker(Broker):
                 headers["x-dw-error-type"] = errs[-1].type
                 headers["x-dw-error-message"] = errs[-1].message[:1000]
         props = spec.Basic.Properties(
-            content_type="application/json",
+            content_type="application/json" if body is None else None,
             delivery_mode=2,
             message_id=None if msg is None else msg.id,
             headers=headers,
         )
         raw = body if body is not None else (encode(msg) if msg is not None else b"")
         return self.names.dlx, queue, raw, props
+
+    def _raw_copy(self, rec: Record) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """A copy of an undecodable message's record (``Record.raw``): its
+        body as it came, to its queue's main lane, naming its record
+        (``dw-raw``) and version: a worker that cannot decode it again
+        dead-letters it under that record, not as a new one."""
+        assert rec.raw is not None
+        props = spec.Basic.Properties(
+            delivery_mode=2,
+            message_id=rec.msg.id,
+            headers={"dw-v": rec.ver, "dw-raw": rec.msg.id},
+        )
+        return "", self.names.lane(rec.msg.queue), rec.raw, props
+
+    def _copy_of(self, rec: Record, run_at: float) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """A new copy of ``rec``'s job at its version, due at ``run_at``."""
+        if rec.raw is not None:
+            return self._raw_copy(rec)
+        return self._copy(rec.msg, rec.ver, run_at)
 
     async def _send(
         self, items: list[tuple[str, str, bytes, spec.Basic.Properties]], persist: bool = False
@@ -1236,7 +1280,7 @@ class RabbitMQBroker(Broker):
         caller's: it needs the binding, read from the state store."""
         k = self.keys
         rec_raw = got.get(k.job + did)
-        ver = int(raw.headers.get("dw-v", 0))
+        ver = _ver_of(raw)
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return _DROP, None  # purged: its tombstone outlives its copies
@@ -1456,13 +1500,70 @@ class RabbitMQBroker(Broker):
             rec.ver += 1
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
-        for d in ds:  # undecodable bodies go to the DLQ as they came
-            if d.message is None and isinstance(d.token, Token):
-                copies.append(self._dead_copy(None, d.queue, d.raw or b""))
+        undecodable = [d for d in ds if d.message is None and isinstance(d.token, Token)]
+        if undecodable:
+            copies += await self._bury(undecodable, now)
         await self._send(copies, True)
         if writes:
             await self._swap(writes)
         await self._finish(ds)
+
+    async def _bury(
+        self, ds: Sequence[Delivery], now: float
+    ) -> list[tuple[str, str, bytes, spec.Basic.Properties]]:
+        """Dead records of messages that are not envelopes, written before
+        their dead letters go to the DLQ (body as it came, error in headers,
+        the record's id as message id, so that ``purge`` and ``replay`` take
+        it out again): a dead job like any other for ``list_jobs``,
+        ``stats``, ``get`` (with the body, ``Record.raw``), ``purge`` and
+        ``replay``.  Kept only in the DLQ, no process but the one that
+        logged it knew of it.  The copies to send.
+
+        A message seen for the first time gets a record of its own (its
+        delivery's new id); one a replay put back (``_raw_copy``) is dead
+        again under its record, only if that record is still the ready one
+        of the copy's version: a second copy of it (a reconcile's), or one
+        purged since, is dropped.  A worker killed between the record and
+        the ack leaves its message to be delivered again: a second record."""
+        k = self.keys
+        gone = k.claim + "gone:"
+        fresh: dict[str, tuple[int, Record]] = {}
+        for d in ds:
+            assert isinstance(d.token, Token)
+            err = d.error or ErrorRecord(
+                time=now,
+                type=f"dumbwaiter.errors.{MessageDecodeError.__name__}",
+                message=d.decode_error or "undecodable body",
+            )
+            stub = Message(
+                id=d.id, kind=TASK, name="?", queue=d.queue, attempt=1, created_at=now, errors=[err]
+            )
+            rec = Record(msg=stub, state=State.DEAD, run_at=now, updated_at=now, raw=d.raw or b"")
+            fresh[d.id] = (d.token.record, rec)
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], list[Record]]:
+            writes: dict[str, bytes] = {}
+            buried: list[Record] = []
+            for id_, (ver, new) in fresh.items():
+                if gone + id_ in got:
+                    continue  # purged after its replay: its copy is dropped
+                old = got.get(k.job + id_)
+                rec = new
+                if old is not None:
+                    rec = Record.load(old)
+                    if rec.raw is None or rec.state is not State.READY or rec.ver != ver:
+                        continue  # a stale copy (a twin, or replayed or purged since)
+                    rec.msg.attempt += 1
+                    rec.msg.errors.append(new.msg.errors[-1])
+                    rec.state, rec.updated_at, rec.raw = State.DEAD, now, new.raw
+                    rec.ver += 1
+                writes[k.job + id_] = rec.dump()
+                buried.append(rec)
+            return writes, buried
+
+        keys = [key for id_ in fresh for key in (k.job + id_, gone + id_)]
+        buried = await self.state.kv_update(keys, decide)
+        return [self._dead_copy(r.msg, r.msg.queue, r.raw) for r in buried]
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
         """Move each lease still this worker's ``lease`` seconds ahead.
@@ -1651,14 +1752,23 @@ class RabbitMQBroker(Broker):
     async def replay(self, filter: JobFilter) -> int:
         """Dead jobs back to ready.  The new copies are confirmed first (a
         crash before the records are written loses nothing: a copy ahead of
-        its record wins after ``RECORD_GRACE``), then the records change in
-        one ``kv_update``, each only if it is still the record read
-        (``_swap``): a job purged or replayed by another call meanwhile is
-        left as that call made it, and its new copy here is dropped (stale,
-        or a second copy of the same version)."""
+        its record waits for it, even while it still says dead, and wins
+        after ``RECORD_GRACE``), then the records change in one
+        ``kv_update``, each only if it is still the record read (``_swap``):
+        a job purged or replayed by another call meanwhile is left as that
+        call made it, and its new copy here is dropped (stale, or a second
+        copy of the same version).
+
+        A dead letter that is not an envelope goes back to its queue as it
+        came, as the SQL brokers put theirs back: its copy is sent after its
+        record (no worker can judge a body it cannot decode against a
+        version, so the record must be ready first; a crash in between
+        leaves a ready record that ``_reconcile`` sends again), and a worker
+        that still cannot decode it dead-letters it under the same record."""
         now = time.time()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
+        raws: dict[str, Record] = {}
         for rec in await self._matching(filter):
             if rec.state is not State.DEAD:
                 continue
@@ -1667,14 +1777,19 @@ class RabbitMQBroker(Broker):
             rec.replays += 1
             rec.ver += 1
             rec.state, rec.run_at, rec.updated_at = State.READY, now, now
-            copies.append(self._copy(rec.msg, rec.ver, now))
-            planned[self.keys.job + rec.msg.id] = (before, rec.dump())
+            key = self.keys.job + rec.msg.id
+            if rec.raw is not None:
+                raws[key] = rec
+            else:
+                copies.append(self._copy(rec.msg, rec.ver, now))
+            planned[key] = (before, rec.dump())
         if not planned:
             return 0
         await self._send(copies, True)
         won = await self._swap(planned)
         if won:
             await self._sweep_dlq({key[len(self.keys.job) :] for key in won})
+        await self._send([self._raw_copy(raws[key]) for key in won if key in raws], True)
         return len(won)
 
     async def _swap(self, planned: Mapping[str, tuple[_Stamp, bytes]]) -> list[str]:
@@ -1949,11 +2064,15 @@ def _parse(
         try:
             m = decode(raw.body)
         except MessageDecodeError as exc:
+            replayed = _text_header(raw, "dw-raw")
             bad.append(
                 Delivery(
-                    id=raw.message_id or f"undecodable-{raw.gen}-{raw.tag}",
+                    # the record of a dead letter a replay put back, or a new
+                    # one's; never the AMQP message id, which may be a job's
+                    # (a damaged copy of it) whose record must stay its own
+                    id=replayed or uuid7(),
                     message=None,
-                    token=Token(0, raw.gen, raw.tag),
+                    token=Token(_ver_of(raw) if replayed else 0, raw.gen, raw.tag),
                     lease_until=lease_until,
                     queue=raw.queue,
                     raw=raw.body,
