@@ -1672,3 +1672,138 @@ async def test_a_message_that_is_not_an_envelope_is_a_dead_job_users_can_see(
         assert await _read_queue(admin.names.dlq("default")) == []
     finally:
         await app.aclose()
+
+
+# -- records without a copy ----------------------------------------------------------------
+
+_PRODUCER_IN_AN_OUTAGE = """
+import asyncio, sys, time
+from dumbwaiter.brokers import from_url
+from dumbwaiter.message import TASK, Message
+
+async def main() -> None:
+    b = from_url(sys.argv[1])
+    await b.open()
+    await b.declare(["default"])
+
+    async def unreachable(*a, **kw):  # RabbitMQ is down: the publish keeps trying
+        await asyncio.Event().wait()
+
+    b._send = unreachable
+    ms = [Message(id=i, kind=TASK, name="t.job", queue="default", created_at=time.time(),
+                  max_attempts=4) for i in sys.argv[2:]]
+    enqueue = asyncio.ensure_future(b.enqueue(ms))  # the records are written meanwhile
+    keys = [b.keys.job + m.id for m in ms]
+    while len(await b.state.kv_get(keys)) < len(keys):
+        assert not enqueue.done()
+        await asyncio.sleep(0.01)
+    print("written", flush=True)
+    await enqueue
+
+asyncio.run(main())
+"""
+
+
+async def test_a_producer_killed_in_an_outage_leaves_records_that_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed while its publish kept trying (RabbitMQ unreachable), after
+    the records were written: ready records with no copy, listed for ever
+    with a growing lag.  A worker's rescue sends their copies again once they
+    have waited past the producer's retry window, and each job runs, once."""
+    import dumbwaiter as dw
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECONCILE_EVERY", 0.2)
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.5)
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db", reconnect="0.5")
+    ids = [uuid7(), uuid7()]
+    script = tmp_path / "producer.py"
+    script.write_text(_PRODUCER_IN_AN_OUTAGE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), url, *ids, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    proc.kill()
+    await proc.wait()
+    assert line.strip() == b"written"
+
+    app = dw.App(url)
+    ran: list[str] = []
+
+    @app.task(name="t.job")
+    def work(ctx: dw.Context) -> None:
+        ran.append(ctx.job_id)
+
+    admin = app.broker
+    assert isinstance(admin, RabbitMQBroker)
+    try:
+        await admin.open()
+        for i in ids:
+            info = await admin.get(i)
+            assert info is not None and info.state is State.READY
+        assert await _ready_copies(admin) == 0  # no copy: nothing would ever run them
+        worker = dw.Worker(app, queues=("default",), concurrency=2, fetch_wait=0.2)
+        run = asyncio.ensure_future(worker.run())
+        try:
+
+            async def states() -> list[State | None]:
+                infos = [await admin.get(i) for i in ids]
+                return [None if info is None else info.state for info in infos]
+
+            await eventually(states, lambda st: st == [State.SUCCEEDED] * 2, timeout=30)
+        finally:
+            worker.stop()
+            await run
+        assert sorted(ran) == sorted(ids)  # each once
+        assert await _ready_copies(admin) == 0
+    finally:
+        await app.aclose()
+
+
+async def test_a_job_sent_again_while_its_first_copy_was_held_still_runs_once(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile cannot tell a lost copy from one held unacked by a
+    consumer (the lane is empty either way): it sends the job's copy again.
+    The two are copies of one version, and the job runs once: the first
+    copy, given back after the job finished, is dropped."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
+    broker.reconnect = 0.0
+    m = job()
+    await broker.enqueue([m])
+    holder = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await holder.channel()
+        held = await ch.basic_get(broker.names.lane("default"), no_ack=False)
+        assert isinstance(held.delivery, spec.Basic.GetOk)  # unacked, on another connection
+        assert await broker.rescue() == 0  # no lease ran out; the reconcile sends the copy
+        assert await _ready_copies(broker) == 1
+        [d] = await broker.fetch(["default"], 10, 30.0, 0)
+        assert d.id == m.id and d.message is not None and d.message.attempt == 1
+        await broker.ack([d])
+    finally:
+        await holder.close()  # the first copy goes back to the lane
+    await eventually(lambda: _ready_copies(broker), lambda n: n == 1)
+    assert await broker.fetch(["default"], 10, 30.0, 0) == []  # judged: a finished job's
+    assert await _ready_copies(broker) == 0
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.message.attempt == 1
+
+
+async def test_a_reconcile_leaves_a_lane_that_holds_messages_alone(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting jobs in a lane with messages may have their copies in it (a
+    backlog): none is sent again, which would put it behind the backlog and
+    grow the queue with every period."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
+    broker.reconnect = 0.0
+    await broker.enqueue([job() for _ in range(3)])
+    assert await broker.rescue() == 0
+    assert await _ready_copies(broker) == 3

@@ -96,6 +96,17 @@ _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
+#: seconds between reconciles of the records with the lanes (``_reconcile``):
+#: each process tries once per period, and one process of the app does it
+RECONCILE_EVERY = 60.0
+#: seconds a job must have been due, beyond its producer's ``reconnect``
+#: window, before a reconcile may send its copy again
+STRANDED_AFTER = 30.0
+#: most copies one reconcile sends (the longest waiting first)
+RECONCILE_MAX = 1000
+#: what a waiting record holds, as ``Record.dump`` writes it: a reconcile
+#: parses only records that contain one
+_WAITING_MARKS = (b'"s":"ready"', b'"s":"scheduled"')
 #: seconds of that a first-seen copy waits in the worker, judged again after
 #: 0.25, 0.5, 1, 2... ms, before it goes to the delay cascade (UNIT and
 #: more): a producer writes a job's record while RabbitMQ stores its copy,
@@ -306,6 +317,8 @@ class RabbitMQBroker(Broker):
         self._declared: set[str] = set()
         self._cascade = False
         self._bindings: list[Binding] = []
+        #: when this process may next try a reconcile (``time.monotonic()``)
+        self._reconcile_at = 0.0
 
     def __repr__(self) -> str:
         return f"<RabbitMQBroker {self.names.prefix} state={self.state!r}>"
@@ -704,7 +717,8 @@ class RabbitMQBroker(Broker):
         ``RECORD_GRACE`` rule: a producer that died between the copy's
         confirm and the record's commit leaves a copy that runs once, from
         itself; one that died after the record and before the publish leaves
-        a record that never runs, as before (its call never returned).
+        a record without a copy (its call never returned), which the
+        reconcile sends again (``_reconcile``).
         """
         due = m.eta if m.eta is not None and m.eta > now else now
         enq = os.urandom(8).hex()
@@ -1616,7 +1630,9 @@ class RabbitMQBroker(Broker):
         """Jobs whose lease ran out (their worker hung or died) get a new copy
         (or go dead); each is claimed once, so rescuers never double it.  The
         dead letters fetches found since the last call are reported (and
-        counted) too; kept for the next call if this one fails."""
+        counted) too; kept for the next call if this one fails.  Once every
+        ``RECONCILE_EVERY`` s, waiting jobs left without a copy get one
+        (``_reconcile``)."""
         found = list(self._found_dead)
         self._found_dead.clear()
         try:
@@ -1624,7 +1640,98 @@ class RabbitMQBroker(Broker):
         except BaseException:
             self._found_dead.extendleft(reversed(found))
             raise
+        if time.monotonic() >= self._reconcile_at:
+            self._reconcile_at = time.monotonic() + RECONCILE_EVERY
+            try:
+                await self._reconcile()
+            except Exception as exc:  # the next period tries again; the leases are done
+                log.warning("rabbitmq reconcile failed: %r; trying again later", exc)
         return Rescued(n + len(found), found + dead)
+
+    async def _reconcile(self) -> int:
+        """Send a copy again for each job whose record waits, due long ago,
+        in a lane RabbitMQ holds no message for: how many were sent.
+
+        Such a record has no copy: its producer was killed while RabbitMQ
+        was unreachable (the record is written while the copy is published,
+        and the publish is tried again for ``reconnect`` s), or its failed
+        enqueue could not delete it again.  Listed for ever, run never.  The
+        record holds the message, so it is sent again, at the record's own
+        version: should the first copy still exist after all (unacked in a
+        worker's buffer), the two are one job's copies of one version, and
+        the ledger runs it once (the second is dropped as a copy sent
+        twice, or as a finished job's).
+
+        Bounded: one process of the app per ``RECONCILE_EVERY`` (a claim in
+        the state store), lanes looked at first (a passive declare each) and
+        the records read only when one is empty; only records waiting in an
+        empty lane (a lane with messages may still hold their copies:
+        sending them again would put them behind the backlog), due more
+        than ``STRANDED_AFTER`` plus ``reconnect`` s ago (the producer has
+        given up, and deleted the record if it could), at most
+        ``RECONCILE_MAX`` of them."""
+        k = self.keys
+        if not await self.state.kv_add(k.claim + "reconcile", b"1", ttl=RECONCILE_EVERY):
+            return 0  # another process of the app does this period's
+        empty = await self._empty_lanes()
+        if not empty:
+            return 0
+        now = time.time()
+        horizon = now - STRANDED_AFTER - self.reconnect
+        stranded: list[Record] = []
+        for raw in (await self.state.kv_scan(k.job)).values():
+            if not any(mark in raw for mark in _WAITING_MARKS):
+                continue  # finished or running: most records, never parsed
+            rec = Record.load(raw)
+            if rec.state not in (State.READY, State.SCHEDULED):
+                continue
+            if max(rec.run_at, rec.updated_at) > horizon:
+                continue
+            lane = topo.MAIN if rec.raw is not None else topo.lane_of(rec.msg.priority)
+            if self.names.lane(rec.msg.queue, lane) in empty:
+                stranded.append(rec)
+        if not stranded:
+            return 0
+        stranded.sort(key=lambda r: r.run_at)
+        stranded = stranded[:RECONCILE_MAX]
+        log.warning(
+            "rabbitmq: %d waiting job(s) had no copy in their lane (their producer died"
+            " before RabbitMQ confirmed it?); sending their copies again: %s",
+            len(stranded),
+            ", ".join(r.msg.id for r in stranded[:10]) + (" ..." if len(stranded) > 10 else ""),
+        )
+        await self._send([self._copy_of(r, now) for r in stranded])
+        return len(stranded)
+
+    async def _empty_lanes(self) -> set[str]:
+        """The lanes (of every queue this app declared) that hold no ready
+        message, by a passive declare each on a channel of its own (a lane
+        that is gone closes it: it is opened again, and that lane skipped)."""
+        k = self.keys
+        lanes = {self.names.lane(q[len(k.queue) :]) for q in await self.state.kv_scan(k.queue)}
+        for key in await self.state.kv_scan(k.lane):
+            queue, lane = key[len(k.lane) :].split("\x1f", 1)
+            lanes.add(self.names.lane(queue, lane))
+        link = await self._link()
+        if link.conn is None or not lanes:
+            return set()
+        empty: set[str] = set()
+        ch = await link.conn.channel()
+        try:
+            for name in sorted(lanes):
+                try:
+                    ok = await ch.queue_declare(name, passive=True)
+                except AMQP_ERRORS:
+                    if not link.ok():
+                        raise
+                    ch = await link.conn.channel()  # the lane is gone: skip it
+                    continue
+                if not ok.message_count:
+                    empty.add(name)
+        finally:
+            if not ch.is_closed:
+                await ch.close()
+        return empty
 
     async def _rescue_leases(self) -> tuple[int, list[DeadLetter]]:
         """``rescue`` of the expired leases: how many, and the dead-lettered."""
