@@ -1545,9 +1545,9 @@ async def test_every_replayed_job_runs_while_a_worker_drains_the_queue(
             ran.update(d.id for d in ds)
             await worker.ack(ds)
 
+    assert await worker.fetch(["default"], 10, 30.0, 0.05) == []  # its consumer is on the lane
     draining = asyncio.ensure_future(drain())
     try:
-        await worker.fetch(["default"], 10, 30.0, 0.05)  # its consumer is on the lane
         assert await admin.replay(JobFilter(state=State.DEAD)) == 50
 
         async def succeeded() -> int:
