@@ -27,7 +27,7 @@ from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
 from dumbwaiter.errors import BrokerError
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State
-from tests.conformance.helpers import error, eventually
+from tests.conformance.helpers import error, eventually, fetch_all
 from tests.integration.rabbitmq import server
 from tests.integration.redis.server import new_prefix as redis_prefix
 from tests.integration.redis.server import url as redis_state_url
@@ -1479,3 +1479,331 @@ async def test_a_rescue_whose_publish_failed_is_tried_again_at_once(
     assert await later.rescue() == 1
     [d] = await later.fetch(["default"], 1, 30.0, 10.0, "w-next")
     assert d.id == m.id and d.message is not None and d.message.attempt == 2
+
+
+# -- replay: copies first, records next ------------------------------------------------------
+
+
+async def _dead_jobs(b: RabbitMQBroker, n: int) -> list[str]:
+    """``n`` jobs of ``default``, each dead after its one attempt."""
+    ms = [job(max_attempts=1) for _ in range(n)]
+    await b.enqueue(ms)
+    ds = await fetch_all(b)
+    for d in ds:
+        d.error = error(message="boom")
+    await b.dead(ds)
+    assert sorted(d.id for d in ds) == sorted(m.id for m in ms)
+    return [m.id for m in ms]
+
+
+async def test_a_replays_copy_that_beats_its_record_waits_for_it(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replay`` confirms the new copies, then rewrites the records: a
+    worker handed a copy in between finds its record still dead.  The copy
+    is newer than that record, so it waits for it (it was dropped as a
+    finished job's, and the replayed record stayed ready with no copy, for
+    ever)."""
+    admin, worker = make(), make()
+    await admin.open()
+    await worker.open()
+    ids = await _dead_jobs(admin, 3)
+    real_swap = admin._swap
+
+    async def swap_after_the_worker_looked(planned: Any) -> Any:
+        # every copy is in the lane: the worker judges each against a dead record
+        assert await worker.fetch(["default"], 10, 30.0, 0) == []
+        return await real_swap(planned)
+
+    monkeypatch.setattr(admin, "_swap", swap_after_the_worker_looked)
+    assert await admin.replay(JobFilter(state=State.DEAD)) == 3
+    got: list[str] = []
+    while len(got) < 3:
+        ds = await asyncio.wait_for(worker.fetch(["default"], 10, 30.0, 10.0), 20)
+        assert ds, f"the replayed jobs never came back: {sorted(set(ids) - set(got))}"
+        got += [d.id for d in ds]
+        await worker.ack(ds)
+    assert sorted(got) == sorted(ids)
+
+
+async def test_every_replayed_job_runs_while_a_worker_drains_the_queue(
+    make: Callable[[], RabbitMQBroker],
+) -> None:
+    """The issue's run: 50 dead jobs replayed while a worker consumes the
+    queue.  Every one of them must run (34 and 40 of 50 did: the rest were
+    dropped as dead before replay's record write and stayed ready with no
+    copy)."""
+    admin, worker = make(), make()
+    await admin.open()
+    await worker.open()
+    ids = await _dead_jobs(admin, 50)
+    ran: set[str] = set()
+
+    async def drain() -> None:
+        while True:
+            ds = await worker.fetch(["default"], 10, 30.0, 1.0)
+            ran.update(d.id for d in ds)
+            await worker.ack(ds)
+
+    assert await worker.fetch(["default"], 10, 30.0, 0.05) == []  # its consumer is on the lane
+    draining = asyncio.ensure_future(drain())
+    try:
+        assert await admin.replay(JobFilter(state=State.DEAD)) == 50
+
+        async def succeeded() -> int:
+            infos = [await admin.get(i) for i in ids]
+            return sum(1 for info in infos if info is not None and info.state is State.SUCCEEDED)
+
+        await eventually(succeeded, lambda n: n == 50, timeout=30.0)
+    finally:
+        draining.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await draining
+    assert ran == set(ids)
+
+
+# -- messages that are not envelopes -------------------------------------------------------
+
+#: what another AMQP client may put on a job queue: bytes, text, JSON that is
+#: not an envelope (one with a message id), and bytes that are not UTF-8
+_NOT_ENVELOPES = [
+    (b"\x00\x01garbage\x02", None),
+    (b"hello, not json", None),
+    (b'{"order": 17, "note": "an envelope has an id, a kind, a name"}', "their-own-id"),
+    (b"\xff\xfe\xfd not utf-8", None),
+]
+
+
+async def _publish_raw(queue: str, bodies: list[tuple[bytes, str | None]]) -> None:
+    """Put ``bodies`` straight on a lane, as another AMQP client would."""
+    conn = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await conn.channel()
+        for body, message_id in bodies:
+            await ch.basic_publish(
+                body,
+                exchange="",
+                routing_key=queue,
+                properties=spec.Basic.Properties(delivery_mode=2, message_id=message_id),
+            )
+    finally:
+        await conn.close()
+
+
+def _cli(url: str, *args: str) -> Any:
+    """``dumbwaiter ARGS --url URL --json`` in-process: its decoded output."""
+    from click.testing import CliRunner
+
+    from dumbwaiter.cli import main
+
+    result = CliRunner().invoke(main, [*args, "--json", "--url", url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.stdout)
+
+
+async def test_a_message_that_is_not_an_envelope_is_a_dead_job_users_can_see(
+    tmp_path: Path,
+) -> None:
+    """Raw messages put on the queue by another client: the worker
+    dead-letters each (it did, into the DLQ only: ``dlq ls`` showed 0,
+    ``stats`` nothing, ``dlq show`` "no such job").  Now each is a dead job
+    of the state store: listed, counted, shown with its body as it came,
+    put back as it came by a replay (and dead again, under the same id), and
+    purged (out of the DLQ too)."""
+    import dumbwaiter as dw
+
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
+    app = dw.App(url)
+    admin = app.broker
+    assert isinstance(admin, RabbitMQBroker)
+    await admin.open()
+    await admin.declare(["default"])
+    await _publish_raw(admin.names.lane("default"), _NOT_ENVELOPES)
+
+    async def dead() -> list[Any]:
+        return (await admin.list_jobs(JobFilter(state=State.DEAD))).items
+
+    async def work_until(done: Callable[[list[Any]], bool]) -> list[Any]:
+        worker = dw.Worker(app, queues=("default",), concurrency=2, fetch_wait=0.2)
+        run = asyncio.ensure_future(worker.run())
+        try:
+            return await eventually(dead, done, timeout=30)
+        finally:
+            worker.stop()
+            await run
+
+    try:
+        infos = await work_until(lambda items: len(items) == len(_NOT_ENVELOPES))
+        bodies = {body for body, _ in _NOT_ENVELOPES}
+        assert {i.raw for i in infos} == bodies
+        for info in infos:
+            assert info.message.queue == "default" and info.message.id != "their-own-id"
+            assert info.message.errors[-1].type.endswith("MessageDecodeError")
+            got = await admin.get(info.message.id)
+            assert got is not None and got.state is State.DEAD and got.raw == info.raw
+        [row] = [s for s in await admin.stats() if s.queue == "default"]
+        assert (row.dead, row.ready, row.running) == (len(bodies), 0, 0)
+        dlq = await _read_queue(admin.names.dlq("default"))
+        assert sorted(body for body, _ in dlq) == sorted(bodies)
+
+        # what the issue's user ran: the same answers through the CLI
+        listed = await asyncio.to_thread(_cli, url, "dlq", "ls")
+        assert {i["id"] for i in listed["items"]} == {i.message.id for i in infos}
+        [utf8] = [i for i in infos if i.raw == b"hello, not json"]
+        shown = await asyncio.to_thread(_cli, url, "dlq", "show", utf8.message.id)
+        assert shown["raw"] == "hello, not json" and shown["state"] == "dead"
+        stats = await asyncio.to_thread(_cli, url, "stats")
+        [stat] = [s for s in stats["queues"] if s["queue"] == "default"]
+        assert stat["dead"] == len(bodies)
+
+        # a replay puts the body back as it came; it is dead again, same job
+        assert await admin.replay(JobFilter(ids=(utf8.message.id,))) == 1
+        again = await work_until(
+            lambda items: any(i.message.id == utf8.message.id and i.replays == 1 for i in items)
+        )
+        [back] = [i for i in again if i.message.id == utf8.message.id]
+        assert back.raw == b"hello, not json" and len(back.message.errors) == 2
+        assert len(again) == len(bodies)
+
+        assert await admin.purge(JobFilter(state=State.DEAD)) == len(bodies)
+        assert await dead() == []
+        [row] = [s for s in await admin.stats() if s.queue == "default"]
+        assert row.dead == 0
+        assert await _read_queue(admin.names.dlq("default")) == []
+    finally:
+        await app.aclose()
+
+
+# -- records without a copy ----------------------------------------------------------------
+
+_PRODUCER_IN_AN_OUTAGE = """
+import asyncio, sys, time
+from dumbwaiter.brokers import from_url
+from dumbwaiter.message import TASK, Message
+
+async def main() -> None:
+    b = from_url(sys.argv[1])
+    await b.open()
+    await b.declare(["default"])
+
+    async def unreachable(*a, **kw):  # RabbitMQ is down: the publish keeps trying
+        await asyncio.Event().wait()
+
+    b._send = unreachable
+    ms = [Message(id=i, kind=TASK, name="t.job", queue="default", created_at=time.time(),
+                  max_attempts=4) for i in sys.argv[2:]]
+    enqueue = asyncio.ensure_future(b.enqueue(ms))  # the records are written meanwhile
+    keys = [b.keys.job + m.id for m in ms]
+    while len(await b.state.kv_get(keys)) < len(keys):
+        assert not enqueue.done()
+        await asyncio.sleep(0.01)
+    print("written", flush=True)
+    await enqueue
+
+asyncio.run(main())
+"""
+
+
+async def test_a_producer_killed_in_an_outage_leaves_records_that_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILLed while its publish kept trying (RabbitMQ unreachable), after
+    the records were written: ready records with no copy, listed for ever
+    with a growing lag.  A worker's rescue sends their copies again once they
+    have waited past the producer's retry window, and each job runs, once."""
+    import dumbwaiter as dw
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "RECONCILE_EVERY", 0.2)
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.5)
+    url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db", reconnect="0.5")
+    ids = [uuid7(), uuid7()]
+    script = tmp_path / "producer.py"
+    script.write_text(_PRODUCER_IN_AN_OUTAGE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), url, *ids, stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    proc.kill()
+    await proc.wait()
+    assert line.strip() == b"written"
+
+    app = dw.App(url)
+    ran: list[str] = []
+
+    @app.task(name="t.job")
+    def work(ctx: dw.Context) -> None:
+        ran.append(ctx.job_id)
+
+    admin = app.broker
+    assert isinstance(admin, RabbitMQBroker)
+    try:
+        await admin.open()
+        for i in ids:
+            info = await admin.get(i)
+            assert info is not None and info.state is State.READY
+        assert await _ready_copies(admin) == 0  # no copy: nothing would ever run them
+        worker = dw.Worker(app, queues=("default",), concurrency=2, fetch_wait=0.2)
+        run = asyncio.ensure_future(worker.run())
+        try:
+
+            async def states() -> list[State | None]:
+                infos = [await admin.get(i) for i in ids]
+                return [None if info is None else info.state for info in infos]
+
+            await eventually(states, lambda st: st == [State.SUCCEEDED] * 2, timeout=30)
+        finally:
+            worker.stop()
+            await run
+        assert sorted(ran) == sorted(ids)  # each once
+        assert await _ready_copies(admin) == 0
+    finally:
+        await app.aclose()
+
+
+async def test_a_job_sent_again_while_its_first_copy_was_held_still_runs_once(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile cannot tell a lost copy from one held unacked by a
+    consumer (the lane is empty either way): it sends the job's copy again.
+    The two are copies of one version, and the job runs once: the first
+    copy, given back after the job finished, is dropped."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
+    broker.reconnect = 0.0
+    m = job()
+    await broker.enqueue([m])
+    holder = await aiormq.connect(server.amqp_base())
+    try:
+        ch = await holder.channel()
+        held = await ch.basic_get(broker.names.lane("default"), no_ack=False)
+        assert isinstance(held.delivery, spec.Basic.GetOk)  # unacked, on another connection
+        assert await broker.rescue() == 0  # no lease ran out; the reconcile sends the copy
+        assert await _ready_copies(broker) == 1
+        [d] = await broker.fetch(["default"], 10, 30.0, 0)
+        assert d.id == m.id and d.message is not None and d.message.attempt == 1
+        await broker.ack([d])
+    finally:
+        await holder.close()  # the first copy goes back to the lane
+    await eventually(lambda: _ready_copies(broker), lambda n: n == 1)
+    assert await broker.fetch(["default"], 10, 30.0, 0) == []  # judged: a finished job's
+    assert await _ready_copies(broker) == 0
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.message.attempt == 1
+
+
+async def test_a_reconcile_leaves_a_lane_that_holds_messages_alone(
+    broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting jobs in a lane with messages may have their copies in it (a
+    backlog): none is sent again, which would put it behind the backlog and
+    grow the queue with every period."""
+    from dumbwaiter.brokers.rabbitmq import broker as module
+
+    monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
+    broker.reconnect = 0.0
+    await broker.enqueue([job() for _ in range(3)])
+    assert await broker.rescue() == 0
+    assert await _ready_copies(broker) == 3

@@ -41,7 +41,16 @@ import orjson
 from pamqp import commands as spec
 
 from ...errors import BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
-from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, encode_checked
+from ...message import (
+    EVENT,
+    TASK,
+    ErrorRecord,
+    Message,
+    decode,
+    encode,
+    encode_checked,
+    uuid7,
+)
 from ...redact import mask_url
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from .. import from_url, urlopts
@@ -78,6 +87,17 @@ _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 SURE = 1.0
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
+#: seconds between reconciles of the records with the lanes (``_reconcile``):
+#: each process tries once per period, and one process of the app does it
+RECONCILE_EVERY = 60.0
+#: seconds a job must have been due, beyond its producer's ``reconnect``
+#: window, before a reconcile may send its copy again
+STRANDED_AFTER = 30.0
+#: most copies one reconcile sends (the longest waiting first)
+RECONCILE_MAX = 1000
+#: what a waiting record holds, as ``Record.dump`` writes it: a reconcile
+#: parses only records that contain one
+_WAITING_MARKS = (b'"s":"ready"', b'"s":"scheduled"')
 #: seconds of that a first-seen copy waits in the worker, judged again after
 #: 0.25, 0.5, 1, 2... ms, before it goes to the delay cascade (UNIT and
 #: more): a producer writes a job's record while RabbitMQ stores its copy,
@@ -172,10 +192,26 @@ def _recheck_due(link: Link) -> None:
 
 def _enq_of(raw: Raw) -> str | None:
     """The token of the enqueue that sent a copy (``dw-e``), if it carries one."""
-    value = raw.headers.get("dw-e")
+    return _text_header(raw, "dw-e")
+
+
+def _text_header(raw: Raw, name: str) -> str | None:
+    """A header of text, whichever AMQP string type carried it; None when it
+    is absent or of another type (a message put on the queue by hand)."""
+    value = raw.headers.get(name)
     if isinstance(value, bytes):
         return value.decode(errors="replace")
     return value if isinstance(value, str) else None
+
+
+def _ver_of(raw: Raw) -> int:
+    """A copy's version (``dw-v``); 0 when it carries none, or one that is not
+    a number (a message put on the queue by hand must not fail the fetch)."""
+    value = raw.headers.get("dw-v", 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _other_enqueue(copy: str | None, record: str | None) -> bool:
@@ -314,6 +350,8 @@ class RabbitMQBroker(Broker):
         self._declared: set[str] = set()
         self._cascade = False
         self._bindings: list[Binding] = []
+        #: when this process may next try a reconcile (``time.monotonic()``)
+        self._reconcile_at = 0.0
 
     def __repr__(self) -> str:
         return f"<RabbitMQBroker {self.names.prefix} state={self.state!r}>"
@@ -562,13 +600,32 @@ class RabbitMQBroker(Broker):
                 headers["x-dw-error-type"] = errs[-1].type
                 headers["x-dw-error-message"] = errs[-1].message[:1000]
         props = spec.Basic.Properties(
-            content_type="application/json",
+            content_type="application/json" if body is None else None,
             delivery_mode=2,
             message_id=None if msg is None else msg.id,
             headers=headers,
         )
         raw = body if body is not None else (encode(msg) if msg is not None else b"")
         return self.names.dlx, queue, raw, props
+
+    def _raw_copy(self, rec: Record) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """A copy of an undecodable message's record (``Record.raw``): its
+        body as it came, to its queue's main lane, naming its record
+        (``dw-raw``) and version: a worker that cannot decode it again
+        dead-letters it under that record, not as a new one."""
+        assert rec.raw is not None
+        props = spec.Basic.Properties(
+            delivery_mode=2,
+            message_id=rec.msg.id,
+            headers={"dw-v": rec.ver, "dw-raw": rec.msg.id},
+        )
+        return "", self.names.lane(rec.msg.queue), rec.raw, props
+
+    def _copy_of(self, rec: Record, run_at: float) -> tuple[str, str, bytes, spec.Basic.Properties]:
+        """A new copy of ``rec``'s job at its version, due at ``run_at``."""
+        if rec.raw is not None:
+            return self._raw_copy(rec)
+        return self._copy(rec.msg, rec.ver, run_at)
 
     async def _send(
         self, items: list[tuple[str, str, bytes, spec.Basic.Properties]], persist: bool = False
@@ -693,7 +750,8 @@ class RabbitMQBroker(Broker):
         ``RECORD_GRACE`` rule: a producer that died between the copy's
         confirm and the record's commit leaves a copy that runs once, from
         itself; one that died after the record and before the publish leaves
-        a record that never runs, as before (its call never returned).
+        a record without a copy (its call never returned), which the
+        reconcile sends again (``_reconcile``).
         """
         due = m.eta if m.eta is not None and m.eta > now else now
         enq = os.urandom(8).hex()
@@ -1269,31 +1327,24 @@ class RabbitMQBroker(Broker):
         caller's: it needs the binding, read from the state store."""
         k = self.keys
         rec_raw = got.get(k.job + did)
-        ver = int(raw.headers.get("dw-v", 0))
+        ver = _ver_of(raw)
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return _DROP, None  # purged: its tombstone outlives its copies
-            # No record: its enqueue is between the publish and a failed
-            # compensation, or the state store lost it (a crash of a store
-            # that does not sync every commit).  Wait a moment for it; then
-            # the copy, which RabbitMQ confirmed, is the truth.
-            seen = _seen(raw, now)
-            if now - seen < RECORD_GRACE:
-                if _may_wait(raw, now):
-                    return _WAIT, None
-                return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
-            return _TAKE, Record(
-                msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
-            )
+            return _unrecorded(raw, m, ver, now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if _other_enqueue(_enq_of(raw), rec.enq):
             return _DROP, None  # another enqueue's copy: that one's record won
-        if ver < rec.ver or rec.state in FINAL_STATES:
+        if ver < rec.ver:
             return _DROP, None
         if ver > rec.ver:
+            # judged before the state: a replay's copy is sent while its
+            # record still says dead, and must wait for the record
             ahead = _ahead(raw, m, rec, ver, now)
             if ahead is not None:
                 return ahead
+        elif rec.state in FINAL_STATES:
+            return _DROP, None
         if rec.state is State.RUNNING:
             if not raw.redelivered and "dw-seen" not in raw.headers:
                 return _DROP, None  # a copy sent twice (a publish tried again)
@@ -1496,13 +1547,70 @@ class RabbitMQBroker(Broker):
             rec.ver += 1
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
-        for d in ds:  # undecodable bodies go to the DLQ as they came
-            if d.message is None and isinstance(d.token, Token):
-                copies.append(self._dead_copy(None, d.queue, d.raw or b""))
+        undecodable = [d for d in ds if d.message is None and isinstance(d.token, Token)]
+        if undecodable:
+            copies += await self._bury(undecodable, now)
         await self._send(copies, True)
         if writes:
             await self._swap(writes)
         await self._finish(ds)
+
+    async def _bury(
+        self, ds: Sequence[Delivery], now: float
+    ) -> list[tuple[str, str, bytes, spec.Basic.Properties]]:
+        """Dead records of messages that are not envelopes, written before
+        their dead letters go to the DLQ (body as it came, error in headers,
+        the record's id as message id, so that ``purge`` and ``replay`` take
+        it out again): a dead job like any other for ``list_jobs``,
+        ``stats``, ``get`` (with the body, ``Record.raw``), ``purge`` and
+        ``replay``.  Kept only in the DLQ, no process but the one that
+        logged it knew of it.  The copies to send.
+
+        A message seen for the first time gets a record of its own (its
+        delivery's new id); one a replay put back (``_raw_copy``) is dead
+        again under its record, only if that record is still the ready one
+        of the copy's version: a second copy of it (a reconcile's), or one
+        purged since, is dropped.  A worker killed between the record and
+        the ack leaves its message to be delivered again: a second record."""
+        k = self.keys
+        gone = k.claim + "gone:"
+        fresh: dict[str, tuple[int, Record]] = {}
+        for d in ds:
+            assert isinstance(d.token, Token)
+            err = d.error or ErrorRecord(
+                time=now,
+                type=f"dumbwaiter.errors.{MessageDecodeError.__name__}",
+                message=d.decode_error or "undecodable body",
+            )
+            stub = Message(
+                id=d.id, kind=TASK, name="?", queue=d.queue, attempt=1, created_at=now, errors=[err]
+            )
+            rec = Record(msg=stub, state=State.DEAD, run_at=now, updated_at=now, raw=d.raw or b"")
+            fresh[d.id] = (d.token.record, rec)
+
+        def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], list[Record]]:
+            writes: dict[str, bytes] = {}
+            buried: list[Record] = []
+            for id_, (ver, new) in fresh.items():
+                if gone + id_ in got:
+                    continue  # purged after its replay: its copy is dropped
+                old = got.get(k.job + id_)
+                rec = new
+                if old is not None:
+                    rec = Record.load(old)
+                    if rec.raw is None or rec.state is not State.READY or rec.ver != ver:
+                        continue  # a stale copy (a twin, or replayed or purged since)
+                    rec.msg.attempt += 1
+                    rec.msg.errors.append(new.msg.errors[-1])
+                    rec.state, rec.updated_at, rec.raw = State.DEAD, now, new.raw
+                    rec.ver += 1
+                writes[k.job + id_] = rec.dump()
+                buried.append(rec)
+            return writes, buried
+
+        keys = [key for id_ in fresh for key in (k.job + id_, gone + id_)]
+        buried = await self.state.kv_update(keys, decide)
+        return [self._dead_copy(r.msg, r.msg.queue, r.raw) for r in buried]
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
         """Move each lease still this worker's ``lease`` seconds ahead.
@@ -1555,7 +1663,9 @@ class RabbitMQBroker(Broker):
         """Jobs whose lease ran out (their worker hung or died) get a new copy
         (or go dead); each is claimed once, so rescuers never double it.  The
         dead letters fetches found since the last call are reported (and
-        counted) too; kept for the next call if this one fails."""
+        counted) too; kept for the next call if this one fails.  Once every
+        ``RECONCILE_EVERY`` s, waiting jobs left without a copy get one
+        (``_reconcile``)."""
         found = list(self._found_dead)
         self._found_dead.clear()
         try:
@@ -1563,7 +1673,98 @@ class RabbitMQBroker(Broker):
         except BaseException:
             self._found_dead.extendleft(reversed(found))
             raise
+        if time.monotonic() >= self._reconcile_at:
+            self._reconcile_at = time.monotonic() + RECONCILE_EVERY
+            try:
+                await self._reconcile()
+            except Exception as exc:  # the next period tries again; the leases are done
+                log.warning("rabbitmq reconcile failed: %r; trying again later", exc)
         return Rescued(n + len(found), found + dead)
+
+    async def _reconcile(self) -> int:
+        """Send a copy again for each job whose record waits, due long ago,
+        in a lane RabbitMQ holds no message for: how many were sent.
+
+        Such a record has no copy: its producer was killed while RabbitMQ
+        was unreachable (the record is written while the copy is published,
+        and the publish is tried again for ``reconnect`` s), or its failed
+        enqueue could not delete it again.  Listed for ever, run never.  The
+        record holds the message, so it is sent again, at the record's own
+        version: should the first copy still exist after all (unacked in a
+        worker's buffer), the two are one job's copies of one version, and
+        the ledger runs it once (the second is dropped as a copy sent
+        twice, or as a finished job's).
+
+        Bounded: one process of the app per ``RECONCILE_EVERY`` (a claim in
+        the state store), lanes looked at first (a passive declare each) and
+        the records read only when one is empty; only records waiting in an
+        empty lane (a lane with messages may still hold their copies:
+        sending them again would put them behind the backlog), due more
+        than ``STRANDED_AFTER`` plus ``reconnect`` s ago (the producer has
+        given up, and deleted the record if it could), at most
+        ``RECONCILE_MAX`` of them."""
+        k = self.keys
+        if not await self.state.kv_add(k.claim + "reconcile", b"1", ttl=RECONCILE_EVERY):
+            return 0  # another process of the app does this period's
+        empty = await self._empty_lanes()
+        if not empty:
+            return 0
+        now = time.time()
+        horizon = now - STRANDED_AFTER - self.reconnect
+        stranded: list[Record] = []
+        for raw in (await self.state.kv_scan(k.job)).values():
+            if not any(mark in raw for mark in _WAITING_MARKS):
+                continue  # finished or running: most records, never parsed
+            rec = Record.load(raw)
+            if rec.state not in (State.READY, State.SCHEDULED):
+                continue
+            if max(rec.run_at, rec.updated_at) > horizon:
+                continue
+            lane = topo.MAIN if rec.raw is not None else topo.lane_of(rec.msg.priority)
+            if self.names.lane(rec.msg.queue, lane) in empty:
+                stranded.append(rec)
+        if not stranded:
+            return 0
+        stranded.sort(key=lambda r: r.run_at)
+        stranded = stranded[:RECONCILE_MAX]
+        log.warning(
+            "rabbitmq: %d waiting job(s) had no copy in their lane (their producer died"
+            " before RabbitMQ confirmed it?); sending their copies again: %s",
+            len(stranded),
+            ", ".join(r.msg.id for r in stranded[:10]) + (" ..." if len(stranded) > 10 else ""),
+        )
+        await self._send([self._copy_of(r, now) for r in stranded])
+        return len(stranded)
+
+    async def _empty_lanes(self) -> set[str]:
+        """The lanes (of every queue this app declared) that hold no ready
+        message, by a passive declare each on a channel of its own (a lane
+        that is gone closes it: it is opened again, and that lane skipped)."""
+        k = self.keys
+        lanes = {self.names.lane(q[len(k.queue) :]) for q in await self.state.kv_scan(k.queue)}
+        for key in await self.state.kv_scan(k.lane):
+            queue, lane = key[len(k.lane) :].split("\x1f", 1)
+            lanes.add(self.names.lane(queue, lane))
+        link = await self._link()
+        if link.conn is None or not lanes:
+            return set()
+        empty: set[str] = set()
+        ch = await link.conn.channel()
+        try:
+            for name in sorted(lanes):
+                try:
+                    ok = await ch.queue_declare(name, passive=True)
+                except AMQP_ERRORS:
+                    if not link.ok():
+                        raise
+                    ch = await link.conn.channel()  # the lane is gone: skip it
+                    continue
+                if not ok.message_count:
+                    empty.add(name)
+        finally:
+            if not ch.is_closed:
+                await ch.close()
+        return empty
 
     async def _rescue_leases(self) -> tuple[int, list[DeadLetter]]:
         """``rescue`` of the expired leases: how many, and the dead-lettered."""
@@ -1691,14 +1892,23 @@ class RabbitMQBroker(Broker):
     async def replay(self, filter: JobFilter) -> int:
         """Dead jobs back to ready.  The new copies are confirmed first (a
         crash before the records are written loses nothing: a copy ahead of
-        its record wins after ``RECORD_GRACE``), then the records change in
-        one ``kv_update``, each only if it is still the record read
-        (``_swap``): a job purged or replayed by another call meanwhile is
-        left as that call made it, and its new copy here is dropped (stale,
-        or a second copy of the same version)."""
+        its record waits for it, even while it still says dead, and wins
+        after ``RECORD_GRACE``), then the records change in one
+        ``kv_update``, each only if it is still the record read (``_swap``):
+        a job purged or replayed by another call meanwhile is left as that
+        call made it, and its new copy here is dropped (stale, or a second
+        copy of the same version).
+
+        A dead letter that is not an envelope goes back to its queue as it
+        came, as the SQL brokers put theirs back: its copy is sent after its
+        record (no worker can judge a body it cannot decode against a
+        version, so the record must be ready first; a crash in between
+        leaves a ready record that ``_reconcile`` sends again), and a worker
+        that still cannot decode it dead-letters it under the same record."""
         now = time.time()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
+        raws: dict[str, Record] = {}
         for rec in await self._matching(filter):
             if rec.state is not State.DEAD:
                 continue
@@ -1707,14 +1917,19 @@ class RabbitMQBroker(Broker):
             rec.replays += 1
             rec.ver += 1
             rec.state, rec.run_at, rec.updated_at = State.READY, now, now
-            copies.append(self._copy(rec.msg, rec.ver, now))
-            planned[self.keys.job + rec.msg.id] = (before, rec.dump())
+            key = self.keys.job + rec.msg.id
+            if rec.raw is not None:
+                raws[key] = rec
+            else:
+                copies.append(self._copy(rec.msg, rec.ver, now))
+            planned[key] = (before, rec.dump())
         if not planned:
             return 0
         await self._send(copies, True)
         won = await self._swap(planned)
         if won:
             await self._sweep_dlq({key[len(self.keys.job) :] for key in won})
+        await self._send([self._raw_copy(raws[key]) for key in won if key in raws], True)
         return len(won)
 
     async def _swap(self, planned: Mapping[str, tuple[_Stamp, bytes]]) -> list[str]:
@@ -1989,11 +2204,15 @@ def _parse(
         try:
             m = decode(raw.body)
         except MessageDecodeError as exc:
+            replayed = _text_header(raw, "dw-raw")
             bad.append(
                 Delivery(
-                    id=raw.message_id or f"undecodable-{raw.gen}-{raw.tag}",
+                    # the record of a dead letter a replay put back, or a new
+                    # one's; never the AMQP message id, which may be a job's
+                    # (a damaged copy of it) whose record must stay its own
+                    id=replayed or uuid7(),
                     message=None,
-                    token=Token(0, raw.gen, raw.tag),
+                    token=Token(_ver_of(raw) if replayed else 0, raw.gen, raw.tag),
                     lease_until=lease_until,
                     queue=raw.queue,
                     raw=raw.body,
@@ -2021,23 +2240,44 @@ async def _after_send(write: Callable[..., Awaitable[T]], *args: Any) -> T:
     return await write(*args)
 
 
+def _unrecorded(raw: Raw, m: Message, ver: int, now: float) -> _Verdict:
+    """``_judge`` of a copy without a record (nor a tombstone): its enqueue
+    is between the publish and a failed compensation, or the state store
+    lost it (a crash of a store that does not sync every commit).  Wait a
+    moment for it; then the copy, which RabbitMQ confirmed, is the truth."""
+    seen = _seen(raw, now)
+    if now - seen < RECORD_GRACE:
+        if _may_wait(raw, now):
+            return _WAIT, None
+        return _PARK, Record(msg=m, state=State.SCHEDULED, run_at=now + topo.UNIT)
+    return _TAKE, Record(
+        msg=m, state=State.READY, ver=ver, run_at=now, updated_at=now, enq=_enq_of(raw)
+    )
+
+
 def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> _Verdict | None:
     """``_judge`` of a copy newer than its record: a verdict, or None when the
     copy wins (``rec`` is then its job's record as the copy makes it).
 
     A copy sent before its record is written (the writer publishes first,
-    so a crash in between loses nothing): wait for the record; if it never
-    comes, its writer died, and the copy wins, but never over a live lease:
-    an admin call whose record write found the job leased since its read
+    so a crash in between loses nothing): wait for the record, whatever
+    state it is in now (``replay`` publishes while the record still says
+    dead; dropped as a dead job's, its copy left the replayed record ready
+    with no copy to serve it).  If the record never comes, its writer died,
+    and the copy wins over a waiting record or a dead one (the replay's),
+    but never over a live lease or a finished job: an admin call or a
+    rescue whose record write found the job leased since its read
     (``_swap``) leaves such a copy behind, and it waits the lease out (the
-    job is then done, retried, rescued or its lease lost, and the copy
-    stale, a twin or the winner)."""
+    job is then done, and the copy dropped; or retried, rescued or its
+    lease lost, and the copy stale, a twin or the winner)."""
     seen = _seen(raw, now)
     if now - seen < RECORD_GRACE:
         if _may_wait(raw, now):
             return _WAIT, None
         rec.state, rec.run_at = State.SCHEDULED, now + topo.UNIT
         return _PARK, rec
+    if rec.state in (State.SUCCEEDED, State.CANCELLED):
+        return _DROP, None
     if rec.state is State.RUNNING and rec.lease_until > now:
         return _PARK, rec
     rec.ver, rec.msg = ver, m

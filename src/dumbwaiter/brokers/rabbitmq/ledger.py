@@ -11,6 +11,7 @@ lease.  A copy that arrives with an older version than its record is stale
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,11 @@ class Record:
     #: None in a record a version before the tokens wrote or rewrote (its
     #: copies are then judged by their version alone)
     enq: str | None = None
+    #: the body of a message that is not an envelope (``msg`` is then a stub
+    #: naming its id, queue and the decode error): kept, as the SQL brokers
+    #: keep theirs, so that ``get`` shows what was on the queue, and put
+    #: back on the queue as it came by a replay
+    raw: bytes | None = None
 
     def dump(self) -> bytes:
         d: dict[str, Any] = {
@@ -81,6 +87,8 @@ class Record:
             d["x"] = self.result.decode()
         if self.enq is not None:
             d["e"] = self.enq
+        if self.raw is not None:
+            d["b"] = base64.b64encode(self.raw).decode()  # any bytes, not only UTF-8
         return orjson.dumps(d)
 
     @classmethod
@@ -90,6 +98,7 @@ class Record:
         copy carries, so the fetch path takes that one and skips a parse."""
         d = orjson.loads(raw)
         x = d.get("x")
+        b = d.get("b")
         same = copy is not None and d["v"] == ver and d["s"] in _WAITING
         return cls(
             msg=copy if same and copy is not None else from_dict(d["m"]),
@@ -103,6 +112,7 @@ class Record:
             result=None if x is None else x.encode(),
             replays=int(d.get("p") or 0),
             enq=d.get("e"),
+            raw=None if b is None else base64.b64decode(b),
         )
 
     def shown_state(self, now: float) -> State:
@@ -125,6 +135,7 @@ class Record:
             lease_until=self.lease_until if self.state is State.RUNNING else None,
             result=self.result,
             replays=self.replays,
+            raw=self.raw,
         )
 
 
