@@ -97,8 +97,9 @@ class SendOptions:
 
 
 _NO_OPTIONS = SendOptions()
-#: argument types JSON carries as they are (floats need the NaN check, ints the range check)
-_SCALARS = frozenset({str, bool, type(None)})
+#: argument types JSON carries as they are (floats need the NaN check, ints the
+#: range check, strings the ASCII one: a lone surrogate cannot be UTF-8)
+_SCALARS = frozenset({bool, type(None)})
 #: the integers JSON carries here (the range ``check_json`` accepts)
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 #: ids ``messages`` takes from ``uuid7_many`` at a time
@@ -261,7 +262,14 @@ class Task:
                 arglist = []
             else:
                 args, kwargs = (call,), {}
-                if not (single and (t in _SCALARS or (t is int and _INT_MIN <= call <= _INT_MAX))):
+                if not (
+                    single
+                    and (
+                        call.isascii()
+                        if t is str
+                        else t in _SCALARS or (t is int and _INT_MIN <= call <= _INT_MAX)
+                    )
+                ):
                     self.check_arguments(args, kwargs)
                 arglist = [call]
             if next_id == len(ids):
@@ -382,7 +390,10 @@ class Task:
             # the common call, f(1, "x"), without inspect's general (slow) bind
             for pname, value in zip(fast[1], args, strict=False):
                 t = type(value)  # plain values need no walk
-                if t in _SCALARS or (t is int and _INT_MIN <= value <= _INT_MAX):
+                if t is str:
+                    if value.isascii():  # a non-ASCII one may hold a lone surrogate
+                        continue
+                elif t in _SCALARS or (t is int and _INT_MIN <= value <= _INT_MAX):
                     continue
                 check_json(value, f"argument {pname!r} of {self.name}()")
             return
