@@ -538,6 +538,11 @@ def test_enqueue_with_only_a_url_builds_the_message(url: str) -> None:
         (["--args", '{"a": 1}'], "must be a JSON array"),
         (["--kwargs", "[1]"], "must be a JSON object"),
         (["--args", "[NaN]"], "not valid JSON"),
+        (["--args", "[1e400]"], "beyond a double's range"),
+        # orjson would read these as floats; the API refuses the integers
+        (["--args", "[18446744073709551616]"], "the integer 18446744073709551616 does not fit"),
+        (["--kwargs", '{"n": -9223372036854775809}'], "does not fit in 64 bits"),
+        (["--args", '["\\ud800"]'], "lone surrogate"),
     ],
 )
 def test_enqueue_bad_json_is_a_usage_error(url: str, args: Sequence[str], message: str) -> None:
@@ -546,6 +551,20 @@ def test_enqueue_bad_json_is_a_usage_error(url: str, args: Sequence[str], messag
     assert message in result.stderr
     assert "Traceback" not in result.output
     assert js(cli(url, "jobs", "ls", "--json"))["items"] == []
+
+
+def test_enqueue_refuses_what_the_api_refuses_with_its_error(url: str) -> None:
+    """A number the API refuses (over 64 bits) is refused by the CLI with the
+    API's own message, instead of reaching the task as a float."""
+    with pytest.raises(dw.SerializationError) as api:
+        with_app(lambda app: app.tasks[ADD].aenqueue(2**64, 1))
+    result = cli_app("enqueue", ADD, "--args", "[18446744073709551616, 1]")
+    assert result.exit_code == 2
+    assert str(api.value) in result.stderr
+    exact = js(cli(url, "enqueue", "elsewhere.task", "--args", "[18446744073709551615]", "--json"))
+    info = get(exact["id"])
+    assert info is not None and info.message.args == [2**64 - 1]  # the largest, exact
+    assert len(js(cli(url, "jobs", "ls", "--json"))["items"]) == 1
 
 
 # -- end to end with a real worker -----------------------------------------------------

@@ -11,17 +11,18 @@ a traceback.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import click
-import orjson
 from rich.text import Text
 
 from ..app import App
 from ..brokers.base import Broker, QueueStats
-from ..errors import DumbwaiterError, InvalidArguments
+from ..errors import DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
 from ..task import Task
 from .common import app_options, resolve_app
@@ -102,10 +103,8 @@ def json_option(
 
     def convert(ctx: click.Context, param: click.Parameter, value: str) -> Any:
         try:
-            # orjson, unlike json, refuses NaN/Infinity and integers over 64 bits,
-            # which no engine could carry either
-            parsed = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
+            parsed = _exact_json(value)
+        except ValueError as exc:
             raise click.BadParameter(f"not valid JSON ({exc}): {value!r}", ctx, param) from None
         if not isinstance(parsed, kind):
             want = "array, e.g. '[1, \"a\"]'" if kind is list else "object, e.g. '{\"a\": 1}'"
@@ -117,6 +116,29 @@ def json_option(
     metavar = "JSON_ARRAY" if kind is list else "JSON_OBJECT"
     empty = "[]" if kind is list else "{}"
     return click.option(name, metavar=metavar, default=empty, callback=convert, help=help)
+
+
+def _exact_json(text: str) -> Any:
+    """Parse JSON keeping every integer exact, so the API's checks see what was typed.
+
+    Not orjson: it reads an integer beyond 64 bits as a float, so
+    ``[18446744073709551616]`` would reach the task as ``1.8446744073709552e+19``
+    where ``task.enqueue(2**64)`` is refused.  The standard library keeps the
+    integer (``check_json`` then refuses it with the API's own error) and is
+    told to refuse NaN and Infinity, which are not JSON, and a number too big
+    for a double, which it would read as Infinity.
+    """
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite(digits: str) -> float:
+        value = float(digits)
+        if not math.isfinite(value):
+            raise ValueError(f"{digits} is beyond a double's range")
+        return value
+
+    return json.loads(text, parse_constant=no_constant, parse_float=finite)
 
 
 def _json_kind(value: Any) -> str:
@@ -189,7 +211,7 @@ def enqueue(
         async def send_task(_: Broker) -> str:
             try:
                 job = await task.options(**opts).aenqueue(*args, **kwargs)
-            except InvalidArguments as exc:
+            except (InvalidArguments, SerializationError) as exc:
                 raise click.UsageError(str(exc)) from exc
             return job.id
 
