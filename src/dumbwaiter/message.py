@@ -278,8 +278,40 @@ def decode(raw: bytes | str) -> Message:
     try:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MessageDecodeError(f"message body is not JSON: {exc}") from None
+        raise MessageDecodeError(not_utf8(raw) or f"message body is not JSON: {exc}") from None
     return from_dict(d)
+
+
+def not_utf8(raw: bytes | str) -> str | None:
+    """What makes ``raw`` invalid UTF-8, in a reader's terms, or None if it is valid.
+
+    orjson reports such a body as "str is not valid UTF-8: surrogates not
+    allowed", which speaks of a ``str`` the sender never had; this names the
+    byte and where it is, so the sender can be found.  Called only for a
+    body that already failed to decode.
+    """
+    if isinstance(raw, str):  # text that came from bytes with errors="surrogateescape"
+        if utf8_ok(raw):
+            return None
+        try:
+            raw = raw.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return f"message body has {lone_surrogate(raw)}"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"message body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}: {exc.reason}); dumbwaiter messages are UTF-8 JSON"
+        )
+    return None
+
+
+def undecodable(raw: bytes | None, problem: str | None) -> str:
+    """The dead-letter reason of a body a broker could not decode: the broker's
+    ``problem``, unless the body is not even UTF-8 (every broker's JSON
+    parser words that as a ``str`` problem; see ``not_utf8``)."""
+    return (raw is not None and not_utf8(raw)) or problem or "undecodable message body"
 
 
 def from_dict(d: Any) -> Message:

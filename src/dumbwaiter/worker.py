@@ -44,7 +44,7 @@ from .errors import (
     UnknownTask,
 )
 from .loop import loop_name
-from .message import TASK, ErrorRecord, Message, check_json, dumps
+from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
 from .retry import Reject, RetryLater
 from .workflow import advance
 
@@ -499,7 +499,7 @@ class Worker:
     async def _execute(self, d: Delivery) -> str:
         msg = d.message
         if msg is None:
-            return self._dead(d, None, MessageDecodeError(d.decode_error or "undecodable body"))
+            return self._dead(d, None, MessageDecodeError(undecodable(d.raw, d.decode_error)))
         if d.duplicate:
             log.debug("event %s already handled by %s: acked", msg.id, msg.queue)
             self.counts["duplicates"] += 1

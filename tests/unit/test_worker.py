@@ -357,6 +357,33 @@ async def test_undecodable_body_is_dead_lettered_and_others_still_run(tmp_path: 
     await app.aclose()
 
 
+async def test_a_body_that_is_not_utf8_is_dead_lettered_saying_so(tmp_path: Any) -> None:
+    """orjson words invalid UTF-8 as "str is not valid UTF-8: surrogates not
+    allowed"; the dead letter names the byte and its offset instead."""
+    import sqlite3
+
+    app = dw.App(f"sqlite:///{tmp_path}/bad.db")
+
+    @app.task
+    def fine(i: int) -> None: ...
+
+    job = await fine.aenqueue(1)
+    conn = sqlite3.connect(f"{tmp_path}/bad.db")
+    conn.execute("UPDATE dw_jobs SET body = ? WHERE id = ?", (b'{"id": "\xff"}', job.id))
+    conn.commit()
+    conn.close()
+    await drain(app)
+    info = await job.ainfo()
+    assert info is not None and info.state is State.DEAD
+    [error] = info.message.errors
+    assert error.type == "dumbwaiter.errors.MessageDecodeError"
+    assert error.message.startswith(
+        "message body is not valid UTF-8 (byte 0xff at offset 8: invalid start byte)"
+    )
+    assert "surrogates" not in error.message
+    await app.aclose()
+
+
 async def test_queues_are_taken_in_turn(app: dw.App) -> None:
     order: list[str] = []
 
