@@ -701,10 +701,13 @@ class Worker:
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
         self.app.middleware.call("on_dead", ctx, d.error)
+        # the message names its task even when no handler ran (unknown task,
+        # arguments that no longer fit); only an undecodable body has no name
+        name = ctx.name if ctx else d.message.name if d.message else "undecodable"
         log.warning(
             "job %s (%s) dead-lettered: %s: %s",
             d.id,
-            ctx.name if ctx else "?",
+            name,
             d.error.type,
             d.error.message,
             extra={"action": "dead", "job_id": d.id},
