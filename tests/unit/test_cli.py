@@ -1,7 +1,7 @@
 """The admin command line against a real SQLite database: stats, jobs, dlq, enqueue.
 
 Each test gets its own database file under ``tmp_path``; the CLI reaches it
-with ``--url`` or with ``--app tests.apps.cliapp:create_app`` (which reads
+with ``--url`` or with ``--app tests.apps.cliapp:app`` (which reads
 ``$CLIAPP_URL``).  Setup talks to the broker directly: dead letters are made
 by fetching jobs and dead-lettering them with a chosen error, so every
 assertion is about what the CLI shows or changed, not about timing.
@@ -30,7 +30,7 @@ from tests.apps import cliapp
 
 T = TypeVar("T")
 
-APP = "tests.apps.cliapp:create_app"
+APP = "tests.apps.cliapp:app"
 FAIL = "tests.apps.cliapp.fail"
 ADD = "tests.apps.cliapp.add"
 NOTIFY = "tests.apps.cliapp.notify"
@@ -473,6 +473,34 @@ def test_dlq_export_writes_one_json_line_per_dead_letter(
     piped = cli(url, "dlq", "export", "--queue", "email")
     assert piped.exit_code == 0
     assert [orjson.loads(line)["id"] for line in piped.stdout.splitlines()] == email
+
+
+# -- finding the app --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attr", "what"),
+    [
+        ("wipe_cache", "is a function, not a dumbwaiter App (--app calls nothing to find one)"),
+        ("send_welcome", "is a Task, not a dumbwaiter App;"),
+        ("Settings", "is the class Settings, not a dumbwaiter App"),
+    ],
+)
+def test_app_that_names_no_app_is_refused_and_nothing_is_called(
+    url: str, attr: str, what: str
+) -> None:
+    """``--app side:wipe_cache`` ran the user's function inside the CLI, and
+    ``--app tasks:send_welcome`` gave a raw TypeError traceback."""
+    from tests.apps import notapps
+
+    spec = f"tests.apps.notapps:{attr}"
+    result = CliRunner().invoke(main, ["stats", "--app", spec])
+    assert result.exit_code == 2, result.output
+    assert f"{spec} {what}" in result.stderr
+    assert "point --app at the App, e.g. tests.apps.notapps:app" in result.stderr
+    assert "Traceback" not in result.output and result.exception is not None
+    assert notapps.CALLED == []
+    assert CliRunner().invoke(main, ["stats", "--app", "tests.apps.notapps:app"]).exit_code == 0
 
 
 # -- enqueue ---------------------------------------------------------------------------

@@ -93,7 +93,7 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def cli(*args: str) -> Result:
     return CliRunner().invoke(
-        main, [args[0], *args[1:2], "--app", "tests.apps.eventsapp:create_app", *args[2:]]
+        main, [args[0], *args[1:2], "--app", "tests.apps.eventsapp:app", *args[2:]]
     )
 
 

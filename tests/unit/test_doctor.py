@@ -47,6 +47,10 @@ def good_app() -> dw.App:
     return app
 
 
+#: what ``dumbwaiter doctor --app tests.unit.test_doctor:bad`` (or ``:good``) checks
+bad, good = bad_app(), good_app()
+
+
 def codes(findings: list[doctor.Finding]) -> set[tuple[str, str]]:
     return {(f.code, f.subject) for f in findings}
 
@@ -105,14 +109,14 @@ def test_ignore_silences_one_check() -> None:
 
 def test_cli_exits_1_on_problems_and_0_when_clean() -> None:
     runner = CliRunner()
-    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:bad_app"])
+    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:bad"])
     assert r.exit_code == 1, r.output
     assert "DW001" in r.output and "fix:" in r.output and "problem" in r.output
-    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:bad_app", "--json"])
+    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:bad", "--json"])
     assert r.exit_code == 1
     body = orjson.loads(r.stdout)
     assert body["ok"] is False and {f["code"] for f in body["findings"]} >= {"DW001", "DW002"}
-    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:good_app"])
+    r = runner.invoke(main, ["doctor", "--app", "tests.unit.test_doctor:good"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["doctor", "--url", "memory://"])
     assert r.exit_code == 2 and "--app" in r.output  # it needs the code

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from types import ModuleType
 from typing import Any, TypeVar
 
 import click
@@ -22,7 +24,13 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 def load_app(spec: str) -> App:
     """Import ``module:attr`` (the current directory is on the path, as for
-    ``python -m``) and return the App it names."""
+    ``python -m``) and return the App it names.
+
+    Nothing found there is called: a factory form is not documented, and
+    calling whatever callable the user named ran their code inside the CLI
+    (``--app side:wipe_cache`` wiped the cache).  Anything but an App is a
+    usage error that names what it is and where the App is.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise click.UsageError(
@@ -41,12 +49,48 @@ def load_app(spec: str) -> App:
         except AttributeError:
             raise click.UsageError(
                 f"--app {spec!r}: module {module_name!r} has no attribute {attr or 'app'!r}"
+                f"; {_where_the_app_is(module)}"
             ) from None
-    if callable(obj) and not isinstance(obj, App):
-        obj = obj()
     if not isinstance(obj, App):
-        raise click.UsageError(f"--app {spec!r} names a {type(obj).__name__}, not a dumbwaiter.App")
+        from ..task import Task
+
+        called = (
+            " (--app calls nothing to find one)"
+            if callable(obj) and not isinstance(obj, Task)
+            else ""
+        )
+        raise click.UsageError(
+            f"{module_name}:{attr or 'app'} is {_what(obj)}, not a dumbwaiter App{called}; "
+            + _where_the_app_is(module)
+        )
     return obj
+
+
+def _what(obj: Any) -> str:
+    """``obj`` in a few words: a Task, a function, a class..."""
+    from ..task import Task
+
+    if isinstance(obj, Task):
+        return "a Task"
+    if inspect.isclass(obj):
+        return f"the class {obj.__qualname__}"
+    if inspect.isroutine(obj):
+        return "a function"
+    if inspect.ismodule(obj):
+        return "a module"
+    return f"a {type(obj).__name__}"
+
+
+def _where_the_app_is(module: ModuleType) -> str:
+    """Point at the module's App(s), or say what one looks like."""
+    name = module.__name__
+    apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+    if apps:
+        return "point --app at the App, e.g. " + " or ".join(f"{name}:{a}" for a in apps)
+    return (
+        f"point --app at a module-level App, e.g. {name}:app for "
+        "`app = dumbwaiter.App(...)` in that module"
+    )
 
 
 def app_options(fn: F) -> F:
