@@ -294,14 +294,16 @@ def not_utf8(raw: bytes | str) -> str | None:
         if utf8_ok(raw):
             return None
         try:
-            raw = raw.encode("utf-8", "surrogateescape")
+            body = raw.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             return f"message body has {lone_surrogate(raw)}"
+    else:
+        body = raw
     try:
-        raw.decode("utf-8")
+        body.decode("utf-8")
     except UnicodeDecodeError as exc:
         return (
-            f"message body is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"message body is not valid UTF-8 (byte 0x{body[exc.start]:02x} at offset "
             f"{exc.start}: {exc.reason}); dumbwaiter messages are UTF-8 JSON"
         )
     return None
