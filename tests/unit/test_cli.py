@@ -503,6 +503,26 @@ def test_app_that_names_no_app_is_refused_and_nothing_is_called(
     assert CliRunner().invoke(main, ["stats", "--app", "tests.apps.notapps:app"]).exit_code == 0
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["worker"], ["scheduler"], ["doctor"], ["events", "ls"], ["events", "schema"]],
+    ids=" ".join,
+)
+def test_commands_that_need_the_apps_code_do_not_offer_url(url: str, command: list[str]) -> None:
+    """``worker --help`` offered ``--url ... when no --app is given``, and
+    ``worker --url redis://...`` then said ``this command needs --app``: a
+    worker without the app's code has no tasks to run.  Help and behaviour
+    now agree: these commands take --app only, and say so."""
+    helped = CliRunner().invoke(main, [*command, "--help"])
+    assert helped.exit_code == 0 and "--app" in helped.stdout
+    assert "--url" not in helped.stdout
+    given = CliRunner().invoke(main, [*command, "--url", url])
+    assert given.exit_code == 2
+    assert "runs the app's code, which a broker URL does not have: give --app" in given.stderr
+    bare = CliRunner().invoke(main, command, env={"DUMBWAITER_URL": url})
+    assert bare.exit_code == 2 and "needs --app MODULE:ATTR" in bare.stderr
+
+
 # -- enqueue ---------------------------------------------------------------------------
 
 

@@ -94,31 +94,60 @@ def _where_the_app_is(module: ModuleType) -> str:
 
 
 def app_options(fn: F) -> F:
-    """``--app`` and ``--url`` on a command; the command receives ``app``."""
+    """``--app`` and ``--url`` on a command that works from either (admin
+    commands need no task code); it receives ``app_spec`` and ``url``."""
     fn = click.option(
         "--url",
         envvar=URL_ENV,
         help=f"Broker URL, when no --app is given [env {URL_ENV}].",
     )(fn)
-    fn = click.option(
+    return _app_spec(fn)
+
+
+def app_option(fn: F) -> F:
+    """``--app`` alone, on a command that needs the app's code (its tasks,
+    event classes, schedules): a bare broker URL would give it nothing to
+    run, so it is not offered.  The command receives ``app_spec``; a
+    ``--url`` given anyway is refused saying why (a hidden option, so the
+    help does not offer it)."""
+
+    def no_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            raise click.UsageError(
+                f"{ctx.command_path} runs the app's code, which a broker URL does not "
+                f"have: give --app MODULE:ATTR (or ${APP_ENV}); the app names its broker",
+                ctx,
+            )
+
+    fn = click.option("--url", hidden=True, expose_value=False, callback=no_url)(fn)
+    return _app_spec(fn)
+
+
+def _app_spec(fn: F) -> F:
+    return click.option(
         "--app",
         "app_spec",
         envvar=APP_ENV,
         metavar="MODULE:ATTR",
         help=f"The dumbwaiter.App to use [env {APP_ENV}].",
     )(fn)
-    return fn
 
 
-def resolve_app(app_spec: str | None, url: str | None, *, need_tasks: bool = False) -> App:
+def resolve_app(app_spec: str | None, url: str | None) -> App:
+    """The App of ``--app``, else one on the ``--url`` broker."""
     if app_spec:
         return load_app(app_spec)
-    if need_tasks:
-        raise click.UsageError(f"this command needs --app MODULE:ATTR (or ${APP_ENV})")
     try:
         return App(url)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def require_app(app_spec: str | None) -> App:
+    """The App of ``--app``, for a command that cannot work without its code."""
+    if not app_spec:
+        raise click.UsageError(f"this command needs --app MODULE:ATTR (or ${APP_ENV})")
+    return load_app(app_spec)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -6,18 +6,18 @@ import click
 from rich.text import Text
 
 from ..doctor import PROBLEM, check, problems
-from .common import app_options, resolve_app
+from .common import app_option, require_app
 from .output import console, plural, print_json
 
 
 @click.command()
-@app_options
+@app_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def doctor(app_spec: str | None, url: str | None, as_json: bool) -> None:
+def doctor(app_spec: str | None, as_json: bool) -> None:
     """Check the app's tasks, groups, retries and alerts against the known
     anti-patterns, and say what to change.  Exit status 1 when a problem
     (not a note) is found, so CI can run it."""
-    app = resolve_app(app_spec, url, need_tasks=True)
+    app = require_app(app_spec)
     found = check(app)
     bad = problems(found)
     if as_json:
