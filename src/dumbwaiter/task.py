@@ -425,6 +425,27 @@ class BoundTask:
         return await self.task._asender()(list(self.task.messages(calls, self.opts)))
 
 
+def full_name(app: App, name: str) -> str:
+    """The stored name a task name given by a person means.
+
+    A name registered as it is (a task, or an event type with a handler)
+    means itself; otherwise the one task whose name ends in ``.name``, so
+    ``send_welcome`` finds ``myproject.jobs.send_welcome`` wherever a task
+    name is taken (``enqueue``, the job and dead-letter filters, the
+    dashboard).  Several such tasks: ``ConfigurationError`` naming them.  A
+    name that matches nothing is returned as given: dead letters of a task
+    no longer registered still carry its name.
+    """
+    if name in app.tasks or any(t == name for _, t in app.subscriptions):
+        return name
+    matches = sorted(n for n in app.tasks if n.rsplit(".", 1)[-1] == name)
+    if len(matches) > 1:
+        raise ConfigurationError(
+            f"task {name!r} is ambiguous: {', '.join(matches)}; give the full name"
+        )
+    return matches[0] if matches else name
+
+
 def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:
     """(required count, names) when every parameter is plain positional-or-keyword
     (no ``*args``, ``**kwargs`` or keyword-only ones), else None."""

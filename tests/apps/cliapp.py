@@ -27,11 +27,21 @@ def notify(user_id: int, *, channel: str = "mail") -> None:
     """A task on its own queue, to check that queue and kwargs travel."""
 
 
+def report() -> None:
+    """Two tasks end in ``report`` (this and ``billing.report``): a short name
+    that is ambiguous."""
+
+
+def billing_report() -> None: ...
+
+
 def create_app() -> dw.App:
     app = dw.App(os.environ[URL_ENV])
     app.task(keep_result=True)(add)
     app.task(retry=dw.Retry.never())(fail)
     app.task(queue="email")(notify)
+    app.task(report)
+    app.task(name="billing.report")(billing_report)
     return app
 
 

@@ -337,6 +337,39 @@ def test_dlq_ls_filters_by_queue_task_and_error_type(url: str) -> None:
     assert all(i in table.stdout for i in (*values, *declined))
 
 
+def test_short_task_names_work_wherever_a_task_is_taken(url: str) -> None:
+    """``enqueue`` took ``add`` for ``tests.apps.cliapp.add`` but ``jobs ls -t``
+    and ``dlq ls -t`` found nothing: every --task now expands a short name
+    with the app, and refuses one that two tasks share."""
+    dead = kill(2)
+    [alive] = enqueue(ADD, (1, 1))
+
+    def listed(*args: str) -> set[str]:
+        return {i["id"] for i in js(cli_app(*args, "--json"))["items"]}
+
+    assert listed("jobs", "ls", "-t", "add") == {alive}
+    assert listed("jobs", "ls", "--task", "fail") == set(dead)
+    assert listed("dlq", "ls", "-t", "fail") == set(dead)
+    exported = cli_app("dlq", "export", "-t", "fail")
+    assert sorted(orjson.loads(line)["id"] for line in exported.stdout.splitlines()) == dead
+    assert "replayed 2 dead letters" in cli_app("dlq", "replay", "-t", "fail").stdout
+    again = kill(1)
+    assert "purged 1 dead letter" in cli_app("dlq", "purge", "-t", "fail", "--yes").stdout
+    assert get(again[0]) is None
+
+    for command in (["jobs", "ls"], ["dlq", "ls"], ["dlq", "purge", "--yes"]):
+        ambiguous = cli_app(*command, "-t", "report")
+        assert ambiguous.exit_code == 2, command
+        assert (
+            "task 'report' is ambiguous: billing.report, tests.apps.cliapp.report; "
+            "give the full name" in ambiguous.stderr
+        )
+    # with only a URL there is no app to expand it: the listing says how to look
+    bare = cli(url, "jobs", "ls", "-t", "add")
+    assert "no jobs match (task names are matched in full" in bare.stdout
+    assert "with --app a short name finds the app's task" in bare.stdout
+
+
 def test_dlq_time_filters(url: str) -> None:
     [old] = kill(1)
     cut = datetime.fromtimestamp(time.time(), UTC).isoformat()

@@ -15,20 +15,20 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
 from rich.text import Text
 
 from ..app import App
 from ..brokers.base import Broker, QueueStats
-from ..errors import DumbwaiterError, InvalidArguments, SerializationError
+from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
-from ..task import Task
+from ..task import Task, full_name
 from .common import app_options, resolve_app
 from .output import console, duration, print_json, table
 
-__all__ = ["call", "enqueue", "stats"]
+__all__ = ["call", "enqueue", "no_match", "stats", "task_filter"]
 
 T = TypeVar("T")
 
@@ -149,19 +149,36 @@ def _json_kind(value: Any) -> str:
 def find_task(app: App, name: str) -> Task:
     """The task registered as ``name``, or the only one whose name ends in ``.name``
     (so ``send_welcome`` finds ``myproject.jobs.send_welcome``)."""
-    task = app.tasks.get(name)
-    if task is not None:
-        return task
-    matches = [t for n, t in app.tasks.items() if n.rsplit(".", 1)[-1] == name]
-    if len(matches) == 1:
-        return matches[0]
-    known = ", ".join(sorted(app.tasks)) or "(none)"
-    if matches:
-        raise click.UsageError(
-            f"task {name!r} is ambiguous: {', '.join(sorted(t.name for t in matches))}; "
-            "give the full name"
+    task = app.tasks.get(task_filter(app, name))
+    if task is None:
+        known = ", ".join(sorted(app.tasks)) or "(none)"
+        raise click.UsageError(f"no task {name!r} in this app; registered tasks: {known}")
+    return task
+
+
+@overload
+def task_filter(app: App, name: str) -> str: ...
+@overload
+def task_filter(app: App, name: None) -> None: ...
+def task_filter(app: App, name: str | None) -> str | None:
+    """``--task NAME`` as stored (``task.full_name``: a short name means the
+    app's one task ending in it); an ambiguous short name is a usage error."""
+    if name is None:
+        return None
+    try:
+        return full_name(app, name)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def no_match(what: str, app: App, name: str | None) -> str:
+    """ "no jobs match", with a hint when a short task name met no app to expand it."""
+    if name is not None and "." not in name and not app.tasks:
+        return (
+            f"{what} match (task names are matched in full, e.g. myproject.jobs.{name}; "
+            "with --app a short name finds the app's task)"
         )
-    raise click.UsageError(f"no task {name!r} in this app; registered tasks: {known}")
+    return f"{what} match"
 
 
 @click.command()
