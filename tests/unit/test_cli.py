@@ -456,9 +456,23 @@ def test_dlq_purge_deletes_only_what_the_filter_says(url: str) -> None:
     assert get(alive) is not None
 
     by_error = kill(1, error="KeyError")
-    result = cli(url, "dlq", "purge", "--error", "KeyError")  # not a TTY: no prompt
+    result = cli(url, "dlq", "purge", "--error", "KeyError", "--yes")
     assert "purged 1 dead letter" in result.stdout
     assert get(by_error[0]) is None and dead_ids() == set(keep)
+
+
+def test_dlq_purge_without_a_terminal_needs_yes(url: str) -> None:
+    """``dlq purge -e KeyError </dev/null`` deleted without --yes: with
+    nobody to ask, a purge must say it is meant."""
+    dead = set(kill(2, error="KeyError"))
+    refused = cli(url, "dlq", "purge", "--error", "KeyError", input="")  # stdin: no terminal
+    assert refused.exit_code == 2
+    assert "refusing to purge dead letters without confirmation" in refused.stderr
+    assert "stdin is not a terminal" in refused.stderr and "add --yes" in refused.stderr
+    assert dead_ids() == dead
+    done = cli(url, "dlq", "purge", "--error", "KeyError", "--yes", input="")
+    assert done.exit_code == 0 and "purged 2 dead letters" in done.stdout
+    assert dead_ids() == set()
 
 
 def test_dlq_purge_asks_a_person_first(url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -204,12 +204,14 @@ def purge(app_spec: str | None, url: str | None, sel: Selection, yes: bool) -> N
     """Delete dead letters for good.
 
     Export them first if they may be needed again.  Asks for confirmation
-    when run at a terminal, unless --yes.
+    at a terminal, unless --yes; without a terminal (a script, a pipe,
+    </dev/null) it refuses unless --yes, since nobody can be asked.
     """
     sel.require("purge")
+    require_yes(yes, "purge dead letters", "delete them (export them first if they may be needed)")
     app = resolve_app(app_spec, url)
     f = sel.on(app)
-    if not yes and interactive():
+    if not yes:
         n = call(app, lambda b: count(b, f))
         if n == 0:
             click.echo("no dead letters match; nothing purged")
@@ -223,6 +225,19 @@ def purge(app_spec: str | None, url: str | None, sel: Selection, yes: bool) -> N
 def interactive() -> bool:
     """Whether a person can answer a prompt (scripts and pipes are not asked)."""
     return sys.stdin.isatty()
+
+
+def require_yes(yes: bool, verb: str, to: str) -> None:
+    """Refuse a destructive command that nobody confirmed.
+
+    At a terminal the command asks; without one, only ``--yes`` says that
+    the deletion is meant: a script that forgot it must fail, not delete.
+    """
+    if not yes and not interactive():
+        raise click.UsageError(
+            f"refusing to {verb} without confirmation: stdin is not a terminal, so "
+            f"nobody can be asked; add --yes to {to}"
+        )
 
 
 def _unmatched(sel: Selection, n: int) -> None:
