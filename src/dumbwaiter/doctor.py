@@ -1,20 +1,34 @@
-"""``dumbwaiter doctor``: check an app's configuration against the anti-patterns.
+"""``dumbwaiter doctor``: check an app against the anti-patterns, and its broker.
 
-Each check looks at the app's registry (tasks, subscriptions, queues) and its
-alert configuration (``dumbwaiter.alerts.configure``), never at the broker,
-so it runs in CI before anything ships.  A *problem* makes the command exit 1;
-a *note* is advice.  Every finding says what to change.
+Each finding has a level:
 
-* DW001 (problem): retries without backoff; a failing dependency is hammered
+* a *fault* is something that does not work: the broker cannot be reached
+  or is not ready (a PostgreSQL schema not migrated).  The command exits 1.
+* a *warning* is a configuration that works but can hurt: retries that
+  hammer, dead letters nobody hears of, a queue nobody watches, nothing
+  running the jobs right now.  The command still exits 0, so the README's
+  quick start passes; CI that wants them gone reads ``--json``.
+* a *note* is advice.
+
+Every finding says what to change.  The configuration checks look at the
+app's registry (tasks, subscriptions, queues) and its alert configuration
+(``dumbwaiter.alerts.configure``) only, so ``check`` runs in CI before
+anything ships; ``check_broker`` asks the broker.
+
+* DW001 (warning): retries without backoff; a failing dependency is hammered
   and every attempt is spent within seconds.
-* DW002 (problem): no dead-letter alert; jobs that failed for good go unseen.
-* DW003 (problem): a subscriber group with its inbox disabled; redelivered
+* DW002 (warning): no dead-letter alert; jobs that failed for good go unseen.
+* DW003 (warning): a subscriber group with its inbox disabled; redelivered
   events run twice.
-* DW004 (problem): a task retried (attempts > 1) with no idempotency hint; a
+* DW004 (warning): a task retried (attempts > 1) with no idempotency hint; a
   retry may repeat a side effect.
-* DW005 (problem): a queue with no depth alert; it can grow without bound.
+* DW005 (warning): a queue with no depth alert; it can grow without bound.
 * DW006 (note): retries without jitter; jobs that failed together retry together.
 * DW007 (note): no timeout; a hung call holds its worker slot for ever.
+* DW101 (fault): the broker cannot be reached (or does not answer in time).
+* DW102 (fault): the broker answers but is not ready (e.g. its schema is
+  not migrated).
+* DW103 (warning): no worker is running right now; jobs wait until one starts.
 
 Mark a task as safe to run twice with ``@dumbwaiter.doctor.idempotent`` (under
 ``@app.task``), or with a ``key`` (uniqueness) option a middleware declares as
@@ -33,7 +47,12 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-PROBLEM, NOTE = "problem", "note"
+#: the key prefix a running worker announces itself under (``worker.WORKER_KEY``)
+WORKER_KEY = "worker:"
+
+FAULT, WARNING, NOTE = "fault", "warning", "note"
+#: the order findings are listed in
+LEVELS = (FAULT, WARNING, NOTE)
 
 _IDEMPOTENT = "__dumbwaiter_idempotent__"
 _IGNORE = "__dumbwaiter_doctor_ignore__"
@@ -88,7 +107,7 @@ def _handlers(app: App) -> list[tuple[str, str, Any, Retry, float | None, Any]]:
 
 
 def check(app: App) -> list[Finding]:
-    """Every finding for ``app``, problems first."""
+    """Every configuration finding for ``app``, warnings first."""
     from .alerts import DeadLetters, QueueDepth, config_of
 
     found: list[Finding] = []
@@ -98,7 +117,7 @@ def check(app: App) -> list[Finding]:
             found.append(
                 Finding(
                     "DW001",
-                    PROBLEM,
+                    WARNING,
                     f"{kind} {name}",
                     f"retries {retry.attempts - 1} time(s) with no wait between attempts",
                     "give it a backoff: retry=dw.Retry(attempts=4, backoff=(5, 30, 300)) "
@@ -135,7 +154,7 @@ def check(app: App) -> list[Finding]:
                 found.append(
                     Finding(
                         "DW003",
-                        PROBLEM,
+                        WARNING,
                         f"group {handler.group}",
                         f"{name} has its inbox disabled: a redelivered or replayed event "
                         "runs its handler again",
@@ -147,7 +166,7 @@ def check(app: App) -> list[Finding]:
             found.append(
                 Finding(
                     "DW004",
-                    PROBLEM,
+                    WARNING,
                     f"task {name}",
                     f"may run {retry.attempts} times (at-least-once, retries) and nothing "
                     "says a second run is harmless",
@@ -161,7 +180,7 @@ def check(app: App) -> list[Finding]:
         found.append(
             Finding(
                 "DW002",
-                PROBLEM,
+                WARNING,
                 "app",
                 "no dead-letter alert is configured: jobs that fail for good go unseen",
                 "dumbwaiter.alerts.configure(app, webhooks=['https://...']) and run workers "
@@ -185,14 +204,19 @@ def check(app: App) -> list[Finding]:
             found.append(
                 Finding(
                     "DW005",
-                    PROBLEM,
+                    WARNING,
                     f"queue {queue}",
                     "is unbounded and no depth alert watches it: it can grow for days unseen",
                     "configure alerts with the queue_depth rule (a default), e.g. "
                     "dumbwaiter.alerts.configure(app) and --alerts",
                 )
             )
-    return sorted(found, key=lambda f: (f.level != PROBLEM, f.code, f.subject))
+    return ordered(found)
+
+
+def ordered(findings: list[Finding]) -> list[Finding]:
+    """Faults first, then warnings, then notes; by code and subject within each."""
+    return sorted(findings, key=lambda f: (LEVELS.index(f.level), f.code, f.subject))
 
 
 def _hinted(task: Any) -> bool:
@@ -204,5 +228,61 @@ def _hinted(task: Any) -> bool:
     return bool(extra.get("idempotent"))
 
 
-def problems(findings: list[Finding]) -> list[Finding]:
-    return [f for f in findings if f.level == PROBLEM]
+def faults(findings: list[Finding]) -> list[Finding]:
+    """The findings that make ``dumbwaiter doctor`` fail."""
+    return [f for f in findings if f.level == FAULT]
+
+
+async def check_broker(app: App, timeout: float) -> list[Finding]:
+    """Ask the app's broker what a worker would need: an answer (DW101), a
+    ready store (DW102), and a running worker (DW103, a warning: none may be
+    meant to run yet).  ``timeout`` bounds the whole check, so a broker that
+    keeps reconnecting is a fault here rather than a hang."""
+    import asyncio
+
+    from .errors import ConfigurationError, DumbwaiterError
+
+    where = f"broker {app.url.split('://', 1)[0]}://"
+    try:
+        async with asyncio.timeout(timeout):
+            await app.broker.open()  # the transport: some brokers' admin reads do not use it
+            await app.broker.stats()
+            workers = await app.broker.kv_scan(WORKER_KEY)
+    except TimeoutError:
+        return [_unreachable(where, f"no answer within {timeout:g} s")]
+    except ConfigurationError as exc:  # it answered: the store is not ready for us
+        return [
+            Finding(
+                "DW102",
+                FAULT,
+                where,
+                f"is not ready: {exc}",
+                "do what the message says (for PostgreSQL: dumbwaiter migrate --app ...)",
+            )
+        ]
+    except DumbwaiterError as exc:  # BrokerError: its message names the cause
+        return [_unreachable(where, str(exc))]
+    except Exception as exc:  # a client's own error: its type is part of the cause
+        return [_unreachable(where, f"{type(exc).__name__}: {exc}")]
+    if workers:
+        return []
+    return [
+        Finding(
+            "DW103",
+            WARNING,
+            where,
+            "no worker is running right now: jobs wait (they are not lost) until one starts",
+            "dumbwaiter worker --app MODULE:ATTR (or ignore this where workers run elsewhere "
+            "and are only stopped for now)",
+        )
+    ]
+
+
+def _unreachable(where: str, why: str) -> Finding:
+    return Finding(
+        "DW101",
+        FAULT,
+        where,
+        f"cannot be reached: {why}",
+        "check the URL (host, port, credentials, database) and that the server is running",
+    )

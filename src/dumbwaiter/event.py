@@ -181,17 +181,31 @@ def event_message(event: Event, key: str | None, headers: dict[str, Any] | None)
     if key is not None and (not isinstance(key, str) or not key):
         raise ConfigurationError(f"key must be a non-empty string, got {key!r}")
     cls = type(event)
-    payload = event.model_dump(mode="json")
-    check_json(payload, f"the payload of event {cls.event_type}")
+    return event_message_of(
+        cls.event_type, cls.event_version, event.model_dump(mode="json"), key, headers
+    )
+
+
+def event_message_of(
+    event_type: str,
+    version: int,
+    payload: dict[str, Any],
+    key: str | None,
+    headers: dict[str, Any] | None,
+) -> Message:
+    """The envelope of an event of ``event_type`` whose ``payload`` is in schema
+    ``version``: ``event_message``'s, and the CLI's when it publishes by name
+    with no event class at hand (subscribers validate it then)."""
+    check_json(payload, f"the payload of event {event_type}")
     if headers is not None:
         check_json(headers, "headers")
     id_ = uuid7()
     h = caused_headers(headers)
-    h["schema_version"] = cls.event_version
+    h["schema_version"] = version
     h.setdefault("correlation_id", id_)
     # by position, in the fields' order: cheaper than by keyword
     return Message(
-        id_, EVENT, cls.event_type, "", [], {}, payload, h, 0, 1, time.time(), None, 0, key, []
+        id_, EVENT, event_type, "", [], {}, payload, h, 0, 1, time.time(), None, 0, key, []
     )
 
 

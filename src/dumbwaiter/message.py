@@ -278,8 +278,42 @@ def decode(raw: bytes | str) -> Message:
     try:
         d = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise MessageDecodeError(f"message body is not JSON: {exc}") from None
+        raise MessageDecodeError(not_utf8(raw) or f"message body is not JSON: {exc}") from None
     return from_dict(d)
+
+
+def not_utf8(raw: bytes | str) -> str | None:
+    """What makes ``raw`` invalid UTF-8, in a reader's terms, or None if it is valid.
+
+    orjson reports such a body as "str is not valid UTF-8: surrogates not
+    allowed", which speaks of a ``str`` the sender never had; this names the
+    byte and where it is, so the sender can be found.  Called only for a
+    body that already failed to decode.
+    """
+    if isinstance(raw, str):  # text that came from bytes with errors="surrogateescape"
+        if utf8_ok(raw):
+            return None
+        try:
+            body = raw.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return f"message body has {lone_surrogate(raw)}"
+    else:
+        body = raw
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"message body is not valid UTF-8 (byte 0x{body[exc.start]:02x} at offset "
+            f"{exc.start}: {exc.reason}); dumbwaiter messages are UTF-8 JSON"
+        )
+    return None
+
+
+def undecodable(raw: bytes | None, problem: str | None) -> str:
+    """The dead-letter reason of a body a broker could not decode: the broker's
+    ``problem``, unless the body is not even UTF-8 (every broker's JSON
+    parser words that as a ``str`` problem; see ``not_utf8``)."""
+    return (raw is not None and not_utf8(raw)) or problem or "undecodable message body"
 
 
 def from_dict(d: Any) -> Message:
@@ -343,11 +377,13 @@ def check_json(value: Any, where: str) -> None:
         raise SerializationError(f"{where}{at} cannot be sent as JSON: {what}")
 
 
-_PLAIN = frozenset({str, bool, type(None)})
+_PLAIN = frozenset({bool, type(None)})
 
 
 def _first_problem(value: Any, path: str) -> tuple[str, str] | None:
     t = type(value)
+    if t is str:
+        return None if utf8_ok(value) else (path, f"the string has {lone_surrogate(value)}")
     if t in _PLAIN:
         return None
     if t is int:
@@ -365,17 +401,50 @@ def _first_problem(value: Any, path: str) -> tuple[str, str] | None:
                 return p
         return None
     if t is dict:
-        for k, item in value.items():
-            if type(k) is not str:
-                return path, f"the key {k!r} is a {type(k).__name__}; JSON object keys are strings"
-            p = _first_problem(item, f"{path}[{k!r}]")
-            if p is not None:
-                return p
-        return None
+        return _dict_problem(value, path)
     hint = _HINTS.get(t.__name__, "")
     if not hint and isinstance(value, str | int | float):
         hint = f" (a subclass of {type(value).__mro__[-2].__name__}; pass a plain value)"
     return path, f"a {t.__module__}.{t.__qualname__} is not JSON{hint}"
+
+
+def _dict_problem(value: dict[Any, Any], path: str) -> tuple[str, str] | None:
+    for k, item in value.items():
+        if type(k) is not str:
+            return path, f"the key {k!r} is a {type(k).__name__}; JSON object keys are strings"
+        if not utf8_ok(k):
+            return path, f"the key {k!r} has {lone_surrogate(k)}"
+        p = _first_problem(item, f"{path}[{k!r}]")
+        if p is not None:
+            return p
+    return None
+
+
+def utf8_ok(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (JSON's encoding).
+
+    Only a lone surrogate (U+D800-U+DFFF) cannot: what ``errors=
+    "surrogateescape"`` decoding (file names, ``os.environ``) or a broken
+    UTF-16 source leaves in a ``str``.  An ASCII check first, so the common
+    text costs no encoding.
+    """
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def lone_surrogate(text: str) -> str:
+    """What is wrong with a ``str`` that ``utf8_ok`` refused, in the caller's terms."""
+    i = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+    return (
+        f"a lone surrogate {text[i]!r} at index {i}, which UTF-8 (and so "
+        "JSON) cannot encode; fix how the text was decoded (e.g. errors='surrogateescape'), "
+        "or pass binary data as base64 text"
+    )
 
 
 _HINTS = {

@@ -97,8 +97,9 @@ class SendOptions:
 
 
 _NO_OPTIONS = SendOptions()
-#: argument types JSON carries as they are (floats need the NaN check, ints the range check)
-_SCALARS = frozenset({str, bool, type(None)})
+#: argument types JSON carries as they are (floats need the NaN check, ints the
+#: range check, strings the ASCII one: a lone surrogate cannot be UTF-8)
+_SCALARS = frozenset({bool, type(None)})
 #: the integers JSON carries here (the range ``check_json`` accepts)
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 #: ids ``messages`` takes from ``uuid7_many`` at a time
@@ -261,7 +262,14 @@ class Task:
                 arglist = []
             else:
                 args, kwargs = (call,), {}
-                if not (single and (t in _SCALARS or (t is int and _INT_MIN <= call <= _INT_MAX))):
+                if not (
+                    single
+                    and (
+                        call.isascii()
+                        if t is str
+                        else t in _SCALARS or (t is int and _INT_MIN <= call <= _INT_MAX)
+                    )
+                ):
                     self.check_arguments(args, kwargs)
                 arglist = [call]
             if next_id == len(ids):
@@ -382,7 +390,10 @@ class Task:
             # the common call, f(1, "x"), without inspect's general (slow) bind
             for pname, value in zip(fast[1], args, strict=False):
                 t = type(value)  # plain values need no walk
-                if t in _SCALARS or (t is int and _INT_MIN <= value <= _INT_MAX):
+                if t is str:
+                    if value.isascii():  # a non-ASCII one may hold a lone surrogate
+                        continue
+                elif t in _SCALARS or (t is int and _INT_MIN <= value <= _INT_MAX):
                     continue
                 check_json(value, f"argument {pname!r} of {self.name}()")
             return
@@ -412,6 +423,27 @@ class BoundTask:
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
         return await self.task._asender()(list(self.task.messages(calls, self.opts)))
+
+
+def full_name(app: App, name: str) -> str:
+    """The stored name a task name given by a person means.
+
+    A name registered as it is (a task, or an event type with a handler)
+    means itself; otherwise the one task whose name ends in ``.name``, so
+    ``send_welcome`` finds ``myproject.jobs.send_welcome`` wherever a task
+    name is taken (``enqueue``, the job and dead-letter filters, the
+    dashboard).  Several such tasks: ``ConfigurationError`` naming them.  A
+    name that matches nothing is returned as given: dead letters of a task
+    no longer registered still carry its name.
+    """
+    if name in app.tasks or any(t == name for _, t in app.subscriptions):
+        return name
+    matches = sorted(n for n in app.tasks if n.rsplit(".", 1)[-1] == name)
+    if len(matches) > 1:
+        raise ConfigurationError(
+            f"task {name!r} is ambiguous: {', '.join(matches)}; give the full name"
+        )
+    return matches[0] if matches else name
 
 
 def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:

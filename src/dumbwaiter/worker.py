@@ -44,7 +44,7 @@ from .errors import (
     UnknownTask,
 )
 from .loop import loop_name
-from .message import TASK, ErrorRecord, Message, check_json, dumps
+from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
 from .redact import mask_url
 from .retry import Reject, RetryLater
 from .workflow import advance
@@ -500,7 +500,7 @@ class Worker:
     async def _execute(self, d: Delivery) -> str:
         msg = d.message
         if msg is None:
-            return self._dead(d, None, MessageDecodeError(d.decode_error or "undecodable body"))
+            return self._dead(d, None, MessageDecodeError(undecodable(d.raw, d.decode_error)))
         if d.duplicate:
             log.debug("event %s already handled by %s: acked", msg.id, msg.queue)
             self.counts["duplicates"] += 1
@@ -702,10 +702,13 @@ class Worker:
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
         self.app.middleware.call("on_dead", ctx, d.error)
+        # the message names its task even when no handler ran (unknown task,
+        # arguments that no longer fit); only an undecodable body has no name
+        name = ctx.name if ctx else d.message.name if d.message else "undecodable"
         log.warning(
             "job %s (%s) dead-lettered: %s: %s",
             d.id,
-            ctx.name if ctx else "?",
+            name,
             d.error.type,
             d.error.message,
             extra={"action": "dead", "job_id": d.id},

@@ -1,6 +1,6 @@
-"""The app the event CLI tests point at: ``tests.apps.eventsapp:create_app``.
+"""The app the event CLI tests point at: ``tests.apps.eventsapp:app``.
 
-A factory (a fresh App on ``$EVENTSAPP_URL`` per call), like ``cliapp``; the
+A fresh App on ``$EVENTSAPP_URL`` at each lookup, like ``cliapp``; the
 event classes are module-level, as in real code, with types of their own so
 they never clash with other tests' classes.
 """
@@ -43,3 +43,14 @@ def create_app() -> dw.App:
     app.subscribe(SignupCompleted, group="email")(welcome)
     app.upcast("account.signup_completed", from_version=1)(v1_to_v2)
     return app
+
+
+def __getattr__(name: str) -> dw.App:
+    """``tests.apps.eventsapp:app``: a fresh App from ``create_app`` at each lookup.
+
+    The CLI calls nothing it finds behind ``--app``, so the per-test App
+    comes from this module's own attribute lookup instead.
+    """
+    if name == "app":
+        return create_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,10 @@
-"""The app the scheduler's CLI and process tests use: ``tests.apps.schedapp:create_app``.
+"""The app the scheduler's CLI and process tests use: ``tests.apps.schedapp:app``.
 
-A factory, so every test (and every process it starts) builds its App on the
-URL in ``$SCHEDAPP_URL``.  ``heartbeat`` fires every second and records each
-run in ``$SCHEDAPP_LOG`` (one ``O_APPEND`` write per run, atomic between
-processes): the tick's key, the scheduler that enqueued it, the job id, and
-when the job was enqueued.
+Built at each lookup of ``app`` (like ``cliapp``), so every test (and every
+process it starts) gets its App on the URL in ``$SCHEDAPP_URL``.
+``heartbeat`` fires every second and records each run in ``$SCHEDAPP_LOG``
+(one ``O_APPEND`` write per run, atomic between processes): the tick's key,
+the scheduler that enqueued it, the job id, and when the job was enqueued.
 """
 
 from __future__ import annotations
@@ -41,3 +41,14 @@ def create_app() -> dw.App:
         cron="0 4 * * 1", args=("weekly",), kwargs={"days": 7}, name="weekly-report", missed="once"
     )(task)
     return app
+
+
+def __getattr__(name: str) -> dw.App:
+    """``tests.apps.schedapp:app``: a fresh App from ``create_app`` at each lookup.
+
+    The CLI calls nothing it finds behind ``--app``, so the per-test App
+    comes from this module's own attribute lookup instead.
+    """
+    if name == "app":
+        return create_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

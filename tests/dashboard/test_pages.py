@@ -99,9 +99,10 @@ def test_queue_detail_tabs_search_and_paging(client: TestClient, seeded: Seeded)
     assert set(ids_on(ready)) == set(seeded.ready)
     assert set(ids_on(client.get("/queues/mail?state=dead").text)) == set(seeded.dead)
     assert ids_on(client.get("/queues/mail?state=scheduled").text) == [seeded.scheduled]
-    # by task
+    # by task, by its full or its short name (as on the command line)
     page = client.get("/queues/mail?task=dashapp.flaky").text
     assert set(ids_on(page)) == set(seeded.dead)
+    assert set(ids_on(client.get("/queues/mail?task=flaky").text)) == set(seeded.dead)
     # by key
     page = client.get("/queues/reports?key=r:1").text
     assert ids_on(page) == [seeded.keyed]
@@ -187,6 +188,7 @@ def test_dead_letters_filter(client: TestClient, seeded: Seeded) -> None:
     )
     assert ids_on(client.get("/dead?error=TimeoutError").text) == []
     assert ids_on(client.get("/dead?task=dashapp.welcome").text) == []
+    assert set(ids_on(client.get("/dead?task=flaky").text)) == set(seeded.dead)
     assert ids_on(client.get("/dead?queue=reports").text) == []
 
 

@@ -38,7 +38,7 @@ from tests.brokers import BROKERS, CROSS_PROCESS
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = "tests.apps.schedapp:create_app"
+APP = "tests.apps.schedapp:app"
 HEARTBEAT = "tests.apps.schedapp.heartbeat"
 pytestmark = pytest.mark.crash
 

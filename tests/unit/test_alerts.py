@@ -461,15 +461,8 @@ def test_alerts_check_cli_exits_1_when_firing(tmp_path: Path) -> None:
         await app.aclose()
 
     asyncio.run(late_job())
-    spec = "tests.unit.test_alerts:lag_app"
+    spec = "tests.apps.lagapp:app"
     r = runner.invoke(main, ["alerts", "check", "--app", spec, "--json"])
     assert r.exit_code == 1, r.output
     firing = orjson.loads(r.stdout)["firing"]
     assert [(a["rule"], a["subject"]) for a in firing] == [("lag", "stuck")]
-
-
-def lag_app() -> dw.App:
-    """An app ($DUMBWAITER_URL) whose alerts fire on any lag (``alerts check``)."""
-    app = dw.App()
-    configure(app, rules=[Lag(threshold=0)])
-    return app

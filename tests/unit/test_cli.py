@@ -1,7 +1,7 @@
 """The admin command line against a real SQLite database: stats, jobs, dlq, enqueue.
 
 Each test gets its own database file under ``tmp_path``; the CLI reaches it
-with ``--url`` or with ``--app tests.apps.cliapp:create_app`` (which reads
+with ``--url`` or with ``--app tests.apps.cliapp:app`` (which reads
 ``$CLIAPP_URL``).  Setup talks to the broker directly: dead letters are made
 by fetching jobs and dead-lettering them with a chosen error, so every
 assertion is about what the CLI shows or changed, not about timing.
@@ -30,7 +30,7 @@ from tests.apps import cliapp
 
 T = TypeVar("T")
 
-APP = "tests.apps.cliapp:create_app"
+APP = "tests.apps.cliapp:app"
 FAIL = "tests.apps.cliapp.fail"
 ADD = "tests.apps.cliapp.add"
 NOTIFY = "tests.apps.cliapp.notify"
@@ -337,6 +337,39 @@ def test_dlq_ls_filters_by_queue_task_and_error_type(url: str) -> None:
     assert all(i in table.stdout for i in (*values, *declined))
 
 
+def test_short_task_names_work_wherever_a_task_is_taken(url: str) -> None:
+    """``enqueue`` took ``add`` for ``tests.apps.cliapp.add`` but ``jobs ls -t``
+    and ``dlq ls -t`` found nothing: every --task now expands a short name
+    with the app, and refuses one that two tasks share."""
+    dead = kill(2)
+    [alive] = enqueue(ADD, (1, 1))
+
+    def listed(*args: str) -> set[str]:
+        return {i["id"] for i in js(cli_app(*args, "--json"))["items"]}
+
+    assert listed("jobs", "ls", "-t", "add") == {alive}
+    assert listed("jobs", "ls", "--task", "fail") == set(dead)
+    assert listed("dlq", "ls", "-t", "fail") == set(dead)
+    exported = cli_app("dlq", "export", "-t", "fail")
+    assert sorted(orjson.loads(line)["id"] for line in exported.stdout.splitlines()) == dead
+    assert "replayed 2 dead letters" in cli_app("dlq", "replay", "-t", "fail").stdout
+    again = kill(1)
+    assert "purged 1 dead letter" in cli_app("dlq", "purge", "-t", "fail", "--yes").stdout
+    assert get(again[0]) is None
+
+    for command in (["jobs", "ls"], ["dlq", "ls"], ["dlq", "purge", "--yes"]):
+        ambiguous = cli_app(*command, "-t", "report")
+        assert ambiguous.exit_code == 2, command
+        assert (
+            "task 'report' is ambiguous: billing.report, tests.apps.cliapp.report; "
+            "give the full name" in ambiguous.stderr
+        )
+    # with only a URL there is no app to expand it: the listing says how to look
+    bare = cli(url, "jobs", "ls", "-t", "add")
+    assert "no jobs match (task names are matched in full" in bare.stdout
+    assert "with --app a short name finds the app's task" in bare.stdout
+
+
 def test_dlq_time_filters(url: str) -> None:
     [old] = kill(1)
     cut = datetime.fromtimestamp(time.time(), UTC).isoformat()
@@ -423,9 +456,23 @@ def test_dlq_purge_deletes_only_what_the_filter_says(url: str) -> None:
     assert get(alive) is not None
 
     by_error = kill(1, error="KeyError")
-    result = cli(url, "dlq", "purge", "--error", "KeyError")  # not a TTY: no prompt
+    result = cli(url, "dlq", "purge", "--error", "KeyError", "--yes")
     assert "purged 1 dead letter" in result.stdout
     assert get(by_error[0]) is None and dead_ids() == set(keep)
+
+
+def test_dlq_purge_without_a_terminal_needs_yes(url: str) -> None:
+    """``dlq purge -e KeyError </dev/null`` deleted without --yes: with
+    nobody to ask, a purge must say it is meant."""
+    dead = set(kill(2, error="KeyError"))
+    refused = cli(url, "dlq", "purge", "--error", "KeyError", input="")  # stdin: no terminal
+    assert refused.exit_code == 2
+    assert "refusing to purge dead letters without confirmation" in refused.stderr
+    assert "stdin is not a terminal" in refused.stderr and "add --yes" in refused.stderr
+    assert dead_ids() == dead
+    done = cli(url, "dlq", "purge", "--error", "KeyError", "--yes", input="")
+    assert done.exit_code == 0 and "purged 2 dead letters" in done.stdout
+    assert dead_ids() == set()
 
 
 def test_dlq_purge_asks_a_person_first(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -473,6 +520,54 @@ def test_dlq_export_writes_one_json_line_per_dead_letter(
     piped = cli(url, "dlq", "export", "--queue", "email")
     assert piped.exit_code == 0
     assert [orjson.loads(line)["id"] for line in piped.stdout.splitlines()] == email
+
+
+# -- finding the app --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attr", "what"),
+    [
+        ("wipe_cache", "is a function, not a dumbwaiter App (--app calls nothing to find one)"),
+        ("send_welcome", "is a Task, not a dumbwaiter App;"),
+        ("Settings", "is the class Settings, not a dumbwaiter App"),
+    ],
+)
+def test_app_that_names_no_app_is_refused_and_nothing_is_called(
+    url: str, attr: str, what: str
+) -> None:
+    """``--app side:wipe_cache`` ran the user's function inside the CLI, and
+    ``--app tasks:send_welcome`` gave a raw TypeError traceback."""
+    from tests.apps import notapps
+
+    spec = f"tests.apps.notapps:{attr}"
+    result = CliRunner().invoke(main, ["stats", "--app", spec])
+    assert result.exit_code == 2, result.output
+    assert f"{spec} {what}" in result.stderr
+    assert "point --app at the App, e.g. tests.apps.notapps:app" in result.stderr
+    assert "Traceback" not in result.output and result.exception is not None
+    assert notapps.CALLED == []
+    assert CliRunner().invoke(main, ["stats", "--app", "tests.apps.notapps:app"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["worker"], ["scheduler"], ["doctor"], ["events", "ls"], ["events", "schema"]],
+    ids=" ".join,
+)
+def test_commands_that_need_the_apps_code_do_not_offer_url(url: str, command: list[str]) -> None:
+    """``worker --help`` offered ``--url ... when no --app is given``, and
+    ``worker --url redis://...`` then said ``this command needs --app``: a
+    worker without the app's code has no tasks to run.  Help and behaviour
+    now agree: these commands take --app only, and say so."""
+    helped = CliRunner().invoke(main, [*command, "--help"])
+    assert helped.exit_code == 0 and "--app" in helped.stdout
+    assert "--url" not in helped.stdout
+    given = CliRunner().invoke(main, [*command, "--url", url])
+    assert given.exit_code == 2
+    assert "runs the app's code, which a broker URL does not have: give --app" in given.stderr
+    bare = CliRunner().invoke(main, command, env={"DUMBWAITER_URL": url})
+    assert bare.exit_code == 2 and "needs --app MODULE:ATTR" in bare.stderr
 
 
 # -- enqueue ---------------------------------------------------------------------------
@@ -538,6 +633,11 @@ def test_enqueue_with_only_a_url_builds_the_message(url: str) -> None:
         (["--args", '{"a": 1}'], "must be a JSON array"),
         (["--kwargs", "[1]"], "must be a JSON object"),
         (["--args", "[NaN]"], "not valid JSON"),
+        (["--args", "[1e400]"], "beyond a double's range"),
+        # orjson would read these as floats; the API refuses the integers
+        (["--args", "[18446744073709551616]"], "the integer 18446744073709551616 does not fit"),
+        (["--kwargs", '{"n": -9223372036854775809}'], "does not fit in 64 bits"),
+        (["--args", '["\\ud800"]'], "lone surrogate"),
     ],
 )
 def test_enqueue_bad_json_is_a_usage_error(url: str, args: Sequence[str], message: str) -> None:
@@ -546,6 +646,20 @@ def test_enqueue_bad_json_is_a_usage_error(url: str, args: Sequence[str], messag
     assert message in result.stderr
     assert "Traceback" not in result.output
     assert js(cli(url, "jobs", "ls", "--json"))["items"] == []
+
+
+def test_enqueue_refuses_what_the_api_refuses_with_its_error(url: str) -> None:
+    """A number the API refuses (over 64 bits) is refused by the CLI with the
+    API's own message, instead of reaching the task as a float."""
+    with pytest.raises(dw.SerializationError) as api:
+        with_app(lambda app: app.tasks[ADD].aenqueue(2**64, 1))
+    result = cli_app("enqueue", ADD, "--args", "[18446744073709551616, 1]")
+    assert result.exit_code == 2
+    assert str(api.value) in result.stderr
+    exact = js(cli(url, "enqueue", "elsewhere.task", "--args", "[18446744073709551615]", "--json"))
+    info = get(exact["id"])
+    assert info is not None and info.message.args == [2**64 - 1]  # the largest, exact
+    assert len(js(cli(url, "jobs", "ls", "--json"))["items"]) == 1
 
 
 # -- end to end with a real worker -----------------------------------------------------

@@ -93,7 +93,7 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def cli(*args: str) -> Result:
     return CliRunner().invoke(
-        main, [args[0], *args[1:2], "--app", "tests.apps.eventsapp:create_app", *args[2:]]
+        main, [args[0], *args[1:2], "--app", "tests.apps.eventsapp:app", *args[2:]]
     )
 
 
@@ -148,3 +148,29 @@ def test_publish_and_replay_from_the_cli(url: str) -> None:
     out = cli("events", "replay", "account.signup_completed", "-g", "email", "--force")
     asyncio.run(drain(app))
     assert eventsapp.HANDLED == ["welcome:7", "welcome:7"]
+
+
+def test_publish_with_only_a_url_needs_no_app_code(url: str) -> None:
+    """``publish --help`` offers --url, and it works: without the event class
+    the payload is published as given, in the version the caller names, and
+    the subscriber validates (and upgrades) it."""
+    eventsapp.HANDLED.clear()
+    app = eventsapp.create_app()
+    asyncio.run(drain(app))  # a worker has bound the group before the event
+    assert "--url" in CliRunner().invoke(main, ["publish", "--help"]).stdout
+
+    def bare(*args: str) -> Result:
+        return CliRunner().invoke(main, ["publish", "account.signup_completed", *args])
+
+    unversioned = bare("--payload", '{"user_id": 7}', "--url", url)
+    assert unversioned.exit_code == 2 and "give --event-version N" in unversioned.stderr
+    out = bare("--payload", '{"user_id": 7}', "--event-version", "1", "--url", url, "--json")
+    assert out.exit_code == 0, out.output
+    assert orjson.loads(out.stdout)["version"] == 1
+    asyncio.run(drain(app))
+    assert eventsapp.HANDLED == ["welcome:7"]  # upgraded from version 1 and handled
+    # with --app a version is checked against the app's classes
+    wrong = cli("publish", "account.signup_completed", "--payload", "{}", "--event-version", "3")
+    assert (
+        wrong.exit_code == 2 and "has no version 3 in this app; its versions: 1, 2" in wrong.stderr
+    )

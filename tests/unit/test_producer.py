@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,37 @@ def test_non_json_argument_fails_naming_it(app: dw.App) -> None:
         remind.enqueue(1, object())
     assert app.broker.capabilities.sync_enqueue  # nothing was stored by the failed calls
     assert dw.App(app.url).tasks == {}
+
+
+def test_a_lone_surrogate_fails_naming_the_argument_and_where(app: dw.App) -> None:
+    """A str UTF-8 cannot encode (a lone surrogate, as errors='surrogateescape'
+    leaves) is a SerializationError naming the argument and the path to it,
+    not orjson's bare TypeError; on the one-call, bulk and event paths."""
+
+    class Named(dw.Event, type="producer.named"):
+        name: str
+
+    @app.task
+    def greet(name: str, user: dict[str, object] | None = None) -> None: ...
+
+    lone = re.escape("lone surrogate '\\udce9' at index 2, which UTF-8 (and so JSON) cannot encode")
+    with pytest.raises(dw.SerializationError, match=rf"argument 'name' of .*greet\(\).*{lone}"):
+        greet.enqueue("Zo\udce9")
+    with pytest.raises(dw.SerializationError, match=rf"argument 'user' .* at \['name'\] .*{lone}"):
+        greet.enqueue("x", user={"name": "Zo\udce9"})
+    with pytest.raises(dw.SerializationError, match=r"argument 'user' .* at \['tags'\]\[1\]"):
+        greet.enqueue("x", {"tags": ["a", "\ud800"]})
+    with pytest.raises(dw.SerializationError, match=r"the key '\\ud800' has a lone surrogate"):
+        greet.enqueue("x", {"\ud800": 1})
+    with pytest.raises(dw.SerializationError, match=rf"argument 'name' .*{lone}"):
+        greet.enqueue_many(["fine", "Zo\udce9"])
+    with pytest.raises(dw.SerializationError, match=r"payload of event producer.named.*lone"):
+        app.publish(Named(name="\ud800"))
+    assert app._call(app.broker.stats()) == []  # nothing was stored
+    job = greet.enqueue("Zoé 使用者", user={"名前": "é"})  # text that is not ASCII is fine
+    info = job.info()
+    assert info is not None
+    assert (info.message.args, info.message.kwargs) == (["Zoé 使用者"], {"user": {"名前": "é"}})
 
 
 def test_arguments_must_fit_the_signature(app: dw.App) -> None:

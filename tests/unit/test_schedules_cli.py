@@ -22,7 +22,7 @@ from dumbwaiter.cli import main
 from dumbwaiter.scheduler import Scheduler
 from tests.apps import schedapp
 
-APP = "tests.apps.schedapp:create_app"
+APP = "tests.apps.schedapp:app"
 HEARTBEAT = "tests.apps.schedapp.heartbeat"
 
 

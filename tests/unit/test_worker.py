@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import dumbwaiter as dw
+from dumbwaiter.message import TASK, Message, uuid7
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
 
@@ -355,6 +356,55 @@ async def test_undecodable_body_is_dead_lettered_and_others_still_run(tmp_path: 
     assert bad.message.errors[0].type == "dumbwaiter.errors.MessageDecodeError"
     assert bad.raw == b"{not "
     await app.aclose()
+
+
+async def test_a_body_that_is_not_utf8_is_dead_lettered_saying_so(tmp_path: Any) -> None:
+    """orjson words invalid UTF-8 as "str is not valid UTF-8: surrogates not
+    allowed"; the dead letter names the byte and its offset instead."""
+    import sqlite3
+
+    app = dw.App(f"sqlite:///{tmp_path}/bad.db")
+
+    @app.task
+    def fine(i: int) -> None: ...
+
+    job = await fine.aenqueue(1)
+    conn = sqlite3.connect(f"{tmp_path}/bad.db")
+    conn.execute("UPDATE dw_jobs SET body = ? WHERE id = ?", (b'{"id": "\xff"}', job.id))
+    conn.commit()
+    conn.close()
+    await drain(app)
+    info = await job.ainfo()
+    assert info is not None and info.state is State.DEAD
+    [error] = info.message.errors
+    assert error.type == "dumbwaiter.errors.MessageDecodeError"
+    assert error.message.startswith(
+        "message body is not valid UTF-8 (byte 0xff at offset 8: invalid start byte)"
+    )
+    assert "surrogates" not in error.message
+    await app.aclose()
+
+
+async def test_dead_letter_log_lines_name_the_task(
+    app: dw.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task's name is in the dead-letter line whenever the message carries
+    it, also when no handler ran (unknown task, arguments that do not fit)."""
+
+    @app.task
+    def two(a: int, b: int) -> None: ...
+
+    def job(name: str, args: list[Any]) -> Message:
+        return Message(id=uuid7(), kind=TASK, name=name, queue="default", args=args)
+
+    # one argument: as if a deploy had added a parameter since it was enqueued
+    unfit, unknown = await app.broker.enqueue([job(two.name, [1]), job("gone.task", [])])
+    with caplog.at_level("WARNING", logger="dumbwaiter"):
+        await drain(app)
+    lines = {r.getMessage() for r in caplog.records if "dead-lettered" in r.getMessage()}
+    assert any(line.startswith(f"job {unfit} ({two.name}) ") for line in lines), lines
+    assert any(line.startswith(f"job {unknown} (gone.task) ") for line in lines), lines
+    assert not any("(?)" in line for line in lines)
 
 
 async def test_queues_are_taken_in_turn(app: dw.App) -> None:

@@ -11,23 +11,24 @@ a traceback.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import click
-import orjson
 from rich.text import Text
 
 from ..app import App
 from ..brokers.base import Broker, QueueStats
-from ..errors import DumbwaiterError, InvalidArguments
+from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
-from ..task import Task
+from ..task import Task, full_name
 from .common import app_options, resolve_app
 from .output import console, duration, print_json, table
 
-__all__ = ["call", "enqueue", "stats"]
+__all__ = ["call", "enqueue", "no_match", "stats", "task_filter"]
 
 T = TypeVar("T")
 
@@ -102,10 +103,8 @@ def json_option(
 
     def convert(ctx: click.Context, param: click.Parameter, value: str) -> Any:
         try:
-            # orjson, unlike json, refuses NaN/Infinity and integers over 64 bits,
-            # which no engine could carry either
-            parsed = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
+            parsed = _exact_json(value)
+        except ValueError as exc:
             raise click.BadParameter(f"not valid JSON ({exc}): {value!r}", ctx, param) from None
         if not isinstance(parsed, kind):
             want = "array, e.g. '[1, \"a\"]'" if kind is list else "object, e.g. '{\"a\": 1}'"
@@ -119,6 +118,29 @@ def json_option(
     return click.option(name, metavar=metavar, default=empty, callback=convert, help=help)
 
 
+def _exact_json(text: str) -> Any:
+    """Parse JSON keeping every integer exact, so the API's checks see what was typed.
+
+    Not orjson: it reads an integer beyond 64 bits as a float, so
+    ``[18446744073709551616]`` would reach the task as ``1.8446744073709552e+19``
+    where ``task.enqueue(2**64)`` is refused.  The standard library keeps the
+    integer (``check_json`` then refuses it with the API's own error) and is
+    told to refuse NaN and Infinity, which are not JSON, and a number too big
+    for a double, which it would read as Infinity.
+    """
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite(digits: str) -> float:
+        value = float(digits)
+        if not math.isfinite(value):
+            raise ValueError(f"{digits} is beyond a double's range")
+        return value
+
+    return json.loads(text, parse_constant=no_constant, parse_float=finite)
+
+
 def _json_kind(value: Any) -> str:
     names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
     return names.get(type(value), "number")
@@ -127,19 +149,36 @@ def _json_kind(value: Any) -> str:
 def find_task(app: App, name: str) -> Task:
     """The task registered as ``name``, or the only one whose name ends in ``.name``
     (so ``send_welcome`` finds ``myproject.jobs.send_welcome``)."""
-    task = app.tasks.get(name)
-    if task is not None:
-        return task
-    matches = [t for n, t in app.tasks.items() if n.rsplit(".", 1)[-1] == name]
-    if len(matches) == 1:
-        return matches[0]
-    known = ", ".join(sorted(app.tasks)) or "(none)"
-    if matches:
-        raise click.UsageError(
-            f"task {name!r} is ambiguous: {', '.join(sorted(t.name for t in matches))}; "
-            "give the full name"
+    task = app.tasks.get(task_filter(app, name))
+    if task is None:
+        known = ", ".join(sorted(app.tasks)) or "(none)"
+        raise click.UsageError(f"no task {name!r} in this app; registered tasks: {known}")
+    return task
+
+
+@overload
+def task_filter(app: App, name: str) -> str: ...
+@overload
+def task_filter(app: App, name: None) -> None: ...
+def task_filter(app: App, name: str | None) -> str | None:
+    """``--task NAME`` as stored (``task.full_name``: a short name means the
+    app's one task ending in it); an ambiguous short name is a usage error."""
+    if name is None:
+        return None
+    try:
+        return full_name(app, name)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def no_match(what: str, app: App, name: str | None) -> str:
+    """ "no jobs match", with a hint when a short task name met no app to expand it."""
+    if name is not None and "." not in name and not app.tasks:
+        return (
+            f"{what} match (task names are matched in full, e.g. myproject.jobs.{name}; "
+            "with --app a short name finds the app's task)"
         )
-    raise click.UsageError(f"no task {name!r} in this app; registered tasks: {known}")
+    return f"{what} match"
 
 
 @click.command()
@@ -189,7 +228,7 @@ def enqueue(
         async def send_task(_: Broker) -> str:
             try:
                 job = await task.options(**opts).aenqueue(*args, **kwargs)
-            except InvalidArguments as exc:
+            except (InvalidArguments, SerializationError) as exc:
                 raise click.UsageError(str(exc)) from exc
             return job.id
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from types import ModuleType
 from typing import Any, TypeVar
 
 import click
@@ -22,7 +24,13 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 
 def load_app(spec: str) -> App:
     """Import ``module:attr`` (the current directory is on the path, as for
-    ``python -m``) and return the App it names."""
+    ``python -m``) and return the App it names.
+
+    Nothing found there is called: a factory form is not documented, and
+    calling whatever callable the user named ran their code inside the CLI
+    (``--app side:wipe_cache`` wiped the cache).  Anything but an App is a
+    usage error that names what it is and where the App is.
+    """
     module_name, _, attr = spec.partition(":")
     if not module_name:
         raise click.UsageError(
@@ -41,40 +49,105 @@ def load_app(spec: str) -> App:
         except AttributeError:
             raise click.UsageError(
                 f"--app {spec!r}: module {module_name!r} has no attribute {attr or 'app'!r}"
+                f"; {_where_the_app_is(module)}"
             ) from None
-    if callable(obj) and not isinstance(obj, App):
-        obj = obj()
     if not isinstance(obj, App):
-        raise click.UsageError(f"--app {spec!r} names a {type(obj).__name__}, not a dumbwaiter.App")
+        from ..task import Task
+
+        called = (
+            " (--app calls nothing to find one)"
+            if callable(obj) and not isinstance(obj, Task)
+            else ""
+        )
+        raise click.UsageError(
+            f"{module_name}:{attr or 'app'} is {_what(obj)}, not a dumbwaiter App{called}; "
+            + _where_the_app_is(module)
+        )
     return obj
 
 
+def _what(obj: Any) -> str:
+    """``obj`` in a few words: a Task, a function, a class..."""
+    from ..task import Task
+
+    if isinstance(obj, Task):
+        return "a Task"
+    if inspect.isclass(obj):
+        return f"the class {obj.__qualname__}"
+    if inspect.isroutine(obj):
+        return "a function"
+    if inspect.ismodule(obj):
+        return "a module"
+    return f"a {type(obj).__name__}"
+
+
+def _where_the_app_is(module: ModuleType) -> str:
+    """Point at the module's App(s), or say what one looks like."""
+    name = module.__name__
+    apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
+    if apps:
+        return "point --app at the App, e.g. " + " or ".join(f"{name}:{a}" for a in apps)
+    return (
+        f"point --app at a module-level App, e.g. {name}:app for "
+        "`app = dumbwaiter.App(...)` in that module"
+    )
+
+
 def app_options(fn: F) -> F:
-    """``--app`` and ``--url`` on a command; the command receives ``app``."""
+    """``--app`` and ``--url`` on a command that works from either (admin
+    commands need no task code); it receives ``app_spec`` and ``url``."""
     fn = click.option(
         "--url",
         envvar=URL_ENV,
         help=f"Broker URL, when no --app is given [env {URL_ENV}].",
     )(fn)
-    fn = click.option(
+    return _app_spec(fn)
+
+
+def app_option(fn: F) -> F:
+    """``--app`` alone, on a command that needs the app's code (its tasks,
+    event classes, schedules): a bare broker URL would give it nothing to
+    run, so it is not offered.  The command receives ``app_spec``; a
+    ``--url`` given anyway is refused saying why (a hidden option, so the
+    help does not offer it)."""
+
+    def no_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            raise click.UsageError(
+                f"{ctx.command_path} runs the app's code, which a broker URL does not "
+                f"have: give --app MODULE:ATTR (or ${APP_ENV}); the app names its broker",
+                ctx,
+            )
+
+    fn = click.option("--url", hidden=True, expose_value=False, callback=no_url)(fn)
+    return _app_spec(fn)
+
+
+def _app_spec(fn: F) -> F:
+    return click.option(
         "--app",
         "app_spec",
         envvar=APP_ENV,
         metavar="MODULE:ATTR",
         help=f"The dumbwaiter.App to use [env {APP_ENV}].",
     )(fn)
-    return fn
 
 
-def resolve_app(app_spec: str | None, url: str | None, *, need_tasks: bool = False) -> App:
+def resolve_app(app_spec: str | None, url: str | None) -> App:
+    """The App of ``--app``, else one on the ``--url`` broker."""
     if app_spec:
         return load_app(app_spec)
-    if need_tasks:
-        raise click.UsageError(f"this command needs --app MODULE:ATTR (or ${APP_ENV})")
     try:
         return App(url)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def require_app(app_spec: str | None) -> App:
+    """The App of ``--app``, for a command that cannot work without its code."""
+    if not app_spec:
+        raise click.UsageError(f"this command needs --app MODULE:ATTR (or ${APP_ENV})")
+    return load_app(app_spec)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

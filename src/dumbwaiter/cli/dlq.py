@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, TypeVar
 
 import click
@@ -29,9 +29,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ..app import App
 from ..brokers.base import Broker, JobFilter
 from ..state import State
-from .admin import call
+from .admin import call, no_match, task_filter
 from .common import app_options, resolve_app
 from .jobs import cursor_option, get_job, json_option, limit_option, print_page
 from .output import console, job_dict, note, plural, print_json, render_job, time_option, timestamp
@@ -54,6 +55,11 @@ class Selection:
     filter: JobFilter
     narrowed: bool  # ids or a filter option was given
     all: bool
+
+    def on(self, app: App) -> JobFilter:
+        """The filter with ``--task`` as stored (a short name expanded by the app)."""
+        name = task_filter(app, self.filter.name)
+        return self.filter if name == self.filter.name else replace(self.filter, name=name)
 
     def require(self, verb: str) -> None:
         """Refuse to act on every dead letter by accident."""
@@ -103,7 +109,13 @@ def selection(fn: F) -> F:
     options: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.argument("job_ids", metavar="[ID]...", nargs=-1),
         click.option("-q", "--queue", help="Only dead letters of this queue."),
-        click.option("-t", "--task", "task_name", metavar="NAME", help="Only this task's."),
+        click.option(
+            "-t",
+            "--task",
+            "task_name",
+            metavar="NAME",
+            help="Only this task's (with --app, a short name like send_welcome works).",
+        ),
         click.option(
             "-e",
             "--error",
@@ -139,8 +151,10 @@ def ls(
 ) -> None:
     """List dead letters, newest first, with their last error."""
     app = resolve_app(app_spec, url)
-    page = call(app, lambda b: b.list_jobs(sel.filter, cursor, limit))
-    print_page(page, as_json=as_json, dead_letters=True, empty="no dead letters match")
+    f = sel.on(app)
+    page = call(app, lambda b: b.list_jobs(f, cursor, limit))
+    empty = no_match("no dead letters", app, f.name)
+    print_page(page, as_json=as_json, dead_letters=True, empty=empty)
 
 
 @dlq.command("show")
@@ -176,7 +190,8 @@ def replay(app_spec: str | None, url: str | None, sel: Selection) -> None:
     """
     sel.require("replay")
     app = resolve_app(app_spec, url)
-    n = call(app, lambda b: b.replay(sel.filter))
+    f = sel.on(app)
+    n = call(app, lambda b: b.replay(f))
     click.echo(f"replayed {plural(n, 'dead letter')}")
     _unmatched(sel, n)
 
@@ -189,17 +204,20 @@ def purge(app_spec: str | None, url: str | None, sel: Selection, yes: bool) -> N
     """Delete dead letters for good.
 
     Export them first if they may be needed again.  Asks for confirmation
-    when run at a terminal, unless --yes.
+    at a terminal, unless --yes; without a terminal (a script, a pipe,
+    </dev/null) it refuses unless --yes, since nobody can be asked.
     """
     sel.require("purge")
+    require_yes(yes, "purge dead letters", "delete them (export them first if they may be needed)")
     app = resolve_app(app_spec, url)
-    if not yes and interactive():
-        n = call(app, lambda b: count(b, sel.filter))
+    f = sel.on(app)
+    if not yes:
+        n = call(app, lambda b: count(b, f))
         if n == 0:
             click.echo("no dead letters match; nothing purged")
             return
         click.confirm(f"Delete {plural(n, 'dead letter')} for good?", abort=True, err=True)
-    n = call(app, lambda b: b.purge(sel.filter))
+    n = call(app, lambda b: b.purge(f))
     click.echo(f"purged {plural(n, 'dead letter')}")
     _unmatched(sel, n)
 
@@ -207,6 +225,19 @@ def purge(app_spec: str | None, url: str | None, sel: Selection, yes: bool) -> N
 def interactive() -> bool:
     """Whether a person can answer a prompt (scripts and pipes are not asked)."""
     return sys.stdin.isatty()
+
+
+def require_yes(yes: bool, verb: str, to: str) -> None:
+    """Refuse a destructive command that nobody confirmed.
+
+    At a terminal the command asks; without one, only ``--yes`` says that
+    the deletion is meant: a script that forgot it must fail, not delete.
+    """
+    if not yes and not interactive():
+        raise click.UsageError(
+            f"refusing to {verb} without confirmation: stdin is not a terminal, so "
+            f"nobody can be asked; add --yes to {to}"
+        )
 
 
 def _unmatched(sel: Selection, n: int) -> None:
@@ -266,11 +297,12 @@ def export(app_spec: str | None, url: str | None, sel: Selection, output: str) -
     for the whole queue.
     """
     app = resolve_app(app_spec, url)
+    f = sel.on(app)
     if output == "-":
         sys.stdout.flush()
         stdout = sys.stdout.buffer
         try:
-            n = call(app, lambda b: write_lines(b, sel.filter, stdout, _quiet))
+            n = call(app, lambda b: write_lines(b, f, stdout, _quiet))
             stdout.flush()
         except BrokenPipeError:  # `dlq export | head`: the reader has had enough
             _silence_stdout()
@@ -295,7 +327,7 @@ def export(app_spec: str | None, url: str | None, sel: Selection, output: str) -
             ) as bar,
         ):
             task = bar.add_task("export", total=None)
-            n = call(app, lambda b: write_lines(b, sel.filter, fh, _advance(bar, task)))
+            n = call(app, lambda b: write_lines(b, f, fh, _advance(bar, task)))
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)

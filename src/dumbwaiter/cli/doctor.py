@@ -1,40 +1,70 @@
-"""``dumbwaiter doctor``: check the app against the anti-patterns; exit 1 on problems."""
+"""``dumbwaiter doctor``: check the app and its broker; exit 1 on faults only."""
 
 from __future__ import annotations
 
 import click
 from rich.text import Text
 
-from ..doctor import PROBLEM, check, problems
-from .common import app_options, resolve_app
+from ..doctor import FAULT, LEVELS, WARNING, Finding, check, check_broker, faults, ordered
+from .admin import call
+from .common import app_option, require_app
 from .output import console, plural, print_json
+
+_STYLE = {FAULT: "red bold", WARNING: "yellow", "note": "cyan"}
 
 
 @click.command()
-@app_options
+@app_option
+@click.option(
+    "--no-broker",
+    is_flag=True,
+    help="Check the configuration only, without asking the broker (for CI).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds the broker has to answer before it counts as unreachable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def doctor(app_spec: str | None, url: str | None, as_json: bool) -> None:
-    """Check the app's tasks, groups, retries and alerts against the known
-    anti-patterns, and say what to change.  Exit status 1 when a problem
-    (not a note) is found, so CI can run it."""
-    app = resolve_app(app_spec, url, need_tasks=True)
+def doctor(app_spec: str | None, no_broker: bool, timeout: float, as_json: bool) -> None:
+    """Check the app against the known anti-patterns, and its broker, and say
+    what to change.
+
+    Each finding is a fault (something does not work: the broker cannot be
+    reached or is not ready), a warning (it works but can hurt) or a note
+    (advice).  Exit status 1 when there is a fault, else 0, so CI can run it;
+    --json lists every finding with its level.
+    """
+    app = require_app(app_spec)
     found = check(app)
-    bad = problems(found)
+    if not no_broker:
+        found = ordered(found + call(app, lambda _: check_broker(app, timeout)))
+    bad = faults(found)
     if as_json:
-        print_json({"ok": not bad, "findings": [f.to_dict() for f in found]})
+        counts = {level: sum(f.level == level for f in found) for level in LEVELS}
+        print_json({"ok": not bad, "counts": counts, "findings": [f.to_dict() for f in found]})
         raise SystemExit(1 if bad else 0)
+    _print(found)
+    raise SystemExit(1 if bad else 0)
+
+
+def _print(found: list[Finding]) -> None:
     out = console()
     if not found:
-        out.print(Text("no problems found", style="green"))
+        out.print(Text("nothing found: no faults, no warnings", style="green"))
         return
     for f in found:
         head = Text(f"{f.code} ", style="bold")
-        head.append(f.level, style="red bold" if f.level == PROBLEM else "yellow")
+        head.append(f"{f.level:<7}", style=_STYLE.get(f.level, ""))
         head.append(f"  {f.subject}: ", style="bold")
         head.append(f.message)
         out.print(head)
         out.print(Text(f"    fix: {f.fix}", style="dim"))
-    notes = len(found) - len(bad)
-    summary = f"{plural(len(bad), 'problem')}, {plural(notes, 'note')}"
-    out.print(Text(summary, style="red bold" if bad else "green"))
-    raise SystemExit(1 if bad else 0)
+    n = {level: sum(f.level == level for f in found) for level in LEVELS}
+    summary = ", ".join(plural(n[level], level) for level in LEVELS)
+    if n[FAULT]:
+        out.print(Text(f"{summary}: the faults need fixing", style="red bold"))
+    else:
+        out.print(Text(f"{summary}: no faults (warnings and notes are advice)", style="green"))

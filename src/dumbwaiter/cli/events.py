@@ -14,13 +14,14 @@ import click
 import orjson
 import pydantic
 
-from ..app import App
+from ..brokers.base import Broker
 from ..contracts import check as check_contract
 from ..contracts import lock_document, schemas
 from ..errors import DumbwaiterError
-from ..event import REGISTRY, Event, replay
+from ..event import REGISTRY, Event, event_message_of, replay
+from ..message import Message
 from .admin import call, json_option
-from .common import app_options, resolve_app
+from .common import app_option, app_options, require_app, resolve_app
 from .output import console, note, plural, print_json, table, time_option
 
 LOCK_FILE = "events.lock.json"
@@ -31,16 +32,12 @@ def events() -> None:
     """Event types, their schemas and contracts, and replay from the log."""
 
 
-def _app(app_spec: str | None, url: str | None) -> App:
-    return resolve_app(app_spec, url, need_tasks=True)
-
-
 @events.command("ls")
-@app_options
+@app_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def ls(app_spec: str | None, url: str | None, as_json: bool) -> None:
+def ls(app_spec: str | None, as_json: bool) -> None:
     """Every event type the app knows: versions, class, subscriber groups."""
-    app = _app(app_spec, url)
+    app = require_app(app_spec)
     groups: dict[str, list[str]] = {}
     for queue, etype in sorted(app.subscriptions):
         groups.setdefault(etype, []).append(app.subscriptions[(queue, etype)].group)
@@ -74,11 +71,11 @@ def ls(app_spec: str | None, url: str | None, as_json: bool) -> None:
 
 
 @events.command("schema")
-@app_options
+@app_option
 @click.argument("event_type", required=False)
-def schema(app_spec: str | None, url: str | None, event_type: str | None) -> None:
+def schema(app_spec: str | None, event_type: str | None) -> None:
     """Print the JSON Schema of every event type (or of EVENT_TYPE), by version."""
-    _app(app_spec, url)
+    require_app(app_spec)
     found = schemas()
     if event_type is not None:
         if event_type not in found:
@@ -88,11 +85,11 @@ def schema(app_spec: str | None, url: str | None, event_type: str | None) -> Non
 
 
 @events.command("lock")
-@app_options
+@app_option
 @click.option("--file", "path", default=LOCK_FILE, show_default=True, type=click.Path())
-def lock(app_spec: str | None, url: str | None, path: str) -> None:
+def lock(app_spec: str | None, path: str) -> None:
     """Write the lock file: every event type and version with its schema."""
-    _app(app_spec, url)
+    require_app(app_spec)
     doc = lock_document()
     Path(path).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     n = sum(len(v) for v in doc["events"].values())
@@ -100,17 +97,17 @@ def lock(app_spec: str | None, url: str | None, path: str) -> None:
 
 
 @events.command("check")
-@app_options
+@app_option
 @click.option("--file", "path", default=LOCK_FILE, show_default=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check(app_spec: str | None, url: str | None, path: str, as_json: bool) -> None:
+def check(app_spec: str | None, path: str, as_json: bool) -> None:
     """Fail (exit 1) on an incompatible event change made without a version bump.
 
     Compares the app's event classes with the lock file: a removed or renamed
     field, a changed type or a new required field in a version that exists in
     the lock is incompatible.  Run it in CI; after a deliberate change, bump
     the version, add an upcaster and run `dumbwaiter events lock`."""
-    app = _app(app_spec, url)
+    app = require_app(app_spec)
     try:
         locked = orjson.loads(Path(path).read_bytes())
     except FileNotFoundError:
@@ -135,7 +132,7 @@ def check(app_spec: str | None, url: str | None, path: str, as_json: bool) -> No
 
 
 @events.command("replay")
-@app_options
+@app_option
 @click.argument("event_type")
 @click.option("--group", "-g", required=True, help="The subscriber group to deliver to.")
 @time_option("--since", "Only events published at or after TIME (ISO 8601, or 2h, 1d ago).")
@@ -147,7 +144,6 @@ def check(app_spec: str | None, url: str | None, path: str, as_json: bool) -> No
 )
 def replay_cmd(
     app_spec: str | None,
-    url: str | None,
     event_type: str,
     group: str,
     since: float | None,
@@ -158,7 +154,7 @@ def replay_cmd(
 
     For a new consumer, or after fixing a bug.  Events the group already
     handled are acked without running (its inbox), unless --force."""
-    app = _app(app_spec, url)
+    app = require_app(app_spec)
     n = call(
         app,
         lambda _: replay(app, event_type, group, since=since, until=until, force=force),
@@ -170,6 +166,14 @@ def replay_cmd(
 @app_options
 @click.argument("event_type")
 @json_option("--payload", dict, "The event's fields, a JSON object.")
+@click.option(
+    "--event-version",
+    "version",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The schema version of the payload [default with --app: the newest class's; "
+    "required with only --url].",
+)
 @click.option("--key", default=None, help="Ordering key (e.g. the entity's id).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
 def publish(
@@ -177,27 +181,64 @@ def publish(
     url: str | None,
     event_type: str,
     payload: dict[str, Any],
+    version: int | None,
     key: str | None,
     as_json: bool,
 ) -> None:
-    """Publish an event of EVENT_TYPE (its newest version), validated first."""
-    app = _app(app_spec, url)
+    """Publish an event of EVENT_TYPE to every subscriber group.
+
+    With --app the payload is validated first, against the event class of
+    its version.  With only --url no class is at hand: the event is
+    published as given, in --event-version, and each group's handler
+    validates it (one that does not fit is dead-lettered in that group).
+    """
+    if key == "":
+        raise click.BadParameter("must not be empty", param_hint="--key")
+    if app_spec:
+        app = require_app(app_spec)
+        event = _validated(event_type, payload, version)
+        version = event.event_version
+        event_id = call(app, lambda _: app.apublish(event, key=key))
+    elif version is None:
+        raise click.UsageError(
+            "with only --url, give --event-version N: the schema version the payload is in "
+            "(subscribers upgrade older versions from it); or give --app to validate it"
+        )
+    else:
+        app = resolve_app(None, url)
+        try:
+            msg = event_message_of(event_type, version, payload, key, None)
+        except DumbwaiterError as exc:
+            raise click.UsageError(str(exc)) from exc
+        event_id = call(app, lambda b: _publish(b, msg))
+    if as_json:
+        print_json({"id": event_id, "type": event_type, "version": version})
+    else:
+        click.echo(event_id)
+
+
+async def _publish(broker: Broker, msg: Message) -> str:
+    await broker.publish([msg])
+    return msg.id
+
+
+def _validated(event_type: str, payload: dict[str, Any], version: int | None) -> Event:
+    """``payload`` as the app's class of ``event_type`` (``version``, or the newest)."""
     versions = sorted(v for t, v in REGISTRY if t == event_type)
     if not versions:
         raise click.UsageError(_unknown(event_type))
-    cls: type[Event] = REGISTRY[(event_type, versions[-1])]
+    if version is None:
+        version = versions[-1]
+    elif version not in versions:
+        raise click.UsageError(
+            f"event {event_type!r} has no version {version} in this app; "
+            f"its versions: {', '.join(map(str, versions))}"
+        )
+    cls: type[Event] = REGISTRY[(event_type, version)]
     try:
-        event = cls.model_validate(payload)
+        return cls.model_validate(payload)
     except pydantic.ValidationError as exc:
         raise click.UsageError(f"the payload is not a valid {event_type}: {exc}") from None
-    try:
-        event_id = call(app, lambda b: app.apublish(event, key=key))
-    except DumbwaiterError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if as_json:
-        print_json({"id": event_id, "type": event_type, "version": versions[-1]})
-    else:
-        click.echo(event_id)
 
 
 def _unknown(event_type: str) -> str:

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..brokers.base import Broker, JobFilter, JobInfo, Page
 from ..state import CANCELLABLE_STATES, State
 from ..workflow import steps_of
-from .admin import call
+from .admin import call, no_match, task_filter
 from .common import app_options, resolve_app
 from .output import (
     console,
@@ -121,7 +121,13 @@ _STATE_STYLE = {
     type=click.Choice([s.value for s in State]),
     help="Only jobs in this state.",
 )
-@click.option("-t", "--task", "task_name", metavar="NAME", help="Only jobs of this task.")
+@click.option(
+    "-t",
+    "--task",
+    "task_name",
+    metavar="NAME",
+    help="Only jobs of this task (with --app, a short name like send_welcome works).",
+)
 @click.option(
     "-k",
     "--key",
@@ -147,9 +153,10 @@ def ls(
     ``--key`` searches every stored job, not only recent ones.
     """
     app = resolve_app(app_spec, url)
-    f = JobFilter(queue=queue, name=task_name, state=State(state) if state else None, key=key)
+    name = task_filter(app, task_name)
+    f = JobFilter(queue=queue, name=name, state=State(state) if state else None, key=key)
     page = call(app, lambda b: b.list_jobs(f, cursor, limit))
-    print_page(page, as_json=as_json, dead_letters=False, empty="no jobs match")
+    print_page(page, as_json=as_json, dead_letters=False, empty=no_match("no jobs", app, name))
 
 
 def get_job(app_spec: str | None, url: str | None, job_id: str) -> JobInfo:

@@ -15,14 +15,14 @@ import signal
 import click
 
 from ..scheduler import DEFAULT_LEASE, Scheduler
-from .common import app_options, log_level_option, loop_option, resolve_app, setup_logging
+from .common import app_option, log_level_option, loop_option, require_app, setup_logging
 from .common import serve as run_on_loop
 
 log = logging.getLogger("dumbwaiter.cli")
 
 
 @click.command()
-@app_options
+@app_option
 @click.option(
     "--lease",
     type=click.FloatRange(min=0.5),
@@ -33,12 +33,10 @@ log = logging.getLogger("dumbwaiter.cli")
 )
 @loop_option
 @log_level_option
-def scheduler(
-    app_spec: str | None, url: str | None, lease: float, log_level: str, loop: str
-) -> None:
+def scheduler(app_spec: str | None, lease: float, log_level: str, loop: str) -> None:
     """Enqueue the app's periodic tasks on time, once per tick, in any number of replicas."""
     setup_logging(log_level)
-    app = resolve_app(app_spec, url, need_tasks=True)
+    app = require_app(app_spec)
     if not app.schedules:
         log.warning("the app has no @app.periodic schedules; this scheduler will only wait")
     run_on_loop(serve(Scheduler(app, lease=lease)), loop)

@@ -14,13 +14,13 @@ import click
 
 from ..app import App
 from ..worker import Service, Worker, WorkerConfig
-from .common import app_options, log_level_option, loop_option, resolve_app, serve, setup_logging
+from .common import app_option, log_level_option, loop_option, require_app, serve, setup_logging
 
 log = logging.getLogger("dumbwaiter.cli")
 
 
 @click.command()
-@app_options
+@app_option
 @click.option(
     "-q",
     "--queues",
@@ -96,7 +96,6 @@ log = logging.getLogger("dumbwaiter.cli")
 @log_level_option
 def worker(
     app_spec: str | None,
-    url: str | None,
     queues: str,
     concurrency: int,
     processes: int,
@@ -114,7 +113,7 @@ def worker(
     setup_logging(log_level)
     if processes > 1:
         sys.exit(_supervise(processes))
-    app = resolve_app(app_spec, url, need_tasks=True)
+    app = require_app(app_spec)
     config = WorkerConfig(
         queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
         concurrency=concurrency,

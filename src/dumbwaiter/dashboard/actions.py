@@ -106,7 +106,7 @@ def _ids(form: FormData) -> tuple[str, ...]:
     return tuple(dict.fromkeys(ids))[:MAX_SELECTED]
 
 
-def _dead_selection(form: FormData) -> tuple[JobFilter | None, str]:
+def _dead_selection(request: Request, form: FormData) -> tuple[JobFilter | None, str]:
     """The dead letters a bulk form means: ``scope`` = ``selected`` (the ``id``
     fields) or ``matching`` (the filter fields).  Returns (filter, error)."""
     scope = str(form.get("scope") or "selected")
@@ -118,7 +118,7 @@ def _dead_selection(form: FormData) -> tuple[JobFilter | None, str]:
     if scope != "matching":
         return None, f"unknown scope {scope!r}"
     errors: list[str] = []
-    f = dead_filter(form, errors)
+    f = dead_filter(state(request).app, form, errors)
     if errors:
         return None, "; ".join(errors)
     narrowed = any(v is not None for v in (f.queue, f.name, f.error_type, f.since, f.until))
@@ -129,7 +129,7 @@ def _dead_selection(form: FormData) -> tuple[JobFilter | None, str]:
 
 @csrf_protected
 async def dead_replay(request: Request, form: FormData) -> Response:
-    f, error = _dead_selection(form)
+    f, error = _dead_selection(request, form)
     if f is None:
         return back(request, form, "/dead", err=error)
     n = await state(request).broker.replay(f)
@@ -140,7 +140,7 @@ async def dead_replay(request: Request, form: FormData) -> Response:
 
 @csrf_protected
 async def dead_purge(request: Request, form: FormData) -> Response:
-    f, error = _dead_selection(form)
+    f, error = _dead_selection(request, form)
     if f is None:
         return back(request, form, "/dead", err=error)
     n = await state(request).broker.purge(f)

@@ -9,10 +9,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
+from ..app import App
 from ..brokers.base import JobFilter, QueueStats
 from ..cli.output import parse_time
+from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
+from ..task import full_name
 from . import queries, throughput
 from .web import not_found, page_size, render, state
 
@@ -90,7 +93,7 @@ async def queue(request: Request) -> Response:
         tab = "all"
     base = JobFilter(
         queue=name,
-        name=p.get("task", "").strip() or None,
+        name=task_param(dw.app, p.get("task"), errors),
         since=_time_param(request, "since", errors),
         until=_time_param(request, "until", errors),
         key=p.get("key", "").strip() or None,
@@ -154,7 +157,20 @@ async def job(request: Request) -> Response:
     )
 
 
-def dead_filter(params: Any, errors: list[str]) -> JobFilter:
+def task_param(app: App, value: Any, errors: list[str]) -> str | None:
+    """A ``task`` filter field as stored: a short name means the app's one
+    task ending in it, as on the command line (``task.full_name``)."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        return full_name(app, text)
+    except ConfigurationError as exc:
+        errors.append(str(exc))
+        return text
+
+
+def dead_filter(app: App, params: Any, errors: list[str]) -> JobFilter:
     """The dead-letter selection of a query string or form (shared by the page
     and its bulk actions, so "all matching" means what the page showed)."""
 
@@ -171,7 +187,7 @@ def dead_filter(params: Any, errors: list[str]) -> JobFilter:
     error = str(params.get("error") or "").strip().removeprefix("builtins.")
     return JobFilter(
         queue=str(params.get("queue") or "").strip() or None,
-        name=str(params.get("task") or "").strip() or None,
+        name=task_param(app, params.get("task"), errors),
         state=State.DEAD,
         error_type=error or None,
         since=when("since"),
@@ -183,7 +199,7 @@ async def dead(request: Request) -> Response:
     dw = state(request)
     snap = await dw.cache.get()
     errors: list[str] = []
-    f = dead_filter(request.query_params, errors)
+    f = dead_filter(dw.app, request.query_params, errors)
     queues = [s.queue for s in snap.stats if s.dead] if f.queue is None else None
     filters = queries.split(f, queues, None) if queues else [f]
     limit = page_size(request)
