@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from .sqldb import Sql
+from .sqldb import Sql, ensure_table, ensure_table_sync
 
 INBOX_DDL = {
     "sqlite": "CREATE TABLE IF NOT EXISTS dw_inbox (consumer TEXT NOT NULL,"
@@ -37,14 +37,12 @@ _PRUNE = "DELETE FROM dw_inbox WHERE seen_at < :before"
 
 def mark_sync(sql: Sql, consumer: str, message_id: str) -> bool:
     """Record (consumer, message id); True the first time, False after."""
-    if not sql.flag("inbox"):
-        sql.execute_sync(INBOX_DDL[sql.dialect], {})
+    ensure_table_sync(sql, "dw_inbox", [INBOX_DDL[sql.dialect]])
     return sql.execute_sync(_MARK, {"consumer": consumer, "id": message_id, "at": time.time()}) == 1
 
 
 async def mark(sql: Sql, consumer: str, message_id: str) -> bool:
-    if not sql.flag("inbox"):
-        await sql.execute(INBOX_DDL[sql.dialect], {})
+    await ensure_table(sql, "dw_inbox", [INBOX_DDL[sql.dialect]])
     params = {"consumer": consumer, "id": message_id, "at": time.time()}
     return await sql.execute(_MARK, params) == 1
 
@@ -52,6 +50,5 @@ async def mark(sql: Sql, consumer: str, message_id: str) -> bool:
 def prune_sync(sql: Sql, older_than: float) -> int:
     """Forget marks older than ``older_than`` seconds (keep them longer than
     any redelivery or replay can come: the event retention, 7 days)."""
-    if not sql.flag("inbox"):
-        sql.execute_sync(INBOX_DDL[sql.dialect], {})
+    ensure_table_sync(sql, "dw_inbox", [INBOX_DDL[sql.dialect]])
     return sql.execute_sync(_PRUNE, {"before": time.time() - older_than})

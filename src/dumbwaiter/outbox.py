@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ConfigurationError
 from .event import Event, event_message
 from .message import Message, encode_checked
-from .sqldb import Sql, adapt
+from .sqldb import Sql, adapt, ensure_table, ensure_table_sync
 
 if TYPE_CHECKING:
     from .app import App
@@ -162,15 +162,10 @@ class Outbox:
 
 
 def ensure_outbox_sync(sql: Sql) -> None:
-    """Create the outbox table if missing (once per connection)."""
-    if sql.flag("outbox"):
-        return
-    for stmt in OUTBOX_DDL[sql.dialect]:
-        sql.execute_sync(stmt, {})
+    """Create the outbox table if missing, in the caller's transaction (its
+    rollback takes the table too: see ``sqldb.ensure_table``)."""
+    ensure_table_sync(sql, "dw_outbox", OUTBOX_DDL[sql.dialect])
 
 
 async def ensure_outbox(sql: Sql) -> None:
-    if sql.flag("outbox"):
-        return
-    for stmt in OUTBOX_DDL[sql.dialect]:
-        await sql.execute(stmt, {})
+    await ensure_table(sql, "dw_outbox", OUTBOX_DDL[sql.dialect])

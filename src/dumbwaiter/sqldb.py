@@ -8,7 +8,10 @@ one shape: statements written with ``:name`` parameters, run sync or async,
 the dialect (``sqlite`` or ``postgresql``), and where the database is, so the
 outbox can tell when it is the broker's own database.
 
-It never begins or commits: the caller's transaction decides.
+It never begins or commits: the caller's transaction decides.  That is why
+the tables the outbox and inbox make for themselves (``ensure_table``) are
+made in the caller's transaction too, and remembered only once they are
+known to be committed: a rollback takes a ``CREATE TABLE`` with it.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ from __future__ import annotations
 import os
 import re
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigurationError
 
 _NAMED = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")
-_done: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: per driver connection, per table: True once the table is known committed,
+#: else the id of the (maybe still open) transaction that created it
+_tables: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class Sql:
@@ -36,16 +42,24 @@ class Sql:
         self.is_async = is_async
         self.kind = kind  # sqlite3 | psycopg | sqlalchemy
 
-    def flag(self, name: str) -> bool:
-        """True if ``name`` was already done on this connection; marks it done."""
-        try:
-            seen = _done.setdefault(self.raw, set())
-        except TypeError:  # not weak-referenceable: do it every time
-            return False
-        if name in seen:
-            return True
-        seen.add(name)
-        return False
+    # -- the driver's connection, which outlives a Session or a pooled checkout ----
+
+    def driver_sync(self) -> Any:
+        """The DBAPI connection under the caller's (a sqlite3 or psycopg one
+        is its own); a SQLAlchemy one is begun first, as its ``execute`` would."""
+        if self.kind != "sqlalchemy":
+            return self.raw
+        conn = self.raw.connection() if hasattr(self.raw, "get_bind") else self.raw
+        return conn.connection.driver_connection
+
+    async def driver(self) -> Any:
+        if self.kind != "sqlalchemy":
+            return self.raw
+        if hasattr(self.raw, "get_bind"):  # an AsyncSession
+            conn = await self.raw.connection()
+        else:
+            conn = self.raw
+        return (await conn.get_raw_connection()).driver_connection
 
     # -- sync ----------------------------------------------------------------------
 
@@ -120,6 +134,66 @@ class Sql:
         else:
             path = _sqlalchemy_bind(self.raw).url.database or ""
         return os.path.realpath(path) if path else None
+
+
+# -- tables made on first use, in the caller's transaction ---------------------------
+#
+# A CREATE TABLE in the caller's transaction is undone by its rollback, so
+# "made" is remembered only once it cannot be undone: the table was found in
+# a transaction other than the one that made it (that one committed, or
+# another did), or it was there before this connection ever looked.  Until
+# then each write asks the server first, in one statement that also names the
+# transaction (PostgreSQL's top-level txid, the same inside savepoints).
+# Once known, a write costs nothing extra.  SQLite has no transaction id: it
+# asks every time, a lookup in the connection's own schema cache, no round trip.
+
+_PROBE = {
+    "postgresql": "SELECT to_regclass('{t}') IS NOT NULL, txid_current()::text",
+    "sqlite": "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table'"
+    " AND name = '{t}'), NULL",
+}
+
+
+def _record(driver: Any) -> dict[str, Any] | None:
+    """A PostgreSQL connection's record of its tables (None: ask every time)."""
+    try:
+        return _tables.setdefault(driver, {})
+    except TypeError:  # not weak-referenceable
+        return None
+
+
+def _settle(seen: dict[str, Any] | None, table: str, row: tuple[Any, ...]) -> bool:
+    """Record what the probe found; True if the table is there to write to."""
+    exists, txn = bool(row[0]), row[1]
+    if seen is None:
+        return exists
+    if exists:
+        if seen.get(table) != txn:  # not (only) made by this open transaction
+            seen[table] = True
+        return True
+    seen[table] = txn  # made below, by this transaction: not yet known to last
+    return False
+
+
+def ensure_table_sync(sql: Sql, table: str, ddl: Sequence[str]) -> None:
+    """Make ``table`` with ``ddl`` in the caller's transaction if it is missing."""
+    seen = _record(sql.driver_sync()) if sql.dialect == "postgresql" else None
+    if seen is not None and seen.get(table) is True:
+        return
+    rows = sql.fetch_sync(_PROBE[sql.dialect].format(t=table), {})
+    if not _settle(seen, table, rows[0]):
+        for stmt in ddl:
+            sql.execute_sync(stmt, {})
+
+
+async def ensure_table(sql: Sql, table: str, ddl: Sequence[str]) -> None:
+    seen = _record(await sql.driver()) if sql.dialect == "postgresql" else None
+    if seen is not None and seen.get(table) is True:
+        return
+    rows = await sql.fetch(_PROBE[sql.dialect].format(t=table), {})
+    if not _settle(seen, table, rows[0]):
+        for stmt in ddl:
+            await sql.execute(stmt, {})
 
 
 def _pyformat(sql: str) -> str:

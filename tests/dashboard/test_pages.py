@@ -365,3 +365,31 @@ def test_replayed_dead_letter_runs(client: TestClient, seeded: Seeded) -> None:
     page = client.get(f"/jobs/{seeded.dead[0]}").text
     assert 'id="job-state">succeeded<' in page and "<dt>replays</dt><dd>1</dd>" in page
     assert JobFilter  # type: ignore[truthy-function]  # imported for readers: the actions use JobFilter(state=DEAD)
+
+
+def test_a_foreign_body_shows_as_it_was_stored(client: TestClient, seeded: Seeded) -> None:
+    """A job another program wrote with a body that is not an envelope (nor
+    UTF-8) is a dead letter whose page shows the stored bytes, not
+    replacement characters."""
+    import sqlite3
+
+    from dumbwaiter.message import uuid7
+    from dumbwaiter.testing import drain
+
+    jid, now = uuid7(), time.time()
+    conn = sqlite3.connect(seeded.url.removeprefix("sqlite:///"))
+    with conn:
+        conn.execute(
+            "INSERT INTO dw_jobs (id, queue, name, kind, state, run_at, updated_at,"
+            " max_attempts, body) VALUES (?, 'mail', 'foreign.job', 'task', 'ready', ?, ?, 1, ?)",
+            (jid, now, now, b"order \xff\xfe <b>42</b>"),
+        )
+        conn.execute("UPDATE dw_counts SET n = n + 1 WHERE queue = 'mail' AND state = 'ready'")
+    conn.close()
+    seeded.flag.touch()  # the mail server is up: only the foreign job fails
+    broker_call(seeded, lambda app: drain(app, ["mail"], scheduled=False))
+    assert jid in ids_on(client.get("/dead").text)
+    page = client.get(f"/jobs/{jid}").text
+    assert "MessageDecodeError" in page
+    assert "not UTF-8" in page
+    assert "order \\xff\\xfe &lt;b&gt;42&lt;/b&gt;" in page

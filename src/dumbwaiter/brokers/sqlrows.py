@@ -24,8 +24,14 @@ from .base import Delivery, JobInfo
 
 
 def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
-    """A stored job's envelope, with its row's queue, attempt and errors."""
+    """A stored job's envelope, with its row's queue, attempt and errors.
+
+    A body that is JSON but not an object (a foreign producer's row) is a
+    ``MessageDecodeError`` like any other undecodable body, never a
+    ``TypeError`` that would fail the whole claim it came in."""
     d = orjson.loads(body)
+    if not isinstance(d, dict):
+        raise MessageDecodeError(f"message body is a JSON {type(d).__name__}, not an object")
     d["queue"] = queue
     d["attempt"] = attempt
     d["errors"] = orjson.loads(errors) if errors else []

@@ -12,6 +12,7 @@ Two rules hold everywhere:
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import sys
@@ -181,8 +182,26 @@ def job_dict(info: JobInfo) -> dict[str, Any]:
     """
     d = info.to_dict()
     if info.raw is not None:
-        d["raw"] = info.raw.decode("utf-8", "replace")
+        d.update(raw_fields(info.raw))
     return d
+
+
+def raw_fields(raw: bytes) -> dict[str, str]:
+    """An undecodable body in JSON: ``raw`` text when it is UTF-8, else
+    ``raw_base64``, so the bytes come back exactly as they were stored."""
+    try:
+        return {"raw": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"raw_base64": base64.b64encode(raw).decode("ascii")}
+
+
+def raw_text(raw: bytes) -> tuple[str, bool]:
+    """An undecodable body for people, and whether it is UTF-8 (when it is
+    not, each byte that is not part of UTF-8 text is shown as ``\\xNN``)."""
+    try:
+        return raw.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace"), False
 
 
 def _json_text(value: Any) -> Text:
@@ -233,7 +252,9 @@ def _fields(info: JobInfo) -> Table:
     if info.result is not None:
         rows.append(("result", _result_text(info.result)))
     if info.raw is not None:
-        rows.append(("raw body", Text(info.raw.decode("utf-8", "replace"))))
+        text, utf8 = raw_text(info.raw)
+        label = "raw body" if utf8 else "raw body (not UTF-8: bytes as \\xNN)"
+        rows.append((label, Text(text)))
     for k, v in rows:
         grid.add_row(k, v)
     return grid

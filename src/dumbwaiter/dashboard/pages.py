@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..app import App
 from ..brokers.base import JobFilter, QueueStats
-from ..cli.output import parse_time
+from ..cli.output import parse_time, raw_text
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
@@ -152,7 +152,8 @@ async def job(request: Request) -> Response:
             "dead": info.state is State.DEAD,
             # a job on its way refreshes itself until it is final
             "live": info.state not in FINAL_STATES and info.state is not State.DEAD,
-            "raw": info.raw.decode("utf-8", "replace") if info.raw is not None else None,
+            "raw": raw_text(info.raw)[0] if info.raw is not None else None,
+            "raw_utf8": info.raw is None or raw_text(info.raw)[1],
         },
     )
 
