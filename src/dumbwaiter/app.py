@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from .brokers import DEFAULT_URL, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
@@ -26,10 +26,11 @@ from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
 from .middleware import Chain, Middleware
 from .portal import Portal
 from .retry import Retry
-from .task import DEFAULT_RESULT_TTL, Task
+from .task import DEFAULT_RESULT_TTL, Task, TaskDecorator
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .context import Context
     from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+#: ``@app.task``: the function's parameters and return type
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: environment variable read when ``App()`` gets no URL
 URL_ENV = "DUMBWAITER_URL"
@@ -86,17 +90,53 @@ class App:
 
     # -- registry ------------------------------------------------------------
 
-    @overload
-    def task(self, fn: F, /) -> Task: ...
+    # ``@app.task`` keeps the function's types (``Task[P, R]``; a function
+    # taking a ``dw.Context`` gives ``Task[..., R]``, see ``TaskDecorator``);
+    # ``@app.task(...)`` takes only the options below, so a misspelt one is a
+    # type error as well as the ``ConfigurationError`` it always was.
 
     @overload
-    def task(self, fn: None = None, /, **options: Any) -> Callable[[F], Task]: ...
+    def task(self, fn: Callable[Concatenate[Context, ...], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[_P, _R], /) -> Task[_P, _R]: ...
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        retry: Retry | bool | None = None,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        keep_result: bool | float | timedelta | None = False,
+        rate_limit: str | tuple[int, float] | None = None,
+        concurrency: int | None = None,
+        limit_key: Callable[[Mapping[str, Any]], Any] | None = None,
+        unique: bool | float | timedelta | None = None,
+        debounce: float | timedelta | None = None,
+    ) -> TaskDecorator: ...
 
-    def task(self, fn: F | None = None, /, **options: Any) -> Task | Callable[[F], Task]:
+    def task(
+        self, fn: Callable[..., Any] | None = None, /, **options: Any
+    ) -> Task[..., Any] | TaskDecorator:
         """Register a function (sync or async) as a task.
 
         ``@app.task`` or ``@app.task(queue=, retry=, timeout=, priority=,
-        keep_result=, name=)``; middleware may accept more options.
+        keep_result=, name=)`` and the flow-control options (``rate_limit=``,
+        ``concurrency=``, ``limit_key=``, ``unique=``, ``debounce=``, see
+        docs/flow-control.md).  A middleware may accept more options
+        (``Middleware.task_options``); a type checker does not know them, so
+        pass them from a ``dict[str, Any]``: ``@app.task(**options)``.
         """
         known = _TASK_KEYWORDS.union(
             FLOW_OPTIONS, *(m.task_options for m in self.middleware.middleware)
@@ -108,12 +148,12 @@ class App:
                 "(is a middleware that accepts them missing from App(middleware=...)?)"
             )
 
-        def register(f: F) -> Task:
+        def register(f: Callable[..., Any]) -> Task[..., Any]:
             return self._register(f, options)
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else cast(TaskDecorator, register)
 
-    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task:
+    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[..., Any]:
         if not callable(fn):
             raise ConfigurationError(f"@app.task needs a function, got {fn!r}")
         opts = dict(options)
