@@ -524,7 +524,7 @@ class App:
         catch_up: int | None = None,
         grace: timedelta | float | None = None,
         **task_options: Any,
-    ) -> Callable[[Any], Task]:
+    ) -> TaskDecorator:
         """Run a task periodically, once per tick however many schedulers run.
 
         ``@app.periodic(cron="0 3 * * *", tz="Asia/Taipei")`` or
@@ -540,18 +540,23 @@ class App:
         """
         from .schedule import declare
 
-        return declare(
-            self,
-            cron=cron,
-            every=every,
-            tz=tz,
-            name=name,
-            args=args,
-            kwargs=kwargs,
-            missed=missed,
-            catch_up=catch_up,
-            grace=grace,
-            task_options=task_options,
+        # declare's decorator returns the task it was given, or registers the
+        # function with @app.task: either way, what TaskDecorator says
+        return cast(
+            TaskDecorator,
+            declare(
+                self,
+                cron=cron,
+                every=every,
+                tz=tz,
+                name=name,
+                args=args,
+                kwargs=kwargs,
+                missed=missed,
+                catch_up=catch_up,
+                grace=grace,
+                task_options=task_options,
+            ),
         )
 
 

@@ -49,6 +49,14 @@ middleware_options: dict[str, Any] = {"tenant_quota": 5}
 def with_middleware_option(n: int) -> None: ...
 
 
+@app.periodic(every=timedelta(minutes=5))
+def tick() -> int:
+    return 0
+
+
+nightly = app.periodic(cron="0 3 * * *", args=(1, 2), name="nightly-add")(add)
+
+
 def sync_caller() -> None:
     job = add.enqueue(1, 2)
     assert_type(job, dw.Job[int])
@@ -71,6 +79,8 @@ def sync_caller() -> None:
     assert_type(first.enqueue(42).result(), list[str])
     assert_type(with_middleware_option.enqueue(1), dw.Job[None])
     assert_type(add.si(1, 2), dw.workflow.Signature)
+    assert_type(tick.enqueue().result(), int)
+    assert_type(nightly.enqueue(1, 2), dw.Job[int])
     # the generic classes spelt out, and bare (any task, any result) as before
     typed: dw.Task[[int, int], int] = add
     anything: dw.Task = mul
