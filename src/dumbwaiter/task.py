@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from .context import Context
     from .workflow import Signature
 
-#: a method's own parameters and result (``TaskDecorator``, ``enqueue``'s self type)
+#: the decorated function's parameters and result (``TaskDecorator``), and the
+#: result of a job (``enqueue``'s self type: an async function's awaited value)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -187,20 +188,20 @@ class Task(Generic[P, R]):
 
     @overload
     def enqueue(
-        self: Task[_P, Coroutine[Any, Any, _R]], *args: _P.args, **kwargs: _P.kwargs
+        self: Task[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
     ) -> Job[_R]: ...
     @overload
-    def enqueue(self: Task[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
+    def enqueue(self: Task[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         """Run on a worker: store the job and return its handle (sync callers)."""
         return self._enqueue_one(self.message(args, kwargs, _NO_OPTIONS))
 
     @overload
     async def aenqueue(
-        self: Task[_P, Coroutine[Any, Any, _R]], *args: _P.args, **kwargs: _P.kwargs
+        self: Task[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
     ) -> Job[_R]: ...
     @overload
-    async def aenqueue(self: Task[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
+    async def aenqueue(self: Task[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         """``enqueue`` for async callers."""
         msg = self.message(args, kwargs, _NO_OPTIONS)
@@ -446,19 +447,19 @@ class BoundTask(Generic[P, R]):
 
     @overload
     def enqueue(
-        self: BoundTask[_P, Coroutine[Any, Any, _R]], *args: _P.args, **kwargs: _P.kwargs
+        self: BoundTask[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
     ) -> Job[_R]: ...
     @overload
-    def enqueue(self: BoundTask[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
+    def enqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         return self.task._enqueue_one(self.task.message(args, kwargs, self.opts))
 
     @overload
     async def aenqueue(
-        self: BoundTask[_P, Coroutine[Any, Any, _R]], *args: _P.args, **kwargs: _P.kwargs
+        self: BoundTask[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
     ) -> Job[_R]: ...
     @overload
-    async def aenqueue(self: BoundTask[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
+    async def aenqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         return await self.task._aenqueue_one(self.task.message(args, kwargs, self.opts))
 

@@ -40,6 +40,11 @@ async def first(ctx: dw.Context, user_id: int) -> list[str]:
     return [ctx.job_id, str(user_id)]
 
 
+@app.task
+def loose(payload: Any, extra: dict[str, Any]) -> int:
+    return len(payload) + len(extra)
+
+
 #: a middleware's own task options: the checker does not know them, so they
 #: travel in a dict of Any (``Middleware.task_options``)
 middleware_options: dict[str, Any] = {"tenant_quota": 5}
@@ -78,6 +83,7 @@ def sync_caller() -> None:
     assert_type(send.enqueue(42), dw.Job[None])
     assert_type(first.enqueue(42).result(), list[str])
     assert_type(with_middleware_option.enqueue(1), dw.Job[None])
+    loose.enqueue({"a": 1}, {})  # an Any parameter: accepted (mypy makes it Task[Any, Any])
     assert_type(add.si(1, 2), dw.workflow.Signature)
     assert_type(tick.enqueue().result(), int)
     assert_type(nightly.enqueue(1, 2), dw.Job[int])
