@@ -22,7 +22,7 @@ from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS
 from .flow import Flow
 from .job import Job
-from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
+from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message, decode, encode
 from .middleware import Chain, Middleware
 from .portal import Portal
 from .retry import Retry
@@ -50,7 +50,10 @@ _TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "ke
 
 class App:
     """``dw.App("sqlite:///jobs.db")``; with no URL, ``$DUMBWAITER_URL`` or
-    ``sqlite:///dumbwaiter.db``."""
+    ``sqlite:///dumbwaiter.db``.
+
+    ``eager=True`` is for unit tests: each enqueue or publish returns only
+    after a worker ran what it sent (docs/testing.md)."""
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class App:
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         middleware: Sequence[Middleware] = (),
         event_retention: float | timedelta = DEFAULT_EVENT_RETENTION,
+        eager: bool = False,
     ) -> None:
         self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.broker: Broker = from_url(self.url)
@@ -84,6 +88,9 @@ class App:
         self.broker.event_retention = self.event_retention
         self._declared = False
         self._portal = Portal()
+        #: run every job (and event delivery) at once, inside the call that sent
+        #: it, for unit tests: see ``dumbwaiter.testing`` and docs/testing.md
+        self.eager = eager
 
     def __repr__(self) -> str:
         return f"<dumbwaiter.App {self.url} tasks={len(self.tasks)}>"
@@ -383,6 +390,8 @@ class App:
         JSON and size here, before anything is sent.  ``key`` orders events
         of one entity where the broker promises order."""
         msg = _event_message(event, key, headers)
+        if self.eager:
+            [msg] = _through_json([msg])
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
@@ -394,6 +403,8 @@ class App:
             self._call(self.broker.publish([msg]))
         if hooks:
             self._sent([msg], [msg.id])
+        if self.eager:
+            self._run_eagerly_sync([msg])
         return msg.id
 
     async def apublish(
@@ -401,6 +412,8 @@ class App:
     ) -> str:
         """``publish`` for async callers."""
         msg = _event_message(event, key, headers)
+        if self.eager:
+            [msg] = _through_json([msg])
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
@@ -409,6 +422,8 @@ class App:
         await self.broker.publish([msg])
         if hooks:
             self._sent([msg], [msg.id])
+        if self.eager:
+            await self._run_eagerly([msg])
         return msg.id
 
     async def _declare(self) -> None:
@@ -421,18 +436,44 @@ class App:
     # -- producing -----------------------------------------------------------
 
     def _send_sync(self, msgs: Iterable[Message]) -> list[Job]:
+        if self.eager:
+            msgs = _through_json(msgs)
         msgs = self._before(msgs)
         if self.broker.capabilities.sync_enqueue:
             ids = self.broker.enqueue_sync(msgs)
         else:
             msgs = list(msgs)
             ids = self._call(self.broker.enqueue(msgs))
-        return self._sent(msgs, ids)
+        jobs = self._sent(msgs, ids)
+        if self.eager:
+            self._run_eagerly_sync(msgs)
+        return jobs
 
     async def _send(self, msgs: Iterable[Message]) -> list[Job]:
+        if self.eager:
+            msgs = _through_json(msgs)
         msgs = self._before(msgs)
         ids = await self.broker.enqueue(msgs)
-        return self._sent(msgs, ids)
+        jobs = self._sent(msgs, ids)
+        if self.eager:
+            await self._run_eagerly(msgs)
+        return jobs
+
+    # -- eager mode (unit tests) -----------------------------------------------
+
+    def _run_eagerly_sync(self, sent: Iterable[Message]) -> None:
+        """Run what ``sent`` started, unless this is a job of a run under way
+        (that run takes it: waiting for it here would wait for ourselves)."""
+        from .testing import eager_run, eager_running
+
+        if not eager_running():
+            self._call(eager_run(self, sent))
+
+    async def _run_eagerly(self, sent: Iterable[Message]) -> None:
+        from .testing import eager_run, eager_running
+
+        if not eager_running():
+            await eager_run(self, sent)
 
     def _send_flow_sync(self, msgs: Iterable[Message]) -> list[Job]:
         return self._call(self._send_flow(list(msgs)))
@@ -569,6 +610,13 @@ def _event_message(event: Event, key: str | None, headers: dict[str, Any] | None
 
     _event_message = event_message
     return event_message(event, key, headers)
+
+
+def _through_json(msgs: Iterable[Message]) -> list[Message]:
+    """Messages as a worker decodes them from a server broker's JSON (tuples
+    arrive as lists...): in eager mode a job gets no value production would
+    not give it, whatever broker the test runs on."""
+    return [decode(encode(m)) for m in msgs]
 
 
 def _timeout(value: float | timedelta | None) -> float | None:

@@ -206,19 +206,21 @@ class Task(Generic[P, R]):
         """``enqueue`` for async callers."""
         msg = self.message(args, kwargs, _NO_OPTIONS)
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:  # _aenqueue_one, inlined:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+            # _aenqueue_one, inlined:
             return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
         return (await self._asender()([msg]))[0]
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
-    # no enqueue hook (``Chain.enqueue_hooks``).  That skips the sender
-    # lookup, the hook checks and the lists ``App._send`` builds for a batch:
-    # about a sixth of the core's CPU per call (benchmarks/producer_cpu.py).
+    # no enqueue hook (``Chain.enqueue_hooks``), no eager mode (``App.eager``).
+    # That skips the sender lookup, the hook checks and the lists
+    # ``App._send`` builds for a batch: about a sixth of the core's CPU per
+    # call (benchmarks/producer_cpu.py).
 
     def _enqueue_one(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             broker = app.broker
             if broker.capabilities.sync_enqueue:
                 return Job(app, broker.enqueue_sync([msg])[0])
@@ -227,7 +229,7 @@ class Task(Generic[P, R]):
 
     async def _aenqueue_one(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             return Job(app, (await app.broker.enqueue([msg]))[0])
         return (await self._asender()([msg]))[0]
 
