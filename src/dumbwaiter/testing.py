@@ -92,6 +92,7 @@ async def _drain(
     queues = worker.queues
     run = asyncio.create_task(worker.run())
     deadline = time.monotonic() + timeout
+    pause = 0.001  # short at first: an eager run of one job is over in a few ms
     try:
         while True:
             if run.done():
@@ -105,7 +106,8 @@ async def _drain(
                 await _bring_forward(app, later, forwarded)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"queues {list(queues)} did not drain in {timeout} s")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.01)
     finally:
         worker.stop()
         await run
