@@ -11,6 +11,9 @@ import os
 
 import pytest
 
+#: type-checking samples, never run (tests/unit/test_typing.py checks them)
+collect_ignore = ["typing"]
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
 from .brokers import DEFAULT_URL, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
@@ -22,15 +22,16 @@ from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS
 from .flow import Flow
 from .job import Job
-from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message
+from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message, decode, encode
 from .middleware import Chain, Middleware
 from .portal import Portal
 from .redact import mask_url
 from .retry import Retry
-from .task import DEFAULT_RESULT_TTL, Task
+from .task import DEFAULT_RESULT_TTL, Task, TaskDecorator
 
 if TYPE_CHECKING:
     from .batch import Batch
+    from .context import Context
     from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+#: ``@app.task``: the function's parameters and return type
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: environment variable read when ``App()`` gets no URL
 URL_ENV = "DUMBWAITER_URL"
@@ -47,7 +51,10 @@ _TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "ke
 
 class App:
     """``dw.App("sqlite:///jobs.db")``; with no URL, ``$DUMBWAITER_URL`` or
-    ``sqlite:///dumbwaiter.db``."""
+    ``sqlite:///dumbwaiter.db``.
+
+    ``eager=True`` is for unit tests: each enqueue or publish returns only
+    after a worker ran what it sent (docs/testing.md)."""
 
     def __init__(
         self,
@@ -59,6 +66,7 @@ class App:
         max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
         middleware: Sequence[Middleware] = (),
         event_retention: float | timedelta = DEFAULT_EVENT_RETENTION,
+        eager: bool = False,
     ) -> None:
         self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.broker: Broker = from_url(self.url)
@@ -81,23 +89,62 @@ class App:
         self.broker.event_retention = self.event_retention
         self._declared = False
         self._portal = Portal()
+        #: run every job (and event delivery) at once, inside the call that sent
+        #: it, for unit tests: see ``dumbwaiter.testing`` and docs/testing.md
+        self.eager = eager
 
     def __repr__(self) -> str:
         return f"<dumbwaiter.App {mask_url(self.url)} tasks={len(self.tasks)}>"
 
     # -- registry ------------------------------------------------------------
 
-    @overload
-    def task(self, fn: F, /) -> Task: ...
+    # ``@app.task`` keeps the function's types (``Task[P, R]``; a function
+    # taking a ``dw.Context`` gives ``Task[..., R]``, see ``TaskDecorator``);
+    # ``@app.task(...)`` takes only the options below, so a misspelt one is a
+    # type error as well as the ``ConfigurationError`` it always was.
 
     @overload
-    def task(self, fn: None = None, /, **options: Any) -> Callable[[F], Task]: ...
+    def task(self, fn: Callable[Concatenate[Context, ...], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[[Any, Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def task(self, fn: Callable[_P, _R], /) -> Task[_P, _R]: ...
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        retry: Retry | bool | None = None,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
+        keep_result: bool | float | timedelta | None = False,
+        rate_limit: str | tuple[int, float] | None = None,
+        concurrency: int | None = None,
+        limit_key: Callable[[Mapping[str, Any]], Any] | None = None,
+        unique: bool | float | timedelta | None = None,
+        debounce: float | timedelta | None = None,
+    ) -> TaskDecorator: ...
 
-    def task(self, fn: F | None = None, /, **options: Any) -> Task | Callable[[F], Task]:
+    def task(
+        self, fn: Callable[..., Any] | None = None, /, **options: Any
+    ) -> Task[..., Any] | TaskDecorator:
         """Register a function (sync or async) as a task.
 
         ``@app.task`` or ``@app.task(queue=, retry=, timeout=, priority=,
-        keep_result=, name=)``; middleware may accept more options.
+        keep_result=, name=)`` and the flow-control options (``rate_limit=``,
+        ``concurrency=``, ``limit_key=``, ``unique=``, ``debounce=``, see
+        docs/flow-control.md).  A middleware may accept more options
+        (``Middleware.task_options``); a type checker does not know them, so
+        pass them from a ``dict[str, Any]``: ``@app.task(**options)``.
         """
         known = _TASK_KEYWORDS.union(
             FLOW_OPTIONS, *(m.task_options for m in self.middleware.middleware)
@@ -109,12 +156,12 @@ class App:
                 "(is a middleware that accepts them missing from App(middleware=...)?)"
             )
 
-        def register(f: F) -> Task:
+        def register(f: Callable[..., Any]) -> Task[..., Any]:
             return self._register(f, options)
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else cast(TaskDecorator, register)
 
-    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task:
+    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[..., Any]:
         if not callable(fn):
             raise ConfigurationError(f"@app.task needs a function, got {fn!r}")
         opts = dict(options)
@@ -344,6 +391,8 @@ class App:
         JSON and size here, before anything is sent.  ``key`` orders events
         of one entity where the broker promises order."""
         msg = _event_message(event, key, headers)
+        if self.eager:
+            [msg] = _through_json([msg])
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
@@ -355,6 +404,8 @@ class App:
             self._call(self.broker.publish([msg]))
         if hooks:
             self._sent([msg], [msg.id])
+        if self.eager:
+            self._run_eagerly_sync([msg])
         return msg.id
 
     async def apublish(
@@ -362,6 +413,8 @@ class App:
     ) -> str:
         """``publish`` for async callers."""
         msg = _event_message(event, key, headers)
+        if self.eager:
+            [msg] = _through_json([msg])
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
@@ -370,6 +423,8 @@ class App:
         await self.broker.publish([msg])
         if hooks:
             self._sent([msg], [msg.id])
+        if self.eager:
+            await self._run_eagerly([msg])
         return msg.id
 
     async def _declare(self) -> None:
@@ -382,18 +437,44 @@ class App:
     # -- producing -----------------------------------------------------------
 
     def _send_sync(self, msgs: Iterable[Message]) -> list[Job]:
+        if self.eager:
+            msgs = _through_json(msgs)
         msgs = self._before(msgs)
         if self.broker.capabilities.sync_enqueue:
             ids = self.broker.enqueue_sync(msgs)
         else:
             msgs = list(msgs)
             ids = self._call(self.broker.enqueue(msgs))
-        return self._sent(msgs, ids)
+        jobs = self._sent(msgs, ids)
+        if self.eager:
+            self._run_eagerly_sync(msgs)
+        return jobs
 
     async def _send(self, msgs: Iterable[Message]) -> list[Job]:
+        if self.eager:
+            msgs = _through_json(msgs)
         msgs = self._before(msgs)
         ids = await self.broker.enqueue(msgs)
-        return self._sent(msgs, ids)
+        jobs = self._sent(msgs, ids)
+        if self.eager:
+            await self._run_eagerly(msgs)
+        return jobs
+
+    # -- eager mode (unit tests) -----------------------------------------------
+
+    def _run_eagerly_sync(self, sent: Iterable[Message]) -> None:
+        """Run what ``sent`` started, unless this is a job of a run under way
+        (that run takes it: waiting for it here would wait for ourselves)."""
+        from .testing import eager_run, eager_running
+
+        if not eager_running():
+            self._call(eager_run(self, sent))
+
+    async def _run_eagerly(self, sent: Iterable[Message]) -> None:
+        from .testing import eager_run, eager_running
+
+        if not eager_running():
+            await eager_run(self, sent)
 
     def _send_flow_sync(self, msgs: Iterable[Message]) -> list[Job]:
         return self._call(self._send_flow(list(msgs)))
@@ -485,7 +566,7 @@ class App:
         catch_up: int | None = None,
         grace: timedelta | float | None = None,
         **task_options: Any,
-    ) -> Callable[[Any], Task]:
+    ) -> TaskDecorator:
         """Run a task periodically, once per tick however many schedulers run.
 
         ``@app.periodic(cron="0 3 * * *", tz="Asia/Taipei")`` or
@@ -501,18 +582,23 @@ class App:
         """
         from .schedule import declare
 
-        return declare(
-            self,
-            cron=cron,
-            every=every,
-            tz=tz,
-            name=name,
-            args=args,
-            kwargs=kwargs,
-            missed=missed,
-            catch_up=catch_up,
-            grace=grace,
-            task_options=task_options,
+        # declare's decorator returns the task it was given, or registers the
+        # function with @app.task: either way, what TaskDecorator says
+        return cast(
+            TaskDecorator,
+            declare(
+                self,
+                cron=cron,
+                every=every,
+                tz=tz,
+                name=name,
+                args=args,
+                kwargs=kwargs,
+                missed=missed,
+                catch_up=catch_up,
+                grace=grace,
+                task_options=task_options,
+            ),
         )
 
 
@@ -525,6 +611,13 @@ def _event_message(event: Event, key: str | None, headers: dict[str, Any] | None
 
     _event_message = event_message
     return event_message(event, key, headers)
+
+
+def _through_json(msgs: Iterable[Message]) -> list[Message]:
+    """Messages as a worker decodes them from a server broker's JSON (tuples
+    arrive as lists...): in eager mode a job gets no value production would
+    not give it, whatever broker the test runs on."""
+    return [decode(encode(m)) for m in msgs]
 
 
 def _timeout(value: float | timedelta | None) -> float | None:

@@ -1,25 +1,27 @@
 """``Job``: the handle ``enqueue`` returns.
 
 It is only an id and the app: cheap to create, safe to keep, and any process
-that knows the id can build one (``app.job(id)``).
+that knows the id can build one (``app.job(id)``).  ``Job[int]`` is a job
+whose ``result()`` is an ``int``: ``enqueue`` of a typed task says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 from .errors import JobCancelled, JobFailed, JobNotFound, ResultNotKept, ResultTimeout
 from .message import loads
 from .state import FINAL_STATES, State
+from .typevars import T
 
 if TYPE_CHECKING:
     from .app import App
     from .brokers.base import JobInfo
 
 
-class Job:
+class Job(Generic[T]):
     __slots__ = ("app", "id")
 
     def __init__(self, app: App, id: str) -> None:
@@ -46,7 +48,7 @@ class Job:
         ``dead`` or ``cancelled``; raises ``JobNotFound`` if not stored."""
         return _status(self.id, self.info())
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         """Wait up to ``timeout`` seconds (None: for ever) for the job to finish
         and return what the task returned.
 
@@ -69,7 +71,7 @@ class Job:
     async def acancel(self) -> bool:
         return bool(await self.app.broker.cancel([self.id]))
 
-    async def aresult(self, timeout: float | None = None) -> Any:
+    async def aresult(self, timeout: float | None = None) -> T:
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.002
         while True:
@@ -77,7 +79,7 @@ class Job:
             state = _status(self.id, info)
             if state in FINAL_STATES:
                 assert info is not None
-                return _outcome(self.id, state, info)
+                return cast(T, _outcome(self.id, state, info))
             if deadline is not None and time.monotonic() >= deadline:
                 raise ResultTimeout(f"job {self.id} is still {state} after {timeout} s")
             wait = pause if deadline is None else min(pause, deadline - time.monotonic())

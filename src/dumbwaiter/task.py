@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sized
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .context import caused_headers, context_param, current_context
 from .errors import ConfigurationError, InvalidArguments
@@ -22,10 +22,17 @@ from .flow import Flow, digest
 from .job import Job
 from .message import TASK, Message, check_json, uuid7, uuid7_many
 from .retry import Retry
+from .typevars import P, R
 
 if TYPE_CHECKING:
     from .app import App
+    from .context import Context
     from .workflow import Signature
+
+#: the decorated function's parameters and result (``TaskDecorator``), and the
+#: result of a job (``enqueue``'s self type: an async function's awaited value)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: ``keep_result=True`` keeps results this long (seconds)
 DEFAULT_RESULT_TTL = 86400.0
@@ -106,14 +113,22 @@ _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 _ID_CHUNK = 512
 
 
-class Task:
+class Task(Generic[P, R]):
     """A registered function.  Calling it runs it here and now; ``enqueue`` runs it
-    on a worker."""
+    on a worker.
+
+    ``Task[P, R]`` has the function's parameters ``P`` and return type ``R``
+    (for an async function, its coroutine), so a type checker checks the
+    arguments of ``enqueue`` and knows what ``job.result()`` returns.  A task
+    whose function takes a ``dw.Context`` is ``Task[..., R]``: a checker
+    cannot take that parameter out of the signature, so its arguments are not
+    checked (see ``TaskDecorator``).
+    """
 
     def __init__(
         self,
         app: App,
-        fn: Callable[..., Any],
+        fn: Callable[..., R],
         *,
         name: str,
         queue: str,
@@ -145,7 +160,7 @@ class Task:
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue}>"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
     # -- producing ---------------------------------------------------------
@@ -157,62 +172,87 @@ class Task:
 
         return Signature(self, args, kwargs)
 
-    def si(self, *args: Any, **kwargs: Any) -> Signature:
+    def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
         """An immutable signature: it does not receive the previous result."""
         from .workflow import Signature
 
         return Signature(self, args, kwargs, immutable=True)
 
-    def options(self, **kw: Any) -> BoundTask:
-        """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``."""
+    def options(self, **kw: Any) -> BoundTask[P, R]:
+        """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``
+        (an unknown keyword raises ``TypeError``)."""
         return BoundTask(self, SendOptions.make(**kw))
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    # Each way to enqueue is typed twice: for an async function (``R`` is its
+    # coroutine) the job's result is what the coroutine returns; for a sync
+    # one, what the function returns.
+
+    @overload
+    def enqueue(
+        self: Task[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    def enqueue(self: Task[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         """Run on a worker: store the job and return its handle (sync callers)."""
         return self._enqueue_one(self.message(args, kwargs, _NO_OPTIONS))
 
-    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+    @overload
+    async def aenqueue(
+        self: Task[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    async def aenqueue(self: Task[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         """``enqueue`` for async callers."""
         msg = self.message(args, kwargs, _NO_OPTIONS)
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:  # _aenqueue_one, inlined:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+            # _aenqueue_one, inlined:
             return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
         return (await self._asender()([msg]))[0]
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
-    # no enqueue hook (``Chain.enqueue_hooks``).  That skips the sender
-    # lookup, the hook checks and the lists ``App._send`` builds for a batch:
-    # about a sixth of the core's CPU per call (benchmarks/producer_cpu.py).
+    # no enqueue hook (``Chain.enqueue_hooks``), no eager mode (``App.eager``).
+    # That skips the sender lookup, the hook checks and the lists
+    # ``App._send`` builds for a batch: about a sixth of the core's CPU per
+    # call (benchmarks/producer_cpu.py).
 
-    def _enqueue_one(self, msg: Message) -> Job:
+    def _enqueue_one(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             broker = app.broker
             if broker.capabilities.sync_enqueue:
                 return Job(app, broker.enqueue_sync([msg])[0])
             return Job(app, app._call(broker.enqueue([msg]))[0])
         return self._sender()([msg])[0]
 
-    async def _aenqueue_one(self, msg: Message) -> Job:
+    async def _aenqueue_one(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:
+        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             return Job(app, (await app.broker.enqueue([msg]))[0])
         return (await self._asender()([msg]))[0]
 
-    def _sender(self) -> Callable[[Iterable[Message]], list[Job]]:
+    def _sender(self) -> Callable[[Iterable[Message]], list[Job[Any]]]:
         f = self.flow
         if f is not None and (f.debounce is not None or isinstance(f.unique, float)):
             return self.app._send_flow_sync
         return self.app._send_sync
 
-    def _asender(self) -> Callable[[list[Message]], Awaitable[list[Job]]]:
+    def _asender(self) -> Callable[[list[Message]], Awaitable[list[Job[Any]]]]:
         f = self.flow
         if f is not None and (f.debounce is not None or isinstance(f.unique, float)):
             return self.app._send_flow
         return self.app._send
 
-    def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+    @overload
+    def enqueue_many(
+        self: Task[..., Coroutine[Any, Any, _R]], calls: Iterable[Any]
+    ) -> list[Job[_R]]: ...
+    @overload
+    def enqueue_many(self: Task[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
+    def enqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
         """Enqueue many jobs in one round trip.
 
         Each item is a tuple of positional arguments, a dict of keyword
@@ -221,7 +261,13 @@ class Task:
         """
         return self._sender()(self.messages(calls, _NO_OPTIONS))
 
-    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+    @overload
+    async def aenqueue_many(
+        self: Task[..., Coroutine[Any, Any, _R]], calls: Iterable[Any]
+    ) -> list[Job[_R]]: ...
+    @overload
+    async def aenqueue_many(self: Task[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
+    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
         return await self._asender()(list(self.messages(calls, _NO_OPTIONS)))
 
     def messages(self, calls: Iterable[Any], opts: SendOptions) -> Iterator[Message]:
@@ -405,23 +451,47 @@ class Task:
             check_json(value, f"argument {pname!r} of {self.name}()")
 
 
-class BoundTask:
-    """A task with per-call options bound (``task.options(...)``)."""
+class BoundTask(Generic[P, R]):
+    """A task with per-call options bound (``task.options(...)``), typed as its task."""
 
-    def __init__(self, task: Task, opts: SendOptions) -> None:
+    def __init__(self, task: Task[P, R], opts: SendOptions) -> None:
         self.task = task
         self.opts = opts
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    @overload
+    def enqueue(
+        self: BoundTask[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    def enqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         return self.task._enqueue_one(self.task.message(args, kwargs, self.opts))
 
-    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
+    @overload
+    async def aenqueue(
+        self: BoundTask[P, Coroutine[Any, Any, _R]], *args: P.args, **kwargs: P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    async def aenqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
         return await self.task._aenqueue_one(self.task.message(args, kwargs, self.opts))
 
-    def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+    @overload
+    def enqueue_many(
+        self: BoundTask[..., Coroutine[Any, Any, _R]], calls: Iterable[Any]
+    ) -> list[Job[_R]]: ...
+    @overload
+    def enqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
+    def enqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
         return self.task._sender()(self.task.messages(calls, self.opts))
 
-    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
+    @overload
+    async def aenqueue_many(
+        self: BoundTask[..., Coroutine[Any, Any, _R]], calls: Iterable[Any]
+    ) -> list[Job[_R]]: ...
+    @overload
+    async def aenqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
+    async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
         return await self.task._asender()(list(self.task.messages(calls, self.opts)))
 
 
@@ -444,6 +514,31 @@ def full_name(app: App, name: str) -> str:
             f"task {name!r} is ambiguous: {', '.join(matches)}; give the full name"
         )
     return matches[0] if matches else name
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` with options returns: it makes a function a
+    ``Task`` typed with the function's parameters and return type.
+
+    A function that takes a ``dw.Context`` (first, or last after up to four
+    other positional parameters) becomes ``Task[..., R]``: its return type is
+    kept, its arguments are not checked, because a type checker cannot remove
+    the context from the signature.  Reach the context with
+    ``dw.Context.current()`` instead to have them checked.
+    """
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Context, ...], _R], /) -> Task[..., _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def __call__(self, fn: Callable[[Any, Any, Any, Any, Context], _R], /) -> Task[..., _R]: ...
+    @overload
+    def __call__(self, fn: Callable[_P, _R], /) -> Task[_P, _R]: ...
 
 
 def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:

@@ -288,7 +288,7 @@ async def test_reject_from_middleware_dead_letters() -> None:
 async def test_unknown_task_option_fails_at_declaration(app: dw.App) -> None:
     with pytest.raises(dw.ConfigurationError, match="unknown task option"):
 
-        @app.task(retries=3)
+        @app.task(retries=3)  # type: ignore[call-overload, untyped-decorator]
         def f() -> None: ...
 
 
