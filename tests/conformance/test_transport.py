@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import fields
 
-from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.base import Broker, Capabilities
 from dumbwaiter.state import State
+from tests.brokers import CAPABILITIES
 
 from .conftest import msg
 from .helpers import error, fetch_all
+
+
+def test_the_broker_reports_the_capabilities_it_must(broker: Broker, broker_name: str) -> None:
+    """The flags ``tests/brokers.py`` lists for this broker: the layers
+    above branch on them, and the tests that need one run only where it is
+    reported."""
+    reported = {
+        f.name for f in fields(Capabilities) if getattr(broker.capabilities, f.name) is True
+    }
+    assert CAPABILITIES[broker_name] <= reported
 
 
 async def test_enqueue_then_fetch_returns_the_envelope(broker: Broker) -> None:
