@@ -85,7 +85,7 @@ def _env(url: str, tmp_path: Path) -> dict[str, str]:
         "DW_CRASH_HELD": str(tmp_path / "held.log"),
         "DW_CRASH_DONE": str(tmp_path / "done.log"),
         "DW_CRASH_HOLD": str(tmp_path / "hold"),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
     }
 
 
