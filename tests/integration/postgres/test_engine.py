@@ -152,7 +152,7 @@ async def test_fetch_polls_while_listen_is_down(make_broker: Make) -> None:
 
     # as if the LISTEN connection were lost for good: the next fetch starts
     # the listener again, and its connection fails every time
-    listener._connect = refused  # type: ignore[method-assign]
+    listener._connect = refused
     await listener.close()
     listener.listening = False
     m = msg()
