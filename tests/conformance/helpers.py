@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dumbwaiter.brokers.base import Broker, Delivery
 from dumbwaiter.message import ErrorRecord
@@ -18,7 +18,8 @@ async def eventually(
 ) -> T:
     """Call ``probe`` until ``accept`` holds for its value (or fail after ``timeout``).
 
-    Used only where time itself must pass (a lease or an eta running out)."""
+    Used where time itself must pass (a lease or an eta running out), or
+    where only the engine's own state shows what happened."""
     deadline = time.monotonic() + timeout
     while True:
         value = await probe()
@@ -27,6 +28,73 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached in {timeout} s; last value {value!r}")
         await asyncio.sleep(0.02)
+
+
+async def until_fetch_waits(broker: Broker, queue: str = "default") -> None:
+    """Until an idle ``fetch`` of ``broker`` on ``queue`` waits for work: a
+    job enqueued from then on must wake it (one enqueued before would just
+    be found by its first look).  Each engine shows a waiting fetch its own
+    way: the memory store's waiters, SQLite's armed WAL watch, Redis'
+    ``waiters:<queue>`` set, PostgreSQL's ``dw_waiters`` rows, a consumer on
+    RabbitMQ's lane, an open long-poll request of a NATS puller."""
+    name = type(broker).__name__
+    probe = _WAITING.get(name)
+    if probe is None:
+        raise AssertionError(f"until_fetch_waits: how does a {name} fetch wait? (tests helpers)")
+    await eventually(lambda: probe(broker, queue), bool)
+
+
+async def _memory_waits(broker: Any, queue: str) -> bool:
+    return bool(broker._s.waiters)
+
+
+async def _sqlite_waits(broker: Any, queue: str) -> bool:
+    return bool(broker._wakers)  # made and armed by the first fetch that waits
+
+
+async def _redis_waits(broker: Any, queue: str) -> bool:
+    return bool(await broker._link().call(b"ZCARD", f"{broker.prefix}:waiters:{queue}"))
+
+
+async def _postgres_waits(broker: Any, queue: str) -> bool:
+    import psycopg
+
+    query = f'SELECT count(*) FROM "{broker.opts.schema}".dw_waiters'
+    async with await psycopg.AsyncConnection.connect(broker.opts.conninfo) as conn:
+        row = await (await conn.execute(query.encode())).fetchone()
+    return bool(row and row[0])
+
+
+async def _rabbitmq_waits(broker: Any, queue: str) -> bool:
+    import aiormq
+
+    conn = await aiormq.connect(broker.amqp_url)
+    try:
+        ok = await (await conn.channel()).queue_declare(broker.names.lane(queue), passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False  # the fetch has not declared it yet
+    finally:
+        await conn.close()
+    return bool(ok.consumer_count)
+
+
+async def _nats_waits(broker: Any, queue: str) -> bool:
+    return any(
+        p.polls
+        for link in broker._links.values()
+        for (q, _level), p in link.pullers.items()
+        if q == queue  # not the delay promoter's puller, which always waits
+    )
+
+
+_WAITING: dict[str, Callable[[Any, str], Awaitable[bool]]] = {
+    "MemoryBroker": _memory_waits,
+    "SQLiteBroker": _sqlite_waits,
+    "RedisBroker": _redis_waits,
+    "PostgresBroker": _postgres_waits,
+    "RabbitMQBroker": _rabbitmq_waits,
+    "NatsBroker": _nats_waits,
+}
 
 
 async def fetch_all(broker: Broker, queue: str = "default", lease: float = 30.0) -> list[Delivery]:

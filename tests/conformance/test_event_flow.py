@@ -13,6 +13,7 @@ import dumbwaiter as dw
 from dumbwaiter.event import replay
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
+from tests.brokers import require_capability
 
 FAST = dw.Retry(attempts=2, backoff=0.01, jitter=0)
 
@@ -32,10 +33,9 @@ class OrderPaid(dw.Event, type="order.paid"):
 
 
 @pytest.fixture
-def app(make_app: Callable[..., dw.App]) -> dw.App:
+def app(make_app: Callable[..., dw.App], broker_name: str) -> dw.App:
     a = make_app(retry=FAST)
-    if not a.broker.capabilities.events:
-        pytest.skip(f"{type(a.broker).__name__} does not support events (capabilities.events)")
+    require_capability(broker_name, a.broker.capabilities, "events")
     return a
 
 

@@ -12,13 +12,13 @@ import pytest
 import dumbwaiter as dw
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
+from tests.brokers import require_capability
 
 
 @pytest.fixture
-def app(make_app: Callable[..., dw.App]) -> dw.App:
+def app(make_app: Callable[..., dw.App], broker_name: str) -> dw.App:
     a = make_app(retry=dw.Retry.never())
-    if not a.broker.capabilities.limits:
-        pytest.skip(f"{type(a.broker).__name__} has no flow control (capabilities.limits)")
+    require_capability(broker_name, a.broker.capabilities, "limits")
     return a
 
 

@@ -8,6 +8,7 @@ import time
 from dumbwaiter.brokers.base import Binding, Broker, JobFilter
 from dumbwaiter.message import EVENT, Message, uuid7
 from dumbwaiter.state import State
+from tests.brokers import require_capability
 
 from .conftest import msg
 from .helpers import fetch_all
@@ -97,10 +98,9 @@ async def test_replay_and_purge_by_key(broker: Broker) -> None:
     assert await _listed(broker, JobFilter(key="dead-0")) == [dead[0].id]
 
 
-async def test_list_by_key_finds_event_deliveries(broker: Broker) -> None:
+async def test_list_by_key_finds_event_deliveries(broker: Broker, broker_name: str) -> None:
     """An event's ordering key rides on each job that delivers it."""
-    if not broker.capabilities.events:
-        return
+    require_capability(broker_name, broker.capabilities, "events")
     await broker.declare(["group:billing"], [Binding("order.paid", "group:billing", 3)])
 
     def event(key: str | None) -> Message:

@@ -9,15 +9,15 @@ from collections.abc import Callable
 import pytest
 
 from dumbwaiter.brokers.base import Broker
+from tests.brokers import require_capability
 
 from .conftest import msg
 from .helpers import eventually
 
 
 @pytest.fixture(autouse=True)
-def _needs_limits(broker: Broker) -> None:
-    if not broker.capabilities.limits:
-        pytest.skip(f"{type(broker).__name__} has no flow control (capabilities.limits)")
+def _needs_limits(broker: Broker, broker_name: str) -> None:
+    require_capability(broker_name, broker.capabilities, "limits")
 
 
 async def test_rate_limit_is_a_sliding_window(broker: Broker) -> None:

@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import fields
 
-from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.base import Broker, Capabilities
 from dumbwaiter.state import State
+from tests.brokers import CAPABILITIES
 
 from .conftest import msg
-from .helpers import error, fetch_all
+from .helpers import error, fetch_all, until_fetch_waits
+
+
+def test_the_broker_reports_the_capabilities_it_must(broker: Broker, broker_name: str) -> None:
+    """The flags ``tests/brokers.py`` lists for this broker: the layers
+    above branch on them, and the tests that need one run only where it is
+    reported."""
+    reported = {
+        f.name for f in fields(Capabilities) if getattr(broker.capabilities, f.name) is True
+    }
+    assert CAPABILITIES[broker_name] <= reported
 
 
 async def test_enqueue_then_fetch_returns_the_envelope(broker: Broker) -> None:
@@ -54,8 +66,8 @@ async def test_idle_fetch_blocks_and_wakes_on_enqueue(make_broker: Callable[[], 
     await consumer.open()
     await producer.open()
     fetching = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0))
-    await asyncio.sleep(0.05)  # let the fetch start waiting (it must not return empty-handed)
-    assert not fetching.done()
+    await until_fetch_waits(consumer)
+    assert not fetching.done()  # it did not return empty-handed
     m = msg()
     await producer.enqueue([m])
     # woken by the enqueue, long before its 60 s wait would end
@@ -201,7 +213,7 @@ async def test_cancelled_fetch_leaves_nothing_leased(make_broker: Callable[[], B
     await consumer.open()
     await producer.open()
     waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0))
-    await asyncio.sleep(0.05)
+    await until_fetch_waits(consumer)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     m = msg()

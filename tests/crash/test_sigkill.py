@@ -1,9 +1,12 @@
 """Crash safety: a worker killed with SIGKILL loses nothing.
 
 A worker process works through 2,000 jobs; it is killed with SIGKILL twice
-and restarted.  At the end every job has succeeded, and the only jobs that
-ran twice are the ones the killed worker held (leased, not yet acked) at the
-moment of a kill.
+and restarted.  Each kill lands mid-job: the test makes the jobs that start
+hold still (``crashapp``'s hold file) and kills once several say they hold.
+At the end every job has succeeded, each job held at a kill began under the
+killed worker and finished under another (it was re-run: a kill that fell
+between jobs would fail here), and the only jobs that ran twice are the ones
+the killed worker held (leased, not yet acked) at the moment of a kill.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2000
+#: jobs that must hold (mid-run) in the worker before it is killed
+HELD_AT_KILL = 8
 # room for a wait below to time out and the test to say why (``diagnose``)
 # before pytest-timeout stops it
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(420)]
@@ -67,6 +72,54 @@ def _lines(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+def _pairs(log: Path) -> set[tuple[str, int]]:
+    """(job id, pid) of each line of a ``crashapp`` log."""
+    return {(f[0], int(f[1])) for f in (line.split() for line in _lines(log))}
+
+
+def _env(url: str, tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DW_CRASH_URL": url,
+        "DW_CRASH_LOG": str(tmp_path / "started.log"),
+        "DW_CRASH_HELD": str(tmp_path / "held.log"),
+        "DW_CRASH_DONE": str(tmp_path / "done.log"),
+        "DW_CRASH_HOLD": str(tmp_path / "hold"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
+    }
+
+
+def _kill_mid_job(proc: subprocess.Popen[bytes], tmp_path: Path) -> set[tuple[str, int]]:
+    """SIGKILL ``proc`` while ``HELD_AT_KILL`` of its jobs are mid-run (they
+    hold while the hold file exists); return those jobs, with its pid."""
+    hold, held = tmp_path / "hold", tmp_path / "held.log"
+
+    def holding() -> set[tuple[str, int]]:
+        return {p for p in _pairs(held) if p[1] == proc.pid}
+
+    hold.touch()
+    try:
+        with _killed_on_failure(proc):
+            _wait(lambda: len(holding()) >= HELD_AT_KILL, f"{HELD_AT_KILL} jobs to hold mid-run")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        hold.unlink()
+    return holding()
+
+
+def _assert_rerun(held: set[tuple[str, int]], tmp_path: Path) -> None:
+    """Each job held at a kill began under the killed worker and finished
+    under another one only: it was run again after the kill."""
+    assert len(held) >= HELD_AT_KILL
+    started, done = _pairs(tmp_path / "started.log"), _pairs(tmp_path / "done.log")
+    for job, killed in held:
+        assert (job, killed) in started
+        finished_by = {pid for j, pid in done if j == job}
+        assert finished_by, f"job {job}, held by the killed worker {killed}, never finished"
+        assert killed not in finished_by, (job, killed, finished_by)
+
+
 def _running_ids(app: dw.App) -> set[str]:
     async def go() -> set[str]:
         ids: set[str] = set()
@@ -87,7 +140,7 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
 ) -> None:
     url = BROKERS[broker](tmp_path)
     log = tmp_path / "started.log"
-    env = {**os.environ, "DW_CRASH_URL": url, "DW_CRASH_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    env = _env(url, tmp_path)
     app = dw.App(url)
     work = app.task(name="crash.work")(crashapp.work.fn)  # the task the workers know
     ids = {j.id for j in work.enqueue_many(range(N))}
@@ -102,12 +155,12 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
         return subprocess.Popen(cmd, cwd=ROOT, env=env)
 
     in_flight_at_kills: set[str] = set()
+    held_at_kills: set[tuple[str, int]] = set()
     for threshold in (N // 4, N // 2):
         proc = start()
         with _killed_on_failure(proc):
             _wait(lambda t=threshold: len(_lines(log)) >= t, f"{threshold} jobs to start")  # type: ignore[misc]
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=10) == -signal.SIGKILL
+        held_at_kills |= _kill_mid_job(proc, tmp_path)
         held = _running_ids(app)
         assert held, "the kill should find jobs in flight"
         in_flight_at_kills |= held
@@ -130,6 +183,7 @@ def test_sigkill_twice_every_job_succeeds_once_or_was_in_flight(
     assert set(starts) == ids  # every job ran
     ran_twice = {i for i, n in starts.items() if n > 1}
     assert ran_twice <= in_flight_at_kills  # only jobs held at a kill ran again
+    _assert_rerun(held_at_kills, tmp_path)  # and the jobs mid-run at a kill did
     asyncio.run(app.broker.close())
 
 
@@ -139,7 +193,7 @@ def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
 ) -> None:
     url = BROKERS[broker](tmp_path)
     log = tmp_path / "started.log"
-    env = {**os.environ, "DW_CRASH_URL": url, "DW_CRASH_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    env = _env(url, tmp_path)
     app = dw.App(url)
     shard = app.task(name="crash.shard")(crashapp.shard.fn)
     batch = app.batch(shard, list(range(3000)), chunk_size=5)  # 600 shards of 5 items
@@ -152,8 +206,7 @@ def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     with _killed_on_failure(proc):
         _wait(lambda: len(_lines(log)) >= 200, "200 shards to start")
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=10) == -signal.SIGKILL
+    held_at_kill = _kill_mid_job(proc, tmp_path)
     in_flight |= _running_ids(app)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     with _killed_on_failure(proc):
@@ -168,4 +221,5 @@ def test_batch_survives_sigkill_each_shard_succeeds_once_or_was_in_flight(
     starts = Counter(line.split()[0] for line in _lines(log))
     assert len(starts) == 600
     assert {i for i, n in starts.items() if n > 1} <= in_flight
+    _assert_rerun(held_at_kill, tmp_path)  # the shards mid-run at the kill ran again
     app.close()

@@ -4,10 +4,12 @@ is its child and links to it, messaging attributes."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -160,10 +162,50 @@ async def test_duplicate_key_marks_the_producer_span(
     assert (dup.attributes or {})["dumbwaiter.duplicate_of"] == first.id
 
 
-def test_global_provider_is_the_default() -> None:
-    mw = TracingMiddleware()
-    assert mw.tracer is not None
-    assert trace.get_tracer_provider() is not None
+#: a process of its own: the global tracer provider can be set once per process
+GLOBAL_PROVIDER = """
+import asyncio, json
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import dumbwaiter as dw
+from dumbwaiter.testing import drain
+from dumbwaiter.tracing import TracingMiddleware
+
+# the app is made (imported) before the SDK is configured, as in most programs
+app = dw.App("memory://", middleware=[TracingMiddleware()])
+
+@app.task(queue="mail")
+def send() -> None: ...
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+async def main() -> None:
+    await send.aenqueue()
+    await drain(app)
+
+asyncio.run(main())
+print(json.dumps(sorted([s.name, s.kind.name] for s in exporter.get_finished_spans())))
+"""
+
+
+def test_without_a_provider_spans_go_to_the_global_one() -> None:
+    """``TracingMiddleware()`` sends its spans to the process's global
+    provider (the one the SDK or its auto-instrumentation sets)."""
+    done = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [["process mail", "CONSUMER"], ["send mail", "PRODUCER"]]
 
 
 def test_missing_opentelemetry_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -546,6 +546,16 @@ async def test_a_job_the_rescuer_dead_letters_reaches_on_dead() -> None:
     assert w.counts["rescued"] == 1
 
 
+async def _until_buffered(worker: dw.Worker, left: int) -> None:
+    """Until the worker's prefetch holds a job, if any of the ``left`` jobs
+    not started yet is still to fetch (the running job's slot takes its
+    next job from there when it ends)."""
+    deadline = time.monotonic() + 5.0
+    while left and not worker._buffer:  # the worker's buffer has no event to wait on
+        assert time.monotonic() < deadline, "the prefetch never refilled the buffer"
+        await asyncio.sleep(0.001)
+
+
 async def test_a_freed_slot_starts_its_next_buffered_job_without_a_loop_turn(app: dw.App) -> None:
     """When a job ends and a prefetched job waits, the slot's task starts it at
     once: no other callback of the loop runs in between (a new task per job
@@ -554,6 +564,7 @@ async def test_a_freed_slot_starts_its_next_buffered_job_without_a_loop_turn(app
     starts: list[int] = []
     turned: list[bool] = []  # per start: did the loop turn since the previous job ended?
     flag = {"turn": True}
+    holder: dict[str, dw.Worker] = {}
 
     def loop_turned() -> None:
         flag["turn"] = True
@@ -562,15 +573,24 @@ async def test_a_freed_slot_starts_its_next_buffered_job_without_a_loop_turn(app
     async def step(i: int) -> None:
         turned.append(flag["turn"])
         starts.append(i)
-        await asyncio.sleep(0.002)  # long enough for the prefetch to refill the buffer
+        if len(starts) > 1:  # the prefetch is sized by the jobs' run time: none before one ended
+            await _until_buffered(holder["w"], n - len(starts))
         flag["turn"] = False
         asyncio.get_running_loop().call_soon(loop_turned)
+        if len(starts) == n:
+            done.set()
 
+    done = asyncio.Event()
     await step.aenqueue_many(range(n))
-    await drain(app, concurrency=1)
+    worker = holder["w"] = dw.Worker(app, concurrency=1, fetch_wait=0.1)
+    run = asyncio.create_task(worker.run())
+    await asyncio.wait_for(done.wait(), 30)
+    worker.stop()
+    await run
     assert sorted(starts) == list(range(n))
-    # the prefetch needs a job's run time first, so the earliest starts do wait
-    assert sum(not t for t in turned) >= n // 2
+    # a job waits for the first fetch, the second for the fetch that the first
+    # job's run time sized; every later one found its job in the buffer
+    assert turned[2:] == [False] * (n - 2)
 
 
 async def test_stop_ends_a_slot_s_run_of_buffered_jobs_and_gives_them_back(app: dw.App) -> None:
@@ -580,16 +600,22 @@ async def test_stop_ends_a_slot_s_run_of_buffered_jobs_and_gives_them_back(app: 
     ran: list[int] = []
     holder: dict[str, dw.Worker] = {}
 
+    buffered_at_stop: list[int] = []
+
     @app.task
     async def step(i: int) -> None:
         ran.append(i)
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0)  # it awaits, as async jobs do: the loop turns
+        if len(ran) > 1:  # the prefetch is sized by the jobs' run time: none before one ended
+            await _until_buffered(holder["w"], n - len(ran))
         if len(ran) == 20:
+            buffered_at_stop.append(len(holder["w"]._buffer))
             holder["w"].stop()
 
     jobs = await step.aenqueue_many(range(n))
     worker = holder["w"] = dw.Worker(app, concurrency=1, grace=5)
     await worker.run()
+    assert buffered_at_stop[0] > 0  # the slot had buffered jobs to run next
     # stop() takes effect at the loop's next turn: the job after it may start
     assert 20 <= len(ran) <= 21
     states = [await j.astatus() for j in jobs]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -16,8 +17,9 @@ from dumbwaiter.errors import InvalidURL, PayloadTooLarge
 from dumbwaiter.message import Message, encode
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import eventually, fetch_all
+from tests.conformance.helpers import eventually, fetch_all, until_fetch_waits
 from tests.integration.postgres import server
+from tests.integration.postgres.test_handoff import _count_claims
 
 Make = Callable[..., PostgresBroker]
 
@@ -133,7 +135,7 @@ async def test_idle_fetch_waits_on_listen_not_on_polls(make_broker: Make) -> Non
     consumer, producer = make_broker(poll_interval=3600), make_broker()
     await producer.open()
     waiting = asyncio.create_task(consumer.fetch(["default", "other"], 10, 30.0, 60.0))
-    await asyncio.sleep(0.1)
+    await until_fetch_waits(consumer, "other")  # LISTENing, its claim found nothing
     m = msg(queue="other")
     await producer.enqueue([m])
     [d] = await asyncio.wait_for(waiting, 10)
@@ -144,14 +146,25 @@ async def test_fetch_polls_while_listen_is_down(make_broker: Make) -> None:
     consumer, producer = make_broker(poll_interval=0.05), make_broker()
     await consumer.fetch(["default"], 1, 30.0, 0.01)  # LISTEN is up
     listener = consumer._state().listener
-    await listener.close()  # as if the LISTEN connection were lost for good
+
+    async def refused() -> psycopg.AsyncConnection[Any]:
+        raise OSError("the LISTEN connection cannot be made (this test)")
+
+    # as if the LISTEN connection were lost for good: the next fetch starts
+    # the listener again, and its connection fails every time
+    listener._connect = refused
+    await listener.close()
     listener.listening = False
     m = msg()
+    claims = _count_claims(consumer)
     waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 60.0))
-    await asyncio.sleep(0.1)
+    # it claimed, found nothing, and claimed again: it polls (nothing else wakes it)
+    await eventually(lambda: asyncio.sleep(0, claims[0]), lambda n: n >= 2)
+    assert not waiting.done()
     await producer.enqueue([m])
     [d] = await asyncio.wait_for(waiting, 10)
     assert d.id == m.id
+    assert not listener.listening  # it was a poll that found it
 
 
 # -- bulk (COPY) --------------------------------------------------------------------

@@ -8,7 +8,7 @@ without ``rabbitmqctl`` it uses the URL's vhost (where the delay cascade
 ``dw.delay.*`` then stays).  Either way each conformance test's queues are
 deleted when the next test starts (``rabbitmq_url``).  Each test's state
 store is a SQLite file in its ``tmp_path`` (shared by every process of the
-test).
+test), or the store a caller names (``rabbitmq_url(tmp_path, state=...)``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SERVER = os.environ.get("DW_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 RUN = secrets.token_hex(3)
 VHOST = f"dw-test-{RUN}"
 
-_made: dict[Path, str] = {}
+_made: dict[Path, tuple[str, str]] = {}  # tmp_path -> (prefix, state store)
 _counter = itertools.count()
 _state: tuple[bool, str, str] | None = None  # reachable, why, vhost
 
@@ -160,21 +160,22 @@ def url(prefix: str, state: str, **options: str) -> str:
     return f"{amqp_base()}?{query}"
 
 
-def rabbitmq_url(tmp_path: Path) -> str:
-    """The conformance suite's URL: one prefix and one state file per test.
+def rabbitmq_url(tmp_path: Path, state: str | None = None) -> str:
+    """The conformance suite's URL: one prefix and one state store per test
+    (a SQLite file in ``tmp_path`` unless ``state`` names another).
 
     A new test's first call deletes the queues of the tests before it (they
     have ended: tests run one after the other), so a run never holds more
     than a few tests' quorum queues: each holds file handles of the shared
     server, and a few hundred exhaust its default limit."""
-    prefix = _made.get(tmp_path)
-    if prefix is None:
+    made = _made.get(tmp_path)
+    if made is None:
         amqp_base()  # skip before making anything
-        for old_path, old_prefix in list(_made.items()):
-            _delete_queues(old_prefix, _state_of(old_path))
+        for old_path, (old_prefix, old_state) in list(_made.items()):
+            _delete_queues(old_prefix, old_state)
             del _made[old_path]
-        prefix = _made[tmp_path] = new_prefix()
-    return url(prefix, _state_of(tmp_path))
+        made = _made[tmp_path] = (new_prefix(), state or _state_of(tmp_path))
+    return url(*made)
 
 
 def _state_of(tmp_path: Path) -> str:

@@ -28,11 +28,13 @@ from dumbwaiter.errors import BrokerError
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State
 from tests.conformance.helpers import error, eventually, fetch_all
+from tests.conftest import require_service
 from tests.integration.rabbitmq import server
 from tests.integration.redis.server import new_prefix as redis_prefix
 from tests.integration.redis.server import url as redis_state_url
 
 CTL = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+HAVE_CTL = os.path.exists(CTL)
 
 
 def job(queue: str = "default", **kw: object) -> Message:
@@ -171,8 +173,8 @@ async def test_events_fan_out_by_topic_pattern(broker: RabbitMQBroker) -> None:
     assert {d.id for d in orders}.isdisjoint({d.id for d in created})  # a delivery each
 
 
-@pytest.mark.skipif(not os.path.exists(CTL), reason="rabbitmqctl reads the queue types")
 async def test_queues_are_quorum_queues(broker: RabbitMQBroker) -> None:
+    require_service("rabbitmqctl", HAVE_CTL, f"{CTL} reads the queue types")
     await broker.enqueue([job(), job(priority=3)])
     [d] = await broker.fetch(["default"], 1, 30.0, 0)
     await broker.dead([d])  # the DLQ is made with the first dead letter

@@ -12,6 +12,7 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
 from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
+from tests.conformance.helpers import until_fetch_waits
 
 
 async def _brokers(url: str, n: int) -> list[Broker]:
@@ -83,7 +84,8 @@ async def test_one_waiter_gets_one_batch(shared_url: str) -> None:
     waiter, producer = await _brokers(shared_url, 2)
     try:
         waiting = asyncio.create_task(waiter.fetch(["a", "b"], 10, 30.0, 30.0, "w"))
-        await asyncio.sleep(0.1)
+        await until_fetch_waits(waiter, "a")  # registered on both in one script
+        await until_fetch_waits(waiter, "b")
         first, second = msg(queue="a"), msg(queue="b")
         await asyncio.gather(producer.enqueue([first]), producer.enqueue([second]))
         ds = await asyncio.wait_for(waiting, 10)

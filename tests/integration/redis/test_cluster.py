@@ -11,7 +11,7 @@ import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Binding
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import fetch_all
+from tests.conformance.helpers import fetch_all, until_fetch_waits
 from tests.conformance.test_events import event
 
 from .conftest import RedisCluster
@@ -45,7 +45,7 @@ async def test_broker_follows_moved_to_its_slot(redis_cluster: RedisCluster) -> 
     consumer, producer = from_url(url), from_url(url)
     try:
         waiting = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 10.0, "w"))
-        await asyncio.sleep(0.1)
+        await until_fetch_waits(consumer)  # registered on the slot's owner
         m = msg()
         assert await producer.enqueue([m]) == [m.id]
         [d] = await asyncio.wait_for(waiting, 10)  # handed over through the inbox

@@ -12,7 +12,7 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Binding, Broker, JobFilter
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import error
+from tests.conformance.helpers import error, eventually, until_fetch_waits
 from tests.conformance.test_events import event
 
 from .conftest import RedisServer
@@ -29,14 +29,13 @@ async def _every_transition(broker: Broker, other: Broker) -> None:
     await broker.retry(ds[1:])
     [d] = await broker.fetch(["q2"], 1, 0.1, 0, "w2")
     await broker.extend([d], 0.1)
-    await asyncio.sleep(0.2)
-    assert await broker.rescue() == 1
+    assert await eventually(broker.rescue, lambda n: n > 0) == 1  # once its lease ran out
     [d] = await broker.fetch(["q2"], 1, 30.0, 0, "w2")
     d.error = error()
     await broker.dead([d])
     # an idle worker waiting on two queues, handed a job by an enqueue
     waiting = asyncio.create_task(other.fetch(["default", "q3"], 5, 30.0, 10.0, "w3"))
-    await asyncio.sleep(0.1)
+    await until_fetch_waits(other, "q3")
     await broker.enqueue([msg(queue="q3")])
     [handed] = await asyncio.wait_for(waiting, 10)
     await broker.requeue([handed])
