@@ -54,6 +54,13 @@ def _rabbitmq_on_postgres(tmp_path: Path) -> str:
     return rabbitmq_url(tmp_path, state=postgres_url(tmp_path))
 
 
+#: RabbitMQ on the other state stores (its kv, locks, limits and records
+#: live there): every test that takes ``BROKERS`` runs them too.
+STATE_STORES: dict[str, Callable[[Path], str]] = {
+    "rabbitmq+redis": _rabbitmq_on_redis,
+    "rabbitmq+postgres": _rabbitmq_on_postgres,
+}
+
 BROKERS: dict[str, Callable[[Path], str]] = {
     "memory": _memory_url,
     "sqlite": _sqlite_url,
@@ -61,21 +68,10 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "redis": redis_url,
     "rabbitmq": rabbitmq_url,
     "nats": nats_url,
+    **STATE_STORES,
 }
 
 CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]
-
-#: RabbitMQ on the other state stores.  Only the conformance suite runs
-#: them for now: ``App.aclose()`` leaves a PostgreSQL state store's
-#: connection of the portal's loop open (its close is scheduled on a loop
-#: that is stopped before it runs), which the alert tests' sync enqueues hit.
-STATE_STORES: dict[str, Callable[[Path], str]] = {
-    "rabbitmq+redis": _rabbitmq_on_redis,
-    "rabbitmq+postgres": _rabbitmq_on_postgres,
-}
-
-#: The rows of the conformance suite.
-CONFORMANCE: dict[str, Callable[[Path], str]] = {**BROKERS, **STATE_STORES}
 
 _EVERY_ENGINE = frozenset(
     {"native_delay", "priorities", "blocking_fetch", "results", "events", "limits"}

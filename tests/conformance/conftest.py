@@ -4,7 +4,7 @@ Each test gets a fresh namespace (a private memory store, a new SQLite file),
 so tests never see each other's jobs.  ``make_broker`` makes more brokers on
 the same namespace: two of them behave like two processes sharing the engine.
 A broker joins the suite by adding one entry to ``tests/brokers.py``; each
-test runs on every row of ``CONFORMANCE`` (the brokers, and RabbitMQ on each
+test runs on every row of ``BROKERS`` (the brokers, and RabbitMQ on each
 state store).
 """
 
@@ -21,19 +21,19 @@ import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
 from dumbwaiter.message import TASK, Message, uuid7
-from tests.brokers import CONFORMANCE
+from tests.brokers import BROKERS
 
 
-@pytest.fixture(params=sorted(CONFORMANCE))
+@pytest.fixture(params=sorted(BROKERS))
 def broker_name(request: pytest.FixtureRequest) -> str:
-    """The test's broker: its name in ``tests/brokers.py`` (``CONFORMANCE``)."""
+    """The test's broker: its name in ``tests/brokers.py`` (``BROKERS``)."""
     return str(request.param)
 
 
 @pytest.fixture
 def broker_url(broker_name: str, tmp_path: Path) -> str:
     """A fresh namespace on one broker; every ``make_broker()`` shares it."""
-    return CONFORMANCE[broker_name](tmp_path)
+    return BROKERS[broker_name](tmp_path)
 
 
 @pytest.fixture

@@ -295,18 +295,22 @@ class PostgresCore(Broker):
             current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             current = None
+        elsewhere: list[asyncio.Future[None]] = []
         for loop, st in states.items():
             if loop is current:
-                await st.listener.close()
-                await asyncio.gather(*st.giving_back, return_exceptions=True)
-                await st.pool.close()
-                await st.work.close()
+                await _close_state(st)
             elif loop.is_closed() or not loop.is_running():
                 st.listener.abandon()
                 st.pool.abandon()
                 st.work.abandon()
-            else:  # another thread's running loop: let it close its own
-                loop.call_soon_threadsafe(_close_later, st)
+            else:  # another thread's running loop: it closes its own
+                cf = asyncio.run_coroutine_threadsafe(_close_state(st), loop)
+                elsewhere.append(asyncio.wrap_future(cf))
+        if elsewhere:
+            # waited for, not just scheduled: the caller may stop that loop
+            # next (``App.aclose`` stops the portal's), and a close that never
+            # ran would leave its connections open
+            await asyncio.wait(elsewhere, timeout=CLOSE_ELSEWHERE)
         if pool is not None:
             if current is not None:
                 await asyncio.to_thread(pool.close)
@@ -331,10 +335,13 @@ async def _noop(conn: psycopg.AsyncConnection[Any]) -> None:
     return None
 
 
-def _close_later(st: _LoopState) -> None:
-    async def go() -> None:
-        await st.listener.close()
-        await st.pool.close()
-        await st.work.close()
+#: seconds ``close`` waits for another thread's loop to close its connections
+CLOSE_ELSEWHERE = 5.0
 
-    st.loop.create_task(go())
+
+async def _close_state(st: _LoopState) -> None:
+    """Close one loop's connections, on that loop."""
+    await st.listener.close()
+    await asyncio.gather(*st.giving_back, return_exceptions=True)
+    await st.pool.close()
+    await st.work.close()
