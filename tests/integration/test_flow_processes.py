@@ -17,7 +17,7 @@ import pytest
 
 import dumbwaiter as dw
 from tests.apps import flowapp
-from tests.brokers import BROKERS, CROSS_PROCESS
+from tests.brokers import BROKERS, CROSS_PROCESS, require_capability
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,13 +28,17 @@ def test_limits_hold_across_two_worker_processes(broker: str, tmp_path: Path) ->
     url = BROKERS[broker](tmp_path)
     log = tmp_path / "flow.log"
     app = dw.App(url, retry=dw.Retry.never())
-    if not app.broker.capabilities.limits:
-        pytest.skip(f"{broker} has no flow control yet (capabilities.limits)")
+    require_capability(broker, app.broker.capabilities, "limits")
     api_call = app.task(name="flow.api_call", rate_limit="50/s")(flowapp.api_call.fn)
     tenant_job = app.task(name="flow.tenant_job", concurrency=3, limit_key=lambda a: a["tenant"])(
         flowapp.tenant_job.fn
     )
-    env = {**os.environ, "FLOWAPP_URL": url, "FLOWAPP_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "FLOWAPP_URL": url,
+        "FLOWAPP_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
     cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app", "tests.apps.flowapp:app",
            "-c", "16", "--log-level", "INFO"]  # fmt: skip
     # Both workers are up before any job exists: started after the enqueue,

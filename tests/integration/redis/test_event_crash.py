@@ -48,7 +48,7 @@ def test_sigkill_twice_every_event_reaches_every_group(tmp_path: Path) -> None:
         **os.environ,
         "DW_CRASH_URL": broker_url,
         "DW_CRASH_LOG": str(log),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
     }
     app = dw.App(broker_url)
     for group in ("mail", "books"):  # the producer binds the workers' groups
