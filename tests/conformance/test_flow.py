@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -25,11 +26,19 @@ def app(make_app: Callable[..., dw.App], broker_name: str) -> dw.App:
 async def test_concurrency_per_key_is_never_exceeded_and_costs_no_attempts(app: dw.App) -> None:
     running: dict[str, int] = {}
     peak: dict[str, int] = {}
+    # a tenant's first job holds its slot until a second one runs beside it
+    # (or 5 s pass: a limit of 1 would then show as a peak of 1), so the
+    # peak of 2 is reached on a slow state store too
+    full = {"a": asyncio.Event(), "b": asyncio.Event()}
 
     @app.task(concurrency=2, limit_key=lambda a: a["tenant"])
     async def report(tenant: str, n: int) -> None:
         running[tenant] = running.get(tenant, 0) + 1
         peak[tenant] = max(peak.get(tenant, 0), running[tenant])
+        if running[tenant] == 2:
+            full[tenant].set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(full[tenant].wait(), 5)
         await asyncio.sleep(0.02)
         running[tenant] -= 1
 
