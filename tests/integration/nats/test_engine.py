@@ -11,7 +11,9 @@ from typing import Any
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
+import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite
 from dumbwaiter.brokers.nats import NatsBroker
@@ -28,9 +30,11 @@ from dumbwaiter.brokers.nats.wire import (
     headers,
     pub_ack,
 )
+from dumbwaiter.cli import main as cli_main
 from dumbwaiter.errors import InvalidURL
-from dumbwaiter.message import encode
+from dumbwaiter.message import ErrorRecord, encode
 from dumbwaiter.state import State
+from dumbwaiter.testing import drain
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
 from tests.integration.nats.server import connect
@@ -634,6 +638,92 @@ async def test_an_undecodable_pointer_is_dead_lettered_with_its_body(
     assert (s.dead, s.running, s.ready) == (1, 0, 0)
     [dead] = (await b.list_jobs(JobFilter(state=State.DEAD))).items
     assert dead.message.id == "bad-1"
+
+
+#: bodies something else than dumbwaiter may put on a job subject
+RAW_BODIES = [b"not json", b"\xff\xfe garbage \x00", b'{"foo": 1}', b"[1, 2]"]
+
+
+async def test_raw_messages_on_a_job_subject_are_dead_letters_a_user_can_see_and_act_on(
+    shared_url: str,
+) -> None:
+    """Raw bytes published straight to the work stream's subject (no headers,
+    nothing of ours): each becomes a dead job, listed, counted, shown with its
+    body and reason, replayable (it dies again the same way, its history kept,
+    as on SQLite, Redis and PostgreSQL) and purgeable."""
+    app = dw.App(shared_url)
+    try:
+        b = app.broker
+        assert isinstance(b, NatsBroker)
+        await b.declare(["default"])
+        nc = await connect()
+        try:
+            js = nc.jetstream()
+            for body in RAW_BODIES:
+                await js.publish(b.n.pointer("default", 0).decode(), body)
+        finally:
+            await nc.close()
+        assert (await drain(app, ["default"])).counts["dead"] == len(RAW_BODIES)
+
+        listed = (await b.list_jobs(JobFilter(state=State.DEAD))).items
+        assert sorted(i.raw or b"" for i in listed) == sorted(RAW_BODIES)
+        [st] = await b.stats()
+        assert (st.dead, st.ready, st.running) == (len(RAW_BODIES), 0, 0)
+        by_body = {i.raw: i.message.id for i in listed if i.raw is not None}
+        for body, jid in by_body.items():
+            info = await b.get(jid)
+            assert info is not None and info.state is State.DEAD and info.raw == body
+            assert info.message.name == "?" and info.message.queue == "default"
+            [err] = info.message.errors
+            assert err.type == "dumbwaiter.errors.MessageDecodeError"
+        bad_utf8 = await b.get(by_body[RAW_BODIES[1]])
+        assert bad_utf8 is not None and "not valid UTF-8" in bad_utf8.message.errors[0].message
+        shown = await asyncio.to_thread(
+            CliRunner().invoke,
+            cli_main,
+            ["dlq", "show", by_body[b"not json"], "--json", "--url", shared_url],
+        )
+        assert shown.exit_code == 0, shown.output
+        assert orjson.loads(shown.output)["raw"] == "not json"
+
+        assert await b.replay(JobFilter(state=State.DEAD)) == len(RAW_BODIES)
+        assert (await drain(app, ["default"])).counts["dead"] == len(RAW_BODIES)
+        for body, jid in by_body.items():
+            info = await b.get(jid)
+            assert info is not None and info.state is State.DEAD and info.raw == body
+            assert info.replays == 1 and len(info.message.errors) == 2
+
+        assert await b.purge(JobFilter(state=State.DEAD)) == len(RAW_BODIES)
+        assert [(s.dead, s.ready, s.running) for s in await b.stats()] == [(0, 0, 0)]
+        assert (await b.list_jobs(JobFilter(state=State.DEAD))).items == []
+        assert await b.get(by_body[b"not json"]) is None
+    finally:
+        await app.aclose()
+
+
+async def test_a_long_raw_body_keeps_its_head_and_the_reason_says_so(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A record holds the body base64 with its errors in one NATS message, so
+    a body beyond three eighths of ``max_payload`` keeps its head only."""
+    b = make()
+    await b.open()
+    await b.declare(["default"])
+    link = await b._link()
+    kept = link.wire.max_payload * 3 // 8
+    body = b"\x00" * (kept + 1000)
+    nc = await connect()
+    try:
+        await nc.jetstream().publish(b.n.pointer("default", 0).decode(), body)
+    finally:
+        await nc.close()
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    assert d.message is None and d.raw == body
+    assert d.decode_error and f"the first {kept} are kept" in d.decode_error
+    d.error = ErrorRecord(time.time(), "dumbwaiter.errors.MessageDecodeError", d.decode_error)
+    await b.dead([d])
+    info = await b.get(d.id)
+    assert info is not None and info.state is State.DEAD and info.raw == body[:kept]
 
 
 async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(

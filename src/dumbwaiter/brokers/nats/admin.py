@@ -270,6 +270,8 @@ class Admin(Core):
                 R.ST: State.READY.value, R.ENV: env, R.GEN: R.new_gen(), R.RUN_AT: now,
                 R.UPDATED: now, R.REPLAYS: int(old.get(R.REPLAYS, 0)) + 1,
             }  # fmt: skip
+            if R.RAW in old:  # an undecodable message: its copy carries the body again
+                new[R.RAW] = old[R.RAW]
             try:
                 ack = await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
             except JetStreamError as exc:

@@ -421,15 +421,16 @@ class NatsBroker(Admin, Coordination):
 
     def _claim_send(
         self, link: Link, items: list[Pulled], lease: float, worker: str
-    ) -> tuple[list[tuple[Ptr, dict[str, Any]]], list[Ptr], Batch, float, float]:
+    ) -> tuple[list[tuple[Ptr, dict[str, Any], Message]], list[Ptr], Batch, float, float]:
         """Decode the pointers and send the claims of those that need no
         look at their record first: a compare-and-set that creates a fresh
         job's record, or rewrites it on the sequence its pointer names.  The
         holder list goes first (a crash in between lists a job that is not
-        running: harmless)."""
+        running: harmless).  A body that is not an envelope takes the slow
+        way, whose record keeps it (``_claim_slow``)."""
         now = time.time()
         until = now + lease
-        fast: list[tuple[Ptr, dict[str, Any]]] = []
+        fast: list[tuple[Ptr, dict[str, Any], Message]] = []
         slow: list[Ptr] = []
         paused = link.paused_now()
         for it in items:
@@ -441,9 +442,12 @@ class NatsBroker(Admin, Coordination):
             if p.env is not None and (p.gen == "0" or p.seq):
                 env = dict(p.env)
                 env["attempt"] = int(env.get("attempt", 0)) + 1
-                fast.append((p, env))
-            else:
-                slow.append(p)
+                try:
+                    fast.append((p, env, from_dict(env)))
+                    continue
+                except MessageDecodeError as exc:
+                    p.undecodable(str(exc))
+            slow.append(p)
         if fast or slow:
             link.holder.write()
         js = self.n.js
@@ -458,7 +462,7 @@ class NatsBroker(Admin, Coordination):
                     ),
                     p.seq,
                 )
-                for p, env in fast
+                for p, env, _ in fast
             ]
         )
         link.wire.write_now()
@@ -467,7 +471,7 @@ class NatsBroker(Admin, Coordination):
     def _claimed(
         self,
         link: Link,
-        fast: list[tuple[Ptr, dict[str, Any]]],
+        fast: list[tuple[Ptr, dict[str, Any], Message]],
         results: list[Reply],
         slow: list[Ptr],
         now: float,
@@ -477,7 +481,7 @@ class NatsBroker(Admin, Coordination):
         """The deliveries whose claim won; the others join ``slow``."""
         out: list[Delivery] = []
         holder = link.holder.id
-        for (p, env), r in zip(fast, results, strict=True):
+        for (p, _, m), r in zip(fast, results, strict=True):
             try:
                 ack = pub_ack(r, "claim")
             except JetStreamError as exc:
@@ -486,7 +490,7 @@ class NatsBroker(Admin, Coordination):
                 slow.append(p)  # someone wrote the record first: look at it
                 continue
             tok = Token(ack.seq, ack.seq, p.reply, p.gen, p.replays, now, holder, worker)
-            out.append(self._delivery(p, env, tok, until))
+            out.append(Delivery(id=p.id, message=m, token=tok, lease_until=until, queue=p.queue))
         return out
 
     def _give_back(self, link: Link, ps: list[Ptr]) -> None:
@@ -546,8 +550,12 @@ class NatsBroker(Admin, Coordination):
             plan = await self._claim_plan(link, p, cur, now)
             if plan is None:
                 return None
-            env, replays, run_at = plan
+            env, replays, run_at, raw = plan
             rec = self._running(p.gen, env, now, until, worker, p.reply, link, 0, run_at, replays)
+            kept = why = None
+            if raw is not None:
+                kept, why = self._kept_raw(link, raw, p.error)
+                rec[R.RAW] = kept
             try:
                 ack = await link.store.put(subject, R.dumps(rec), cur.seq if cur else 0)
             except JetStreamError as exc:
@@ -555,15 +563,16 @@ class NatsBroker(Admin, Coordination):
                     continue
                 raise
             tok = Token(ack.seq, ack.seq, p.reply, p.gen, replays, run_at, link.holder.id, worker)
-            if p.env is None and cur is None:
+            if raw is not None:
+                tok.raw, tok.env = kept, env
                 return Delivery(
                     id=p.id,
                     message=None,
                     token=tok,
                     lease_until=until,
                     queue=p.queue,
-                    raw=p.data,
-                    decode_error=p.error or "undecodable message",
+                    raw=raw,
+                    decode_error=why,
                 )
             return self._delivery(p, env, tok, until)
         log.warning("nats: gave up claiming job %s (its record kept changing)", p.id)
@@ -572,14 +581,17 @@ class NatsBroker(Admin, Coordination):
 
     async def _claim_plan(
         self, link: Link, p: Ptr, cur: Stored | None, now: float
-    ) -> tuple[dict[str, Any], int, float] | None:
+    ) -> tuple[dict[str, Any], int, float, bytes | None] | None:
         """What claiming ``p`` means given its job's record: the envelope to
-        run (attempt counted up), replays and run time; or None after
-        dropping a stale pointer or holding back one that comes early."""
+        run (attempt counted up), replays, run time and, for a message that is
+        not an envelope, its body; or None after dropping a stale pointer or
+        holding back one that comes early."""
         if cur is None:  # no record (yet, or any more: retention): the pointer has it all
-            env: dict[str, Any] = dict(p.env) if p.env else {"id": p.id, "queue": p.queue}
+            if p.env is None:
+                return R.raw_env(p.id, p.queue, 1), p.replays, now, p.data
+            env: dict[str, Any] = dict(p.env)
             env["attempt"] = int(env.get("attempt", 0)) + 1
-            return env, p.replays, now
+            return env, p.replays, now, None
         old = R.loads(cur.data)
         st = old.get(R.ST)
         if old.get(R.GEN) != p.gen:
@@ -610,7 +622,23 @@ class NatsBroker(Admin, Coordination):
             self._drop(link, p)
             return None
         env["attempt"] = int(env.get("attempt", 0)) + 1
-        return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now))
+        raw = R.raw_of(old)
+        if raw is None and p.env is None:
+            raw = p.data
+        return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now)), raw
+
+    @staticmethod
+    def _kept_raw(link: Link, raw: bytes, error: str | None) -> tuple[str, str]:
+        """An undecodable body as its record keeps it (base64), and the reason
+        the worker dead-letters it with.  The record must fit in one NATS
+        message with its errors: a body longer than three eighths of the
+        server's ``max_payload`` keeps its head, and the reason says so."""
+        why = error or "message body is not a valid envelope"
+        limit = link.wire.max_payload * 3 // 8
+        if len(raw) > limit:
+            why += f" (the body is {len(raw)} bytes; the first {limit} are kept)"
+            raw = raw[:limit]
+        return R.raw_field(raw), why
 
     def _drop(self, link: Link, p: Ptr) -> None:
         with contextlib.suppress(Unavailable):
@@ -687,7 +715,7 @@ class NatsBroker(Admin, Coordination):
     def _settled(
         self, d: Delivery, tok: Token, state: str, now: float, env: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        return {
+        rec = {
             R.ST: state,
             R.ENV: env if env is not None else env_of(d),
             R.GEN: tok.gen,
@@ -699,6 +727,9 @@ class NatsBroker(Admin, Coordination):
             R.REPLAYS: tok.replays,
             R.ACK: tok.reply.decode(),
         }
+        if tok.raw is not None:
+            rec[R.RAW] = tok.raw
+        return rec
 
     async def _move(
         self,
@@ -734,6 +765,7 @@ class NatsBroker(Admin, Coordination):
                     now,
                     seq,
                     int(rec.get(R.REPLAYS, 0)),
+                    R.raw_of(rec),
                 )
             )
         for r in await link.wire.gather(futs):
@@ -858,6 +890,8 @@ class NatsBroker(Admin, Coordination):
                 tok.replays,
             )
             rec[R.HOLDER] = tok.holder
+            if tok.raw is not None:
+                rec[R.RAW] = tok.raw
             return rec
 
         written, gone = await self._rewrite(link, held, running)
@@ -1003,6 +1037,8 @@ class NatsBroker(Admin, Coordination):
             R.BY: R.claim_of(rec, seq),
             R.REPLAYS: rec.get(R.REPLAYS, 0),
         }
+        if R.RAW in rec:
+            new[R.RAW] = rec[R.RAW]
         try:
             ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
         except JetStreamError as exc:
@@ -1036,13 +1072,16 @@ class NatsBroker(Admin, Coordination):
             gen = (header(it.hdr, b"Dw-G") or b"0").decode()
             if prio:
                 link.level_seen(queue, prio)
-            hdr = headers(
+            pairs: list[tuple[bytes, bytes | str | int | float]] = [
                 (b"Nats-Msg-Id", f"{jid}:{gen}:due"),
                 (b"Dw-Id", jid),
                 (b"Dw-G", gen),
                 (b"Dw-S", header(it.hdr, b"Dw-S") or b"0"),
                 (b"Dw-Rp", header(it.hdr, b"Dw-Rp") or b"0"),
-            )
+            ]
+            if header(it.hdr, b"Dw-Raw") is not None:
+                pairs.append((b"Dw-Raw", b"1"))
+            hdr = headers(*pairs)
             moves.append((it, wire.request(self.n.pointer(queue, prio), it.data, hdr)))
         await wire.flush()
         for it, fut in moves:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ...errors import LeaseExpired, MessageDecodeError
-from ...message import ErrorRecord
+from ...message import ErrorRecord, from_dict
 from ...state import State
 from ..base import (
     Broker,
@@ -315,12 +315,14 @@ class Core(Broker):
         now: float,
         seq: int = 0,
         replays: int = 0,
+        raw: bytes | None = None,
     ) -> asyncio.Future[Reply]:
         """Publish a job's pointer for generation ``gen`` (its record, at
         sequence ``seq``, was written first): to the work subjects if due,
         else a delay entry.  Its ``Nats-Msg-Id`` makes publishing it twice
-        harmless (``_ensure_pointer``)."""
-        body = orjson.dumps(env)
+        harmless (``_ensure_pointer``).  An undecodable message's pointer
+        carries its kept body (``raw``), marked, instead of an envelope."""
+        body = orjson.dumps(env) if raw is None else raw
         prio = int(env.get("priority", 0))
         pairs: list[tuple[bytes, bytes | str | int | float]] = [
             (b"Nats-Msg-Id", jid if gen == "0" else f"{jid}:{gen}"),
@@ -330,6 +332,8 @@ class Core(Broker):
         ]
         if replays:
             pairs.append((b"Dw-Rp", replays))
+        if raw is not None:
+            pairs.append((b"Dw-Raw", b"1"))
         if at > now + 0.001:
             kind = b"r" if int(env.get("attempt", 0)) > 0 else b"s"
             pairs += [(b"Dw-P", prio), (b"Dw-At", repr(at))]
@@ -347,7 +351,7 @@ class Core(Broker):
         at = float(rec.get(R.RUN_AT) or now)
         fut = self._repoint_req(
             link, jid, str(env.get("queue", "")), env, str(rec.get(R.GEN, "0")), at, now,
-            seq, int(rec.get(R.REPLAYS, 0)),
+            seq, int(rec.get(R.REPLAYS, 0)), R.raw_of(rec),
         )  # fmt: skip
         pub_ack(await self._await(link, fut), "pointer")
 
@@ -464,7 +468,7 @@ class Ptr:
                 raise MessageDecodeError("message body is not a JSON object")
             self.env = env
         except (orjson.JSONDecodeError, MessageDecodeError) as exc:
-            self.env, self.error = None, f"message body is not a valid envelope: {exc}"
+            self.env, self.error = None, _not_an_envelope(it.data, exc)
         jid = header(it.hdr, b"Dw-Id")
         if jid:
             self.id = jid.decode()
@@ -476,6 +480,20 @@ class Ptr:
         #: the record's sequence when this pointer was published (0: none yet)
         self.seq = int(header(it.hdr, b"Dw-S") or 0)
         self.replays = int(header(it.hdr, b"Dw-Rp") or 0)
+        if self.env is not None and header(it.hdr, b"Dw-Raw") is not None:
+            # an undecodable message's body again (replayed, given back): JSON
+            # that is not an envelope, or the kept head of a longer body
+            try:
+                from_dict(self.env)
+                why = "the kept head of a longer body that is not a valid envelope"
+            except MessageDecodeError as exc:
+                why = str(exc)
+            self.undecodable(why)
+
+    def undecodable(self, why: str) -> None:
+        """Take this pointer as the undecodable message it is (the claim keeps
+        its body in the job's record)."""
+        self.env, self.error = None, why
 
     @classmethod
     def of(cls, it: Pulled, names: Names) -> Ptr:
@@ -483,10 +501,30 @@ class Ptr:
         return cls(it, untok(parts[-2]) if len(parts) >= 2 else "?", names)
 
 
+def _not_an_envelope(data: bytes, exc: Exception) -> str:
+    """Why a pointer's body is not an envelope, in words that name the problem
+    (orjson calls bytes that are not UTF-8 "surrogates not allowed")."""
+    try:
+        data.decode()
+    except UnicodeDecodeError as bad:
+        return (
+            f"message body is not valid UTF-8 (byte 0x{data[bad.start]:02x} at offset "
+            f"{bad.start}), so it is not a JSON envelope"
+        )
+    return f"message body is not a valid envelope: {exc}"
+
+
 def env_of(d: Delivery) -> dict[str, Any]:
+    """The envelope a delivery's record is rewritten with: an undecodable
+    message's is the stand-in its record had (with the errors so far)."""
     if d.message is not None:
         return d.message.to_dict()
-    return {"id": d.id, "kind": "task", "name": "?", "queue": d.queue, "attempt": 1}
+    tok = d.token
+    if isinstance(tok, R.Token) and tok.env is not None:
+        env = dict(tok.env)
+        env["errors"] = list(env.get("errors") or [])
+        return env
+    return R.raw_env(d.id, d.queue, 1)
 
 
 def queue_of(d: Delivery) -> str:
