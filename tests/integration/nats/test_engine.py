@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite
+from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite, QueueStats
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
@@ -31,7 +31,7 @@ from dumbwaiter.brokers.nats.wire import (
     pub_ack,
 )
 from dumbwaiter.cli import main as cli_main
-from dumbwaiter.errors import InvalidURL
+from dumbwaiter.errors import BrokerError, InvalidURL
 from dumbwaiter.message import ErrorRecord, encode
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
@@ -598,6 +598,161 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     await eventually(rescue, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)])
     assert set(rescued) == {0}  # nothing was given back to run again
     assert (await rescuer.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_finished_job_a_gone_process_still_lists_is_not_counted_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A process died listing a job as running; JetStream delivered the job
+    again after ``AckWait`` and another process ran it.  No worker runs to
+    tidy the dead process' list, and ``stats`` must not count the job as
+    running once the lease in that list has run out (it did, for ever)."""
+    gone, other = make(ack_wait="1"), make(ack_wait="1")
+    await gone.open()
+    await other.open()
+    m = msg()
+    await gone.enqueue([m])
+    await gone.fetch(["default"], 1, 0.5, 0, "w-gone")
+    link = await gone._link()
+    subject = gone.n.h + link.holder.id.encode()
+    await eventually(
+        lambda: link.store.read(gone.n.hold, subject),
+        lambda cur: cur is not None and m.id in orjson.loads(cur.data)["run"],
+    )
+    await link.wire.close()  # "dies": its list says running, and stays so
+    [d] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
+    await other.ack([d])
+    assert (await other.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+    await eventually(other.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)])
+
+
+async def test_a_claim_that_failed_midway_does_not_leave_its_job_listed_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A fetch lists its jobs as running before it claims them; here the claim
+    fails (the jobs stream refuses the write; after a server restart it is
+    JetStream's "503 no responders" until the streams are back).  JetStream
+    delivers the job again and another process runs it.  The failed claim's
+    entry used to stay in the first process' memory, written back with each
+    list it wrote, and be left behind when it closed: ``stats`` showed the
+    job running long after it succeeded.  Now that process' next rescue
+    takes it out, and so does its close."""
+    a, b = make(ack_wait="1"), make(ack_wait="1")
+    await a.open()
+    await b.open()
+    m = msg()
+    await a.enqueue([m])
+    link = await a._link()
+    path = f"STREAM.UPDATE.{a.n.jobs}"
+    config = (await link.wire.api(f"STREAM.INFO.{a.n.jobs}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 16})
+    try:
+        with pytest.raises(BrokerError):
+            await a.fetch(["default"], 1, 60.0, 0, "w-a")
+    finally:
+        await link.wire.api(path, config)
+    [d] = await b.fetch(["default"], 1, 30.0, 10.0, "w-b")  # after AckWait
+    await b.ack([d])
+
+    def counts(ss: list[QueueStats]) -> list[tuple[int, int]]:
+        return [(s.succeeded, s.running) for s in ss]
+
+    await a.rescue()
+    await eventually(b.stats, lambda ss: counts(ss) == [(1, 0)], timeout=3.0)
+    await a.close()
+    assert counts(await b.stats()) == [(1, 0)]
+
+
+async def test_a_pointer_dropped_as_stale_does_not_leave_its_job_listed_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A second pointer of a job that has finished (JetStream delivering again
+    a pointer whose ack was lost in a server restart; an id enqueued again
+    after the de-duplication window) is listed by the fetch that claims it,
+    then dropped.  The list used to keep it until the process wrote again:
+    a worker idle from then on showed the job running, and left it so."""
+    b = make()
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 60.0, 0, "w")
+    await b.ack([d])
+    link = await b._link()
+    hdrs = ((b"Dw-Id", m.id), (b"Dw-G", "0"))
+    await link.store.put(b.n.pointer("default", 0), encode(m), None, hdrs)
+    assert await b.fetch(["default"], 1, 60.0, 0, "w") == []
+    await eventually(
+        b.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)], timeout=3.0
+    )
+
+
+async def test_a_job_whose_claim_was_stored_but_never_delivered_runs_again_at_once(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A fetch claims a job (its record is written: running, 60 s lease), then
+    fails before handing it over (here the next claim of the batch, a long
+    undecodable body's, is refused by the jobs stream).  Nobody runs the job,
+    and it used to wait for its lease to run out (and JetStream's AckWait)
+    while ``stats`` counted it running.  The process' next rescue gives it
+    back: it runs at once, without having spent an attempt."""
+    a, b = make(), make()
+    await a.open()
+    await b.open()
+    await a.declare(["default"])
+    m = msg()
+    await a.enqueue([m])
+    link = await a._link()
+    await link.store.put(
+        a.n.pointer("default", 0), b"x" * 4096, None, ((b"Dw-Id", "raw-2"), (b"Dw-G", "0"))
+    )
+    path = f"STREAM.UPDATE.{a.n.jobs}"
+    config = (await link.wire.api(f"STREAM.INFO.{a.n.jobs}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 2048})
+    try:
+        with pytest.raises(BrokerError):
+            await a.fetch(["default"], 2, 60.0, 0, "w-a")
+        claimed = await a.get(m.id)
+        assert claimed is not None and claimed.state is State.RUNNING  # stored, never delivered
+    finally:
+        await link.wire.api(path, config)
+    await a.rescue()
+    got = await b.fetch(["default"], 1, 30.0, 3.0, "w-b")
+    assert [(d.id, d.message.attempt if d.message else None) for d in got] == [(m.id, 1)]
+    await b.ack(got)
+    await a.close()
+    [st] = await b.stats()
+    assert (st.succeeded, st.running) == (1, 0)
+
+
+async def test_a_holder_list_jetstream_did_not_store_is_written_again(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The list a settle writes is refused (here by the HOLD stream; after a
+    server restart, by JetStream not being ready yet while the client is
+    connected again).  It used to be a bare publish, lost without a word: the
+    process, idle afterwards, left its job listed as running and uncounted.
+    Now it is written again, with nothing else happening in that process."""
+    b = make()
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 60.0, 0, "w")
+    link = await b._link()
+    path = f"STREAM.UPDATE.{b.n.hold}"
+    config = (await link.wire.api(f"STREAM.INFO.{b.n.hold}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 16})
+    try:
+        await b.ack([d])
+        # a write to the same stream behind the list's: once it is refused,
+        # so was the list (a stream stores what it is sent in order)
+        with pytest.raises(JetStreamError):
+            await link.store.put(b.n.h + b"probe", b"x" * 64)
+    finally:
+        await link.wire.api(path, config)
+    assert (await b.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+    await eventually(
+        b.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)], timeout=3.0
+    )
 
 
 async def test_a_result_kept_longer_than_retention_outlives_the_record(

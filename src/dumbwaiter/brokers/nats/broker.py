@@ -391,33 +391,64 @@ class NatsBroker(Admin, Coordination):
         """Claim delivered pointers (see ``_claim``); if the fetch is cancelled
         meanwhile, give back what was claimed: a cancelled fetch leaves
         nothing leased.  No task of its own on the usual path: each event
-        loop turn a fetch waits for is a turn behind every running job."""
+        loop turn a fetch waits for is a turn behind every running job.
+
+        What the claim listed as running and did not deliver leaves the list
+        again, and the list is written: a pointer dropped as stale or held
+        back, or given back by a cancelled fetch (the list used to keep those
+        until the process' next write, and a worker idle afterwards left
+        them behind: jobs shown running for good).  After a failure the
+        claims' fate is unknown (a write may be stored with its answer
+        lost): their jobs stay listed, marked for the next rescue to decide
+        from their records (``_reconcile_own``)."""
         fast, slow, batch, now, until = self._claim_send(link, items, lease, worker)
+        added = link.holder.added
+        link.holder.added = {}
         out: list[Delivery] = []
         try:
-            results = await asyncio.shield(batch.fut) if fast else []
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
-                await self.requeue(out)
-            self._give_back(link, slow)
-            raise
-        out = self._claimed(link, fast, results, slow, now, until, worker)
-        if slow:
-            task = asyncio.ensure_future(
-                asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
-            )
             try:
-                got = await asyncio.shield(task)
+                results = await asyncio.shield(batch.fut) if fast else []
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    await self.requeue(out + [d for d in await task if d is not None])
+                    out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
+                    await self.requeue(out)
+                self._give_back(link, slow)
+                self._unlist(link, added, {p.id for p in slow})
                 raise
-            out += [d for d in got if d is not None]
-            dropped = {p.id for p in slow} - {d.id for d in out}
-            if dropped:
-                link.holder.forget(dropped)
+            out = self._claimed(link, fast, results, slow, now, until, worker)
+            if slow:
+                task = asyncio.ensure_future(
+                    asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
+                )
+                try:
+                    got = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        claimed = [d for d in await task if d is not None]
+                        self._unlist(link, added, {p.id for p in slow} - {d.id for d in claimed})
+                        await self.requeue(out + claimed)
+                    raise
+                out += [d for d in got if d is not None]
+                self._unlist(link, added, {p.id for p in slow} - {d.id for d in out})
+        except BaseException:
+            link.holder.unsure.update(j for j, e in added.items() if link.holder.run.get(j) is e)
+            raise
+        if len(added) < len(out):  # a job listed already (a claim's leftover) is now ours
+            for d in out:
+                if d.id not in added:
+                    link.holder.unsure.discard(d.id)
+                    link.holder.extended(d.id, until)
         return out
+
+    def _unlist(self, link: Link, added: dict[str, list[Any]], ids: set[str]) -> None:
+        """Take out of the holder list the jobs this claim listed and did not
+        deliver (``ids``), and write it."""
+        gone = {jid: added[jid] for jid in ids if jid in added}
+        if gone:
+            link.holder.drop(gone)
+            link.holder.write()
+            with contextlib.suppress(Exception):
+                link.wire.write_now()
 
     def _claim_send(
         self, link: Link, items: list[Pulled], lease: float, worker: str
@@ -854,14 +885,14 @@ class NatsBroker(Admin, Coordination):
         holder.settling |= ids
         try:
             written, lost = await self._rewrite(link, held, settled)
+            for d, rec, _ in written:
+                if count == "dead":
+                    await self._dlq_publish(link, rec, d.id)
+                with contextlib.suppress(Unavailable):
+                    link.wire.publish(d.token.reply, b"+ACK")
+                link.holder.finished(d.id, d.queue or queue_of(d), count)
         finally:
             holder.settling -= ids
-        for d, rec, _ in written:
-            if count == "dead":
-                await self._dlq_publish(link, rec, d.id)
-            with contextlib.suppress(Unavailable):
-                link.wire.publish(d.token.reply, b"+ACK")
-            link.holder.finished(d.id, d.queue or queue_of(d), count)
         if lost:
             link.holder.forget({d.id for d in lost})
         link.holder.write()
@@ -931,6 +962,7 @@ class NatsBroker(Admin, Coordination):
                     raise
                 except Exception:
                     log.exception("nats: kv expiry sweep failed")
+        await self._reconcile_own(link)
         # taken last, with no await in between: what a claim or this call
         # buried is reported once, and kept for the next call if this one failed
         dead = list(self._found_dead)
@@ -938,7 +970,11 @@ class NatsBroker(Admin, Coordination):
         return Rescued(n + len(dead), dead)
 
     async def _rescue_holder(self, link: Link, h: tuple[str, Stored, dict[str, Any]]) -> int:
-        """Give back the expired jobs one process listed; tidy its list."""
+        """Give back the expired jobs one process listed; tidy its list.
+
+        This process' own list is only read for jobs to give back: what it
+        lists otherwise is decided from its memory, which is newer than the
+        stored list (``_reconcile_own``, called by every ``rescue``)."""
         holder, cur, content = h
         now = time.time()
         run: dict[str, list[Any]] = content.get("run", {})
@@ -951,7 +987,7 @@ class NatsBroker(Admin, Coordination):
         n = 0
         remove: set[str] = set()
         credit: dict[str, list[int]] = {}
-        own = link.holder if holder == link.holder.id else None
+        own = holder == link.holder.id
         for (jid, entry), rc in zip(expired, recs, strict=True):
             if rc is None:
                 remove.add(jid)
@@ -965,7 +1001,9 @@ class NatsBroker(Admin, Coordination):
                     n += 1
                 remove.add(jid)
                 continue
-            if rec.get(R.SETTLED_BY) == holder and (own is None or jid not in own.settling):
+            if own:
+                continue
+            if rec.get(R.SETTLED_BY) == holder:
                 # Settled by that process, and still in its list: the list
                 # was last written before the settle counted the job (a
                 # settle takes the job out of ``run`` and counts it in one
@@ -982,14 +1020,8 @@ class NatsBroker(Admin, Coordination):
                     with contextlib.suppress(Unavailable):
                         link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
             remove.add(jid)
-        if remove and holder != link.holder.id:
+        if remove and not own:
             await self._tidy_holder(link, holder, cur, content, remove, credit, now)
-        elif remove:
-            link.holder.forget(remove)
-            for queue, (ok, cx) in credit.items():
-                link.holder.count(queue, ok, cx, now)
-            link.holder.write()
-            await link.wire.flush()
         return n
 
     async def _tidy_holder(

@@ -372,6 +372,100 @@ class Core(Broker):
             ((b"Nats-Msg-Id", f"dead:{jid}:{rec.get(R.GEN)}"), (b"Dw-Id", jid)),
         )
 
+    async def _reconcile_own(self, link: Link, every: bool = False) -> None:
+        """Take out of this connection's holder list the jobs it lists as
+        running that are not running here by their records: claims that
+        failed midway (``Holder.unsure``), entries whose lease ran out, and,
+        with ``every`` (a closing connection), all of them.
+
+        A job stays listed while its record is running under this list (a
+        rescuer gives it back once its lease runs out: the list is how it is
+        found), except after a failed claim: that claim's write was stored
+        but its delivery never reached the worker, so nobody runs the job,
+        and it is given back now (``_unclaim``) rather than a lease later.
+        Anything else (the job finished or waits, whoever did it) goes; a
+        settle of this list's whose count was never made (the list that
+        counts it, ``SETTLED_BY``, is this one) is counted now, as a rescuer
+        counts it for a process that died.  Without this, an entry left by a
+        failed claim stayed as long as the process lived, written again with
+        every list it wrote (a rescuer tidying the stored list cannot reach
+        the process' memory), and was left behind at exit: ``stats`` showed
+        jobs running that had finished long before."""
+        h = link.holder
+        now = time.time()
+        check = {
+            jid: e
+            for jid, e in h.run.items()
+            if (every or jid in h.unsure or float(e[1]) < now) and jid not in h.settling
+        }
+        failed = h.unsure & set(check)
+        h.unsure -= set(check)
+        if not check:
+            return
+        js = self.n.js
+        recs = await link.store.read_many(self.n.jobs, [js + jid.encode() for jid in check])
+        dropped = False
+        for (jid, e), rc in zip(check.items(), recs, strict=True):
+            rec = R.loads(rc.data) if rc is not None else {}
+            st = rec.get(R.ST)
+            if h.run.get(jid) is not e or jid in h.settling:
+                continue  # claimed again, or a settle began, while we read
+            if st == R.RUNNING and rec.get(R.HOLDER) == h.id:
+                if jid not in failed:
+                    continue
+                assert rc is not None
+                if not await self._unclaim(link, rec, rc.seq, now):
+                    h.unsure.add(jid)  # it changed meanwhile: look again next time
+                    continue
+            # out and counted in one step: a settle retried after this finds
+            # the job gone from the list and does not count it again
+            h.drop({jid: e})
+            dropped = True
+            if rec.get(R.SETTLED_BY) == h.id:
+                if st == State.SUCCEEDED.value:
+                    h.count(str(e[0]), 1, 0, now)
+                elif st == State.DEAD.value:
+                    await self._dlq_publish(link, rec)
+                if rec.get(R.ACK):  # the settle may not have got that far either
+                    with contextlib.suppress(Unavailable):
+                        link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
+        if dropped:
+            h.write()
+            await link.wire.flush()
+
+    async def _unclaim(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+        """Give back a job whose claim (record at ``seq``) was stored but never
+        delivered: ready again at once, the attempt the claim counted
+        returned, as a requeue does.  Record first, then its pointer, then
+        ``+ACK`` the pointer the claim took.  False if the record changed
+        meanwhile (the compare-and-set on ``seq`` lost)."""
+        env = dict(rec[R.ENV])
+        env["attempt"] = max(0, int(env.get("attempt", 0)) - 1)
+        jid = str(env["id"])
+        new = {
+            R.ST: State.READY.value,
+            R.ENV: env,
+            R.GEN: R.new_gen(),
+            R.RUN_AT: now,
+            R.UPDATED: now,
+            R.WORKER: rec.get(R.WORKER),
+            R.BY: R.claim_of(rec, seq),
+            R.REPLAYS: rec.get(R.REPLAYS, 0),
+        }
+        if R.RAW in rec:
+            new[R.RAW] = rec[R.RAW]
+        try:
+            ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
+        except JetStreamError as exc:
+            if is_conflict(exc):
+                return False
+            raise
+        await self._ensure_pointer(link, jid, new, ack.seq)
+        if rec.get(R.ACK):
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
+        return True
+
     async def _bury(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
         """A job out of attempts after losing its worker: dead-letter it."""
         rec = {**rec, R.ST: State.DEAD.value, R.UPDATED: now, R.BY: R.claim_of(rec, seq)}
