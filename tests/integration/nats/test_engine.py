@@ -36,7 +36,7 @@ from dumbwaiter.message import ErrorRecord, encode
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import eventually
+from tests.conformance.helpers import eventually, fetch_all
 from tests.integration.nats.server import connect
 
 
@@ -879,6 +879,79 @@ async def test_a_long_raw_body_keeps_its_head_and_the_reason_says_so(
     await b.dead([d])
     info = await b.get(d.id)
     assert info is not None and info.state is State.DEAD and info.raw == body[:kept]
+
+
+async def test_dead_jobs_replayed_while_a_worker_waits_all_run(shared_url: str) -> None:
+    """Issue 18 found RabbitMQ's replay publishing copies before rewriting the
+    records, so a worker dropped copies whose record still said DEAD.  Here
+    every move writes the record first and the copy names it (generation and
+    sequence): 50 replayed while a worker long-polls all run."""
+    app = dw.App(shared_url)
+    ran: list[str] = []
+
+    @app.task(name="t.replayed")
+    async def replayed(n: int, ctx: dw.Context) -> None:
+        ran.append(ctx.job_id)
+
+    try:
+        ids = {j.id for j in await replayed.aenqueue_many(range(50))}
+        ds = await fetch_all(app.broker)
+        for d in ds:
+            d.error = ErrorRecord(time.time(), "builtins.ValueError", "boom")
+        await app.broker.dead(ds)
+        assert {d.id for d in ds} == ids
+        worker = dw.Worker(app, concurrency=8)
+        run = asyncio.create_task(worker.run())
+        try:
+            assert await app.broker.replay(JobFilter(state=State.DEAD)) == 50
+
+            async def states() -> set[State]:
+                return {i.state for j in ids if (i := await app.broker.get(j)) is not None}
+
+            await eventually(states, lambda s: s == {State.SUCCEEDED}, timeout=30)
+        finally:
+            worker.stop()
+            await run
+        assert sorted(ran) == sorted(ids)
+    finally:
+        await app.aclose()
+
+
+async def test_a_replayed_copy_is_not_dropped_on_a_record_read_older_than_it(
+    make: Callable[..., NatsBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay writes the record first, then publishes the copy naming the
+    record's sequence (``Dw-S``), so on one server a worker never reads an
+    older record than its copy.  With ``replicas`` > 1 a direct get may be
+    answered by a follower that has not applied the write yet: a claim that
+    reads the record (an undecodable body's, or after a lost compare-and-set)
+    judged the copy against the old record (DEAD, another generation) and
+    dropped it as stale, and the replayed job never ran (RabbitMQ's replay
+    hazard of issue 18).  Here one read is answered with the old record."""
+    b = make()
+    await b.open()
+    await b.declare(["default"])
+    link = await b._link()
+    subject = b.n.js + b"raw-1"
+    await link.store.put(
+        b.n.pointer("default", 0), b"not json", None, ((b"Dw-Id", "raw-1"), (b"Dw-G", "0"))
+    )
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    d.error = ErrorRecord(time.time(), "dumbwaiter.errors.MessageDecodeError", "not json")
+    await b.dead([d])
+    old = [await link.store.read(b.n.jobs, subject)]
+    assert await b.replay(JobFilter(state=State.DEAD)) == 1
+    read = link.store.read
+
+    async def behind(stream: str, subj: bytes) -> Any:
+        return old.pop() if old and subj == subject else await read(stream, subj)
+
+    monkeypatch.setattr(link.store, "read", behind)
+    first = await b.fetch(["default"], 1, 30.0, 0)
+    monkeypatch.undo()
+    assert not old  # the claim read the record a replica behind would answer
+    got = first or await b.fetch(["default"], 1, 30.0, 5.0)
+    assert [x.id for x in got] == ["raw-1"]
 
 
 async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(

@@ -626,6 +626,15 @@ class NatsBroker(Admin, Coordination):
         old = R.loads(cur.data)
         st = old.get(R.ST)
         if old.get(R.GEN) != p.gen:
+            if p.seq > cur.seq:
+                # Not stale: this pointer was published after its record was
+                # written at ``p.seq`` (every move writes the record first),
+                # and this read is older than that: a replica behind its
+                # leader answered the direct get.  Judged against that record
+                # (a replay's: DEAD, the old generation) it would be dropped
+                # and the job would never run.  Look again shortly.
+                self._hold(link, p, 0.2)
+                return None
             # a stale pointer: the job moved on.  If it waits, make sure its
             # own pointer exists (the mover may have died before publishing it)
             if st in R.WAITING:
