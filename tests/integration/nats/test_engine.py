@@ -11,9 +11,11 @@ from typing import Any
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
+import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite
+from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite, QueueStats
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
@@ -28,11 +30,13 @@ from dumbwaiter.brokers.nats.wire import (
     headers,
     pub_ack,
 )
-from dumbwaiter.errors import InvalidURL
-from dumbwaiter.message import encode
+from dumbwaiter.cli import main as cli_main
+from dumbwaiter.errors import BrokerError, InvalidURL
+from dumbwaiter.message import ErrorRecord, encode
 from dumbwaiter.state import State
+from dumbwaiter.testing import drain
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import eventually
+from tests.conformance.helpers import eventually, fetch_all
 from tests.integration.nats.server import connect
 
 
@@ -596,6 +600,161 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     assert (await rescuer.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
 
 
+async def test_a_finished_job_a_gone_process_still_lists_is_not_counted_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A process died listing a job as running; JetStream delivered the job
+    again after ``AckWait`` and another process ran it.  No worker runs to
+    tidy the dead process' list, and ``stats`` must not count the job as
+    running once the lease in that list has run out (it did, for ever)."""
+    gone, other = make(ack_wait="1"), make(ack_wait="1")
+    await gone.open()
+    await other.open()
+    m = msg()
+    await gone.enqueue([m])
+    await gone.fetch(["default"], 1, 0.5, 0, "w-gone")
+    link = await gone._link()
+    subject = gone.n.h + link.holder.id.encode()
+    await eventually(
+        lambda: link.store.read(gone.n.hold, subject),
+        lambda cur: cur is not None and m.id in orjson.loads(cur.data)["run"],
+    )
+    await link.wire.close()  # "dies": its list says running, and stays so
+    [d] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
+    await other.ack([d])
+    assert (await other.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+    await eventually(other.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)])
+
+
+async def test_a_claim_that_failed_midway_does_not_leave_its_job_listed_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A fetch lists its jobs as running before it claims them; here the claim
+    fails (the jobs stream refuses the write; after a server restart it is
+    JetStream's "503 no responders" until the streams are back).  JetStream
+    delivers the job again and another process runs it.  The failed claim's
+    entry used to stay in the first process' memory, written back with each
+    list it wrote, and be left behind when it closed: ``stats`` showed the
+    job running long after it succeeded.  Now that process' next rescue
+    takes it out, and so does its close."""
+    a, b = make(ack_wait="1"), make(ack_wait="1")
+    await a.open()
+    await b.open()
+    m = msg()
+    await a.enqueue([m])
+    link = await a._link()
+    path = f"STREAM.UPDATE.{a.n.jobs}"
+    config = (await link.wire.api(f"STREAM.INFO.{a.n.jobs}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 16})
+    try:
+        with pytest.raises(BrokerError):
+            await a.fetch(["default"], 1, 60.0, 0, "w-a")
+    finally:
+        await link.wire.api(path, config)
+    [d] = await b.fetch(["default"], 1, 30.0, 10.0, "w-b")  # after AckWait
+    await b.ack([d])
+
+    def counts(ss: list[QueueStats]) -> list[tuple[int, int]]:
+        return [(s.succeeded, s.running) for s in ss]
+
+    await a.rescue()
+    await eventually(b.stats, lambda ss: counts(ss) == [(1, 0)], timeout=3.0)
+    await a.close()
+    assert counts(await b.stats()) == [(1, 0)]
+
+
+async def test_a_pointer_dropped_as_stale_does_not_leave_its_job_listed_as_running(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A second pointer of a job that has finished (JetStream delivering again
+    a pointer whose ack was lost in a server restart; an id enqueued again
+    after the de-duplication window) is listed by the fetch that claims it,
+    then dropped.  The list used to keep it until the process wrote again:
+    a worker idle from then on showed the job running, and left it so."""
+    b = make()
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 60.0, 0, "w")
+    await b.ack([d])
+    link = await b._link()
+    hdrs = ((b"Dw-Id", m.id), (b"Dw-G", "0"))
+    await link.store.put(b.n.pointer("default", 0), encode(m), None, hdrs)
+    assert await b.fetch(["default"], 1, 60.0, 0, "w") == []
+    await eventually(
+        b.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)], timeout=3.0
+    )
+
+
+async def test_a_job_whose_claim_was_stored_but_never_delivered_runs_again_at_once(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A fetch claims a job (its record is written: running, 60 s lease), then
+    fails before handing it over (here the next claim of the batch, a long
+    undecodable body's, is refused by the jobs stream).  Nobody runs the job,
+    and it used to wait for its lease to run out (and JetStream's AckWait)
+    while ``stats`` counted it running.  The process' next rescue gives it
+    back: it runs at once, without having spent an attempt."""
+    a, b = make(), make()
+    await a.open()
+    await b.open()
+    await a.declare(["default"])
+    m = msg()
+    await a.enqueue([m])
+    link = await a._link()
+    await link.store.put(
+        a.n.pointer("default", 0), b"x" * 4096, None, ((b"Dw-Id", "raw-2"), (b"Dw-G", "0"))
+    )
+    path = f"STREAM.UPDATE.{a.n.jobs}"
+    config = (await link.wire.api(f"STREAM.INFO.{a.n.jobs}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 2048})
+    try:
+        with pytest.raises(BrokerError):
+            await a.fetch(["default"], 2, 60.0, 0, "w-a")
+        claimed = await a.get(m.id)
+        assert claimed is not None and claimed.state is State.RUNNING  # stored, never delivered
+    finally:
+        await link.wire.api(path, config)
+    await a.rescue()
+    got = await b.fetch(["default"], 1, 30.0, 3.0, "w-b")
+    assert [(d.id, d.message.attempt if d.message else None) for d in got] == [(m.id, 1)]
+    await b.ack(got)
+    await a.close()
+    [st] = await b.stats()
+    assert (st.succeeded, st.running) == (1, 0)
+
+
+async def test_a_holder_list_jetstream_did_not_store_is_written_again(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """The list a settle writes is refused (here by the HOLD stream; after a
+    server restart, by JetStream not being ready yet while the client is
+    connected again).  It used to be a bare publish, lost without a word: the
+    process, idle afterwards, left its job listed as running and uncounted.
+    Now it is written again, with nothing else happening in that process."""
+    b = make()
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [d] = await b.fetch(["default"], 1, 60.0, 0, "w")
+    link = await b._link()
+    path = f"STREAM.UPDATE.{b.n.hold}"
+    config = (await link.wire.api(f"STREAM.INFO.{b.n.hold}"))["config"]
+    await link.wire.api(path, {**config, "max_msg_size": 16})
+    try:
+        await b.ack([d])
+        # a write to the same stream behind the list's: once it is refused,
+        # so was the list (a stream stores what it is sent in order)
+        with pytest.raises(JetStreamError):
+            await link.store.put(b.n.h + b"probe", b"x" * 64)
+    finally:
+        await link.wire.api(path, config)
+    assert (await b.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+    await eventually(
+        b.stats, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)], timeout=3.0
+    )
+
+
 async def test_a_result_kept_longer_than_retention_outlives_the_record(
     make: Callable[..., NatsBroker],
 ) -> None:
@@ -634,6 +793,165 @@ async def test_an_undecodable_pointer_is_dead_lettered_with_its_body(
     assert (s.dead, s.running, s.ready) == (1, 0, 0)
     [dead] = (await b.list_jobs(JobFilter(state=State.DEAD))).items
     assert dead.message.id == "bad-1"
+
+
+#: bodies something else than dumbwaiter may put on a job subject
+RAW_BODIES = [b"not json", b"\xff\xfe garbage \x00", b'{"foo": 1}', b"[1, 2]"]
+
+
+async def test_raw_messages_on_a_job_subject_are_dead_letters_a_user_can_see_and_act_on(
+    shared_url: str,
+) -> None:
+    """Raw bytes published straight to the work stream's subject (no headers,
+    nothing of ours): each becomes a dead job, listed, counted, shown with its
+    body and reason, replayable (it dies again the same way, its history kept,
+    as on SQLite, Redis and PostgreSQL) and purgeable."""
+    app = dw.App(shared_url)
+    try:
+        b = app.broker
+        assert isinstance(b, NatsBroker)
+        await b.declare(["default"])
+        nc = await connect()
+        try:
+            js = nc.jetstream()
+            for body in RAW_BODIES:
+                await js.publish(b.n.pointer("default", 0).decode(), body)
+        finally:
+            await nc.close()
+        assert (await drain(app, ["default"])).counts["dead"] == len(RAW_BODIES)
+
+        listed = (await b.list_jobs(JobFilter(state=State.DEAD))).items
+        assert sorted(i.raw or b"" for i in listed) == sorted(RAW_BODIES)
+        [st] = await b.stats()
+        assert (st.dead, st.ready, st.running) == (len(RAW_BODIES), 0, 0)
+        by_body = {i.raw: i.message.id for i in listed if i.raw is not None}
+        for body, jid in by_body.items():
+            info = await b.get(jid)
+            assert info is not None and info.state is State.DEAD and info.raw == body
+            assert info.message.name == "?" and info.message.queue == "default"
+            [err] = info.message.errors
+            assert err.type == "dumbwaiter.errors.MessageDecodeError"
+        bad_utf8 = await b.get(by_body[RAW_BODIES[1]])
+        assert bad_utf8 is not None and "not valid UTF-8" in bad_utf8.message.errors[0].message
+        shown = await asyncio.to_thread(
+            CliRunner().invoke,
+            cli_main,
+            ["dlq", "show", by_body[b"not json"], "--json", "--url", shared_url],
+        )
+        assert shown.exit_code == 0, shown.output
+        assert orjson.loads(shown.output)["raw"] == "not json"
+
+        assert await b.replay(JobFilter(state=State.DEAD)) == len(RAW_BODIES)
+        assert (await drain(app, ["default"])).counts["dead"] == len(RAW_BODIES)
+        for body, jid in by_body.items():
+            info = await b.get(jid)
+            assert info is not None and info.state is State.DEAD and info.raw == body
+            assert info.replays == 1 and len(info.message.errors) == 2
+
+        assert await b.purge(JobFilter(state=State.DEAD)) == len(RAW_BODIES)
+        assert [(s.dead, s.ready, s.running) for s in await b.stats()] == [(0, 0, 0)]
+        assert (await b.list_jobs(JobFilter(state=State.DEAD))).items == []
+        assert await b.get(by_body[b"not json"]) is None
+    finally:
+        await app.aclose()
+
+
+async def test_a_long_raw_body_keeps_its_head_and_the_reason_says_so(
+    make: Callable[..., NatsBroker],
+) -> None:
+    """A record holds the body base64 with its errors in one NATS message, so
+    a body beyond three eighths of ``max_payload`` keeps its head only."""
+    b = make()
+    await b.open()
+    await b.declare(["default"])
+    link = await b._link()
+    kept = link.wire.max_payload * 3 // 8
+    body = b"\x00" * (kept + 1000)
+    nc = await connect()
+    try:
+        await nc.jetstream().publish(b.n.pointer("default", 0).decode(), body)
+    finally:
+        await nc.close()
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    assert d.message is None and d.raw == body
+    assert d.decode_error and f"the first {kept} are kept" in d.decode_error
+    d.error = ErrorRecord(time.time(), "dumbwaiter.errors.MessageDecodeError", d.decode_error)
+    await b.dead([d])
+    info = await b.get(d.id)
+    assert info is not None and info.state is State.DEAD and info.raw == body[:kept]
+
+
+async def test_dead_jobs_replayed_while_a_worker_waits_all_run(shared_url: str) -> None:
+    """Issue 18 found RabbitMQ's replay publishing copies before rewriting the
+    records, so a worker dropped copies whose record still said DEAD.  Here
+    every move writes the record first and the copy names it (generation and
+    sequence): 50 replayed while a worker long-polls all run."""
+    app = dw.App(shared_url)
+    ran: list[str] = []
+
+    @app.task(name="t.replayed")
+    async def replayed(n: int, ctx: dw.Context) -> None:
+        ran.append(ctx.job_id)
+
+    try:
+        ids = {j.id for j in await replayed.aenqueue_many(range(50))}
+        ds = await fetch_all(app.broker)
+        for d in ds:
+            d.error = ErrorRecord(time.time(), "builtins.ValueError", "boom")
+        await app.broker.dead(ds)
+        assert {d.id for d in ds} == ids
+        worker = dw.Worker(app, concurrency=8)
+        run = asyncio.create_task(worker.run())
+        try:
+            assert await app.broker.replay(JobFilter(state=State.DEAD)) == 50
+
+            async def states() -> set[State]:
+                return {i.state for j in ids if (i := await app.broker.get(j)) is not None}
+
+            await eventually(states, lambda s: s == {State.SUCCEEDED}, timeout=30)
+        finally:
+            worker.stop()
+            await run
+        assert sorted(ran) == sorted(ids)
+    finally:
+        await app.aclose()
+
+
+async def test_a_replayed_copy_is_not_dropped_on_a_record_read_older_than_it(
+    make: Callable[..., NatsBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay writes the record first, then publishes the copy naming the
+    record's sequence (``Dw-S``), so on one server a worker never reads an
+    older record than its copy.  With ``replicas`` > 1 a direct get may be
+    answered by a follower that has not applied the write yet: a claim that
+    reads the record (an undecodable body's, or after a lost compare-and-set)
+    judged the copy against the old record (DEAD, another generation) and
+    dropped it as stale, and the replayed job never ran (RabbitMQ's replay
+    hazard of issue 18).  Here one read is answered with the old record."""
+    b = make()
+    await b.open()
+    await b.declare(["default"])
+    link = await b._link()
+    subject = b.n.js + b"raw-1"
+    await link.store.put(
+        b.n.pointer("default", 0), b"not json", None, ((b"Dw-Id", "raw-1"), (b"Dw-G", "0"))
+    )
+    [d] = await b.fetch(["default"], 1, 30.0, 0)
+    d.error = ErrorRecord(time.time(), "dumbwaiter.errors.MessageDecodeError", "not json")
+    await b.dead([d])
+    old = [await link.store.read(b.n.jobs, subject)]
+    assert await b.replay(JobFilter(state=State.DEAD)) == 1
+    read = link.store.read
+
+    async def behind(stream: str, subj: bytes) -> Any:
+        return old.pop() if old and subj == subject else await read(stream, subj)
+
+    monkeypatch.setattr(link.store, "read", behind)
+    first = await b.fetch(["default"], 1, 30.0, 0)
+    monkeypatch.undo()
+    assert not old  # the claim read the record a replica behind would answer
+    got = first or await b.fetch(["default"], 1, 30.0, 5.0)
+    assert [x.id for x in got] == ["raw-1"]
 
 
 async def test_a_job_scheduled_beyond_retention_stays_visible_and_keeps_its_key(

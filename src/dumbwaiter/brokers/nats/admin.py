@@ -4,7 +4,8 @@ reschedule, pause and resume.
 Counts come from JetStream's own bookkeeping, never from reading jobs:
 ready from the work consumers, scheduled and retrying from the delay
 subjects, dead from the DLQ stream, running and finished from the holders'
-lists.  Listings read the job index (a scan), except running (the holders)
+lists (only a list entry whose lease ran out is checked against its job's
+record).  Listings read the job index (a scan), except running (the holders)
 and dead (the DLQ).
 """
 
@@ -79,12 +80,10 @@ class Admin(Core):
             delayed[k] = max(delayed.get(k, 0), c)
         now = time.time()
         dead_by = {untok(s[len(n.x) :]): c for s, c in dead.items()}
-        running: dict[str, int] = {}
+        running = await self._running_counts(link, holders, now)
         fin: dict[str, list[int]] = {}
         oldest = str(int((now - self.retention) // 60))
         for _, _, content in holders:
-            for entry in content.get("run", {}).values():
-                running[str(entry[0])] = running.get(str(entry[0]), 0) + 1
             for q, buckets in content.get("fin", {}).items():
                 f = fin.setdefault(q, [0, 0])
                 for minute, (ok, cx) in buckets.items():
@@ -111,6 +110,43 @@ class Admin(Core):
                 )
             )
         return out
+
+    async def _running_counts(
+        self, link: Link, holders: list[tuple[str, Stored, dict[str, Any]]], now: float
+    ) -> dict[str, int]:
+        """Running jobs per queue: the holder lists' jobs, each once.
+
+        An entry whose lease ran out is counted only if the job's record
+        still says it runs under that list (its worker died and no rescue
+        gave it back yet) or waits (a rescue giving it back right now: its
+        pointer may not have been counted as ready).  An entry a process
+        left behind for a job that finished (a claim that failed midway, a
+        list write that was lost, a process that died) is not, whether or
+        not any worker runs to tidy the list: one read per such entry."""
+        counted: set[str] = set()
+        running: dict[str, int] = {}
+        expired: list[tuple[str, str, str]] = []
+        for holder, _, content in holders:
+            for jid, entry in content.get("run", {}).items():
+                if float(entry[1]) < now:
+                    expired.append((jid, str(entry[0]), holder))
+                elif jid not in counted:
+                    counted.add(jid)
+                    running[str(entry[0])] = running.get(str(entry[0]), 0) + 1
+        late = [x for x in expired if x[0] not in counted]
+        if late:
+            js = self.n.js
+            recs = await link.store.read_many(
+                self.n.jobs, [js + jid.encode() for jid, _, _ in late]
+            )
+            for (jid, queue, holder), rc in zip(late, recs, strict=True):
+                rec = R.loads(rc.data) if rc is not None else {}
+                st = rec.get(R.ST)
+                live = st == R.RUNNING and rec.get(R.HOLDER) in (holder, None)
+                if (live or st in R.WAITING) and jid not in counted:
+                    counted.add(jid)
+                    running[queue] = running.get(queue, 0) + 1
+        return running
 
     async def _consumer_infos(
         self, link: Link, keys: list[tuple[str, int]]
@@ -270,6 +306,8 @@ class Admin(Core):
                 R.ST: State.READY.value, R.ENV: env, R.GEN: R.new_gen(), R.RUN_AT: now,
                 R.UPDATED: now, R.REPLAYS: int(old.get(R.REPLAYS, 0)) + 1,
             }  # fmt: skip
+            if R.RAW in old:  # an undecodable message: its copy carries the body again
+                new[R.RAW] = old[R.RAW]
             try:
                 ack = await link.store.put(subject, R.dumps(new), cur.seq if cur is not None else 0)
             except JetStreamError as exc:

@@ -391,45 +391,77 @@ class NatsBroker(Admin, Coordination):
         """Claim delivered pointers (see ``_claim``); if the fetch is cancelled
         meanwhile, give back what was claimed: a cancelled fetch leaves
         nothing leased.  No task of its own on the usual path: each event
-        loop turn a fetch waits for is a turn behind every running job."""
+        loop turn a fetch waits for is a turn behind every running job.
+
+        What the claim listed as running and did not deliver leaves the list
+        again, and the list is written: a pointer dropped as stale or held
+        back, or given back by a cancelled fetch (the list used to keep those
+        until the process' next write, and a worker idle afterwards left
+        them behind: jobs shown running for good).  After a failure the
+        claims' fate is unknown (a write may be stored with its answer
+        lost): their jobs stay listed, marked for the next rescue to decide
+        from their records (``_reconcile_own``)."""
         fast, slow, batch, now, until = self._claim_send(link, items, lease, worker)
+        added = link.holder.added
+        link.holder.added = {}
         out: list[Delivery] = []
         try:
-            results = await asyncio.shield(batch.fut) if fast else []
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
-                await self.requeue(out)
-            self._give_back(link, slow)
-            raise
-        out = self._claimed(link, fast, results, slow, now, until, worker)
-        if slow:
-            task = asyncio.ensure_future(
-                asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
-            )
             try:
-                got = await asyncio.shield(task)
+                results = await asyncio.shield(batch.fut) if fast else []
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    await self.requeue(out + [d for d in await task if d is not None])
+                    out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
+                    await self.requeue(out)
+                self._give_back(link, slow)
+                self._unlist(link, added, {p.id for p in slow})
                 raise
-            out += [d for d in got if d is not None]
-            dropped = {p.id for p in slow} - {d.id for d in out}
-            if dropped:
-                link.holder.forget(dropped)
+            out = self._claimed(link, fast, results, slow, now, until, worker)
+            if slow:
+                task = asyncio.ensure_future(
+                    asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
+                )
+                try:
+                    got = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        claimed = [d for d in await task if d is not None]
+                        self._unlist(link, added, {p.id for p in slow} - {d.id for d in claimed})
+                        await self.requeue(out + claimed)
+                    raise
+                out += [d for d in got if d is not None]
+                self._unlist(link, added, {p.id for p in slow} - {d.id for d in out})
+        except BaseException:
+            link.holder.unsure.update(j for j, e in added.items() if link.holder.run.get(j) is e)
+            raise
+        if len(added) < len(out):  # a job listed already (a claim's leftover) is now ours
+            for d in out:
+                if d.id not in added:
+                    link.holder.unsure.discard(d.id)
+                    link.holder.extended(d.id, until)
         return out
+
+    def _unlist(self, link: Link, added: dict[str, list[Any]], ids: set[str]) -> None:
+        """Take out of the holder list the jobs this claim listed and did not
+        deliver (``ids``), and write it."""
+        gone = {jid: added[jid] for jid in ids if jid in added}
+        if gone:
+            link.holder.drop(gone)
+            link.holder.write()
+            with contextlib.suppress(Exception):
+                link.wire.write_now()
 
     def _claim_send(
         self, link: Link, items: list[Pulled], lease: float, worker: str
-    ) -> tuple[list[tuple[Ptr, dict[str, Any]]], list[Ptr], Batch, float, float]:
+    ) -> tuple[list[tuple[Ptr, dict[str, Any], Message]], list[Ptr], Batch, float, float]:
         """Decode the pointers and send the claims of those that need no
         look at their record first: a compare-and-set that creates a fresh
         job's record, or rewrites it on the sequence its pointer names.  The
         holder list goes first (a crash in between lists a job that is not
-        running: harmless)."""
+        running: harmless).  A body that is not an envelope takes the slow
+        way, whose record keeps it (``_claim_slow``)."""
         now = time.time()
         until = now + lease
-        fast: list[tuple[Ptr, dict[str, Any]]] = []
+        fast: list[tuple[Ptr, dict[str, Any], Message]] = []
         slow: list[Ptr] = []
         paused = link.paused_now()
         for it in items:
@@ -441,9 +473,12 @@ class NatsBroker(Admin, Coordination):
             if p.env is not None and (p.gen == "0" or p.seq):
                 env = dict(p.env)
                 env["attempt"] = int(env.get("attempt", 0)) + 1
-                fast.append((p, env))
-            else:
-                slow.append(p)
+                try:
+                    fast.append((p, env, from_dict(env)))
+                    continue
+                except MessageDecodeError as exc:
+                    p.undecodable(str(exc))
+            slow.append(p)
         if fast or slow:
             link.holder.write()
         js = self.n.js
@@ -458,7 +493,7 @@ class NatsBroker(Admin, Coordination):
                     ),
                     p.seq,
                 )
-                for p, env in fast
+                for p, env, _ in fast
             ]
         )
         link.wire.write_now()
@@ -467,7 +502,7 @@ class NatsBroker(Admin, Coordination):
     def _claimed(
         self,
         link: Link,
-        fast: list[tuple[Ptr, dict[str, Any]]],
+        fast: list[tuple[Ptr, dict[str, Any], Message]],
         results: list[Reply],
         slow: list[Ptr],
         now: float,
@@ -477,7 +512,7 @@ class NatsBroker(Admin, Coordination):
         """The deliveries whose claim won; the others join ``slow``."""
         out: list[Delivery] = []
         holder = link.holder.id
-        for (p, env), r in zip(fast, results, strict=True):
+        for (p, _, m), r in zip(fast, results, strict=True):
             try:
                 ack = pub_ack(r, "claim")
             except JetStreamError as exc:
@@ -486,7 +521,7 @@ class NatsBroker(Admin, Coordination):
                 slow.append(p)  # someone wrote the record first: look at it
                 continue
             tok = Token(ack.seq, ack.seq, p.reply, p.gen, p.replays, now, holder, worker)
-            out.append(self._delivery(p, env, tok, until))
+            out.append(Delivery(id=p.id, message=m, token=tok, lease_until=until, queue=p.queue))
         return out
 
     def _give_back(self, link: Link, ps: list[Ptr]) -> None:
@@ -546,8 +581,12 @@ class NatsBroker(Admin, Coordination):
             plan = await self._claim_plan(link, p, cur, now)
             if plan is None:
                 return None
-            env, replays, run_at = plan
+            env, replays, run_at, raw = plan
             rec = self._running(p.gen, env, now, until, worker, p.reply, link, 0, run_at, replays)
+            kept = why = None
+            if raw is not None:
+                kept, why = self._kept_raw(link, raw, p.error)
+                rec[R.RAW] = kept
             try:
                 ack = await link.store.put(subject, R.dumps(rec), cur.seq if cur else 0)
             except JetStreamError as exc:
@@ -555,15 +594,16 @@ class NatsBroker(Admin, Coordination):
                     continue
                 raise
             tok = Token(ack.seq, ack.seq, p.reply, p.gen, replays, run_at, link.holder.id, worker)
-            if p.env is None and cur is None:
+            if raw is not None:
+                tok.raw, tok.env = kept, env
                 return Delivery(
                     id=p.id,
                     message=None,
                     token=tok,
                     lease_until=until,
                     queue=p.queue,
-                    raw=p.data,
-                    decode_error=p.error or "undecodable message",
+                    raw=raw,
+                    decode_error=why,
                 )
             return self._delivery(p, env, tok, until)
         log.warning("nats: gave up claiming job %s (its record kept changing)", p.id)
@@ -572,17 +612,29 @@ class NatsBroker(Admin, Coordination):
 
     async def _claim_plan(
         self, link: Link, p: Ptr, cur: Stored | None, now: float
-    ) -> tuple[dict[str, Any], int, float] | None:
+    ) -> tuple[dict[str, Any], int, float, bytes | None] | None:
         """What claiming ``p`` means given its job's record: the envelope to
-        run (attempt counted up), replays and run time; or None after
-        dropping a stale pointer or holding back one that comes early."""
+        run (attempt counted up), replays, run time and, for a message that is
+        not an envelope, its body; or None after dropping a stale pointer or
+        holding back one that comes early."""
         if cur is None:  # no record (yet, or any more: retention): the pointer has it all
-            env: dict[str, Any] = dict(p.env) if p.env else {"id": p.id, "queue": p.queue}
+            if p.env is None:
+                return R.raw_env(p.id, p.queue, 1), p.replays, now, p.data
+            env: dict[str, Any] = dict(p.env)
             env["attempt"] = int(env.get("attempt", 0)) + 1
-            return env, p.replays, now
+            return env, p.replays, now, None
         old = R.loads(cur.data)
         st = old.get(R.ST)
         if old.get(R.GEN) != p.gen:
+            if p.seq > cur.seq:
+                # Not stale: this pointer was published after its record was
+                # written at ``p.seq`` (every move writes the record first),
+                # and this read is older than that: a replica behind its
+                # leader answered the direct get.  Judged against that record
+                # (a replay's: DEAD, the old generation) it would be dropped
+                # and the job would never run.  Look again shortly.
+                self._hold(link, p, 0.2)
+                return None
             # a stale pointer: the job moved on.  If it waits, make sure its
             # own pointer exists (the mover may have died before publishing it)
             if st in R.WAITING:
@@ -610,7 +662,23 @@ class NatsBroker(Admin, Coordination):
             self._drop(link, p)
             return None
         env["attempt"] = int(env.get("attempt", 0)) + 1
-        return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now))
+        raw = R.raw_of(old)
+        if raw is None and p.env is None:
+            raw = p.data
+        return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now)), raw
+
+    @staticmethod
+    def _kept_raw(link: Link, raw: bytes, error: str | None) -> tuple[str, str]:
+        """An undecodable body as its record keeps it (base64), and the reason
+        the worker dead-letters it with.  The record must fit in one NATS
+        message with its errors: a body longer than three eighths of the
+        server's ``max_payload`` keeps its head, and the reason says so."""
+        why = error or "message body is not a valid envelope"
+        limit = link.wire.max_payload * 3 // 8
+        if len(raw) > limit:
+            why += f" (the body is {len(raw)} bytes; the first {limit} are kept)"
+            raw = raw[:limit]
+        return R.raw_field(raw), why
 
     def _drop(self, link: Link, p: Ptr) -> None:
         with contextlib.suppress(Unavailable):
@@ -687,7 +755,7 @@ class NatsBroker(Admin, Coordination):
     def _settled(
         self, d: Delivery, tok: Token, state: str, now: float, env: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        return {
+        rec = {
             R.ST: state,
             R.ENV: env if env is not None else env_of(d),
             R.GEN: tok.gen,
@@ -699,6 +767,9 @@ class NatsBroker(Admin, Coordination):
             R.REPLAYS: tok.replays,
             R.ACK: tok.reply.decode(),
         }
+        if tok.raw is not None:
+            rec[R.RAW] = tok.raw
+        return rec
 
     async def _move(
         self,
@@ -734,6 +805,7 @@ class NatsBroker(Admin, Coordination):
                     now,
                     seq,
                     int(rec.get(R.REPLAYS, 0)),
+                    R.raw_of(rec),
                 )
             )
         for r in await link.wire.gather(futs):
@@ -822,14 +894,14 @@ class NatsBroker(Admin, Coordination):
         holder.settling |= ids
         try:
             written, lost = await self._rewrite(link, held, settled)
+            for d, rec, _ in written:
+                if count == "dead":
+                    await self._dlq_publish(link, rec, d.id)
+                with contextlib.suppress(Unavailable):
+                    link.wire.publish(d.token.reply, b"+ACK")
+                link.holder.finished(d.id, d.queue or queue_of(d), count)
         finally:
             holder.settling -= ids
-        for d, rec, _ in written:
-            if count == "dead":
-                await self._dlq_publish(link, rec, d.id)
-            with contextlib.suppress(Unavailable):
-                link.wire.publish(d.token.reply, b"+ACK")
-            link.holder.finished(d.id, d.queue or queue_of(d), count)
         if lost:
             link.holder.forget({d.id for d in lost})
         link.holder.write()
@@ -858,6 +930,8 @@ class NatsBroker(Admin, Coordination):
                 tok.replays,
             )
             rec[R.HOLDER] = tok.holder
+            if tok.raw is not None:
+                rec[R.RAW] = tok.raw
             return rec
 
         written, gone = await self._rewrite(link, held, running)
@@ -897,6 +971,7 @@ class NatsBroker(Admin, Coordination):
                     raise
                 except Exception:
                     log.exception("nats: kv expiry sweep failed")
+        await self._reconcile_own(link)
         # taken last, with no await in between: what a claim or this call
         # buried is reported once, and kept for the next call if this one failed
         dead = list(self._found_dead)
@@ -904,7 +979,11 @@ class NatsBroker(Admin, Coordination):
         return Rescued(n + len(dead), dead)
 
     async def _rescue_holder(self, link: Link, h: tuple[str, Stored, dict[str, Any]]) -> int:
-        """Give back the expired jobs one process listed; tidy its list."""
+        """Give back the expired jobs one process listed; tidy its list.
+
+        This process' own list is only read for jobs to give back: what it
+        lists otherwise is decided from its memory, which is newer than the
+        stored list (``_reconcile_own``, called by every ``rescue``)."""
         holder, cur, content = h
         now = time.time()
         run: dict[str, list[Any]] = content.get("run", {})
@@ -917,7 +996,7 @@ class NatsBroker(Admin, Coordination):
         n = 0
         remove: set[str] = set()
         credit: dict[str, list[int]] = {}
-        own = link.holder if holder == link.holder.id else None
+        own = holder == link.holder.id
         for (jid, entry), rc in zip(expired, recs, strict=True):
             if rc is None:
                 remove.add(jid)
@@ -931,7 +1010,9 @@ class NatsBroker(Admin, Coordination):
                     n += 1
                 remove.add(jid)
                 continue
-            if rec.get(R.SETTLED_BY) == holder and (own is None or jid not in own.settling):
+            if own:
+                continue
+            if rec.get(R.SETTLED_BY) == holder:
                 # Settled by that process, and still in its list: the list
                 # was last written before the settle counted the job (a
                 # settle takes the job out of ``run`` and counts it in one
@@ -948,14 +1029,8 @@ class NatsBroker(Admin, Coordination):
                     with contextlib.suppress(Unavailable):
                         link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
             remove.add(jid)
-        if remove and holder != link.holder.id:
+        if remove and not own:
             await self._tidy_holder(link, holder, cur, content, remove, credit, now)
-        elif remove:
-            link.holder.forget(remove)
-            for queue, (ok, cx) in credit.items():
-                link.holder.count(queue, ok, cx, now)
-            link.holder.write()
-            await link.wire.flush()
         return n
 
     async def _tidy_holder(
@@ -1003,6 +1078,8 @@ class NatsBroker(Admin, Coordination):
             R.BY: R.claim_of(rec, seq),
             R.REPLAYS: rec.get(R.REPLAYS, 0),
         }
+        if R.RAW in rec:
+            new[R.RAW] = rec[R.RAW]
         try:
             ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
         except JetStreamError as exc:
@@ -1036,13 +1113,16 @@ class NatsBroker(Admin, Coordination):
             gen = (header(it.hdr, b"Dw-G") or b"0").decode()
             if prio:
                 link.level_seen(queue, prio)
-            hdr = headers(
+            pairs: list[tuple[bytes, bytes | str | int | float]] = [
                 (b"Nats-Msg-Id", f"{jid}:{gen}:due"),
                 (b"Dw-Id", jid),
                 (b"Dw-G", gen),
                 (b"Dw-S", header(it.hdr, b"Dw-S") or b"0"),
                 (b"Dw-Rp", header(it.hdr, b"Dw-Rp") or b"0"),
-            )
+            ]
+            if header(it.hdr, b"Dw-Raw") is not None:
+                pairs.append((b"Dw-Raw", b"1"))
+            hdr = headers(*pairs)
             moves.append((it, wire.request(self.n.pointer(queue, prio), it.data, hdr)))
         await wire.flush()
         for it, fut in moves:

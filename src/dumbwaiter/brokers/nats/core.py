@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from ...errors import LeaseExpired, MessageDecodeError
-from ...message import ErrorRecord
+from ...message import ErrorRecord, from_dict
 from ...state import State
 from ..base import (
     Broker,
@@ -315,12 +315,14 @@ class Core(Broker):
         now: float,
         seq: int = 0,
         replays: int = 0,
+        raw: bytes | None = None,
     ) -> asyncio.Future[Reply]:
         """Publish a job's pointer for generation ``gen`` (its record, at
         sequence ``seq``, was written first): to the work subjects if due,
         else a delay entry.  Its ``Nats-Msg-Id`` makes publishing it twice
-        harmless (``_ensure_pointer``)."""
-        body = orjson.dumps(env)
+        harmless (``_ensure_pointer``).  An undecodable message's pointer
+        carries its kept body (``raw``), marked, instead of an envelope."""
+        body = orjson.dumps(env) if raw is None else raw
         prio = int(env.get("priority", 0))
         pairs: list[tuple[bytes, bytes | str | int | float]] = [
             (b"Nats-Msg-Id", jid if gen == "0" else f"{jid}:{gen}"),
@@ -330,6 +332,8 @@ class Core(Broker):
         ]
         if replays:
             pairs.append((b"Dw-Rp", replays))
+        if raw is not None:
+            pairs.append((b"Dw-Raw", b"1"))
         if at > now + 0.001:
             kind = b"r" if int(env.get("attempt", 0)) > 0 else b"s"
             pairs += [(b"Dw-P", prio), (b"Dw-At", repr(at))]
@@ -347,7 +351,7 @@ class Core(Broker):
         at = float(rec.get(R.RUN_AT) or now)
         fut = self._repoint_req(
             link, jid, str(env.get("queue", "")), env, str(rec.get(R.GEN, "0")), at, now,
-            seq, int(rec.get(R.REPLAYS, 0)),
+            seq, int(rec.get(R.REPLAYS, 0)), R.raw_of(rec),
         )  # fmt: skip
         pub_ack(await self._await(link, fut), "pointer")
 
@@ -367,6 +371,100 @@ class Core(Broker):
             None,
             ((b"Nats-Msg-Id", f"dead:{jid}:{rec.get(R.GEN)}"), (b"Dw-Id", jid)),
         )
+
+    async def _reconcile_own(self, link: Link, every: bool = False) -> None:
+        """Take out of this connection's holder list the jobs it lists as
+        running that are not running here by their records: claims that
+        failed midway (``Holder.unsure``), entries whose lease ran out, and,
+        with ``every`` (a closing connection), all of them.
+
+        A job stays listed while its record is running under this list (a
+        rescuer gives it back once its lease runs out: the list is how it is
+        found), except after a failed claim: that claim's write was stored
+        but its delivery never reached the worker, so nobody runs the job,
+        and it is given back now (``_unclaim``) rather than a lease later.
+        Anything else (the job finished or waits, whoever did it) goes; a
+        settle of this list's whose count was never made (the list that
+        counts it, ``SETTLED_BY``, is this one) is counted now, as a rescuer
+        counts it for a process that died.  Without this, an entry left by a
+        failed claim stayed as long as the process lived, written again with
+        every list it wrote (a rescuer tidying the stored list cannot reach
+        the process' memory), and was left behind at exit: ``stats`` showed
+        jobs running that had finished long before."""
+        h = link.holder
+        now = time.time()
+        check = {
+            jid: e
+            for jid, e in h.run.items()
+            if (every or jid in h.unsure or float(e[1]) < now) and jid not in h.settling
+        }
+        failed = h.unsure & set(check)
+        h.unsure -= set(check)
+        if not check:
+            return
+        js = self.n.js
+        recs = await link.store.read_many(self.n.jobs, [js + jid.encode() for jid in check])
+        dropped = False
+        for (jid, e), rc in zip(check.items(), recs, strict=True):
+            rec = R.loads(rc.data) if rc is not None else {}
+            st = rec.get(R.ST)
+            if h.run.get(jid) is not e or jid in h.settling:
+                continue  # claimed again, or a settle began, while we read
+            if st == R.RUNNING and rec.get(R.HOLDER) == h.id:
+                if jid not in failed:
+                    continue
+                assert rc is not None
+                if not await self._unclaim(link, rec, rc.seq, now):
+                    h.unsure.add(jid)  # it changed meanwhile: look again next time
+                    continue
+            # out and counted in one step: a settle retried after this finds
+            # the job gone from the list and does not count it again
+            h.drop({jid: e})
+            dropped = True
+            if rec.get(R.SETTLED_BY) == h.id:
+                if st == State.SUCCEEDED.value:
+                    h.count(str(e[0]), 1, 0, now)
+                elif st == State.DEAD.value:
+                    await self._dlq_publish(link, rec)
+                if rec.get(R.ACK):  # the settle may not have got that far either
+                    with contextlib.suppress(Unavailable):
+                        link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
+        if dropped:
+            h.write()
+            await link.wire.flush()
+
+    async def _unclaim(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+        """Give back a job whose claim (record at ``seq``) was stored but never
+        delivered: ready again at once, the attempt the claim counted
+        returned, as a requeue does.  Record first, then its pointer, then
+        ``+ACK`` the pointer the claim took.  False if the record changed
+        meanwhile (the compare-and-set on ``seq`` lost)."""
+        env = dict(rec[R.ENV])
+        env["attempt"] = max(0, int(env.get("attempt", 0)) - 1)
+        jid = str(env["id"])
+        new = {
+            R.ST: State.READY.value,
+            R.ENV: env,
+            R.GEN: R.new_gen(),
+            R.RUN_AT: now,
+            R.UPDATED: now,
+            R.WORKER: rec.get(R.WORKER),
+            R.BY: R.claim_of(rec, seq),
+            R.REPLAYS: rec.get(R.REPLAYS, 0),
+        }
+        if R.RAW in rec:
+            new[R.RAW] = rec[R.RAW]
+        try:
+            ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
+        except JetStreamError as exc:
+            if is_conflict(exc):
+                return False
+            raise
+        await self._ensure_pointer(link, jid, new, ack.seq)
+        if rec.get(R.ACK):
+            with contextlib.suppress(Unavailable):
+                link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
+        return True
 
     async def _bury(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
         """A job out of attempts after losing its worker: dead-letter it."""
@@ -464,7 +562,7 @@ class Ptr:
                 raise MessageDecodeError("message body is not a JSON object")
             self.env = env
         except (orjson.JSONDecodeError, MessageDecodeError) as exc:
-            self.env, self.error = None, f"message body is not a valid envelope: {exc}"
+            self.env, self.error = None, _not_an_envelope(it.data, exc)
         jid = header(it.hdr, b"Dw-Id")
         if jid:
             self.id = jid.decode()
@@ -476,6 +574,20 @@ class Ptr:
         #: the record's sequence when this pointer was published (0: none yet)
         self.seq = int(header(it.hdr, b"Dw-S") or 0)
         self.replays = int(header(it.hdr, b"Dw-Rp") or 0)
+        if self.env is not None and header(it.hdr, b"Dw-Raw") is not None:
+            # an undecodable message's body again (replayed, given back): JSON
+            # that is not an envelope, or the kept head of a longer body
+            try:
+                from_dict(self.env)
+                why = "the kept head of a longer body that is not a valid envelope"
+            except MessageDecodeError as exc:
+                why = str(exc)
+            self.undecodable(why)
+
+    def undecodable(self, why: str) -> None:
+        """Take this pointer as the undecodable message it is (the claim keeps
+        its body in the job's record)."""
+        self.env, self.error = None, why
 
     @classmethod
     def of(cls, it: Pulled, names: Names) -> Ptr:
@@ -483,10 +595,30 @@ class Ptr:
         return cls(it, untok(parts[-2]) if len(parts) >= 2 else "?", names)
 
 
+def _not_an_envelope(data: bytes, exc: Exception) -> str:
+    """Why a pointer's body is not an envelope, in words that name the problem
+    (orjson calls bytes that are not UTF-8 "surrogates not allowed")."""
+    try:
+        data.decode()
+    except UnicodeDecodeError as bad:
+        return (
+            f"message body is not valid UTF-8 (byte 0x{data[bad.start]:02x} at offset "
+            f"{bad.start}), so it is not a JSON envelope"
+        )
+    return f"message body is not a valid envelope: {exc}"
+
+
 def env_of(d: Delivery) -> dict[str, Any]:
+    """The envelope a delivery's record is rewritten with: an undecodable
+    message's is the stand-in its record had (with the errors so far)."""
     if d.message is not None:
         return d.message.to_dict()
-    return {"id": d.id, "kind": "task", "name": "?", "queue": d.queue, "attempt": 1}
+    tok = d.token
+    if isinstance(tok, R.Token) and tok.env is not None:
+        env = dict(tok.env)
+        env["errors"] = list(env.get("errors") or [])
+        return env
+    return R.raw_env(d.id, d.queue, 1)
 
 
 def queue_of(d: Delivery) -> str:

@@ -28,8 +28,10 @@ from .wire import (
     CONSUMER_NOT_FOUND,
     STREAM_NAME_IN_USE,
     JetStreamError,
+    Reply,
     Unavailable,
     Wire,
+    pub_ack,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +44,10 @@ CACHE_TTL = 1.0
 #: AckWait of the delay consumer: how late a delayed job can be after the
 #: process that was moving it died
 DELAY_ACK_WAIT = 5.0
+#: seconds before a holder list JetStream did not store is written again
+WRITE_AGAIN = 0.5
+#: at most this long a closing connection tries to leave its final list
+FINAL_WRITE = 5.0
 
 
 class Holder:
@@ -56,12 +62,35 @@ class Holder:
         self.fin: dict[str, dict[str, list[int]]] = {}
         #: jobs whose settle is under way here (their count is not in yet)
         self.settling: set[str] = set()
+        #: jobs listed by a claim that failed midway (its write may or may not
+        #: have been stored): the next rescue looks at their records
+        self.unsure: set[str] = set()
+        #: the entries ``running`` made since the claim that is sending took them
+        self.added: dict[str, list[Any]] = {}
         self.dirty = False
+        #: this list was ever written (a producer's connection never writes one)
+        self.used = False
+        self.closed = False
+        self._again: asyncio.TimerHandle | None = None
 
     def running(self, jid: str, queue: str, until: float) -> None:
-        """A claim: [queue, lease until] (the record has the rest)."""
-        self.run[jid] = [queue, until]
-        self.dirty = True
+        """A claim: [queue, lease until] (the record has the rest).  A job
+        listed already keeps its entry (a live claim of this process, whose
+        pointer JetStream delivered again: the new claim will not win; or a
+        failed claim's leftover); ``added`` collects the entries made, for
+        the claim to take out again what it does not deliver."""
+        if jid not in self.run:
+            e = self.run[jid] = [queue, until]
+            self.added[jid] = e
+            self.dirty = True
+
+    def drop(self, entries: dict[str, list[Any]]) -> None:
+        """Take these entries out, each only if it is still the same one (a
+        new claim of the job meanwhile lists it anew)."""
+        for jid, e in entries.items():
+            if self.run.get(jid) is e:
+                del self.run[jid]
+                self.dirty = True
 
     def extended(self, jid: str, until: float) -> None:
         e = self.run.get(jid)
@@ -70,8 +99,9 @@ class Holder:
             self.dirty = True
 
     def finished(self, jid: str, queue: str, count: str | None) -> None:
-        self.run.pop(jid, None)
-        if count == "ok":
+        """A settle: out of the running jobs and counted in one step, once (a
+        rescue or ``_reconcile_own`` that took the job out counted it)."""
+        if self.run.pop(jid, None) is not None and count == "ok":
             self.count(queue, 1, 0, time.time())
         self.dirty = True
 
@@ -86,11 +116,18 @@ class Holder:
         b[1] += cx
         self.dirty = True
 
-    def write(self) -> None:
+    def write(self) -> asyncio.Future[Reply] | None:
         """Queue a write of the whole list (sent with the next flush; the last
-        write wins, and writes from one connection arrive in order)."""
+        write wins, and writes from one connection arrive in order).
+
+        A request, not a bare publish: JetStream answers it, and a write it
+        did not store (the server restarting, JetStream not ready yet after a
+        reconnect, the connection lost with the write in flight) is made
+        again ``WRITE_AGAIN`` s later.  A list lost that way stayed as it was
+        before: a process that then went idle and exited left jobs listed as
+        running that had long finished."""
         if not self.dirty:
-            return
+            return None
         now = time.time()
         oldest = str(int((now - self.link.broker.retention) // 60))
         for q in list(self.fin):
@@ -101,10 +138,63 @@ class Holder:
                 del self.fin[q]
         body = orjson.dumps({"t": now, "run": self.run, "fin": self.fin})
         try:
-            self.link.wire.publish(self.link.broker.n.h + self.id.encode(), body)
-            self.dirty = False
+            fut = self.link.wire.request(self.link.broker.n.h + self.id.encode(), body)
         except Unavailable:
-            pass
+            self.write_again()
+            return None
+        self.dirty = False
+        self.used = True
+        fut.add_done_callback(self._stored)
+        return fut
+
+    def _stored(self, fut: asyncio.Future[Reply]) -> None:
+        try:
+            pub_ack(fut.result(), "holder list")
+        except (BrokerError, asyncio.CancelledError):
+            self.dirty = True  # the next write (or the one below) sends it again
+            self.write_again()
+
+    def write_again(self) -> None:
+        """Write the list again soon, whatever happens meanwhile (a list that
+        was not stored must not wait for the process' next claim or settle)."""
+        if self.closed or self._again is not None:
+            return
+        self._again = self.link.loop.call_later(WRITE_AGAIN, self._write_again)
+
+    def _write_again(self) -> None:
+        self._again = None
+        if self.closed or not self.dirty:
+            return
+        if self.write() is not None:
+            with contextlib.suppress(Exception):
+                self.link.wire.write_now()
+
+    async def leave(self, timeout: float) -> None:
+        """The closing connection's last list, written until JetStream stored
+        it (or ``timeout``): what a rescuer and ``stats`` read after it is gone."""
+        if self.used or self.run:
+            deadline = time.monotonic() + timeout
+            while True:
+                self.dirty = True
+                fut = self.write()
+                if fut is not None:
+                    await self.link.wire.flush()
+                    try:
+                        pub_ack(await asyncio.shield(fut), "holder list")
+                        break
+                    except BrokerError:
+                        pass
+                if time.monotonic() + WRITE_AGAIN > deadline:
+                    log.warning("nats: could not leave the holder list %s up to date", self.id)
+                    break
+                await asyncio.sleep(WRITE_AGAIN)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._again is not None:
+            self._again.cancel()
+            self._again = None
 
 
 class Link:
@@ -198,10 +288,10 @@ class Link:
                 with contextlib.suppress(Exception):
                     await p.stop()
             with contextlib.suppress(Exception):
-                if self.holder.run:
-                    self.holder.dirty = True
-                self.holder.write()
-                await self.wire.flush()
+                await self.broker._reconcile_own(self, every=True)
+            with contextlib.suppress(Exception):
+                await self.holder.leave(min(self.wire.timeout, FINAL_WRITE))
+        self.holder.close()
         self.pullers.clear()
         self.ready = False
         self._starting = None
@@ -213,7 +303,9 @@ class Link:
 
     def _reconnected(self) -> None:
         self._made.clear()  # a restarted server may have lost memory-stored consumers
-        self.holder.dirty = True
+        if self.holder.used or self.holder.run:
+            self.holder.dirty = True  # what was in flight at the loss may be lost
+            self.holder.write_again()
 
     # -- consumers and what to pull from ---------------------------------------------
 

@@ -14,10 +14,19 @@ the record's is stale (the job was retried, rescheduled, replayed, rescued
 since) and is dropped when it is delivered.  Generation ``0`` is the
 enqueue's pointer of a job that has no record yet: its claim creates the
 record (``expect=0``) in one round trip.
+
+A message on a work subject that is not an envelope (put there by something
+else than dumbwaiter) becomes a job like any other, so it can be listed,
+counted, dead-lettered, replayed and purged: its record carries a stand-in
+envelope (task ``?``) and the body itself (``raw``, base64: it may be any
+bytes), and every pointer published for it again carries that body, marked
+``Dw-Raw``, so a worker gets it as the undecodable message it is.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +44,8 @@ ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, R
 )  # fmt: skip
 #: the holder list that counts a settle (the settling connection's): see rescue
 SETTLED_BY = "sh"
+#: an undecodable message's body (base64), kept with its stand-in envelope
+RAW = "raw"
 
 RUNNING = State.RUNNING.value
 WAITING = frozenset({State.READY.value, State.SCHEDULED.value, State.RETRYING.value})
@@ -63,6 +74,10 @@ class Token:
     run_at: float
     holder: str
     worker: str
+    #: an undecodable message's kept body (the record's ``raw``) and its
+    #: stand-in envelope with the errors so far: every rewrite keeps them
+    raw: str | None = None
+    env: dict[str, Any] | None = None
 
 
 def claim_of(rec: dict[str, Any], seq: int) -> int:
@@ -82,6 +97,27 @@ def loads(data: bytes) -> dict[str, Any]:
     return d
 
 
+def raw_env(jid: str, queue: str, attempt: int = 0) -> dict[str, Any]:
+    """The stand-in envelope of a message that is not one: the SQL and Redis
+    engines show such a job the same way (task ``?``, its queue)."""
+    return {"id": jid, "kind": "task", "name": "?", "queue": queue, "attempt": attempt}
+
+
+def raw_field(body: bytes) -> str:
+    return base64.b64encode(body).decode()
+
+
+def raw_of(rec: dict[str, Any]) -> bytes | None:
+    """The kept body of an undecodable message's record (None for a job)."""
+    kept = rec.get(RAW)
+    if not isinstance(kept, str):
+        return None
+    try:
+        return base64.b64decode(kept, validate=True)
+    except (binascii.Error, ValueError):
+        return kept.encode()
+
+
 def info_of(rec: dict[str, Any], now: float) -> JobInfo | None:
     """The admin view of a state record (None for a purged job)."""
     st = rec.get(ST)
@@ -98,6 +134,7 @@ def info_of(rec: dict[str, Any], now: float) -> JobInfo | None:
         lease_until=rec.get(LEASE) if st == RUNNING else None,
         result=rec[RESULT].encode() if rec.get(RESULT) is not None else None,
         replays=int(rec.get(REPLAYS, 0)),
+        raw=raw_of(rec),
     )
 
 
