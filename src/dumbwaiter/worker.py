@@ -47,7 +47,7 @@ from .loop import loop_name
 from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
 from .redact import mask_url
 from .retry import Reject, RetryLater
-from .workflow import advance
+from .workflow import advance, mark_dead
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -444,8 +444,12 @@ class Worker:
                 extra={"action": "rescue"},
             )
         # a broker that still returns a plain int reports no dead letters
-        for dl in getattr(rescued, "dead", ()):
+        dead = getattr(rescued, "dead", ())
+        for dl in dead:
             self._rescued_dead(dl)
+        steps = [dl.message for dl in dead if dl.message and "wf" in dl.message.headers]
+        if steps:
+            await mark_dead(self.app, steps)
 
     def _rescued_dead(self, dl: DeadLetter) -> None:
         """Report a job the broker dead-lettered for a lost lease (no worker
@@ -807,10 +811,22 @@ class _Settler:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 w.counts[counter[kind]] += len(batch)
+                if kind == DEAD:
+                    await self._dead_steps(batch)
             if not any(self.pending.values()):
                 self.idle.set()
                 if self._closing:
                     return
+
+    async def _dead_steps(self, batch: list[Delivery]) -> None:
+        """Tell the waiters of the workflows whose steps are now dead letters."""
+        steps = [d.message for d in batch if d.message is not None and "wf" in d.message.headers]
+        if not steps:
+            return
+        try:
+            await mark_dead(self.worker.app, steps)
+        except Exception:  # a hint only: the waiter finds the dead step by itself
+            log.exception("could not tell %d dead workflow step(s) to their waiters", len(steps))
 
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,
