@@ -425,12 +425,22 @@ class Worker:
             "concurrency": self.config.concurrency,
             "inflight": len(self._inflight),
             "buffered": len(self._buffer),
+            "prefetched": self._prefetched_by_queue(),
             "started_at": self.started_at,
             "heartbeat_at": time.time(),
             "counts": dict(self.counts),
             "stopping": self._stopping,
         }
         await self.broker.kv_set({WORKER_KEY + self.id: dumps(info)}, ttl=2 * self.config.lease)
+
+    def _prefetched_by_queue(self) -> dict[str, int]:
+        """The buffered jobs per queue, for ``stats`` to tell them from
+        running ones (the broker sees both as leased)."""
+        out: dict[str, int] = {}
+        for d in self._buffer:
+            q = d.queue or (d.message.queue if d.message is not None else "")
+            out[q] = out.get(q, 0) + 1
+        return out
 
     async def _rescue(self) -> None:
         rescued = await self.broker.rescue()
