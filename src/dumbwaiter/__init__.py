@@ -31,6 +31,7 @@ from .errors import (
     ResultTimeout,
     SerializationError,
     UnknownTask,
+    WorkflowFailed,
 )
 from .job import Job
 from .message import Message
@@ -87,6 +88,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "Workflow",
+    "WorkflowFailed",
     "__version__",
     "chain",
     "chord",

@@ -57,6 +57,34 @@ class JobFailed(DumbwaiterError):
     """``Job.result()`` of a job that ended in the dead-letter queue."""
 
 
+class WorkflowFailed(JobFailed):
+    """``Workflow.result()`` of a workflow that cannot finish: one of its steps
+    is dead (or was cancelled).  The message names the step, its task, its
+    error and the dead job; the same facts are attributes, for code."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow_id: str = "",
+        step: str = "",
+        task: str = "",
+        job_id: str = "",
+        error_type: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        #: the step's place: ``"1"`` (the second step), ``"1.3"`` (member 3 of
+        #: the group that is step 1), ``"1.then"`` (that chord's callback)
+        self.step = step
+        self.task = task
+        self.job_id = job_id
+        #: the last attempt's exception type and message (None: cancelled)
+        self.error_type = error_type
+        self.error = error
+
+
 class JobCancelled(DumbwaiterError):
     """``Job.result()`` of a job that was cancelled before it ran."""
 

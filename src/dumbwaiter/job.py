@@ -24,12 +24,19 @@ if TYPE_CHECKING:
 class Job(Generic[T]):
     __slots__ = ("app", "id")
 
+    #: ``result()`` waits for a job the broker does not have yet, instead of
+    #: raising ``JobNotFound`` (a handle made before its job is stored: the outbox's)
+    _arrives_later = False
+
     def __init__(self, app: App, id: str) -> None:
         self.app = app
         self.id = id
 
     def __repr__(self) -> str:
         return f"<Job {self.id}>"
+
+    def _not_arrived(self, timeout: float | None) -> str:
+        return f"job {self.id} is not stored after {timeout} s"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Job) and other.id == self.id and other.app is self.app
@@ -76,20 +83,26 @@ class Job(Generic[T]):
         pause = 0.002
         while True:
             info = await self.ainfo()
-            state = _status(self.id, info)
-            if state in FINAL_STATES:
-                assert info is not None
-                return cast(T, _outcome(self.id, state, info))
+            if info is None and not self._arrives_later:
+                raise JobNotFound(_not_stored(self.id))
+            if info is not None and info.state in FINAL_STATES:
+                return cast(T, _outcome(self.id, info.state, info))
             if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"job {self.id} is still {state} after {timeout} s")
+                if info is None:
+                    raise ResultTimeout(self._not_arrived(timeout))
+                raise ResultTimeout(f"job {self.id} is still {info.state} after {timeout} s")
             wait = pause if deadline is None else min(pause, deadline - time.monotonic())
             await asyncio.sleep(max(wait, 0))
             pause = min(pause * 2, 0.1)
 
 
+def _not_stored(id: str) -> str:
+    return f"no job {id} is stored (never enqueued, or pruned after retention)"
+
+
 def _status(id: str, info: JobInfo | None) -> State:
     if info is None:
-        raise JobNotFound(f"no job {id} is stored (never enqueued, or pruned after retention)")
+        raise JobNotFound(_not_stored(id))
     return info.state
 
 

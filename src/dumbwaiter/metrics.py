@@ -7,8 +7,8 @@ Two kinds of numbers, measured in two places:
   enqueues, starts, successes, retries, dead letters and rescues in the process
   where they happen, and times each attempt (run time) and each new job's wait
   for a worker (queue wait).  Each worker exports its own; Prometheus sums them.
-* **What is stored** (gauges): ready, scheduled, retrying, running, dead, lag and
-  paused per queue and subscriber group (``group:NAME``), live workers, and
+* **What is stored** (gauges): ready, scheduled, retrying, running, prefetched,
+  dead, lag and paused per queue and subscriber group (``group:NAME``), live workers, and
   whether the scheduler has a leader, read from the broker's admin API by a
   ``QueueCollector``.  A scrape never touches the broker: ``StatsCache`` keeps
   the last snapshot and refreshes it at most every ``interval`` seconds (on
@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -140,7 +140,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "collector",
     ),
     MetricSpec(
-        "dumbwaiter_queue_running", GAUGE, ("queue",), "Jobs leased by a worker.", "collector"
+        "dumbwaiter_queue_running",
+        GAUGE,
+        ("queue",),
+        "Jobs a worker's handler is running.",
+        "collector",
+    ),
+    MetricSpec(
+        "dumbwaiter_queue_prefetched",
+        GAUGE,
+        ("queue",),
+        "Jobs leased by a worker and waiting in its buffer for a free slot "
+        "(as of the worker's last heartbeat).",
+        "collector",
     ),
     MetricSpec(
         "dumbwaiter_queue_dead", GAUGE, ("queue",), "Jobs in the dead-letter queue.", "collector"
@@ -300,6 +312,45 @@ async def live_workers(broker: Broker) -> list[dict[str, Any]]:
     return out
 
 
+def split_prefetched(
+    stats: Sequence[QueueStats], workers: Sequence[Mapping[str, Any]]
+) -> list[QueueStats]:
+    """``stats`` with each queue's leased jobs split into ``running`` (a
+    handler runs them) and ``prefetched`` (a worker holds them in its buffer).
+
+    A broker only knows leases, and a worker leases up to twice its
+    concurrency beyond its slots for short jobs, so its ``running`` counted
+    those too (62-66 "running" for one worker at -c 32).  The workers know
+    which jobs wait: each announces its buffered jobs per queue with its
+    heartbeat (``worker:ID``), so the split costs no write per job.  The
+    announcement is as old as the worker's last heartbeat (5 s by default):
+    ``prefetched`` is capped at the leased count, and ``running`` is the rest
+    (jobs of a worker that stopped heartbeating stay ``running`` until their
+    lease runs out).
+    """
+    held: dict[str, int] = {}
+    for w in workers:
+        per_queue = w.get("prefetched")
+        if not isinstance(per_queue, Mapping):
+            continue  # a worker of an older version announces no split
+        for queue, n in per_queue.items():
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                held[str(queue)] = held.get(str(queue), 0) + n
+    out: list[QueueStats] = []
+    for s in stats:
+        waiting = min(held.get(s.queue, 0), s.running)
+        out.append(replace(s, running=s.running - waiting, prefetched=waiting) if waiting else s)
+    return out
+
+
+async def queue_stats(broker: Broker) -> tuple[list[QueueStats], list[dict[str, Any]]]:
+    """The broker's queue stats with running and prefetched told apart
+    (``split_prefetched``), and the live workers they were split with."""
+    stats = await broker.stats()
+    workers = await live_workers(broker)
+    return split_prefetched(stats, workers), workers
+
+
 class StatsCache:
     """The last ``Snapshot`` of a broker, refreshed at most every ``interval`` s.
 
@@ -336,8 +387,7 @@ class StatsCache:
         """Read the broker now.  ``now`` (tests, alert passes at a given time)
         is the time the scheduler's lateness is measured at."""
         now = time.time() if now is None else now
-        stats = await self.broker.stats()
-        workers = await live_workers(self.broker)
+        stats, workers = await queue_stats(self.broker)
         try:
             scheduler = await scheduler_health(self.broker, now)
         except Exception:
@@ -375,6 +425,7 @@ _QUEUE_GAUGES: tuple[tuple[str, str], ...] = (
     ("dumbwaiter_queue_scheduled", "scheduled"),
     ("dumbwaiter_queue_retrying", "retrying"),
     ("dumbwaiter_queue_running", "running"),
+    ("dumbwaiter_queue_prefetched", "prefetched"),
     ("dumbwaiter_queue_dead", "dead"),
     ("dumbwaiter_queue_lag_seconds", "lag"),
     ("dumbwaiter_queue_paused", "paused"),

@@ -17,20 +17,33 @@ the process dies right after the commit.  Two ways, chosen per connection:
   rows to the broker in batches, in order, marks them and later prunes them.
   A re-sent row keeps its message id, so the broker and the consumers' inbox
   drop the copy: relays may die mid-batch (at-least-once, no loss).
+
+``enqueue`` returns a ``Job`` as ``task.enqueue`` does, typed by the task.
+Until the job reaches the broker (at commit on the same database, after the
+relay otherwise) the broker does not know it: ``status()`` raises
+``JobNotFound`` and ``cancel()`` finds nothing, while ``result()`` waits for
+it to arrive (see ``OutboxJob``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .errors import ConfigurationError
 from .event import Event, event_message
+from .job import Job
 from .message import Message, encode_checked
 from .sqldb import Sql, adapt, ensure_table, ensure_table_sync
+from .typevars import T
 
 if TYPE_CHECKING:
     from .app import App
     from .task import Task
+
+#: the task's parameters and the job's result, for ``enqueue``'s checks
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 OUTBOX_DDL = {
     "sqlite": [
@@ -70,7 +83,9 @@ class Outbox:
 
     # -- building ----------------------------------------------------------------
 
-    def _task_message(self, task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Message:
+    def _task_message(
+        self, task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Message:
         from .task import SendOptions
 
         if getattr(task, "app", None) is not self.app:
@@ -79,12 +94,23 @@ class Outbox:
 
     # -- sync connections ------------------------------------------------------
 
-    def enqueue(self, task: Task, *args: Any, **kwargs: Any) -> str:
-        """Store a job of ``task`` in this transaction; returns its id."""
+    # Typed as ``Task.enqueue``: the arguments are checked against the task's
+    # parameters, and the job's result is what the function (or, for an async
+    # function, its coroutine) returns.  ``task`` is positional-only, so a task
+    # with a parameter named ``task`` can still take it by keyword.
+
+    @overload
+    def enqueue(
+        self, task: Task[_P, Coroutine[Any, Any, _R]], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    def enqueue(self, task: Task[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
+    def enqueue(self, task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Job[Any]:
+        """Store a job of ``task`` in this transaction; returns its handle."""
         self._sync_only("enqueue")
         msg = self._task_message(task, args, kwargs)
         self._write_sync([msg])
-        return msg.id
+        return OutboxJob(self.app, msg.id)
 
     def publish(
         self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
@@ -118,11 +144,20 @@ class Outbox:
 
     # -- async connections -----------------------------------------------------
 
-    async def aenqueue(self, task: Task, *args: Any, **kwargs: Any) -> str:
+    @overload
+    async def aenqueue(
+        self, task: Task[_P, Coroutine[Any, Any, _R]], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    async def aenqueue(
+        self, task: Task[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    async def aenqueue(self, task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Job[Any]:
+        """``enqueue`` for async connections."""
         self._async_only("enqueue")
         msg = self._task_message(task, args, kwargs)
         await self._write([msg])
-        return msg.id
+        return OutboxJob(self.app, msg.id)
 
     async def apublish(
         self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
@@ -159,6 +194,28 @@ class Outbox:
             "body": encode_checked(m, self.app.max_message_size),
             "created_at": m.created_at,
         }
+
+
+class OutboxJob(Job[T]):
+    """The handle of a job sent through the outbox.
+
+    A ``Job`` like any other once the broker has it.  Before that (the
+    transaction has not committed, or the relay has not moved its row yet)
+    the broker has no such job, so ``status()`` raises ``JobNotFound`` and
+    ``cancel()`` returns False; ``result()`` alone waits for the job to
+    arrive instead of raising, since a relay a few milliseconds behind is the
+    normal case, not a lost job.
+    """
+
+    __slots__ = ()
+    _arrives_later = True
+
+    def _not_arrived(self, timeout: float | None) -> str:
+        return (
+            f"job {self.id} is not in the broker after {timeout} s: its transaction "
+            "did not commit, or no relay has moved it yet (is `dumbwaiter relay` or "
+            "`dumbwaiter worker --with-relay` running?)"
+        )
 
 
 def ensure_outbox_sync(sql: Sql) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import difflib
 import logging
 import os
 import random
@@ -29,11 +30,12 @@ import socket
 import time
 import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import logs
 from .batch import shard_done
 from .context import Context, reset_current, set_current
 from .errors import (
@@ -47,7 +49,7 @@ from .loop import loop_name
 from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
 from .redact import mask_url
 from .retry import Reject, RetryLater
-from .workflow import advance
+from .workflow import advance, mark_dead
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -99,10 +101,19 @@ class WorkerConfig:
     #: seconds between rescues of expired leases
     rescue_interval: float = 1.0
     worker_id: str = field(default_factory=default_worker_id)
+    #: ``text`` or ``json``: the worker writes the ``dumbwaiter`` loggers'
+    #: lines to stderr in that format while it runs (``logs.install``); None
+    #: leaves logging to the program (``dumbwaiter worker --log-format``
+    #: sets it for the whole process instead)
+    log_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.log_format is not None and self.log_format not in logs.FORMATS:
+            raise ValueError(
+                f"log_format must be one of {', '.join(logs.FORMATS)}, got {self.log_format!r}"
+            )
         if self.heartbeat >= self.lease:
             raise ValueError(
                 f"heartbeat ({self.heartbeat} s) must be shorter than the lease ({self.lease} s)"
@@ -185,6 +196,15 @@ class Worker:
     async def run(self) -> None:
         """Work until ``stop()``; returns after in-flight work is settled."""
         self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        installed = logs.install(cfg.log_format) if cfg.log_format is not None else None
+        try:
+            await self._run()
+        finally:
+            if installed is not None:
+                installed.remove()
+
+    async def _run(self) -> None:
         cfg = self.config
         self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="dumbwaiter-job")
         await self.broker.open()
@@ -425,12 +445,22 @@ class Worker:
             "concurrency": self.config.concurrency,
             "inflight": len(self._inflight),
             "buffered": len(self._buffer),
+            "prefetched": self._prefetched_by_queue(),
             "started_at": self.started_at,
             "heartbeat_at": time.time(),
             "counts": dict(self.counts),
             "stopping": self._stopping,
         }
         await self.broker.kv_set({WORKER_KEY + self.id: dumps(info)}, ttl=2 * self.config.lease)
+
+    def _prefetched_by_queue(self) -> dict[str, int]:
+        """The buffered jobs per queue, for ``stats`` to tell them from
+        running ones (the broker sees both as leased)."""
+        out: dict[str, int] = {}
+        for d in self._buffer:
+            q = d.queue or (d.message.queue if d.message is not None else "")
+            out[q] = out.get(q, 0) + 1
+        return out
 
     async def _rescue(self) -> None:
         rescued = await self.broker.rescue()
@@ -444,8 +474,12 @@ class Worker:
                 extra={"action": "rescue"},
             )
         # a broker that still returns a plain int reports no dead letters
-        for dl in getattr(rescued, "dead", ()):
+        dead = getattr(rescued, "dead", ())
+        for dl in dead:
             self._rescued_dead(dl)
+        steps = [dl.message for dl in dead if dl.message and "wf" in dl.message.headers]
+        if steps:
+            await mark_dead(self.app, steps)
 
     def _rescued_dead(self, dl: DeadLetter) -> None:
         """Report a job the broker dead-lettered for a lost lease (no worker
@@ -469,12 +503,27 @@ class Worker:
         ctx = Context(message=msg, app=self.app, worker_id=self.id)
         self.app.middleware.call("on_dead", ctx, dl.error)
         log.warning(
-            "job %s (%s) dead-lettered: %s: %s",
+            "job %s (%s) dead-lettered after attempt %d of %d (its worker was lost): %s: %s",
             dl.id,
             dl.name,
+            dl.error.attempt,
+            msg.max_attempts,
             dl.error.type,
             dl.error.message,
-            extra={"action": "dead", "job_id": dl.id},
+            extra={
+                "event": logs.JOB_FINISHED,
+                "action": logs.DEAD,
+                "task": dl.name,
+                "job_id": dl.id,
+                "queue": dl.queue,
+                "attempt": dl.error.attempt,
+                "max_attempts": msg.max_attempts,
+                "duration_ms": None,
+                "outcome": logs.DEAD,
+                "retry_in_s": None,
+                "error_type": dl.error.type,
+                "error": dl.error.message,
+            },
         )
 
     # -- one job -----------------------------------------------------------------
@@ -494,8 +543,59 @@ class Worker:
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
         if kind == DEAD:
             await self._dead_batch_shard(d)
+        if kind != REQUEUE and not d.duplicate:
+            # the line of a finished job: built only if it will be written
+            level = logging.WARNING if kind == DEAD else logging.INFO
+            if log.isEnabledFor(level):
+                self._finished(d, kind, took, level)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
+
+    def _finished(self, d: Delivery, kind: str, took: float, level: int) -> None:
+        """Log one line for a finished attempt: succeeded (INFO), retrying
+        (INFO) or dead-lettered (WARNING), with its facts as the record's
+        extra fields (``logs.JOB_FIELDS``) for a JSON formatter."""
+        msg = d.message
+        name = msg.name if msg is not None else "undecodable"
+        attempt = msg.attempt if msg is not None else 0
+        most = msg.max_attempts if msg is not None else 0
+        ms = took * 1000.0
+        err = d.error
+        etype = err.type if err is not None else None
+        etext = err.message if err is not None else None
+        retry_in = None
+        args: tuple[object, ...]
+        if kind == ACK:
+            outcome = logs.SUCCEEDED
+            text, args = "job %s (%s) succeeded in %.1f ms", (d.id, name, ms)
+        elif kind == RETRY:
+            outcome = logs.RETRYING
+            retry_in = round(max(0.0, d.retry_at - time.time()), 3)
+            text = "job %s (%s) retrying in %.1f s: attempt %d of %d failed in %.1f ms: %s: %s"
+            args = (d.id, name, retry_in, attempt, most, ms, etype, etext)
+        else:
+            outcome = logs.DEAD
+            text = "job %s (%s) dead-lettered after attempt %d of %d (%.1f ms): %s: %s"
+            args = (d.id, name, attempt, most, ms, etype, etext)
+        log.log(
+            level,
+            text,
+            *args,
+            extra={
+                "event": logs.JOB_FINISHED,
+                "action": outcome,
+                "task": name,
+                "job_id": d.id,
+                "queue": d.queue or (msg.queue if msg is not None else ""),
+                "attempt": attempt,
+                "max_attempts": most,
+                "duration_ms": round(ms, 3),
+                "outcome": outcome,
+                "retry_in_s": retry_in,
+                "error_type": etype,
+                "error": etext,
+            },
+        )
 
     async def _execute(self, d: Delivery) -> str:
         msg = d.message
@@ -623,11 +723,13 @@ class Worker:
             log.exception("could not record the dead shard %s in its batch", d.id)
 
     def _unknown(self, msg: Message) -> UnknownTask:
-        what = (
-            f"no task named {msg.name!r} is registered in this worker"
-            if msg.kind == "task"
-            else f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
-        )
+        if msg.kind == "task":
+            what = f"no task named {msg.name!r} is registered in this worker"
+            near = did_you_mean(msg.name, self.app.tasks)
+            if near:
+                what += f" (did you mean {' or '.join(repr(n) for n in near)}?)"
+        else:
+            what = f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
         return UnknownTask(f"{what} (app {mask_url(self.app.url)}); replay it once one is")
 
     async def _admit(self, d: Delivery, name: str, flow: Flow, now: float) -> bool:
@@ -688,32 +790,36 @@ class Worker:
         d.error = _record(exc, d, self.id)
         d.retry_at = at
         self.app.middleware.call("on_retry", ctx, d.error, at)
-        log.info(
-            "job %s (%s) attempt %d failed with %s; retry in %.1f s",
-            d.id,
-            ctx.name,
-            ctx.attempt,
-            d.error.type,
-            at - time.time(),
-            extra={"action": "retry", "job_id": d.id},
-        )
-        return RETRY
+        return RETRY  # logged with the job's duration by _process
 
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
         self.app.middleware.call("on_dead", ctx, d.error)
-        # the message names its task even when no handler ran (unknown task,
-        # arguments that no longer fit); only an undecodable body has no name
-        name = ctx.name if ctx else d.message.name if d.message else "undecodable"
-        log.warning(
-            "job %s (%s) dead-lettered: %s: %s",
-            d.id,
-            name,
-            d.error.type,
-            d.error.message,
-            extra={"action": "dead", "job_id": d.id},
-        )
+        # logged by _process: the message names its task even when no
+        # handler ran (unknown task, arguments that no longer fit); only an
+        # undecodable body has no name
         return DEAD
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> list[str]:
+    """Registered task names close to ``name`` (a typo, a moved module), at
+    most three: by the function's name (the last part: ``jobs.send_welcom``
+    finds ``myproject.jobs.send_welcome`` and not its neighbour
+    ``myproject.jobs.send_receipt``, which shares the long prefix), else by the
+    whole name."""
+    names = sorted(known)
+    by_short: dict[str, list[str]] = {}
+    for n in names:
+        by_short.setdefault(n.rsplit(".", 1)[-1], []).append(n)
+    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], by_short, n=3, cutoff=0.75)
+    found = [n for s in close for n in by_short[s]]
+    if not found:
+        return difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+
+    def likeness(n: str) -> float:
+        return difflib.SequenceMatcher(None, name, n).ratio()
+
+    return sorted(found, key=likeness, reverse=True)[:3]
 
 
 def inbox_key(d: Delivery) -> str | None:
@@ -807,10 +913,22 @@ class _Settler:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 w.counts[counter[kind]] += len(batch)
+                if kind == DEAD:
+                    await self._dead_steps(batch)
             if not any(self.pending.values()):
                 self.idle.set()
                 if self._closing:
                     return
+
+    async def _dead_steps(self, batch: list[Delivery]) -> None:
+        """Tell the waiters of the workflows whose steps are now dead letters."""
+        steps = [d.message for d in batch if d.message is not None and "wf" in d.message.headers]
+        if not steps:
+            return
+        try:
+            await mark_dead(self.worker.app, steps)
+        except Exception:  # a hint only: the waiter finds the dead step by itself
+            log.exception("could not tell %d dead workflow step(s) to their waiters", len(steps))
 
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,

@@ -20,6 +20,16 @@ de-duplicates.  So a chain never stalls and never forks.
   finishing together on different workers, or retried, still fire it once.
 
 Results are kept in the broker's kv store for ``result_ttl`` (a day).
+
+A workflow that cannot finish (a step dead, or cancelled) makes
+``Workflow.result()`` raise ``WorkflowFailed`` naming the step.  The jobs'
+states are the truth: the waiter reads the states of the planned steps'
+jobs.  To learn of a death at once without reading them on every poll, the
+worker that dead-letters a step writes a hint (``wf:ID:dead``) after the dead
+letter is stored (``mark_dead``), read in the same ``kv_get`` as the result;
+the waiter then checks the states.  A step that died another way (cancelled,
+dead-lettered by an operator) is found by a full look every few seconds.
+Replaying the step resumes the workflow, and a waiter sees it alive again.
 """
 
 from __future__ import annotations
@@ -33,16 +43,27 @@ from typing import TYPE_CHECKING, Any, Union
 
 import orjson
 
-from .errors import ConfigurationError, ResultTimeout, SerializationError
+from .errors import (
+    ConfigurationError,
+    JobNotFound,
+    ResultTimeout,
+    SerializationError,
+    WorkflowFailed,
+)
 from .message import Message, check_json, uuid7
 from .retry import Reject
+from .state import State
 
 if TYPE_CHECKING:
     from .app import App
+    from .brokers.base import JobInfo
     from .task import Task
 
 #: results and workflow records stay this long in the broker (seconds)
 DEFAULT_RESULT_TTL = 86400.0
+#: seconds between a waiter's full looks at its steps' states (doubling up to
+#: the second figure); a worker's hint (``mark_dead``) makes it look at once
+FULL_LOOK_FIRST, FULL_LOOK_MAX = 1.0, 8.0
 
 Step = Union["Signature", "Group", "Chord"]
 
@@ -299,6 +320,23 @@ async def _next(
         await app.broker.kv_set({f"wf:{wf}:result": orjson.dumps([result])}, ttl=ttl)
 
 
+async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
+    """After workflow steps were dead-lettered: leave their workflows' waiters
+    a hint (``wf:ID:dead``) so ``result()`` fails at once, not at its next
+    full look.  Only a hint: the waiter checks the step's state."""
+    by_ttl: dict[float, dict[str, bytes]] = {}
+    now = time.time()
+    for m in msgs:
+        meta = m.headers.get("wf") if m is not None else None
+        if m is None or not isinstance(meta, dict) or not meta.get("id"):
+            continue
+        hint = orjson.dumps({"job": m.id, "task": m.name, "at": now})
+        ttl = float(meta.get("ttl") or DEFAULT_RESULT_TTL)
+        by_ttl.setdefault(ttl, {})[f"wf:{meta['id']}:dead"] = hint
+    for ttl, items in by_ttl.items():
+        await app.broker.kv_set(items, ttl=ttl)
+
+
 class Workflow:
     """The handle of a started workflow."""
 
@@ -316,29 +354,116 @@ class Workflow:
     def steps(self) -> list[dict[str, Any]]:
         return self.app._call(self.asteps())
 
+    async def astatus(self) -> State:
+        """``succeeded`` once the last step's result is stored; ``dead`` if a
+        step is dead (``result()`` raises ``WorkflowFailed``), ``cancelled``
+        if one was cancelled; otherwise the most advanced state among its
+        unfinished steps (``running``, ``retrying``, ``ready``, ``scheduled``).
+        Raises ``JobNotFound`` for a workflow not stored (never started, or
+        expired after its ``result_ttl``)."""
+        if await self.app.broker.kv_get([f"wf:{self.id}:result"]):
+            return State.SUCCEEDED
+        looked = await _look(self.app, self.id)
+        if looked is None:
+            raise JobNotFound(
+                f"no workflow {self.id} is stored (never started, or expired after its result_ttl)"
+            )
+        states = {info.state for _, info in looked if info is not None}
+        for s in (State.DEAD, State.CANCELLED, State.RUNNING, State.RETRYING, State.READY):
+            if s in states:
+                return s
+        return State.SCHEDULED if State.SCHEDULED in states else State.READY
+
+    def status(self) -> State:
+        return self.app._call(self.astatus())
+
     async def aresult(self, timeout: float | None = None) -> Any:
-        """Wait for the last step's result (None: for ever)."""
+        """Wait for the last step's result (None: for ever).  Raises
+        ``WorkflowFailed`` as soon as a step is dead or cancelled (the workflow
+        cannot finish until it is replayed), ``ResultTimeout`` after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        keys = [f"wf:{self.id}:result", f"wf:{self.id}:dead"]
         pause = 0.005
+        hint: bytes | None = None
+        every = FULL_LOOK_FIRST
+        next_look = time.monotonic() + every
+        done: set[str] = set()  # step jobs seen succeeded: not read again
         while True:
-            found = await self.app.broker.kv_get([f"wf:{self.id}:result"])
-            if found:
-                return orjson.loads(found[f"wf:{self.id}:result"])[0]
-            if deadline is not None and time.monotonic() >= deadline:
+            found = await self.app.broker.kv_get(keys)
+            if keys[0] in found:
+                return orjson.loads(found[keys[0]])[0]
+            now = time.monotonic()
+            new_hint = found.get(keys[1])
+            late = deadline is not None and now >= deadline
+            if (new_hint is not None and new_hint != hint) or now >= next_look or late:
+                hint = new_hint
+                failed = await self._failure(done)
+                if failed is not None:
+                    raise failed
+                next_look = now + every
+                every = min(every * 2, FULL_LOOK_MAX)
+            if late:
                 raise ResultTimeout(f"workflow {self.id} has not finished after {timeout} s")
-            await asyncio.sleep(pause)
+            wait = pause if deadline is None else min(pause, max(deadline - now, 0))
+            await asyncio.sleep(wait)
             pause = min(pause * 2, 0.1)
 
     def result(self, timeout: float | None = None) -> Any:
         return self.app._call(self.aresult(timeout))
 
+    async def _failure(self, done: set[str]) -> WorkflowFailed | None:
+        """The error of the first step (in plan order) that is dead or cancelled."""
+        for step, info in await _look(self.app, self.id, done) or []:
+            if info is None:
+                continue
+            if info.state is State.SUCCEEDED:
+                done.add(step["job"])
+            elif info.state in (State.DEAD, State.CANCELLED):
+                return _failed(self.id, step, info)
+        return None
 
-async def steps_of(app: App, wf: str) -> list[dict[str, Any]]:
+
+def _failed(wf: str, step: dict[str, Any], info: JobInfo) -> WorkflowFailed:
+    path, task, job = str(step["path"]), str(step["task"]), str(step["job"])
+    where = f"step {path} ({task}, job {job})"
+    if info.state is State.CANCELLED:
+        return WorkflowFailed(
+            f"workflow {wf} cannot finish: {where} was cancelled",
+            workflow_id=wf,
+            step=path,
+            task=task,
+            job_id=job,
+        )
+    last = info.message.errors[-1] if info.message.errors else None
+    why = f"{last.type}: {last.message}" if last else "no error recorded"
+    return WorkflowFailed(
+        f"workflow {wf} failed: {where} is dead: {why} "
+        f"(replay the job to resume the workflow there)",
+        workflow_id=wf,
+        step=path,
+        task=task,
+        job_id=job,
+        error_type=last.type if last else None,
+        error=last.message if last else None,
+    )
+
+
+async def _look(
+    app: App, wf: str, skip: set[str] | frozenset[str] = frozenset()
+) -> list[tuple[dict[str, Any], JobInfo | None]] | None:
+    """Every planned step with its stored job (None: not enqueued yet, or in
+    ``skip``); None if the workflow is not stored."""
     raw = (await app.broker.kv_get([f"wf:{wf}"])).get(f"wf:{wf}")
     if raw is None:
-        return []
-    out = []
+        return None
+    out: list[tuple[dict[str, Any], JobInfo | None]] = []
     for s in orjson.loads(raw)["steps"]:
-        info = await app.broker.get(s["job"])
-        out.append({**s, "state": "pending" if info is None else str(info.state)})
+        out.append((s, None if s["job"] in skip else await app.broker.get(s["job"])))
     return out
+
+
+async def steps_of(app: App, wf: str) -> list[dict[str, Any]]:
+    return [
+        {**s, "state": "pending" if info is None else str(info.state)}
+        for s, info in await _look(app, wf) or []
+    ]

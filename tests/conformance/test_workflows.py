@@ -136,3 +136,59 @@ async def test_signatures_check_their_arguments(app: dw.App) -> None:
         f.s(object())
     with pytest.raises(dw.ConfigurationError):
         dw.group()
+
+
+async def test_a_dead_step_fails_the_workflow_naming_it(app: dw.App) -> None:
+    """``result()`` of a workflow whose step is dead raises ``WorkflowFailed``
+    (a ``JobFailed``) naming the step, its task, its error and the dead job,
+    at once rather than at the timeout; ``status()`` says ``dead``.  Chain,
+    group and chord alike; a replayed step makes the workflow alive again."""
+
+    @app.task(retry=dw.Retry.never())
+    def charge(order: str) -> str:
+        if order.startswith("bad"):
+            raise ConnectionError(f"payment provider down for {order}")
+        return order
+
+    @app.task
+    def ship(order: str) -> str:
+        return f"shipped {order}"
+
+    @app.task(retry=dw.Retry.never())
+    def summarize(orders: list[str]) -> str:
+        raise ValueError(f"cannot sum {len(orders)} orders")
+
+    chained = await dw.chain(ship.s("o-1"), charge.s(), ship.s()).aenqueue()  # "shipped o-1" ok
+    failing = await dw.chain(charge.s("o-2"), charge.si("bad-2"), ship.s()).aenqueue()
+    grouped = await dw.group(charge.s("o-3"), charge.s("bad-3")).aenqueue()
+    chorded = await dw.chord([charge.s("o-4"), charge.s("o-5")], summarize.s()).aenqueue()
+    await drain(app)
+    with pytest.raises(dw.JobFailed) as raised:  # not ResultTimeout
+        await failing.aresult(timeout=30)
+    e = raised.value
+    assert isinstance(e, dw.WorkflowFailed)
+    [dead] = [s for s in await failing.asteps() if s["state"] == "dead"]
+    assert (e.workflow_id, e.step, e.task, e.job_id) == (failing.id, "1", charge.name, dead["job"])
+    assert (e.error_type, e.error) == ("ConnectionError", "payment provider down for bad-2")
+    for part in ("step 1", charge.name, dead["job"], "ConnectionError: payment provider down"):
+        assert part in str(e)
+    assert await failing.astatus() == State.DEAD
+    assert await chained.aresult(timeout=5) == "shipped shipped o-1"
+    assert await chained.astatus() == State.SUCCEEDED
+
+    with pytest.raises(dw.WorkflowFailed) as failed:
+        await grouped.aresult(timeout=30)
+    assert (failed.value.step, failed.value.error) == ("0.1", "payment provider down for bad-3")
+    assert await grouped.astatus() == State.DEAD
+
+    with pytest.raises(dw.WorkflowFailed) as failed:
+        await chorded.aresult(timeout=30)
+    assert (failed.value.step, failed.value.task) == ("0.then", summarize.name)
+    assert failed.value.error == "cannot sum 2 orders"
+    assert await chorded.astatus() == State.DEAD
+
+    # replayed, the step is alive again: the workflow is not failed any more
+    await app.broker.replay(JobFilter(state=State.DEAD, name=summarize.name))
+    assert await chorded.astatus() in (State.READY, State.RUNNING)
+    with pytest.raises(dw.ResultTimeout):
+        await chorded.aresult(timeout=0.05)

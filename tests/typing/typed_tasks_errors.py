@@ -6,6 +6,9 @@ no other line any error (tests/unit/test_typing.py checks both).  Never run.
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 import dumbwaiter as dw
 
 app = dw.App("memory://typing")
@@ -40,6 +43,12 @@ def sync_caller() -> None:
     also_wrong: str = mul.enqueue(1).result()  # E: assignment
     jobs: list[dw.Job[str]] = add.enqueue_many([(1, 2)])  # E: assignment
     print(wrong, also_wrong, jobs)
+    with sqlite3.connect("shop.db") as conn:
+        app.outbox(conn).enqueue(add, "not an int", 2)  # E: call-overload
+        app.outbox(conn).enqueue(add, 1)  # E: call-overload
+        app.outbox(conn).enqueue(mul, "x")  # E: call-overload
+        in_outbox: str = app.outbox(conn).enqueue(add, 1, 2).result()  # E: assignment
+        print(in_outbox)
 
 
 async def async_caller() -> None:
@@ -48,6 +57,8 @@ async def async_caller() -> None:
     wrong: str = (await mul.aenqueue(1)).result()  # E: assignment
     not_awaited: int = mul(1)  # E: assignment
     print(wrong, not_awaited)
+    conn: Any = object()
+    await app.outbox(conn).aenqueue(add, "x", 2)  # E: call-overload
 
 
 @app.task(queu="email")  # E: call-overload, untyped-decorator

@@ -6,6 +6,7 @@ fails the check when a type is not exactly the one written.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any, assert_type
@@ -95,6 +96,12 @@ def sync_caller() -> None:
     assert_type(typed, dw.Task[[int, int], int])
     assert_type(anything, dw.Task[..., Any])
     assert_type(app.job("0190a0f0-0000-7000-8000-000000000000"), dw.Job[Any])
+    # the outbox's enqueue is typed as the task's
+    with sqlite3.connect("shop.db") as conn:
+        assert_type(app.outbox(conn).enqueue(add, 1, 2), dw.Job[int])
+        assert_type(app.outbox(conn).enqueue(mul, 3), dw.Job[int])
+        assert_type(app.outbox(conn).enqueue(greet, "ada", loud=True), dw.Job[str])
+        assert_type(app.outbox(conn).enqueue(send, 42), dw.Job[None])
 
 
 async def async_caller() -> None:
@@ -106,3 +113,6 @@ async def async_caller() -> None:
     assert_type(await add.aenqueue_many([(1, 2)]), list[dw.Job[int]])
     assert_type(await mul.options(delay=1).aenqueue_many([1]), list[dw.Job[int]])
     assert_type(await first.aenqueue(7), dw.Job[list[str]])
+    conn: Any = object()  # an async connection (psycopg, SQLAlchemy)
+    assert_type(await app.outbox(conn).aenqueue(add, 1, 2), dw.Job[int])
+    assert_type(await app.outbox(conn).aenqueue(mul, 1, b=2), dw.Job[int])

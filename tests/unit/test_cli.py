@@ -175,9 +175,32 @@ def test_stats_counts_each_queue(url: str) -> None:
     out = cli(url, "stats")
     assert out.exit_code == 0
     lines = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
-    assert lines["default"].split()[1:7] == ["2", "0", "0", "0", "1", "0"]
-    assert lines["default"].split()[7].endswith("s")  # the lag, e.g. 0.1s
+    # ready, scheduled, retrying, running, prefetched, dead, succeeded
+    assert lines["default"].split()[1:8] == ["2", "0", "0", "0", "0", "1", "0"]
+    assert lines["default"].split()[8].endswith("s")  # the lag, e.g. 0.1s
     assert "paused" in lines["email"]
+
+
+def test_stats_tells_running_jobs_from_prefetched_ones(url: str) -> None:
+    """Of 3 leased jobs, the worker's heartbeat says 2 wait in its buffer: 1
+    running, 2 prefetched, in the table and in --json (the broker alone
+    counted 3 running)."""
+    enqueue(ADD, (1, 2), (3, 4), (5, 6), (7, 8))
+
+    async def lease(app: dw.App) -> None:
+        assert len(await app.broker.fetch(["default"], 3, 60.0, 0, "w1")) == 3
+        record = {"id": "w1", "queues": ["default"], "prefetched": {"default": 2}}
+        await app.broker.kv_set({"worker:w1": orjson.dumps(record)}, ttl=60)
+
+    with_app(lease)
+    [row] = js(cli(url, "stats", "--json"))["queues"]
+    assert (row["ready"], row["running"], row["prefetched"]) == (1, 1, 2)
+    out = cli(url, "stats").stdout
+    header = next(line for line in out.splitlines() if "queue" in line).split()
+    assert header[header.index("running") + 1] == "prefetched"
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["default"]).split()
+    assert line[header.index("running")] == "1"
+    assert line[header.index("prefetched")] == "2"
 
 
 def test_stats_on_an_empty_broker(url: str) -> None:

@@ -8,6 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -144,6 +145,31 @@ async def test_gauges_come_from_the_cached_snapshot(registry: CollectorRegistry)
     assert (await cache.get()).queue("q2").ready == 3  # type: ignore[union-attr]
     await cache.get(max_age=0)
     assert value(registry, "dumbwaiter_queue_ready", queue="q2") == 4
+
+
+async def test_gauges_tell_running_jobs_from_prefetched_ones(registry: CollectorRegistry) -> None:
+    """Of 3 leased jobs, the worker's heartbeat says 2 wait in its buffer."""
+    app = dw.App("memory://")
+
+    @app.task(queue="q")
+    def job(n: int) -> None: ...
+
+    await job.aenqueue_many(range(4))
+    assert len(await app.broker.fetch(["q"], 3, 60.0, 0, "w1")) == 3
+    record = {"id": "w1", "queues": ["q"], "prefetched": {"q": 2, "other": 5}}
+    await app.broker.kv_set({"worker:w1": orjson.dumps(record)}, ttl=60)
+    cache = StatsCache(app.broker, interval=60)
+    register_collector(registry, cache)
+    await cache.refresh()
+    assert value(registry, "dumbwaiter_queue_running", queue="q") == 1
+    assert value(registry, "dumbwaiter_queue_prefetched", queue="q") == 2
+    assert value(registry, "dumbwaiter_queue_ready", queue="q") == 1
+    # a stale heartbeat that claims more than is leased never makes running negative
+    record["prefetched"] = {"q": 9}
+    await app.broker.kv_set({"worker:w1": orjson.dumps(record)}, ttl=60)
+    await cache.refresh()
+    assert value(registry, "dumbwaiter_queue_running", queue="q") == 0
+    assert value(registry, "dumbwaiter_queue_prefetched", queue="q") == 3
 
 
 async def test_worker_serves_metrics_on_loopback(tmp_path: Path) -> None:

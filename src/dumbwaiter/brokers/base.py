@@ -173,12 +173,22 @@ FOUND_DEAD_LIMIT = 10_000
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
+    """One queue's counts.
+
+    A broker's ``stats()`` counts every leased job as ``running``: it only
+    knows leases.  ``metrics.queue_stats`` (what ``dumbwaiter stats``, the
+    dashboard and the gauges show) splits them with the workers' own
+    counts: ``running`` a handler is executing, ``prefetched`` leased by a
+    worker and waiting in its buffer for a free slot.
+    """
+
     queue: str
     ready: int = 0
     #: waiting for an eta (retries not included)
     scheduled: int = 0
     #: failed at least once, waiting for the next attempt
     retrying: int = 0
+    #: leased jobs a handler runs (a broker's own ``stats()``: every leased job)
     running: int = 0
     dead: int = 0
     succeeded: int = 0
@@ -186,6 +196,9 @@ class QueueStats:
     #: age in seconds of the oldest ready job (0 when none is ready)
     lag: float = 0.0
     paused: bool = False
+    #: leased by a worker, not started yet (its prefetch buffer): the workers'
+    #: count at their last heartbeat; 0 in a broker's own ``stats()``
+    prefetched: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +207,7 @@ class QueueStats:
             "scheduled": self.scheduled,
             "retrying": self.retrying,
             "running": self.running,
+            "prefetched": self.prefetched,
             "dead": self.dead,
             "succeeded": self.succeeded,
             "cancelled": self.cancelled,

@@ -24,6 +24,7 @@ from ..app import App
 from ..brokers.base import Broker, QueueStats
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
+from ..metrics import queue_stats
 from ..task import Task, full_name
 from .common import app_options, resolve_app
 from .output import console, duration, print_json, table
@@ -64,19 +65,36 @@ def call(app: App, fn: Callable[[Broker], Awaitable[T]]) -> T:
 def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
     """Queues at a glance: depth by state, lag, paused.
 
-    One row per queue: ready, scheduled, retrying, running, dead, succeeded, lag, paused.
+    One row per queue: ready, scheduled, retrying, running, prefetched, dead,
+    succeeded, lag, paused.
 
-    Lag is the age of the oldest ready job: how far behind the workers are.
+    Running jobs are being run by a handler; prefetched ones are leased by a
+    worker and wait in its buffer for a free slot (the workers' count at
+    their last heartbeat).  Lag is the age of the oldest ready job: how far
+    behind the workers are.
     """
     app = resolve_app(app_spec, url)
-    rows: list[QueueStats] = call(app, lambda b: b.stats())
+
+    async def read(b: Broker) -> list[QueueStats]:
+        return (await queue_stats(b))[0]
+
+    rows: list[QueueStats] = call(app, read)
     if as_json:
         print_json({"queues": [r.to_dict() for r in rows]})
         return
     if not rows:
         click.echo("no queues yet (nothing was enqueued on this broker)")
         return
-    numbers = ("ready", "scheduled", "retrying", "running", "dead", "succeeded", "lag")
+    numbers = (
+        "ready",
+        "scheduled",
+        "retrying",
+        "running",
+        "prefetched",
+        "dead",
+        "succeeded",
+        "lag",
+    )
     t = table("queue", *numbers, "paused", right=numbers)
     for r in rows:
         t.add_row(
@@ -85,6 +103,7 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
             str(r.scheduled),
             str(r.retrying),
             str(r.running),
+            str(r.prefetched),
             Text(str(r.dead), style="red" if r.dead else ""),
             str(r.succeeded),
             duration(r.lag) if r.ready else "-",

@@ -166,15 +166,28 @@ def log_level_option(fn: F) -> F:
     )(fn)
 
 
-def setup_logging(level: str) -> None:
-    """One log format for every long-running command: the pid tells the
-    processes of ``--processes N`` (and replicas on one host) apart."""
-    import logging
+def log_format_option(fn: F) -> F:
+    """``--log-format text|json``; the command receives ``log_format``."""
+    from ..logs import FORMAT_ENV, FORMATS
 
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s [%(process)d] %(message)s",
-    )
+    return click.option(
+        "--log-format",
+        type=click.Choice(FORMATS),
+        default="text",
+        show_default=True,
+        envvar=FORMAT_ENV,
+        help="Log lines for people (text) or one JSON object per line with stable keys "
+        f"(json) [env {FORMAT_ENV}].",
+    )(fn)
+
+
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """One log format for every long-running command (``logs.setup``): the
+    pid tells the processes of ``--processes N`` (and replicas on one host)
+    apart; ``json`` makes every line one JSON object."""
+    from ..logs import setup
+
+    setup(level, fmt)
 
 
 def loop_option(fn: F) -> F:

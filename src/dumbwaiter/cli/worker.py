@@ -14,7 +14,15 @@ import click
 
 from ..app import App
 from ..worker import Service, Worker, WorkerConfig
-from .common import app_option, log_level_option, loop_option, require_app, serve, setup_logging
+from .common import (
+    app_option,
+    log_format_option,
+    log_level_option,
+    loop_option,
+    require_app,
+    serve,
+    setup_logging,
+)
 
 log = logging.getLogger("dumbwaiter.cli")
 
@@ -94,6 +102,7 @@ log = logging.getLogger("dumbwaiter.cli")
 )
 @loop_option
 @log_level_option
+@log_format_option
 def worker(
     app_spec: str | None,
     queues: str,
@@ -107,10 +116,16 @@ def worker(
     metrics_port: int | None,
     alerts: bool | None,
     log_level: str,
+    log_format: str,
     loop: str,
 ) -> None:
-    """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time."""
-    setup_logging(log_level)
+    """Run a worker: fetch jobs from QUEUES and run them, CONCURRENCY at a time.
+
+    Each finished job is one log line: succeeded or retrying at INFO, dead at
+    WARNING, with the task, the job id, the duration and the error
+    (--log-format json: one JSON object per line, see docs/observability.md).
+    """
+    setup_logging(log_level, log_format)
     if processes > 1:
         sys.exit(_supervise(processes))
     app = require_app(app_spec)

@@ -50,7 +50,7 @@ async def overview(request: Request) -> Response:
 
 
 def _totals(stats: tuple[QueueStats, ...]) -> dict[str, float]:
-    keys = ("ready", "scheduled", "retrying", "running", "dead", "succeeded")
+    keys = ("ready", "scheduled", "retrying", "running", "prefetched", "dead", "succeeded")
     out: dict[str, float] = {k: sum(getattr(s, k) for s in stats) for k in keys}
     out["lag"] = max((s.lag for s in stats), default=0.0)
     return out

@@ -54,8 +54,8 @@ def test_same_sqlite_database_the_job_is_part_of_the_transaction(
     assert _counts(app).get("default", 0) == 0  # rolled back: nothing to run
     with conn:
         conn.execute("INSERT INTO users (id) VALUES (2)")
-        job_id = app.outbox(conn).enqueue(send_welcome, 2)
-    assert app.job(job_id).status() == dw.State.READY  # committed: a job, no relay needed
+        job = app.outbox(conn).enqueue(send_welcome, 2)
+    assert job.status() == dw.State.READY  # committed: a job, no relay needed
     assert not conn.execute("SELECT name FROM sqlite_master WHERE name='dw_outbox'").fetchall()
     conn.close()
 
@@ -219,3 +219,61 @@ def test_psycopg_sync_and_async_with_a_postgres_relay(app: dw.App) -> None:
     asyncio.run(drain(app))
     assert sorted(seen) == ["p-1", "p-3"]
     relay._close()
+
+
+def test_enqueue_returns_a_job_handle_that_knows_the_job_once_relayed(
+    app: dw.App, tmp_path: Path
+) -> None:
+    """The handle is a ``Job`` as ``task.enqueue`` returns.  Before the relay
+    moved its row the broker has no such job: ``status()`` raises
+    ``JobNotFound`` and ``cancel()`` finds nothing; after it, the job is known."""
+
+    @app.task(keep_result=True)
+    def total(a: int, b: int) -> int:
+        return a + b
+
+    conn = sqlite3.connect(tmp_path / "shop.db")
+    with conn:
+        job = app.outbox(conn).enqueue(total, 2, 3)
+        assert isinstance(job, dw.Job)
+    with pytest.raises(dw.JobNotFound):
+        job.status()  # committed, but still in the shop's dw_outbox
+    assert job.cancel() is False  # nothing to cancel yet: the relay will move it
+    with pytest.raises(dw.ResultTimeout, match="relay"):
+        job.result(timeout=0.05)  # waits for the relay, then says why it gave up
+    asyncio.run(app._declare())
+    relay = Relay(app, f"sqlite:///{tmp_path}/shop.db")
+    assert asyncio.run(relay.relay_once()) == 1
+    assert job.status() == dw.State.READY
+    assert app.job(job.id) == job
+    asyncio.run(drain(app))
+    assert job.result(timeout=5) == 5
+    conn.close()
+
+
+async def test_result_waits_for_the_relay_instead_of_raising_not_found(
+    app: dw.App, tmp_path: Path
+) -> None:
+    @app.task(keep_result=True)
+    async def double(n: int) -> int:
+        return 2 * n
+
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/shop.db")
+    async with engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE orders (id INTEGER)"))
+        job = await app.outbox(conn).aenqueue(double, 21)
+    await engine.dispose()
+    assert isinstance(job, dw.Job)
+    waiting = asyncio.create_task(job.aresult(timeout=30))  # before the relay ran
+    await asyncio.sleep(0)
+    with pytest.raises(dw.JobNotFound):
+        await job.astatus()
+    assert not waiting.done()
+    await app._declare()
+    relay = Relay(app, f"sqlite:///{tmp_path}/shop.db")
+    assert await relay.relay_once() == 1
+    await drain(app)
+    assert await waiting == 42

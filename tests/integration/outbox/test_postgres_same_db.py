@@ -82,8 +82,8 @@ def test_psycopg_rolled_back_leaves_nothing_committed_runs_without_a_relay(
         with conn.transaction():
             conn.execute(f'INSERT INTO "{schema}".users VALUES (2)')
             committed = app.outbox(conn).enqueue(send_welcome, 2)
-    assert _get(app, rolled_back) is None
-    assert app.job(committed).status() == dw.State.READY  # a job already, no relay
+    assert _get(app, rolled_back.id) is None
+    assert committed.status() == dw.State.READY  # a job already, no relay
     asyncio.run(drain(app))
     assert ran == [2]
     assert _outbox_tables(schema) == []
@@ -102,14 +102,14 @@ async def test_async_psycopg_commit_sends_the_notify_that_wakes_a_waiting_fetch(
     waiting = asyncio.create_task(app.broker.fetch(["default"], 10, 30.0, 60.0))
     try:
         async with await psycopg.AsyncConnection.connect(server.SERVER, **_in(schema)) as conn:
-            job_id = await app.outbox(conn).aenqueue(ship, "o-1")
+            job = await app.outbox(conn).aenqueue(ship, "o-1")
             assert await other.fetch(["default"], 10, 30.0, 0) == []  # not before the commit
             assert not waiting.done()
             await conn.commit()
         notes = [n.payload async for n in listen.notifies(timeout=10, stop_after=1)]
         assert notes == ["default"]
         [d] = await asyncio.wait_for(waiting, 10)
-        assert d.id == job_id
+        assert d.id == job.id
     finally:
         waiting.cancel()
         await listen.close()
@@ -208,7 +208,7 @@ def test_the_callers_search_path_does_not_matter(app: dw.App) -> None:
 
     with psycopg.connect(server.SERVER, options="-csearch_path=pg_catalog") as conn:
         with conn.transaction():
-            job_id = app.outbox(conn).enqueue(t, 1)
-    assert app.job(job_id).status() == dw.State.READY
+            job = app.outbox(conn).enqueue(t, 1)
+    assert job.status() == dw.State.READY
     [s] = asyncio.run(app.broker.stats())  # counted by the triggers, in the broker's schema
     assert (s.queue, s.ready) == ("default", 1)
