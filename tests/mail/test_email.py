@@ -132,3 +132,26 @@ def test_smtp_replies_map_to_retry_or_dead() -> None:
     assert isinstance(deferred, MailDeferred)  # one of them may work later
     assert "<a@b.c>: 550 no such user" in str(deferred)
     assert "<d@e.f>: 450 mailbox busy" in str(deferred)
+
+
+def test_in_eager_mode_the_memory_backend_has_the_mail_at_once() -> None:
+    app = dw.App("memory://mail-eager", eager=True)
+    try:
+        outbox = Memory()
+        mailer = Mailer(app, outbox, sender="shop@example.com")
+        job = mailer.send(to="ann@example.com", subject="Hi", text="Hello")
+        [sent] = outbox.outbox
+        assert (sent.to, sent.subject) == (("ann@example.com",), "Hi")
+        assert job.result(timeout=5)["message_id"] == sent.message_id
+    finally:
+        app.close()
+
+
+def test_a_provider_rate_becomes_the_tasks_flow_control() -> None:
+    app = dw.App("memory://mail-rate")
+    try:
+        mailer = Mailer(app, Memory(), sender="shop@example.com", rate_limit="14/s", concurrency=4)
+        assert mailer.task.flow is not None
+        assert (mailer.task.flow.rate, mailer.task.flow.concurrency) == ((14, 1.0), 4)
+    finally:
+        app.close()

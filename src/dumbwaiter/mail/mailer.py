@@ -63,7 +63,9 @@ class Mailer:
 
     ``name`` tells several mailers of one app apart (their tasks are
     ``dumbwaiter.<name>.send``); ``message_id_domain`` is the right-hand side
-    of the Message-IDs it makes (default: the sender's domain)."""
+    of the Message-IDs it makes (default: the sender's domain);
+    ``rate_limit`` / ``concurrency`` limit the sends across every worker
+    (the task's flow control)."""
 
     def __init__(
         self,
@@ -79,6 +81,8 @@ class Mailer:
         keep_result: bool | float | timedelta = True,
         message_id_domain: str | None = None,
         sent_ttl: float = DEFAULT_TTL,
+        rate_limit: str | tuple[int, float] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         from .backends.base import Backend
 
@@ -100,12 +104,20 @@ class Mailer:
                 f"a mailer named {name!r} is already registered on {app!r}; "
                 "give the second one another name="
             )
+        # a provider's sending rate (SES MaxSendRate...) or an SMTP relay's
+        # connection limit, cluster-wide (docs/flow-control.md)
+        flow: dict[str, Any] = {}
+        if rate_limit is not None:
+            flow["rate_limit"] = rate_limit
+        if concurrency is not None:
+            flow["concurrency"] = concurrency
         self.task: Task[..., Any] = app.task(
             name=task_name,
             queue=queue,
             retry=retry if retry is not None else DEFAULT_RETRY,
             timeout=timeout,
             keep_result=keep_result,
+            **flow,
         )(self._deliver)
 
     def __repr__(self) -> str:
