@@ -348,3 +348,13 @@ async def test_after_a_hard_bounce_the_mailer_skips_the_address(app: dw.App, bas
     assert backend.outbox == []
     assert (await job.aresult(timeout=5))["status"] == "suppressed"
     assert mailer.is_suppressed("jane@example.com")
+
+
+async def test_a_recipient_that_is_no_address_is_reported_not_suppressed(
+    app: dw.App, base: str, received: list[dw.Event]
+) -> None:
+    events = [{"email": "not an address", "event": "spamreport", "timestamp": 1513299569}]
+    assert post(f"{base}/sendgrid", events).json() == {"events": 1}
+    assert await suppressed(app) == {}
+    await drain(app)
+    assert [e.recipient for e in received] == ["not an address"]  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from ..errors import InvalidEmail
 from ..events import MailBounced, MailComplained
 from ..suppression import Suppressions
 from . import postmark, resend, sendgrid, ses
@@ -32,15 +33,21 @@ SNS_HOST = re.compile(r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
 
 
 async def record(app: App, events: Sequence[Feedback]) -> None:
-    """Suppress what must be suppressed, then publish ``events``."""
+    """Suppress what must be suppressed, then publish ``events``.  A recipient
+    that is not an address (a provider's oddity) is reported, not suppressed:
+    failing the request would only make the provider send it again."""
     sup = Suppressions(app.broker)
     for e in events:
         if isinstance(e, MailComplained):
-            await sup.add(
-                e.recipient, f"complaint ({e.feedback_type or 'spam'})", source=e.provider
-            )
+            reason = f"complaint ({e.feedback_type or 'spam'})"
         elif isinstance(e, MailBounced) and e.hard:
-            await sup.add(e.recipient, f"hard bounce: {e.reason or e.kind}", source=e.provider)
+            reason = f"hard bounce: {e.reason or e.kind}"
+        else:
+            continue
+        try:
+            await sup.add(e.recipient, reason, source=e.provider)
+        except InvalidEmail as exc:
+            log.warning("%s feedback names no address, not suppressed: %s", e.provider, exc)
     for e in events:
         await app.apublish(e)
 
