@@ -155,3 +155,24 @@ def test_a_provider_rate_becomes_the_tasks_flow_control() -> None:
         assert (mailer.task.flow.rate, mailer.task.flow.concurrency) == ((14, 1.0), 4)
     finally:
         app.close()
+
+
+def test_each_part_imports_only_the_library_it_uses() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        from dumbwaiter.mail import Mailer, Memory
+        heavy = {"aiosmtplib", "httpx", "jinja2", "starlette"}
+        assert not heavy & set(sys.modules), heavy & set(sys.modules)
+        from dumbwaiter.mail import SendGrid
+        assert "httpx" in sys.modules and "aiosmtplib" not in sys.modules
+        from dumbwaiter.mail import SMTP
+        assert "aiosmtplib" in sys.modules and "jinja2" not in sys.modules
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
