@@ -161,7 +161,7 @@ async def test_refused_recipients_among_accepted_ones_are_in_the_outcome(
     assert outcome["refused"] == {"gone@example.com": "550 5.1.1 No such user"}
 
 
-async def test_a_server_that_is_not_there_is_retried(app: dw.App, tmp_path: object) -> None:
+async def test_a_server_that_is_not_there_is_retried(app: dw.App) -> None:
     from dumbwaiter.mail import SMTP
     from tests.integration.serverproc import free_port
 
