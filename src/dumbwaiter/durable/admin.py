@@ -114,11 +114,15 @@ async def describe(app: App, run: str) -> dict[str, Any]:
 
 def _timeline_entry(where: str, ck: dict[str, Any]) -> dict[str, Any]:
     t0, t1 = ck.get("t0"), ck.get("t1")
+    status = "failed" if "e" in ck else "timed out" if ck.get("timeout") else "done"
+    wake = ck.get("v")
+    if ck.get("k") == "sleep" and isinstance(wake, int | float) and wake > time.time():
+        status = "sleeping"
     entry: dict[str, Any] = {
         "pos": where,
         "name": ck.get("n"),
         "kind": ck.get("k"),
-        "status": "failed" if "e" in ck else "timed out" if ck.get("timeout") else "done",
+        "status": status,
         "started_at": t0,
         "finished_at": t1,
         "duration": (t1 - t0)
