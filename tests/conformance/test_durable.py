@@ -269,8 +269,8 @@ async def test_a_failed_step_compensates_completed_steps_in_reverse_order(app: d
     info = await run.ainfo()
     assert info["compensated"] is True
     assert [s["name"] for s in info["steps"] if s["kind"] == "compensate"] == [
-        "charge:compensate",
         "reserve:compensate",
+        "charge:compensate",
     ]
     with pytest.raises(WorkflowStateError, match="compensations ran"):
         await run.aretry()  # its effects were undone: not resumable

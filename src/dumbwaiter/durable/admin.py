@@ -89,10 +89,13 @@ async def describe(app: App, run: str) -> dict[str, Any]:
     out["status"] = store.public_status(rec)
     steps: list[dict[str, Any]] = []
     prefix = f"{CHECKPOINT}{run}:"
+    undo: list[dict[str, Any]] = []
     for key, raw in sorted((await app.broker.kv_scan(prefix)).items()):
         ck = dict(store.loads(raw))
         where = key[len(prefix) :]
-        steps.append(_timeline_entry(where, ck))
+        (undo if where.startswith("c") else steps).append(_timeline_entry(where, ck))
+    # compensations in the order they ran (the reverse of their steps')
+    steps += sorted(undo, key=lambda e: float(e.get("started_at") or 0.0))
     tries = await app.broker.kv_scan(f"{TRIES}{run}:")
     for key, raw in sorted(tries.items()):
         t = dict(store.loads(raw))
