@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from ..errors import ConfigurationError
 from ..retry import Retry
-from .replay import STEP_KEY, Replay, call_async, call_sync, new_uuid
+from .replay import STEP_KEY, Fenced, Replay, call_async, call_sync, new_uuid
 
 if TYPE_CHECKING:
     from ..event import Event
@@ -94,6 +94,9 @@ class WorkflowContext(_Base):
         self._loop = loop
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._r.stopped:
+            coro.close()
+            raise Fenced()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def step(

@@ -151,6 +151,9 @@ class Replay:
         self.failed: tuple[int, str] | None = None
         #: the record must be read again before the next step (see ``fence``)
         self.need_fence = False
+        #: the segment was cancelled (worker shutdown): a sync workflow's thread,
+        #: which cannot be stopped, must do nothing more
+        self.stopped = False
 
     # -- positions and checkpoints ---------------------------------------------
 
@@ -163,6 +166,8 @@ class Replay:
         self.loaded = upto
 
     def take(self, name: str, kind: str, unique: bool = True) -> int:
+        if self.stopped:
+            raise Fenced()
         if self.in_step:
             raise ConfigurationError(
                 f"ctx.{kind}({name!r}) was called inside a step's function; steps cannot "
@@ -364,6 +369,8 @@ class Replay:
     async def patched(self, change: str) -> bool:
         if not isinstance(change, str) or not change:
             raise ConfigurationError(f"ctx.patched() takes a change id (a str), got {change!r}")
+        if self.stopped:
+            raise Fenced()
         p = self.pos
         ck = await self.lookup(p)
         if ck is None:

@@ -75,6 +75,9 @@ async def run_segment(
         replay.preload(found, CHUNK)
     try:
         value = await _call(wf, replay, rec, loop, pool)
+    except asyncio.CancelledError:
+        replay.stopped = True  # the job goes back; its thread must not go on
+        raise
     except Park as park:
         await _park(app, replay, park)
         return
