@@ -103,16 +103,19 @@ async def test_a_sleep_holds_no_worker(app: dw.App) -> None:
 
     @app.workflow
     async def napper(ctx: dw.AsyncWorkflowContext) -> str:
-        await ctx.sleep("nap", 2.0)
+        await ctx.sleep("nap", 3600)
         return "awake"
 
     run = await napper.aenqueue()
     async with _worker(app, concurrency=1):
         await _status(run, "sleeping")
-        job = await quick.aenqueue()  # the one slot is free while the run sleeps
-        assert await job.aresult(timeout=10) == "done"
+        job = await quick.aenqueue()  # runs only if the one slot is free
+        assert await job.aresult(timeout=20) == "done"
         assert await run.astatus() == "sleeping"
-        assert await run.aresult(timeout=20) == "awake"
+        [due] = (await app.broker.list_jobs(JobFilter(state=State.SCHEDULED))).items
+        assert due.message.name == napper.task.name  # the wake-up: a job due in an hour
+        assert due.run_at is not None and due.run_at > due.message.created_at + 3000
+        assert await run.acancel() is True
 
 
 async def test_wait_for_event_resumes_on_a_matching_event(app: dw.App) -> None:
@@ -184,20 +187,19 @@ async def test_changed_step_order_fails_the_run_with_a_clear_error(app: dw.App) 
     deployed = {"v2": False}
 
     @app.workflow
-    def signup(ctx: dw.WorkflowContext, user: str) -> str:
+    def signup(ctx: dw.WorkflowContext, user: int) -> str:
         ctx.step("create", lambda: user)
-        if deployed["v2"]:  # a deploy put a new step where runs recorded the sleep
+        if deployed["v2"]:  # a deploy put a new step where runs recorded the wait
             ctx.step("verify", lambda: True)
-        ctx.sleep("wait", 0.3)
-        if deployed["v2"]:  # and one after it, where no run has been yet: fine
-            ctx.step("audit", lambda: True)
+        ctx.wait_for_event("go", Activated, match={"user_id": user})
         ctx.step("mail", lambda: "sent")
         return "ok"
 
-    run = await signup.aenqueue("ann")
+    run = await signup.aenqueue(11)
     async with _worker(app):
-        await _status(run, "sleeping")
+        await _status(run, "waiting")  # parked: "create" and the wait are recorded
         deployed["v2"] = True
+        await app.apublish(Activated(user_id=11))
         with pytest.raises(dw.WorkflowFailed, match="workflow code changed at step 'verify'"):
             await run.aresult(timeout=20)
     err = (await run.ainfo())["error"]
@@ -210,32 +212,36 @@ async def test_changed_step_order_fails_the_run_with_a_clear_error(app: dw.App) 
     await drain(app)
     assert await run.aresult(timeout=10) == "ok"
     names = [s["name"] for s in (await run.ainfo())["steps"]]
-    assert names == ["create", "wait", "mail"]
+    assert names == ["create", "go", "mail"]
 
 
 async def test_versions_and_patches_keep_old_runs_on_their_path(app: dw.App) -> None:
     deployed = {"v2": False}
 
     @app.workflow
-    def flow(ctx: dw.WorkflowContext) -> list[str]:
+    def flow(ctx: dw.WorkflowContext, user: int) -> list[str]:
         path = [ctx.step("a", lambda: "a")]
         if deployed["v2"] and ctx.patched("add-b"):  # the change, guarded
             path.append(ctx.step("b", lambda: "b"))
-        ctx.sleep("pause", 0.3)
-        path.append(ctx.step("c", lambda: "c"))
+        ctx.wait_for_event("go", Activated, match={"user_id": user})
+        if deployed["v2"]:  # after the point runs in flight reached: needs no guard
+            path.append(ctx.step("c", lambda: "c"))
         return path
 
     @app.workflow(version=3)
     def versioned(ctx: dw.WorkflowContext) -> int:
         return ctx.version
 
-    old = await flow.aenqueue()
+    old = await flow.aenqueue(21)
     async with _worker(app):
-        await _status(old, "sleeping")  # past the patch point on the old code
+        await _status(old, "waiting")  # past the patch point on the old code
         deployed["v2"] = True
-        new = await flow.aenqueue()
+        new = await flow.aenqueue(22)
+        await _status(new, "waiting")
+        await app.apublish(Activated(user_id=21))
+        await app.apublish(Activated(user_id=22))
         assert await new.aresult(timeout=20) == ["a", "b", "c"]  # the new path
-        assert await old.aresult(timeout=20) == ["a", "c"]  # replays as it ran
+        assert await old.aresult(timeout=20) == ["a", "c"]  # replays as it ran, then goes on
         v = await versioned.aenqueue()
         assert await v.aresult(timeout=20) == 3
     assert (await v.ainfo())["version"] == 3
