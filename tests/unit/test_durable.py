@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.durable import store
+from dumbwaiter.durable import WorkflowNotFound, store
 from dumbwaiter.durable.replay import Replay
 from dumbwaiter.testing import drain
 
@@ -91,4 +91,22 @@ async def test_step_names_must_be_unique_in_a_run() -> None:
     run = await flow.aenqueue()
     await drain(app)
     with pytest.raises(dw.WorkflowFailed, match="'mail' is used twice"):
+        await run.aresult(timeout=1)
+
+
+async def test_a_run_whose_record_expired_is_not_reported_pending() -> None:
+    app = dw.App("memory://durable-pruned")
+
+    @app.workflow
+    def flow(ctx: dw.WorkflowContext) -> int:
+        return 1
+
+    run = await flow.aenqueue()
+    assert await run.astatus() == "pending"
+    await drain(app)
+    assert await run.aresult(timeout=1) == 1
+    await app.broker.kv_delete([store.run_key(run.id)])  # its retention ran out
+    with pytest.raises(WorkflowNotFound):
+        await run.astatus()
+    with pytest.raises(WorkflowNotFound):
         await run.aresult(timeout=1)

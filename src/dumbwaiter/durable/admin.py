@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..message import check_json, uuid7
+from ..state import FINAL_STATES as FINAL_JOB_STATES
 from ..state import State
 from . import events, store
 from .errors import WorkflowNotFound, WorkflowStateError
@@ -37,9 +38,17 @@ async def status(app: App, run: str) -> str:
     rec = await store.load(app.broker, run)
     if rec is not None:
         return store.public_status(rec)
-    if await app.broker.get(run) is not None:
+    if await first_job_pending(app, run):
         return PENDING_STATE
     raise WorkflowNotFound(f"no workflow run {run} is stored (never started, or pruned)")
+
+
+async def first_job_pending(app: App, run: str) -> bool:
+    """Whether the run's first job is stored and has not ended: a run with no
+    record yet is pending; one whose first job ended has had its record
+    pruned (or its job was cancelled before it ran)."""
+    info = await app.broker.get(run)
+    return info is not None and info.state not in FINAL_JOB_STATES
 
 
 async def list_runs(

@@ -277,7 +277,7 @@ class WorkflowRun(Generic[T]):
             rec = await store.load(self.app.broker, self.id)
             if rec is not None and rec.get("status") in FINAL:
                 return cast(T, _outcome(rec))
-            if rec is None and await self.app.broker.get(self.id) is None:
+            if rec is None and not await admin.first_job_pending(self.app, self.id):
                 raise WorkflowNotFound(f"no workflow run {self.id} is stored")
             if deadline is not None and time.monotonic() >= deadline:
                 state = "pending" if rec is None else store.public_status(rec)
