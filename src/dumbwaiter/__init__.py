@@ -16,6 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from .app import App
 from .context import Context
+from .durable import (
+    AsyncWorkflowContext,
+    DurableWorkflow,
+    StepFailed,
+    WorkflowCancelled,
+    WorkflowCodeChanged,
+    WorkflowContext,
+    WorkflowRun,
+)
 from .errors import (
     ConfigurationError,
     DumbwaiterError,
@@ -60,9 +69,11 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "App",
+    "AsyncWorkflowContext",
     "ConfigurationError",
     "Context",
     "DumbwaiterError",
+    "DurableWorkflow",
     "Event",
     "InvalidArguments",
     "InvalidURL",
@@ -82,13 +93,18 @@ __all__ = [
     "RetryLater",
     "SerializationError",
     "State",
+    "StepFailed",
     "Subscription",
     "Task",
     "UnknownTask",
     "Worker",
     "WorkerConfig",
     "Workflow",
+    "WorkflowCancelled",
+    "WorkflowCodeChanged",
+    "WorkflowContext",
     "WorkflowFailed",
+    "WorkflowRun",
     "__version__",
     "chain",
     "chord",

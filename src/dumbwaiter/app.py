@@ -32,6 +32,7 @@ from .task import DEFAULT_RESULT_TTL, Task, TaskDecorator
 if TYPE_CHECKING:
     from .batch import Batch
     from .context import Context
+    from .durable.api import DurableWorkflow, WorkflowDecorator
     from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
@@ -84,6 +85,9 @@ class App:
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
         #: (event type, from version) -> function upgrading a payload one version
         self.upcasters: dict[tuple[str, int], Upcaster] = {}
+        #: queue -> the handler of any event delivered there (the durable
+        #: workflows' router, which wakes runs waiting for events)
+        self.event_routes: dict[str, Task] = {}
         #: seconds events stay in the log (replay) and consumers' inbox marks
         self.event_retention = _timeout(event_retention) or DEFAULT_EVENT_RETENTION
         self.broker.event_retention = self.event_retention
@@ -215,6 +219,39 @@ class App:
         )
         self.tasks[name] = task
         return task
+
+    # ``@app.workflow``: a durable workflow (dumbwaiter.durable, see
+    # docs/durable-workflows.md), typed with the parameters after its ``ctx``.
+
+    @overload
+    def workflow(self, fn: Callable[Concatenate[Any, _P], _R], /) -> DurableWorkflow[_P, _R]: ...
+    @overload
+    def workflow(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        version: int = 1,
+        retry: Retry | bool | None = None,
+        step_timeout: float | timedelta | None = None,
+        priority: int = 0,
+        retention: float | timedelta | None = None,
+    ) -> WorkflowDecorator: ...
+
+    def workflow(
+        self, fn: Callable[..., Any] | None = None, /, **options: Any
+    ) -> DurableWorkflow[..., Any] | WorkflowDecorator:
+        """Register a durable workflow: a function (sync or async) whose first
+        parameter is the workflow context (``ctx.step``, ``ctx.sleep``,
+        ``ctx.wait_for_event``...); ``flow.enqueue(...)`` starts a run."""
+        from .durable.api import register
+
+        def deco(f: Callable[..., Any]) -> DurableWorkflow[..., Any]:
+            return register(self, f, options)
+
+        return deco(fn) if fn is not None else cast("WorkflowDecorator", deco)
 
     def use(self, *middleware: Middleware) -> None:
         """Add middleware after the app was built (the outermost stays first):
@@ -356,6 +393,7 @@ class App:
     def queues(self) -> list[str]:
         """Every queue this app's code handles: its tasks' and its groups'."""
         found = {t.queue for t in self.tasks.values()} | {q for q, _ in self.subscriptions}
+        found |= set(self.event_routes)
         return sorted(found) or [self.default_queue]
 
     def bindings(self) -> list[Binding]:
@@ -369,7 +407,7 @@ class App:
         """What runs ``msg``: its task, or its group's subscription."""
         if msg.kind == TASK:
             return self.tasks.get(msg.name)
-        return self.subscriptions.get((msg.queue, msg.name))
+        return self.subscriptions.get((msg.queue, msg.name)) or self.event_routes.get(msg.queue)
 
     def _retry(self, retry: Retry | bool | None, what: str) -> Retry:
         if retry is None or retry is True:

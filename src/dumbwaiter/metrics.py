@@ -124,6 +124,27 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Queue wait of a new job: from enqueue (or its eta, if later) to its first start.",
         "middleware",
     ),
+    MetricSpec(
+        "dumbwaiter_workflow_runs_total",
+        COUNTER,
+        ("workflow", "status"),
+        "Durable workflow runs by what happened: started, succeeded, failed, cancelled, retried.",
+        "middleware",
+    ),
+    MetricSpec(
+        "dumbwaiter_workflow_step_seconds",
+        HISTOGRAM,
+        ("workflow", "step"),
+        "Run time of one attempt of a durable workflow step (or compensation).",
+        "middleware",
+    ),
+    MetricSpec(
+        "dumbwaiter_workflow_step_failures_total",
+        COUNTER,
+        ("workflow", "step"),
+        "Failed attempts of durable workflow steps (retried or final).",
+        "middleware",
+    ),
     MetricSpec("dumbwaiter_queue_ready", GAUGE, ("queue",), "Jobs ready to run.", "collector"),
     MetricSpec(
         "dumbwaiter_queue_scheduled",
@@ -542,6 +563,14 @@ class PrometheusMiddleware(Middleware):
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         self.m["dumbwaiter_jobs_rescued"].inc(count)
+
+    def on_workflow_run(self, workflow: str, run_id: str, status: str) -> None:
+        self._child("dumbwaiter_workflow_runs", workflow, status).inc()
+
+    def on_workflow_step(self, workflow: str, step: str, seconds: float, ok: bool) -> None:
+        self._child("dumbwaiter_workflow_step_seconds", workflow, step).observe(seconds)
+        if not ok:
+            self._child("dumbwaiter_workflow_step_failures", workflow, step).inc()
 
 
 _registered: dict[int, tuple[Any, dict[str, Any]]] = {}

@@ -66,6 +66,13 @@ class Middleware:
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
 
+    def on_workflow_run(self, workflow: str, run_id: str, status: str) -> None:
+        """A durable workflow run ``started``, ``succeeded``, ``failed``, was
+        ``cancelled`` or ``retried`` (in the process where that happened)."""
+
+    def on_workflow_step(self, workflow: str, step: str, seconds: float, ok: bool) -> None:
+        """An attempt of a durable workflow's step (or compensation) ended."""
+
     def on_worker_start(self, worker: Worker) -> None:
         """A worker started (before its first fetch)."""
 
@@ -82,6 +89,8 @@ _HOOKS = (
     "on_retry",
     "on_dead",
     "on_rescued",
+    "on_workflow_run",
+    "on_workflow_step",
     "on_worker_start",
     "on_worker_stop",
 )

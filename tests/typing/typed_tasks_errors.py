@@ -71,3 +71,17 @@ def wrong_option_type() -> None: ...
 
 @app.task(priority="high")  # E: call-overload, untyped-decorator
 def wrong_priority() -> None: ...
+
+
+@app.workflow
+def flow(ctx: dw.WorkflowContext, user_id: int) -> str:
+    return str(user_id)
+
+
+flow.enqueue("42")  # E: arg-type
+flow.enqueue(42, 43)  # E: call-arg
+flow_result: int = flow.enqueue(42).result()  # E: assignment
+
+
+@app.workflow(versoin=2)  # E: call-overload, untyped-decorator
+def misspelt_workflow_option(ctx: dw.WorkflowContext) -> None: ...

@@ -116,3 +116,38 @@ async def async_caller() -> None:
     conn: Any = object()  # an async connection (psycopg, SQLAlchemy)
     assert_type(await app.outbox(conn).aenqueue(add, 1, 2), dw.Job[int])
     assert_type(await app.outbox(conn).aenqueue(mul, 1, b=2), dw.Job[int])
+
+
+# -- durable workflows (@app.workflow) ------------------------------------------
+
+
+@app.workflow
+def signup(ctx: dw.WorkflowContext, user_id: int, email: str) -> str:
+    charged = ctx.step("charge", add, 1, 2)
+    assert_type(charged, int)
+    ctx.sleep("nap", 5)
+    assert_type(ctx.child("child", onboard, user_id), bool)
+    return email
+
+
+@app.workflow(version=2, queue="flows", retry=dw.Retry(attempts=2))
+async def onboard(ctx: dw.AsyncWorkflowContext, user_id: int) -> bool:
+    await ctx.sleep("wait", timedelta(days=3))
+    assert_type(await ctx.uuid(), str)
+    return ctx.version > 1
+
+
+def start_workflows() -> None:
+    typed_flow: dw.DurableWorkflow[[int, str], str] = signup
+    run = signup.enqueue(42, "a@example.com")
+    assert_type(run, dw.WorkflowRun[str])
+    assert_type(run.result(timeout=5), str)
+    assert_type(run.status(), str)
+    print(typed_flow)
+    assert_type(onboard.enqueue(1), dw.WorkflowRun[bool])
+    assert_type(onboard.options(key="onboard:1").enqueue(1), dw.WorkflowRun[bool])
+
+
+async def astart_workflows() -> None:
+    run = await onboard.aenqueue(1)
+    assert_type(await run.aresult(), bool)

@@ -71,6 +71,44 @@ async def test_counters_and_histograms_follow_each_outcome(registry: CollectorRe
     assert value(registry, "dumbwaiter_job_run_seconds_sum", **ok_l) >= 0
 
 
+async def test_workflow_runs_and_steps_are_counted_and_timed(registry: CollectorRegistry) -> None:
+    app = dw.App("memory://", retry=FAST, middleware=[PrometheusMiddleware(registry)])
+    tries: list[int] = []
+
+    def flaky() -> int:
+        tries.append(1)
+        if len(tries) == 1:
+            raise TimeoutError("slow")
+        return len(tries)
+
+    @app.workflow(name="m.ok")
+    def ok(ctx: dw.WorkflowContext) -> int:
+        return ctx.step("flaky", flaky)
+
+    @app.workflow(name="m.bad")
+    def bad(ctx: dw.WorkflowContext) -> None:
+        ctx.step("boom", _boom, retry=False)
+
+    await ok.aenqueue()
+    await ok.aenqueue()
+    await bad.aenqueue()
+    await drain(app)
+    assert value(registry, "dumbwaiter_workflow_runs_total", workflow="m.ok", status="started") == 2
+    assert (
+        value(registry, "dumbwaiter_workflow_runs_total", workflow="m.ok", status="succeeded") == 2
+    )
+    assert value(registry, "dumbwaiter_workflow_runs_total", workflow="m.bad", status="failed") == 1
+    step = {"workflow": "m.ok", "step": "flaky"}
+    assert value(registry, "dumbwaiter_workflow_step_seconds_count", **step) == 3  # 1 retry
+    assert value(registry, "dumbwaiter_workflow_step_failures_total", **step) == 1
+    boom = {"workflow": "m.bad", "step": "boom"}
+    assert value(registry, "dumbwaiter_workflow_step_failures_total", **boom) == 1
+
+
+def _boom() -> None:
+    raise ValueError("boom")
+
+
 async def test_queue_wait_starts_at_the_eta(registry: CollectorRegistry) -> None:
     app = dw.App("memory://", middleware=[PrometheusMiddleware(registry)])
 

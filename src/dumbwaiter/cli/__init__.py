@@ -30,6 +30,7 @@ COMMANDS = {
     "schedules": "schedules:schedules",
     "events": "events:events",
     "batches": "batches:batches",
+    "workflows": "workflows:workflows",
     "relay": "relay:relay",
     "publish": "events:publish",
     "dashboard": "dashboard:dashboard",
