@@ -57,10 +57,16 @@ async def test_every_replayed_job_runs_to_success_with_workers_running(
                 f"{sorted({str(info.state) if info else 'gone' for info in states.values()})}"
             ) from None
         assert ran == ids
-        stats = await eventually(
+        await eventually(
             app.broker.stats, lambda s: _count(s, "succeeded") == N, timeout=30
         )
-        assert _count(stats, "dead") == _count(stats, "ready") == _count(stats, "running") == 0
+        # at rest: a twin copy of a replayed job (NATS) may still be on its
+        # way to a worker that drops it, counted ready until it is dropped
+        await eventually(
+            app.broker.stats,
+            lambda s: _count(s, "dead") == _count(s, "ready") == _count(s, "running") == 0,
+            timeout=20,
+        )
         for i in ids:
             info = await app.broker.get(i)
             assert info is not None and info.state is State.SUCCEEDED and info.replays == 1
