@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Any
 from .app import App
 from .context import Context
 from .errors import (
+    BrokerAuthError,
+    BrokerConfigError,
+    BrokerError,
+    BrokerUnavailable,
     ConfigurationError,
     DumbwaiterError,
     InvalidArguments,
@@ -59,6 +63,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "App",
+    "BrokerAuthError",
+    "BrokerConfigError",
+    "BrokerError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "Context",
     "DumbwaiterError",
