@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from .brokers import deadline
 from .context import caused_headers, context_param, current_context
 from .errors import ConfigurationError, InvalidArguments
 from .flow import Flow, digest
@@ -62,6 +63,8 @@ class SendOptions:
     key: str | None = None
     queue: str | None = None
     headers: dict[str, Any] | None = None
+    #: this call's producer deadline (None: the App's ``enqueue_timeout``)
+    enqueue_timeout: float | None = None
 
     @classmethod
     def make(
@@ -72,6 +75,7 @@ class SendOptions:
         key: str | None = None,
         queue: str | None = None,
         headers: dict[str, Any] | None = None,
+        enqueue_timeout: float | timedelta | None = None,
     ) -> SendOptions:
         if delay is not None and eta is not None:
             raise ConfigurationError("give delay= or eta=, not both")
@@ -86,6 +90,9 @@ class SendOptions:
             raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
         if headers is not None:
             check_json(headers, "headers")
+        timeout = None if enqueue_timeout is None else _seconds(enqueue_timeout, "enqueue_timeout")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"enqueue_timeout must be positive, got {enqueue_timeout!r}")
         return cls(
             delay=d,
             eta=None if eta is None else _epoch(eta, "eta"),
@@ -93,6 +100,7 @@ class SendOptions:
             key=key,
             queue=queue,
             headers=headers,
+            enqueue_timeout=timeout,
         )
 
 
@@ -163,20 +171,29 @@ class Task:
         return Signature(self, args, kwargs, immutable=True)
 
     def options(self, **kw: Any) -> BoundTask:
-        """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``."""
+        """``task.options(delay=, eta=, priority=, key=, queue=, headers=,
+        enqueue_timeout=)``."""
         return BoundTask(self, SendOptions.make(**kw))
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
-        """Run on a worker: store the job and return its handle (sync callers)."""
+        """Run on a worker: store the job and return its handle (sync callers).
+
+        Raises ``BrokerUnavailable`` if the broker cannot be reached within
+        the App's ``enqueue_timeout`` (see docs/guarantees.md for whether
+        the job may be stored then)."""
         return self._enqueue_one(self.message(args, kwargs, _NO_OPTIONS))
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
         """``enqueue`` for async callers."""
         msg = self.message(args, kwargs, _NO_OPTIONS)
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks:  # _aenqueue_one, inlined:
-            return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
-        return (await self._asender()([msg]))[0]
+        token = deadline.start(app.enqueue_timeout)
+        try:
+            if self.flow is None and not app.middleware.enqueue_hooks:  # _aenqueue_one, inlined:
+                return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
+            return (await self._asender()([msg]))[0]
+        finally:
+            deadline.end(token)
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
@@ -184,7 +201,25 @@ class Task:
     # lookup, the hook checks and the lists ``App._send`` builds for a batch:
     # about a sixth of the core's CPU per call (benchmarks/producer_cpu.py).
 
-    def _enqueue_one(self, msg: Message) -> Job:
+    # Every producer call opens its deadline (brokers/deadline.py) around
+    # what it asks of the broker: ``timeout``, the call's own, else the
+    # App's ``enqueue_timeout``.
+
+    def _enqueue_one(self, msg: Message, timeout: float | None = None) -> Job:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return self._enqueue_now(msg)
+        finally:
+            deadline.end(token)
+
+    async def _aenqueue_one(self, msg: Message, timeout: float | None = None) -> Job:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return await self._aenqueue_now(msg)
+        finally:
+            deadline.end(token)
+
+    def _enqueue_now(self, msg: Message) -> Job:
         app = self.app
         if self.flow is None and not app.middleware.enqueue_hooks:
             broker = app.broker
@@ -193,11 +228,25 @@ class Task:
             return Job(app, app._call(broker.enqueue([msg]))[0])
         return self._sender()([msg])[0]
 
-    async def _aenqueue_one(self, msg: Message) -> Job:
+    async def _aenqueue_now(self, msg: Message) -> Job:
         app = self.app
         if self.flow is None and not app.middleware.enqueue_hooks:
             return Job(app, (await app.broker.enqueue([msg]))[0])
         return (await self._asender()([msg]))[0]
+
+    def _enqueue_many(self, msgs: Iterable[Message], timeout: float | None) -> list[Job]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return self._sender()(msgs)
+        finally:
+            deadline.end(token)
+
+    async def _aenqueue_many(self, msgs: Iterable[Message], timeout: float | None) -> list[Job]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return await self._asender()(list(msgs))
+        finally:
+            deadline.end(token)
 
     def _sender(self) -> Callable[[Iterable[Message]], list[Job]]:
         f = self.flow
@@ -218,10 +267,10 @@ class Task:
         arguments, or any other value as the single argument:
         ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
         """
-        return self._sender()(self.messages(calls, _NO_OPTIONS))
+        return self._enqueue_many(self.messages(calls, _NO_OPTIONS), None)
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return await self._asender()(list(self.messages(calls, _NO_OPTIONS)))
+        return await self._aenqueue_many(self.messages(calls, _NO_OPTIONS), None)
 
     def messages(self, calls: Iterable[Any], opts: SendOptions) -> Iterator[Message]:
         """The envelopes of ``enqueue_many``, made one at a time as the broker
@@ -402,16 +451,20 @@ class BoundTask:
         self.opts = opts
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
-        return self.task._enqueue_one(self.task.message(args, kwargs, self.opts))
+        msg = self.task.message(args, kwargs, self.opts)
+        return self.task._enqueue_one(msg, self.opts.enqueue_timeout)
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job:
-        return await self.task._aenqueue_one(self.task.message(args, kwargs, self.opts))
+        msg = self.task.message(args, kwargs, self.opts)
+        return await self.task._aenqueue_one(msg, self.opts.enqueue_timeout)
 
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return self.task._sender()(self.task.messages(calls, self.opts))
+        msgs = self.task.messages(calls, self.opts)
+        return self.task._enqueue_many(msgs, self.opts.enqueue_timeout)
 
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job]:
-        return await self.task._asender()(list(self.task.messages(calls, self.opts)))
+        msgs = self.task.messages(calls, self.opts)
+        return await self.task._aenqueue_many(msgs, self.opts.enqueue_timeout)
 
 
 def _positional_shape(sig: inspect.Signature) -> tuple[int, tuple[str, ...]] | None:
