@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import select
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -32,10 +33,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq
+from psycopg_pool import PoolTimeout
 
 from ...errors import InvalidURL
 
 log = logging.getLogger("dumbwaiter.postgres")
+
+#: the server's reason for refusing a connection, in libpq's message
+_FATAL = re.compile(r"FATAL:\s+(.+)")
+#: reasons that are about who connects: the role, its password, pg_hba.conf
+_AUTH = ("password authentication failed", "no pg_hba.conf entry", "permission denied")
 
 #: options of ours in the URL's query string; the rest goes to libpq
 _OPTIONS = (
@@ -49,6 +56,7 @@ _OPTIONS = (
     "prepare_threshold",
     "poll_interval",
     "worker_sync_commit",
+    "reconnect",
 )
 
 
@@ -79,6 +87,9 @@ class Options:
     #: heartbeats): "off" trades a rerun after a server crash for a disk flush
     #: per batch; "on" (or "local", "remote_apply"...) flushes each
     worker_sync_commit: str = "off"
+    #: seconds an enqueue keeps retrying while the server is unreachable, when
+    #: no producer call's deadline (``App(enqueue_timeout=)``) says otherwise
+    reconnect: float = 15.0
 
 
 def parse_url(url: str) -> Options:
@@ -105,6 +116,7 @@ def parse_url(url: str) -> Options:
             prepare_threshold=None if prepare.lower() in ("", "none", "off") else int(prepare),
             poll_interval=float(ours.pop("poll_interval", 0.5)),
             worker_sync_commit=ours.pop("worker_sync_commit", "off").lower(),
+            reconnect=float(ours.pop("reconnect", 15.0)),
         )
     except ValueError as exc:
         raise InvalidURL(f"bad option in PostgreSQL URL {_redact(url)!r}: {exc}") from None
@@ -129,6 +141,68 @@ def _redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def refusal(exc: BaseException) -> tuple[str, bool] | None:
+    """``(reason, about credentials)`` when ``exc`` is the server refusing a
+    connection for good: an unknown role, a wrong password, a database that
+    does not exist.  None for anything a retry may mend (refused or lost
+    connections, a server starting up or shutting down, too many clients).
+
+    libpq gives no SQLSTATE for a failed connect, only the server's message:
+    these are PostgreSQL's own English texts (``lc_messages`` in another
+    language makes every refusal look transient: retried until the deadline,
+    then reported with the server's message, as before)."""
+    errors = psycopg.errors
+    if isinstance(exc, errors.InvalidAuthorizationSpecification | errors.InvalidPassword):
+        return str(exc), True
+    if isinstance(exc, errors.InvalidCatalogName):
+        return str(exc), False
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    m = _FATAL.search(str(exc))
+    if m is None:
+        return None
+    reason = m.group(1).strip()
+    if (reason.startswith('role "') and reason.endswith("does not exist")) or any(
+        a in reason for a in _AUTH
+    ):
+        return reason, True
+    if reason.startswith('database "') and reason.endswith("does not exist"):
+        return reason, False
+    return None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server cannot be reached now (no connection,
+    a lost one, a server starting or shutting down, no free slot), rather
+    than that a statement failed."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P")) or state == "53300"
+
+
+def recording(report: Callable[[BaseException | None], None]) -> type[psycopg.Connection[Any]]:
+    """A connection class (for ``ConnectionPool(connection_class=)``) that
+    reports how each connect went to ``report`` (its error, or None): the
+    pool connects in its own threads, and a caller that times out waiting
+    for it would otherwise learn only "couldn't get a connection", not why."""
+
+    class Recording(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            try:
+                conn = super().connect(conninfo, **kwargs)
+            except psycopg.Error as exc:
+                report(exc)
+                raise
+            report(None)
+            return conn
+
+    return Recording
 
 
 def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
