@@ -430,6 +430,7 @@ class SQLiteBroker(Broker):
     async def open(self) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="dumbwaiter-sqlite")
+        if self._aconn is None:  # not yet, or an earlier open failed (a locked file)
             # read here: the broker's thread knows no producer call's deadline
             wait = deadline.remaining(self.busy_timeout)
             await asyncio.get_running_loop().run_in_executor(
