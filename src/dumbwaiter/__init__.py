@@ -26,6 +26,10 @@ from .durable import (
     WorkflowRun,
 )
 from .errors import (
+    BrokerAuthError,
+    BrokerConfigError,
+    BrokerError,
+    BrokerUnavailable,
     ConfigurationError,
     DumbwaiterError,
     InvalidArguments,
@@ -70,6 +74,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "App",
     "AsyncWorkflowContext",
+    "BrokerAuthError",
+    "BrokerConfigError",
+    "BrokerError",
+    "BrokerUnavailable",
     "ConfigurationError",
     "Context",
     "DumbwaiterError",

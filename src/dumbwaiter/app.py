@@ -16,7 +16,7 @@ from datetime import timedelta, tzinfo
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
-from .brokers import DEFAULT_URL, from_url
+from .brokers import DEFAULT_URL, deadline, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
 from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS
@@ -46,6 +46,9 @@ _R = TypeVar("_R")
 
 #: environment variable read when ``App()`` gets no URL
 URL_ENV = "DUMBWAITER_URL"
+#: seconds a producer call (enqueue, publish) waits for an unreachable
+#: broker before it raises ``BrokerUnavailable``: an API must answer quickly
+DEFAULT_ENQUEUE_TIMEOUT = 5.0
 
 _TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "keep_result"})
 
@@ -68,12 +71,18 @@ class App:
         middleware: Sequence[Middleware] = (),
         event_retention: float | timedelta = DEFAULT_EVENT_RETENTION,
         eager: bool = False,
+        enqueue_timeout: float | timedelta | None = DEFAULT_ENQUEUE_TIMEOUT,
     ) -> None:
         self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.broker: Broker = from_url(self.url)
         self.default_queue = default_queue
         self.retry = retry if retry is not None else Retry()
         self.timeout = _timeout(timeout)
+        #: the producer's deadline: seconds an ``enqueue``/``publish`` may take
+        #: while the broker is unreachable before it raises ``BrokerUnavailable``
+        #: (None: the broker's own ``reconnect`` window, as workers have);
+        #: per call with ``task.options(enqueue_timeout=)`` / ``publish(enqueue_timeout=)``
+        self.enqueue_timeout = _timeout(enqueue_timeout)
         limit = self.broker.capabilities.max_message_size
         if max_message_size is not None and limit is not None:
             max_message_size = min(max_message_size, limit)
@@ -421,25 +430,35 @@ class App:
     # -- publishing ------------------------------------------------------------
 
     def publish(
-        self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
+        self,
+        event: Event,
+        *,
+        key: str | None = None,
+        headers: dict[str, Any] | None = None,
+        enqueue_timeout: float | timedelta | None = None,
     ) -> str:
         """Publish ``event`` to every subscriber group; return its id.
 
         The payload was validated when the event was built; it is checked for
         JSON and size here, before anything is sent.  ``key`` orders events
-        of one entity where the broker promises order."""
+        of one entity where the broker promises order.  ``enqueue_timeout``
+        overrides the App's for this call."""
         msg = _event_message(event, key, headers)
         if self.eager:
             [msg] = _through_json([msg])
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
-        if not self._declared:
-            self._call(self._declare())
-        if self.broker.capabilities.sync_enqueue:
-            self.broker.publish_sync([msg])
-        else:
-            self._call(self.broker.publish([msg]))
+        token = deadline.start(self._deadline(enqueue_timeout))
+        try:
+            if not self._declared:
+                self._call(self._declare())
+            if self.broker.capabilities.sync_enqueue:
+                self.broker.publish_sync([msg])
+            else:
+                self._call(self.broker.publish([msg]))
+        finally:
+            deadline.end(token)
         if hooks:
             self._sent([msg], [msg.id])
         if self.eager:
@@ -447,7 +466,12 @@ class App:
         return msg.id
 
     async def apublish(
-        self, event: Event, *, key: str | None = None, headers: dict[str, Any] | None = None
+        self,
+        event: Event,
+        *,
+        key: str | None = None,
+        headers: dict[str, Any] | None = None,
+        enqueue_timeout: float | timedelta | None = None,
     ) -> str:
         """``publish`` for async callers."""
         msg = _event_message(event, key, headers)
@@ -456,14 +480,23 @@ class App:
         hooks = self.middleware.enqueue_hooks
         if hooks:
             self._before([msg])
-        if not self._declared:
-            await self._declare()
-        await self.broker.publish([msg])
+        token = deadline.start(self._deadline(enqueue_timeout))
+        try:
+            if not self._declared:
+                await self._declare()
+            await self.broker.publish([msg])
+        finally:
+            deadline.end(token)
         if hooks:
             self._sent([msg], [msg.id])
         if self.eager:
             await self._run_eagerly([msg])
         return msg.id
+
+    def _deadline(self, per_call: float | timedelta | None) -> float | None:
+        """Seconds the producer call may wait for the broker: ``per_call``,
+        else the App's ``enqueue_timeout``."""
+        return self.enqueue_timeout if per_call is None else _timeout(per_call)
 
     async def _declare(self) -> None:
         """Bind this app's groups before its first publish, so a monolith's own

@@ -102,4 +102,31 @@ class JobNotFound(DumbwaiterError, LookupError):
 
 
 class BrokerError(DumbwaiterError):
-    """The broker failed an operation (connection lost, server error)."""
+    """The broker failed an operation (connection lost, server error).
+
+    Every failure a broker call can meet is one of these (the client
+    library's own exception is its ``__cause__``); the subclasses below say
+    whether trying again can help.  ``server`` names the server (its URL
+    without password or options) where the broker knows it."""
+
+    server: str | None = None
+
+
+class BrokerUnavailable(BrokerError, ConnectionError):
+    """The broker could not be reached within the call's deadline: refused,
+    timed out, restarting, or (SQLite) its file locked by another writer.
+
+    The same call may succeed later.  A producer call (``enqueue``,
+    ``publish``...) raises it after ``App(enqueue_timeout=...)`` seconds;
+    docs/guarantees.md says, per broker, whether its jobs may have been
+    stored."""
+
+
+class BrokerConfigError(BrokerError):
+    """The broker was reached and refuses what the URL asks, for good: a
+    database or vhost that does not exist, a file that is not a database.
+    Raised at the first call, never retried: fix the URL or the server."""
+
+
+class BrokerAuthError(BrokerConfigError):
+    """The broker refused the URL's credentials (unknown user, wrong password)."""

@@ -9,6 +9,7 @@ new loop.  Enqueue does not come here when the broker has a sync path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from _thread import allocate_lock as _allocate_lock
 from collections.abc import Coroutine
@@ -49,8 +50,13 @@ class Portal:
         chained to the task (its condition variable, state copying and
         callbacks on both threads).  A sync ``enqueue`` on a broker without a
         sync producer (NATS, RabbitMQ) pays this once per call: about 40 % of
-        the hop's CPU (benchmarks/producer_cpu.py, ``enqueue portal``)."""
+        the hop's CPU (benchmarks/producer_cpu.py, ``enqueue portal``).
+
+        The coroutine runs in a copy of the caller's context, as
+        ``asyncio.to_thread`` runs a function: what the caller set there (a
+        producer call's deadline, brokers/deadline.py) holds in the call."""
         loop = self._loop or self._ensure()
+        context = contextvars.copy_context()
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("Portal.call from the portal thread would deadlock")
@@ -64,7 +70,7 @@ class Portal:
 
         def start() -> None:
             try:
-                task = loop.create_task(coro)
+                task = loop.create_task(coro, context=context)
             except BaseException as exc:  # never leave the caller waiting
                 failed: asyncio.Future[T] = loop.create_future()
                 failed.set_exception(exc)

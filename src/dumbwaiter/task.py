@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from .brokers import deadline
 from .context import caused_headers, context_param, current_context
 from .errors import ConfigurationError, InvalidArguments
 from .flow import Flow, digest
@@ -69,6 +70,8 @@ class SendOptions:
     key: str | None = None
     queue: str | None = None
     headers: dict[str, Any] | None = None
+    #: this call's producer deadline (None: the App's ``enqueue_timeout``)
+    enqueue_timeout: float | None = None
 
     @classmethod
     def make(
@@ -79,6 +82,7 @@ class SendOptions:
         key: str | None = None,
         queue: str | None = None,
         headers: dict[str, Any] | None = None,
+        enqueue_timeout: float | timedelta | None = None,
     ) -> SendOptions:
         if delay is not None and eta is not None:
             raise ConfigurationError("give delay= or eta=, not both")
@@ -93,6 +97,9 @@ class SendOptions:
             raise ConfigurationError(f"queue must be a non-empty string, got {queue!r}")
         if headers is not None:
             check_json(headers, "headers")
+        timeout = None if enqueue_timeout is None else _seconds(enqueue_timeout, "enqueue_timeout")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"enqueue_timeout must be positive, got {enqueue_timeout!r}")
         return cls(
             delay=d,
             eta=None if eta is None else _epoch(eta, "eta"),
@@ -100,6 +107,7 @@ class SendOptions:
             key=key,
             queue=queue,
             headers=headers,
+            enqueue_timeout=timeout,
         )
 
 
@@ -179,8 +187,8 @@ class Task(Generic[P, R]):
         return Signature(self, args, kwargs, immutable=True)
 
     def options(self, **kw: Any) -> BoundTask[P, R]:
-        """``task.options(delay=, eta=, priority=, key=, queue=, headers=)``
-        (an unknown keyword raises ``TypeError``)."""
+        """``task.options(delay=, eta=, priority=, key=, queue=, headers=,
+        enqueue_timeout=)`` (an unknown keyword raises ``TypeError``)."""
         return BoundTask(self, SendOptions.make(**kw))
 
     # Each way to enqueue is typed twice: for an async function (``R`` is its
@@ -194,7 +202,11 @@ class Task(Generic[P, R]):
     @overload
     def enqueue(self: Task[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
-        """Run on a worker: store the job and return its handle (sync callers)."""
+        """Run on a worker: store the job and return its handle (sync callers).
+
+        Raises ``BrokerUnavailable`` if the broker cannot be reached within
+        the App's ``enqueue_timeout`` (see docs/guarantees.md for whether
+        the job may be stored then)."""
         return self._enqueue_one(self.message(args, kwargs, _NO_OPTIONS))
 
     @overload
@@ -207,10 +219,14 @@ class Task(Generic[P, R]):
         """``enqueue`` for async callers."""
         msg = self.message(args, kwargs, _NO_OPTIONS)
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
-            # _aenqueue_one, inlined:
-            return Job(app, (await app.broker.enqueue([msg]))[0])  # one coroutine less
-        return (await self._asender()([msg]))[0]
+        token = deadline.start(app.enqueue_timeout)
+        try:
+            if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+                # _aenqueue_one, inlined: one coroutine less
+                return Job(app, (await app.broker.enqueue([msg]))[0])
+            return (await self._asender()([msg]))[0]
+        finally:
+            deadline.end(token)
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
@@ -219,7 +235,25 @@ class Task(Generic[P, R]):
     # ``App._send`` builds for a batch: about a sixth of the core's CPU per
     # call (benchmarks/producer_cpu.py).
 
-    def _enqueue_one(self, msg: Message) -> Job[Any]:
+    # Every producer call opens its deadline (brokers/deadline.py) around
+    # what it asks of the broker: ``timeout``, the call's own, else the
+    # App's ``enqueue_timeout``.
+
+    def _enqueue_one(self, msg: Message, timeout: float | None = None) -> Job[Any]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return self._enqueue_now(msg)
+        finally:
+            deadline.end(token)
+
+    async def _aenqueue_one(self, msg: Message, timeout: float | None = None) -> Job[Any]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return await self._aenqueue_now(msg)
+        finally:
+            deadline.end(token)
+
+    def _enqueue_now(self, msg: Message) -> Job[Any]:
         app = self.app
         if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             broker = app.broker
@@ -228,11 +262,27 @@ class Task(Generic[P, R]):
             return Job(app, app._call(broker.enqueue([msg]))[0])
         return self._sender()([msg])[0]
 
-    async def _aenqueue_one(self, msg: Message) -> Job[Any]:
+    async def _aenqueue_now(self, msg: Message) -> Job[Any]:
         app = self.app
         if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             return Job(app, (await app.broker.enqueue([msg]))[0])
         return (await self._asender()([msg]))[0]
+
+    def _enqueue_many(self, msgs: Iterable[Message], timeout: float | None) -> list[Job[Any]]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return self._sender()(msgs)
+        finally:
+            deadline.end(token)
+
+    async def _aenqueue_many(
+        self, msgs: Iterable[Message], timeout: float | None
+    ) -> list[Job[Any]]:
+        token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
+        try:
+            return await self._asender()(list(msgs))
+        finally:
+            deadline.end(token)
 
     def _sender(self) -> Callable[[Iterable[Message]], list[Job[Any]]]:
         f = self.flow
@@ -259,7 +309,7 @@ class Task(Generic[P, R]):
         arguments, or any other value as the single argument:
         ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
         """
-        return self._sender()(self.messages(calls, _NO_OPTIONS))
+        return self._enqueue_many(self.messages(calls, _NO_OPTIONS), None)
 
     @overload
     async def aenqueue_many(
@@ -268,7 +318,7 @@ class Task(Generic[P, R]):
     @overload
     async def aenqueue_many(self: Task[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
-        return await self._asender()(list(self.messages(calls, _NO_OPTIONS)))
+        return await self._aenqueue_many(self.messages(calls, _NO_OPTIONS), None)
 
     def messages(self, calls: Iterable[Any], opts: SendOptions) -> Iterator[Message]:
         """The envelopes of ``enqueue_many``, made one at a time as the broker
@@ -465,7 +515,8 @@ class BoundTask(Generic[P, R]):
     @overload
     def enqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     def enqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
-        return self.task._enqueue_one(self.task.message(args, kwargs, self.opts))
+        msg = self.task.message(args, kwargs, self.opts)
+        return self.task._enqueue_one(msg, self.opts.enqueue_timeout)
 
     @overload
     async def aenqueue(
@@ -474,7 +525,8 @@ class BoundTask(Generic[P, R]):
     @overload
     async def aenqueue(self: BoundTask[P, _R], *args: P.args, **kwargs: P.kwargs) -> Job[_R]: ...
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Job[Any]:
-        return await self.task._aenqueue_one(self.task.message(args, kwargs, self.opts))
+        msg = self.task.message(args, kwargs, self.opts)
+        return await self.task._aenqueue_one(msg, self.opts.enqueue_timeout)
 
     @overload
     def enqueue_many(
@@ -483,7 +535,8 @@ class BoundTask(Generic[P, R]):
     @overload
     def enqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
-        return self.task._sender()(self.task.messages(calls, self.opts))
+        msgs = self.task.messages(calls, self.opts)
+        return self.task._enqueue_many(msgs, self.opts.enqueue_timeout)
 
     @overload
     async def aenqueue_many(
@@ -492,7 +545,8 @@ class BoundTask(Generic[P, R]):
     @overload
     async def aenqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
     async def aenqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
-        return await self.task._asender()(list(self.task.messages(calls, self.opts)))
+        msgs = self.task.messages(calls, self.opts)
+        return await self.task._aenqueue_many(msgs, self.opts.enqueue_timeout)
 
 
 def full_name(app: App, name: str) -> str:

@@ -39,6 +39,7 @@ from . import logs
 from .batch import shard_done
 from .context import Context, reset_current, set_current
 from .errors import (
+    BrokerUnavailable,
     InvalidArguments,
     JobTimeout,
     MessageDecodeError,
@@ -207,9 +208,9 @@ class Worker:
     async def _run(self) -> None:
         cfg = self.config
         self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="dumbwaiter-job")
-        await self.broker.open()
-        bindings = self.app.bindings() if self.broker.capabilities.events else []
-        await self.broker.declare(list(self.queues), bindings)
+        if not await self._connect():  # stopped before the broker came up
+            self._pool.shutdown(wait=False)
+            return
         try:
             await self._announce()
         except Exception:
@@ -246,6 +247,26 @@ class Worker:
             self.app.middleware.call("on_worker_stop", self)
             self._pool.shutdown(wait=False, cancel_futures=True)
             log.info("worker %s stopped: %s", self.id, self.counts, extra={"action": "worker_stop"})
+
+    async def _connect(self) -> bool:
+        """Open the broker and declare this worker's queues, waiting for a
+        broker that is not up yet (a worker started before its server, or
+        during its restart) as its loops wait later: with backoff, up to 5 s
+        between tries.  False if ``stop()`` came first.  A broker that
+        refuses the URL for good (credentials, a missing database or vhost)
+        fails the start."""
+        backoff = 0.05
+        while not self._stopping:
+            try:
+                await self.broker.open()
+                bindings = self.app.bindings() if self.broker.capabilities.events else []
+                await self.broker.declare(list(self.queues), bindings)
+                return True
+            except BrokerUnavailable as exc:
+                log.warning("%s; trying again in %.2f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        return False
 
     async def _fetch_loop(self) -> None:
         cfg = self.config

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import orjson
 
+from .brokers import deadline
 from .errors import (
     ConfigurationError,
     JobNotFound,
@@ -163,18 +164,23 @@ class Chain:
     result_ttl: float = DEFAULT_RESULT_TTL
 
     def enqueue(self) -> Workflow:
-        """Start the workflow (sync callers); returns its handle."""
+        """Start the workflow (sync callers); returns its handle.  A producer
+        call: it waits for the broker up to the App's ``enqueue_timeout``."""
         app = _app_of(self.steps[0])
         return app._call(self.aenqueue())
 
     async def aenqueue(self) -> Workflow:
         app = _app_of(self.steps[0])
-        wf = uuid7()
-        steps = [s.to_json() for s in self.steps]
-        record = {"id": wf, "created_at": time.time(), "steps": _plan(wf, steps)}
-        await app.broker.kv_set({f"wf:{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
-        await start(app, wf, self.result_ttl, steps, 0, None, has_prev=False)
-        return Workflow(app, wf)
+        token = deadline.start(app.enqueue_timeout)
+        try:
+            wf = uuid7()
+            steps = [s.to_json() for s in self.steps]
+            record = {"id": wf, "created_at": time.time(), "steps": _plan(wf, steps)}
+            await app.broker.kv_set({f"wf:{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
+            await start(app, wf, self.result_ttl, steps, 0, None, has_prev=False)
+            return Workflow(app, wf)
+        finally:
+            deadline.end(token)
 
 
 def chain(*steps: Step, result_ttl: float = DEFAULT_RESULT_TTL) -> Chain:

@@ -57,9 +57,7 @@ async def test_every_replayed_job_runs_to_success_with_workers_running(
                 f"{sorted({str(info.state) if info else 'gone' for info in states.values()})}"
             ) from None
         assert ran == ids
-        await eventually(
-            app.broker.stats, lambda s: _count(s, "succeeded") == N, timeout=30
-        )
+        await eventually(app.broker.stats, lambda s: _count(s, "succeeded") == N, timeout=30)
         # at rest: a twin copy of a replayed job (NATS) may still be on its
         # way to a worker that drops it, counted ready until it is dropped
         await eventually(

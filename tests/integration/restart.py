@@ -79,7 +79,9 @@ class _Run:
             "DW_CRASH_LOG": str(self.log),
             "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         }
-        self.app = dw.App(url)
+        # a producer that rides out the outage: it may wait longer than the
+        # default producer deadline (5 s) for the server to come back
+        self.app = dw.App(url, enqueue_timeout=60)
         self.work = self.app.task(name="crash.work")(crashapp.work.fn)
         self.before = {j.id for j in self.work.enqueue_many(range(BACKLOG))}
         self.during: list[str] = []

@@ -24,12 +24,16 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
+from ..errors import BrokerError, DumbwaiterError
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 from ..redact import mask_url
+from . import failure
 
 if TYPE_CHECKING:
     from ..sqldb import Sql
@@ -367,12 +371,39 @@ class Page:
 
 
 class Broker(abc.ABC):
-    """Base class of every engine.  Subclasses implement the abstract methods."""
+    """Base class of every engine.  Subclasses implement the abstract methods.
+
+    Every failure a seam method can meet reaches its caller as a
+    ``BrokerError``: a subclass lists its client library's exceptions in
+    ``client_errors``, and each public method of the seam (the methods of
+    this class) is wrapped, when the subclass is made, to turn those into
+    the ``BrokerError`` its ``failure`` chooses, with the client's exception
+    as the ``__cause__``.  Inside the broker, code keeps catching its
+    client's own exceptions (a retry on a lost connection); the wrapping is
+    at the seam only, so ``except dw.BrokerError`` around any call (an
+    enqueue, a CLI command, a worker's fetch) sees every failure."""
 
     #: what this engine offers (override in each subclass)
     capabilities: ClassVar[Capabilities] = Capabilities()
     #: URL schemes this class serves
     schemes: ClassVar[tuple[str, ...]] = ()
+    #: the client library's exceptions that the seam turns into ``BrokerError``
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.client_errors:
+            return
+        for name in SEAM:
+            fn = getattr(cls, name, None)
+            if callable(fn) and not getattr(fn, "_dw_guarded", False):
+                setattr(cls, name, _guarded(fn))
+
+    def failure(self, exc: BaseException) -> BrokerError:
+        """The ``BrokerError`` a caller sees for ``exc``, one of
+        ``client_errors`` (engines sort out the unavailable and the refused;
+        see failure.py)."""
+        return failure.failed(self.url, exc)
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -693,3 +724,42 @@ class Broker(abc.ABC):
     async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
         """Give (key, holder) holds back (no-op for holds not held)."""
         raise NotImplementedError(f"{type(self).__name__} has no concurrency limits")
+
+
+#: the seam's public methods: what ``Broker.__init_subclass__`` wraps
+SEAM = frozenset(
+    name
+    for name, value in vars(Broker).items()
+    if not name.startswith("_") and inspect.isfunction(value) and name != "failure"
+)
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its client library's exceptions turned into ``BrokerError``
+    (see ``Broker``); dumbwaiter's own errors pass as they are."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def guarded_async(self: Broker, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await fn(self, *args, **kwargs)
+            except DumbwaiterError:
+                raise
+            except self.client_errors as exc:
+                raise self.failure(exc) from exc
+
+        guarded: Callable[..., Any] = guarded_async
+    else:
+
+        @functools.wraps(fn)
+        def guarded_sync(self: Broker, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(self, *args, **kwargs)
+            except DumbwaiterError:
+                raise
+            except self.client_errors as exc:
+                raise self.failure(exc) from exc
+
+        guarded = guarded_sync
+    guarded._dw_guarded = True  # type: ignore[attr-defined]
+    return guarded

@@ -12,9 +12,11 @@ progress bars of the admin commands.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
+from ..errors import BrokerError
 from .common import CONTEXT_SETTINGS
 
 #: command name -> "module:attribute" inside this package
@@ -53,6 +55,15 @@ class LazyGroup(click.Group):
         module = importlib.import_module(f"{__name__}.{module_name}")
         command: click.Command = getattr(module, attr)
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; a broker that cannot serve it (unreachable,
+        refusing the credentials, no such database) is one line naming the
+        server and the cause, and exit status 1, never a traceback."""
+        try:
+            return super().invoke(ctx)
+        except BrokerError as exc:
+            raise click.ClickException(str(exc)) from exc
 
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)

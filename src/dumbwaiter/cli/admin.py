@@ -21,6 +21,7 @@ import click
 from rich.text import Text
 
 from ..app import App
+from ..brokers import deadline
 from ..brokers.base import Broker, QueueStats
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
@@ -40,12 +41,22 @@ DEFAULT_MAX_ATTEMPTS = 4
 def call(app: App, fn: Callable[[Broker], Awaitable[T]]) -> T:
     """Run ``fn(app.broker)`` in a fresh event loop and close the broker after.
 
-    ``click`` exceptions pass through; any ``DumbwaiterError`` becomes a
-    ``ClickException`` so the user sees the message, not a traceback.
+    The broker is opened first, waiting for it no longer than a producer
+    would (the App's ``enqueue_timeout``), so a command fails on a server
+    that is away or refuses the URL (a wrong password, no such vhost) even
+    when its own call would not talk to that server (RabbitMQ's listings
+    read the state store).  ``click`` exceptions pass through; any
+    ``DumbwaiterError`` becomes a ``ClickException`` so the user sees the
+    message, not a traceback.
     """
 
     async def main() -> T:
         try:
+            token = deadline.start(app.enqueue_timeout)
+            try:
+                await app.broker.open()
+            finally:
+                deadline.end(token)
             return await fn(app.broker)
         finally:
             await app.broker.close()

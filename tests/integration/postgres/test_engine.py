@@ -13,7 +13,7 @@ import pytest
 from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.broker import COPY_MIN, MAINTENANCE_LOCK
 from dumbwaiter.brokers.postgres.connection import parse_url
-from dumbwaiter.errors import InvalidURL, PayloadTooLarge
+from dumbwaiter.errors import BrokerError, InvalidURL, PayloadTooLarge
 from dumbwaiter.message import Message, encode
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
@@ -273,11 +273,12 @@ async def test_bulk_with_a_priority_beyond_int4_stores_nothing(
 ) -> None:
     broker = make_broker()
     batch = [*_bulk(COPY_MIN), msg(priority=2**31), *_bulk(COPY_MIN)]
-    with pytest.raises(psycopg.DataError):
+    with pytest.raises(BrokerError) as caught:  # the seam's error, psycopg's as its cause
         if path == "sync":
             broker.enqueue_sync(batch)
         else:
             await broker.enqueue(batch)
+    assert isinstance(caught.value.__cause__, psycopg.DataError)
     assert await broker.stats() == [] or (await broker.stats())[0].ready == 0
 
 

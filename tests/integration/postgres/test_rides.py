@@ -13,6 +13,7 @@ import pytest
 
 from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.queries import Queries
+from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
 from tests.integration.postgres.test_counts import _counted, _sql, _stats
 
@@ -76,8 +77,11 @@ async def test_an_ack_on_a_failed_claim_fails_and_is_retried(make_broker: Make) 
     acked, fetched = await asyncio.gather(
         b.ack(ds), b.fetch(["q"], 3, 30.0, 0), return_exceptions=True
     )
-    assert isinstance(acked, psycopg.errors.DivisionByZero)
-    assert isinstance(fetched, psycopg.errors.DivisionByZero)
+    # the seam's error, the server's as its cause
+    assert isinstance(acked, BrokerError)
+    assert isinstance(acked.__cause__, psycopg.errors.DivisionByZero)
+    assert isinstance(fetched, BrokerError)
+    assert isinstance(fetched.__cause__, psycopg.errors.DivisionByZero)
     assert set(_states(b.schema).values()) == {"running"}  # nothing half done
     b.q = good
     await b.ack(ds)  # the settler's retry

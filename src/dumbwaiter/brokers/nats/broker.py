@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ...errors import BrokerError, MessageDecodeError
+from ...errors import BrokerError, BrokerUnavailable, MessageDecodeError
 from ...message import ErrorRecord, Message, encode_checked, from_dict
 from ...state import State
 from ..base import (
@@ -59,6 +59,7 @@ from ..base import (
     Rescued,
     delivery_of,
 )
+from ..deadline import Backoff
 from . import records as R
 from .admin import Admin
 from .coord import Coordination
@@ -177,19 +178,20 @@ class NatsBroker(Admin, Coordination):
 
     async def _store_jobs(self, prepared: list[tuple[Message, bytes]]) -> list[tuple[str, bool]]:
         """Store jobs; (id, newly stored) per message.  Retried with backoff
-        while NATS is unreachable (every write here is idempotent)."""
-        deadline = time.monotonic() + self.settings.reconnect
-        delay = 0.05
+        while NATS is unreachable (every write here is idempotent), until the
+        producer's deadline (or for ``reconnect`` seconds)."""
+        backoff: Backoff | None = None
         while True:
             try:
                 link = await self._link()
                 return await self._store_once(link, prepared)
-            except Unavailable as exc:
-                if time.monotonic() + delay > deadline:
-                    raise BrokerError(f"nats enqueue: {exc} (gave up after retries)") from exc
-                log.warning("nats enqueue failed (%s); trying again in %.2f s", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+            except BrokerUnavailable as exc:  # the wire's, or the connect's (_link)
+                backoff = backoff or Backoff(self.settings.reconnect)
+                pause = backoff.pause()
+                if pause is None:
+                    raise self.failure(exc, backoff.waited) from (exc.__cause__ or exc)
+                log.warning("nats enqueue failed (%s); trying again in %.2f s", exc, pause)
+                await asyncio.sleep(pause)
 
     async def _store_once(
         self, link: Link, prepared: list[tuple[Message, bytes]]

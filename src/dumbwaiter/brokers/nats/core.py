@@ -16,9 +16,16 @@ from typing import Any
 
 import orjson
 
-from ...errors import LeaseExpired, MessageDecodeError
+from ...errors import (
+    BrokerAuthError,
+    BrokerError,
+    BrokerUnavailable,
+    LeaseExpired,
+    MessageDecodeError,
+)
 from ...message import ErrorRecord, from_dict
 from ...state import State
+from .. import failure
 from ..base import (
     Broker,
     Delivery,
@@ -36,6 +43,7 @@ from .wire import (
     header,
     headers,
     pub_ack,
+    refused_login,
 )
 
 log = logging.getLogger("dumbwaiter.nats")
@@ -51,8 +59,40 @@ _NEVER = b"9223372036854775807"
 Hdrs = tuple[tuple[bytes, bytes | str | int | float], ...]
 
 
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """nats-py's exceptions (when it is installed: without it, ``App()``
+    already failed) and the socket's."""
+    try:
+        from nats.errors import Error
+    except ImportError:
+        return (OSError, asyncio.TimeoutError)
+    return (Error, OSError, asyncio.TimeoutError)
+
+
 class Core(Broker):
     """Connections, shared lookups and pointer bookkeeping (see the module doc)."""
+
+    client_errors = _client_errors()
+
+    def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
+        """nats-py's (or the wire's) ``exc`` as the ``BrokerError`` it means:
+        refused credentials (for good), a server out of reach (for now; an
+        ``Unavailable`` is worded again with the time waited), or anything
+        else."""
+        if isinstance(exc, BrokerError):  # the wire's: worded again, naming the server
+            if exc.server is not None and waited is None:
+                return exc
+            cause = exc.__cause__ or exc
+            if isinstance(exc, BrokerAuthError):
+                return failure.refused(self.url, cause, auth=True)
+            if isinstance(exc, BrokerUnavailable):
+                return failure.unavailable(self.url, cause, waited)
+            return exc
+        if refused_login(exc):
+            return failure.refused(self.url, exc, auth=True)
+        if isinstance(exc, OSError | asyncio.TimeoutError) or "connection" in str(exc).lower():
+            return failure.unavailable(self.url, exc, waited)
+        return failure.failed(self.url, exc, "nats")
 
     async def _promote(self, link: Link, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects (the transport's part)."""
@@ -81,7 +121,10 @@ class Core(Broker):
                 link = self._links[loop] = Link(self, loop)
             self._last = link
         if not link.ready:
-            await link.start()
+            try:
+                await link.start()
+            except BrokerError as exc:  # unreachable, or the login refused
+                raise self.failure(exc) from (exc.__cause__ or exc)
         return link
 
     async def open(self) -> None:

@@ -21,6 +21,7 @@ import orjson
 
 from ...errors import BrokerError
 from ...message import uuid7
+from .. import deadline
 from .names import prio_of, untok
 from .puller import GRACE, Puller
 from .store import Store
@@ -242,25 +243,38 @@ class Link:
         self.swept = 0.0
 
     async def start(self) -> None:
+        """Connect (once for every caller of this loop).  The connect is
+        shared, so it keeps no caller's deadline: it gives up after the
+        URL's ``reconnect`` seconds, and each caller waits for it no longer
+        than its own producer deadline, if it has one."""
         if self._starting is None:
-            self._starting = asyncio.ensure_future(self._start())
+            self._starting = deadline.detached(self.loop, self._start())
         fut = self._starting
         try:
-            await asyncio.shield(fut)
+            until = deadline.current()
+            if until is None:
+                await asyncio.shield(fut)
+            else:
+                await asyncio.wait_for(asyncio.shield(fut), max(0.0, until - time.monotonic()))
+        except TimeoutError:
+            last = self.wire.last_error
+            where = ", ".join(self.wire.servers)
+            why = str(last) if last else "no answer yet"
+            raise Unavailable(f"cannot connect to NATS at {where}: {why}") from last
         except BaseException:
             if fut.done():
                 self._starting = None
             raise
 
     async def _start(self) -> None:
-        await self.wire.connect()
+        await self.wire.connect(self.broker.settings.reconnect)
         try:
             await self._streams()
         except BaseException:
             await self.wire.close()
             raise
         self.ready = True
-        self._reaper = self.loop.create_task(self._reap())
+        self._reaper = deadline.detached(self.loop, self._reap())
 
     async def _streams(self) -> None:
         b = self.broker
@@ -277,7 +291,7 @@ class Link:
                     log.warning("nats: stream %s exists with other settings (%s)", name, exc2)
 
     async def stop(self) -> None:
-        for task in (self._promoter, self._reaper, self._refreshing):
+        for task in (self._promoter, self._reaper, self._refreshing, self._starting):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -362,7 +376,7 @@ class Link:
         elif time.monotonic() - self.levels_at > CACHE_TTL and (
             self._refreshing is None or self._refreshing.done()
         ):
-            self._refreshing = self.loop.create_task(self._refresh_quietly())
+            self._refreshing = deadline.detached(self.loop, self._refresh_quietly())
         paused = self.paused_now()
         out = []
         for q in queues:
@@ -400,7 +414,7 @@ class Link:
 
     def start_promoter(self) -> None:
         if self._promoter is None or self._promoter.done():
-            self._promoter = self.loop.create_task(self._promote_loop())
+            self._promoter = deadline.detached(self.loop, self._promote_loop())
 
     async def _promote_loop(self) -> None:
         """Move due delay entries to the work subjects (see the module doc)."""

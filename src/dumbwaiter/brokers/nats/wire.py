@@ -52,7 +52,7 @@ import orjson
 from nats.aio.client import Client
 from nats.errors import ProtocolError
 
-from ...errors import BrokerError
+from ...errors import BrokerAuthError, BrokerError, BrokerUnavailable
 
 log = logging.getLogger("dumbwaiter.nats")
 
@@ -67,8 +67,18 @@ _REQUIRED = (
 )  # fmt: skip
 
 
-class Unavailable(BrokerError):
+class Unavailable(BrokerUnavailable):
     """The connection to NATS is down (the client is reconnecting)."""
+
+
+def refused_login(exc: BaseException) -> bool:
+    """Whether nats-py's ``exc`` is the server refusing the credentials
+    (``-ERR 'Authorization Violation'``, an expired or revoked user): no
+    retry mends that."""
+    from nats.errors import AuthorizationError
+
+    text = str(exc).lower()
+    return isinstance(exc, AuthorizationError) or "authoriz" in text or "authentica" in text
 
 
 class JetStreamError(BrokerError):
@@ -287,6 +297,20 @@ def _protocol_error(text: str) -> Exception:
     return ProtocolError(text)
 
 
+async def _abandon(attempt: asyncio.Future[Any], nc: Any) -> None:
+    """Stop nats-py's connect ``attempt`` and close its client.  The cancel
+    is repeated until the attempt ends: ``asyncio.wait_for`` (inside
+    nats-py's connect) can lose a cancel that meets a failed try on Python
+    3.11, and nats-py would then go on trying."""
+    while not attempt.done():
+        attempt.cancel()
+        await asyncio.wait({attempt}, timeout=0.1)
+    if not attempt.cancelled():
+        attempt.exception()  # retrieved: no "exception was never retrieved"
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 5.0)
+
+
 class Wire:
     """A nats-py client with the fast path described in the module doc."""
 
@@ -315,14 +339,28 @@ class Wire:
         self._batches: dict[Batch, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        #: why the last connect (or reconnect) failed, for the error a
+        #: caller that stops waiting for it raises
+        self.last_error: BaseException | None = None
         self._write_soon = False
         self._wrote_this_turn = False
 
     # -- connection ---------------------------------------------------------------
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float) -> None:
+        """Connect, giving up after ``timeout`` seconds (``Unavailable``, with
+        the last reason nats-py met) or as soon as the server refuses the
+        credentials (``BrokerAuthError``).  nats-py's own first connect, with
+        the unbounded reconnects the connection keeps afterwards, would try
+        an unreachable server, or a wrong password, for ever."""
+        refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %s", exc)
+            if not self.connected:  # the first connect (or a reconnect) failed
+                self.last_error = exc
+                if refused_login(exc) and not refused.done():
+                    refused.set_result(exc)
 
         async def on_disconnected() -> None:
             self._fail_all(Unavailable("the connection to NATS was lost"))
@@ -344,18 +382,33 @@ class Wire:
             )
         nc._ps = _Parser(nc, self._fast)
         self.nc = nc
-        try:
-            await nc.connect(
+        attempt = asyncio.ensure_future(
+            nc.connect(
                 servers=self.servers,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
                 **self.options,
             )
-        except Exception as exc:
-            raise Unavailable(
-                f"cannot connect to NATS at {', '.join(self.servers)}: {exc}"
-            ) from exc
+        )
+        where = ", ".join(self.servers)
+        try:
+            await asyncio.wait(
+                {attempt, refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if not attempt.done():  # timed out, refused or cancelled: stop trying
+                await _abandon(attempt, nc)
+        if refused.done():
+            login = refused.result()
+            raise BrokerAuthError(f"cannot connect to NATS at {where}: {login}") from login
+        if attempt.cancelled():
+            last = self.last_error
+            why = str(last) if last else f"no answer within {timeout:.1f} s"
+            raise Unavailable(f"cannot connect to NATS at {where}: {why}") from last
+        exc = attempt.exception()
+        if exc is not None:
+            raise Unavailable(f"cannot connect to NATS at {where}: {exc}") from exc
         sid = await self._subscribe(self._prefix.decode() + "*", self._on_reply)
         self._fast[sid] = self._on_reply
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())

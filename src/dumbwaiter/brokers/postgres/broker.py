@@ -38,8 +38,8 @@ import os
 import secrets
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg.copy import QueuedLibpqWriter
@@ -54,14 +54,15 @@ from ..base import (
     Rescued,
     delivery_of,
 )
+from ..deadline import Backoff
 from ..sqlrows import delivery_row, err_json, stored_message
 from .admin import PostgresAdmin
+from .connection import refusal
 from .core import (
     COPY_MIN,
     MAINTENANCE_LOCK,
     PRUNE_BATCH,
     PRUNE_ROUND,
-    RECONNECT_FOR,
     Ride,
     _LoopState,
 )
@@ -93,6 +94,7 @@ WITHDRAW_HOLD = 1.0
 log = logging.getLogger("dumbwaiter.postgres")
 
 #: a connection (or a cursor on one) that the insert statements run on
+T = TypeVar("T")
 SyncConn = psycopg.Connection[Any] | psycopg.Cursor[Any]
 AsyncConn = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 
@@ -150,7 +152,8 @@ class PostgresBroker(PostgresAdmin):
             async with c.transaction():
                 return await self._afan_out(c, events, params)
 
-        return await self._run(run)
+        # an event already in the log is not delivered again: safe to repeat
+        return await self._aretrying(run)
 
     async def _afan_out(
         self,
@@ -172,10 +175,14 @@ class PostgresBroker(PostgresAdmin):
         events, params = self._events(msgs)
         if not events:
             return 0
-        with self._sync().connection() as c, c.transaction():
-            if not self._schema_ok:
-                self._check_schema_sync(c)
-            return self._fan_out(c, events, params)
+
+        def run(c: psycopg.Connection[Any]) -> int:
+            with c.transaction():
+                if not self._schema_ok:
+                    self._check_schema_sync(c)
+                return self._fan_out(c, events, params)
+
+        return self._retrying(run)
 
     def _fan_out(
         self,
@@ -201,7 +208,7 @@ class PostgresBroker(PostgresAdmin):
 
     def _my_identity(self) -> Identity | None:
         if self._identity is None:
-            with self._sync().connection() as c:
+            with self.borrow() as c:
                 if not self._schema_ok:
                     self._check_schema_sync(c)
                 self._identity = read_identity(c, self.schema)
@@ -298,7 +305,8 @@ class PostgresBroker(PostgresAdmin):
     # a batch holding a stored id or a held key fails as a whole and is stored
     # again through the insert, which skips them.  Every path is idempotent,
     # so a batch whose connection died (mid-call, or before the reply) is
-    # retried with backoff for up to RECONNECT_FOR seconds.
+    # retried with backoff until the producer's deadline (``App(enqueue_timeout=)``),
+    # or for the URL's ``reconnect`` seconds.
 
     def _row(self, m: Message) -> tuple[Any, ...]:
         """One job as stored: (id, queue, name, kind, priority, max_attempts,
@@ -358,16 +366,23 @@ class PostgresBroker(PostgresAdmin):
                 rows = copied  # stored again below, skipping what is stored
         if not rows:
             return []
-        deadline = time.monotonic() + RECONNECT_FOR
-        backoff = 0.05
+        return await self._aretrying(lambda c: self._ainsert(c, rows, hand=True))
+
+    async def _aretrying(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """``_run(fn)`` again on a fresh connection, with backoff, while the
+        server is away, until the producer's deadline (or ``reconnect``):
+        for idempotent writes only.  A server that refuses the URL (role,
+        password, database) fails at once."""
+        backoff: Backoff | None = None
         while True:
             try:
-                return await self._run(lambda c: self._ainsert(c, rows, hand=True))
-            except psycopg.OperationalError:
-                if time.monotonic() + backoff > deadline:
-                    raise
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+                return await self._run(fn)
+            except psycopg.OperationalError as exc:
+                backoff = backoff or Backoff(self.opts.reconnect)
+                pause = None if refusal(exc) else backoff.pause()
+                if pause is None:
+                    raise self.failure(exc, backoff.waited) from exc
+            await asyncio.sleep(pause)
 
     async def aenqueue_in(
         self, conn: psycopg.AsyncConnection[Any], msgs: Iterable[Message]
@@ -474,27 +489,30 @@ class PostgresBroker(PostgresAdmin):
         it = iter(msgs)
         head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
-        pool = self._sync()
         if len(head) == COPY_MIN:
             copied: list[tuple[Any, ...]] = []
             try:
-                with pool.connection() as conn:
+                with self.borrow() as conn:
                     return self._copy(conn, head, it, copied)
             except (psycopg.errors.UniqueViolation, psycopg.OperationalError):
                 rows = copied
         if not rows:
             return []
-        deadline = time.monotonic() + RECONNECT_FOR
-        backoff = 0.05
+        return self._retrying(lambda c: self._insert(c, rows, hand=True))
+
+    def _retrying(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``_aretrying`` for sync producers, on the sync pool."""
+        backoff: Backoff | None = None
         while True:
             try:
-                with pool.connection() as conn:
-                    return self._insert(conn, rows, hand=True)
-            except psycopg.OperationalError:
-                if time.monotonic() + backoff > deadline:
-                    raise
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+                with self.borrow() as conn:
+                    return fn(conn)
+            except psycopg.OperationalError as exc:
+                backoff = backoff or Backoff(self.opts.reconnect)
+                pause = None if refusal(exc) else backoff.pause()
+                if pause is None:
+                    raise self.failure(exc, backoff.waited) from exc
+            time.sleep(pause)
 
     def enqueue_in(self, conn: psycopg.Connection[Any], msgs: Iterable[Message]) -> list[str]:
         """``aenqueue_in`` for a sync psycopg connection."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import select
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,12 +34,18 @@ from urllib.parse import urlencode, urlsplit
 import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
 
 from ...errors import InvalidURL
 from ...redact import mask_url
 from .. import urlopts
 
 log = logging.getLogger("dumbwaiter.postgres")
+
+#: the server's reason for refusing a connection, in libpq's message
+_FATAL = re.compile(r"FATAL:\s+(.+)")
+#: reasons that are about who connects: the role, its password, pg_hba.conf
+_AUTH = ("password authentication failed", "no pg_hba.conf entry", "permission denied")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,9 @@ class Options:
     #: heartbeats): "off" trades a rerun after a server crash for a disk flush
     #: per batch; "on" (or "local", "remote_apply"...) flushes each
     worker_sync_commit: str = "off"
+    #: seconds an enqueue keeps retrying while the server is unreachable, when
+    #: no producer call's deadline (``App(enqueue_timeout=)``) says otherwise
+    reconnect: float = 15.0
 
 
 def _prepare(text: str) -> int | None:
@@ -113,6 +123,9 @@ WORKER_SYNC_COMMIT = urlopts.choice(
     ("off", "local", "remote_write", "on", "remote_apply"),
     "synchronous_commit of a worker's own transitions",
 )
+RECONNECT = urlopts.seconds(
+    "reconnect", 15.0, "seconds an enqueue keeps retrying while the server is unreachable"
+)
 #: ours, then the libpq parameters checked here before libpq sees them (any
 #: other libpq parameter passes unchecked: libpq's parser knows them)
 OPTIONS = urlopts.Table(
@@ -128,6 +141,7 @@ OPTIONS = urlopts.Table(
         PREPARE_THRESHOLD,
         POLL_INTERVAL,
         WORKER_SYNC_COMMIT,
+        RECONNECT,
         urlopts.text(
             "application_name", "dumbwaiter", "name in pg_stat_activity", passthrough=True
         ),
@@ -175,6 +189,7 @@ def parse_url(url: str) -> Options:
         prepare_threshold=ours[PREPARE_THRESHOLD],
         poll_interval=ours[POLL_INTERVAL],
         worker_sync_commit=ours[WORKER_SYNC_COMMIT],
+        reconnect=ours[RECONNECT],
     )
     if opts.pool_min > opts.sync_pool_max:
         raise InvalidURL(
@@ -182,6 +197,68 @@ def parse_url(url: str) -> Options:
             f"sync_pool_max ({opts.sync_pool_max})"
         )
     return opts
+
+
+def refusal(exc: BaseException) -> tuple[str, bool] | None:
+    """``(reason, about credentials)`` when ``exc`` is the server refusing a
+    connection for good: an unknown role, a wrong password, a database that
+    does not exist.  None for anything a retry may mend (refused or lost
+    connections, a server starting up or shutting down, too many clients).
+
+    libpq gives no SQLSTATE for a failed connect, only the server's message:
+    these are PostgreSQL's own English texts (``lc_messages`` in another
+    language makes every refusal look transient: retried until the deadline,
+    then reported with the server's message, as before)."""
+    errors = psycopg.errors
+    if isinstance(exc, errors.InvalidAuthorizationSpecification | errors.InvalidPassword):
+        return str(exc), True
+    if isinstance(exc, errors.InvalidCatalogName):
+        return str(exc), False
+    if not isinstance(exc, psycopg.OperationalError):
+        return None
+    m = _FATAL.search(str(exc))
+    if m is None:
+        return None
+    reason = m.group(1).strip()
+    if (reason.startswith('role "') and reason.endswith("does not exist")) or any(
+        a in reason for a in _AUTH
+    ):
+        return reason, True
+    if reason.startswith('database "') and reason.endswith("does not exist"):
+        return reason, False
+    return None
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server cannot be reached now (no connection,
+    a lost one, a server starting or shutting down, no free slot), rather
+    than that a statement failed."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith(("08", "57P")) or state == "53300"
+
+
+def recording(report: Callable[[BaseException | None], None]) -> type[psycopg.Connection[Any]]:
+    """A connection class (for ``ConnectionPool(connection_class=)``) that
+    reports how each connect went to ``report`` (its error, or None): the
+    pool connects in its own threads, and a caller that times out waiting
+    for it would otherwise learn only "couldn't get a connection", not why."""
+
+    class Recording(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            try:
+                conn = super().connect(conninfo, **kwargs)
+            except psycopg.Error as exc:
+                report(exc)
+                raise
+            report(None)
+            return conn
+
+    return Recording
 
 
 def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

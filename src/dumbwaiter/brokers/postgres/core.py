@@ -10,19 +10,24 @@ key-value parts; ``broker.PostgresBroker`` the transport.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import os
 import secrets
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ...errors import BrokerError
+from .. import deadline, failure
 from ..base import Binding, Broker, Delivery
 from . import migrations
-from .connection import LoopPool, Options, check_sync, parse_url
+from .connection import LoopPool, Options, check_sync, parse_url, recording, refusal, unreachable
 from .connection import _finish as finish
 from .listen import Listener
 from .queries import Queries
@@ -37,8 +42,6 @@ PRUNE_BATCH = 5000
 PRUNE_ROUND = 100_000
 #: batches of at least this many jobs are written with COPY
 COPY_MIN = 64
-#: how long a producer keeps retrying an enqueue while the server is unreachable
-RECONNECT_FOR = 15.0
 
 
 class _LoopState:
@@ -92,6 +95,8 @@ class Ride:
 class PostgresCore(Broker):
     """What the parts of the PostgreSQL broker share (see the module docstring)."""
 
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
+
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.opts: Options = parse_url(url)
@@ -111,17 +116,44 @@ class PostgresCore(Broker):
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._next_prune = 0.0
         self._prune_behind = False
+        #: why the sync pool's last connect failed (None: it succeeded)
+        self._pool_error: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"<PostgresBroker schema={self.schema!r}>"
+
+    def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
+        """psycopg's ``exc`` as the ``BrokerError`` it means: the server refusing
+        the URL (an unknown role or database, a wrong password: for good), the
+        server out of reach (for now; a pool timeout says why the pool could
+        not connect), or a failed statement."""
+        cause = exc
+        if isinstance(exc, PoolTimeout) and self._pool_error is not None:
+            cause = self._pool_error
+        refused = refusal(cause)
+        if refused is not None:
+            return failure.refused(self.url, refused[0], auth=refused[1])
+        if unreachable(cause):
+            return failure.unavailable(self.url, cause, waited)
+        return failure.failed(self.url, exc)
 
     # -- connections -------------------------------------------------------
 
     def _conn_kwargs(self) -> dict[str, Any]:
         return {"autocommit": True, "prepare_threshold": self.opts.prepare_threshold}
 
+    def _connect_timeout(self) -> dict[str, Any]:
+        """A producer call's connect waits no longer than its deadline (libpq
+        counts whole seconds, 2 at least); other connects take psycopg's."""
+        until = deadline.current()
+        if until is None:
+            return {}
+        return {"connect_timeout": max(2, math.ceil(until - time.monotonic()))}
+
     async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(self.opts.conninfo, **self._conn_kwargs())
+        conn = await psycopg.AsyncConnection.connect(
+            self.opts.conninfo, **self._conn_kwargs(), **self._connect_timeout()
+        )
         if not self._schema_ok:
             try:
                 await self._acheck_schema(conn)
@@ -258,14 +290,16 @@ class PostgresCore(Broker):
         with self._lock:
             self._after_fork()
             if self._sync_pool is None:
+                self._reach_sync()
                 pool = ConnectionPool(
                     self.opts.conninfo,
+                    connection_class=recording(self._pool_connected),
                     min_size=self.opts.pool_min,
                     max_size=self.opts.sync_pool_max,
                     kwargs=self._conn_kwargs(),
                     check=check_sync,
                     # a server that stays down fails the call after this long
-                    timeout=RECONNECT_FOR,
+                    timeout=self.opts.reconnect,
                     open=False,
                     name=f"dumbwaiter-{self.schema}",
                 )
@@ -273,10 +307,43 @@ class PostgresCore(Broker):
                 self._sync_pool = pool
             return self._sync_pool
 
+    def _pool_connected(self, exc: BaseException | None) -> None:
+        self._pool_error = exc
+
+    def _reach_sync(self) -> None:
+        """Connect once in the caller's thread before the sync pool exists
+        (the pool connects in its own threads, where a refusal would only be
+        logged): a server that refuses the URL fails the first call at once
+        with its reason; one that is away is tried again until the deadline."""
+        backoff: deadline.Backoff | None = None
+        while True:
+            timeout = max(2, math.ceil(deadline.remaining(self.opts.reconnect)))
+            try:
+                with psycopg.connect(
+                    self.opts.conninfo, **self._conn_kwargs(), connect_timeout=timeout
+                ) as conn:
+                    if not self._schema_ok:
+                        self._check_schema_sync(conn)
+                return
+            except psycopg.OperationalError as exc:
+                backoff = backoff or deadline.Backoff(self.opts.reconnect)
+                pause = None if refusal(exc) else backoff.pause()
+                if pause is None:
+                    raise self.failure(exc, backoff.waited) from exc
+                time.sleep(pause)
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
+        """A sync producer's connection from the pool, waited for no longer
+        than the producer's deadline (or the URL's ``reconnect``)."""
+        timeout = max(0.001, deadline.remaining(self.opts.reconnect))
+        with self._sync().connection(timeout=timeout) as conn:
+            yield conn
+
     def open_sync(self) -> None:
         """Open the sync producers' pool now and check the schema (an app's
         start-up), so that the first ``enqueue`` does not pay for connecting."""
-        with self._sync().connection() as conn:
+        with self.borrow() as conn:
             if not self._schema_ok:
                 self._check_schema_sync(conn)
 

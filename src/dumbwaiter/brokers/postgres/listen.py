@@ -37,6 +37,7 @@ import orjson
 import psycopg
 from psycopg import sql
 
+from .. import deadline
 from ..base import Delivery
 from .rows import handed
 
@@ -95,9 +96,9 @@ class Listener:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="dumbwaiter-postgres-listen"
-            )
+            # it outlives the call that started it: no producer's deadline
+            self._task = deadline.detached(asyncio.get_running_loop(), self._run())
+            self._task.set_name("dumbwaiter-postgres-listen")
 
     async def ready(self, timeout: float) -> None:
         """Wait (briefly) for LISTEN to be in force, so a first wait is not a poll."""

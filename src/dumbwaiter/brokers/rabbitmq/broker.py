@@ -40,7 +40,7 @@ from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 import orjson
 from pamqp import commands as spec
 
-from ...errors import BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...errors import BrokerConfigError, BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
 from ...message import (
     EVENT,
     TASK,
@@ -71,9 +71,10 @@ from ..base import (
     kv_write,
     stats_rows,
 )
+from ..deadline import Backoff
 from . import topology as topo
 from .ledger import Keys, Record, delivery_id
-from .link import AMQP_ERRORS, CLOSE_TIMEOUT, Link, Raw
+from .link import AMQP_ERRORS, CLOSE_TIMEOUT, Link, Raw, failure_of
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -309,6 +310,7 @@ class RabbitMQBroker(Broker):
         max_message_size=128 * 1024 * 1024,
     )
     schemes: ClassVar[tuple[str, ...]] = ("amqp", "amqps")
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = AMQP_ERRORS
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -373,13 +375,20 @@ class RabbitMQBroker(Broker):
         await link.ensure()
         return link
 
-    async def _failed(self, link: Link, what: str, exc: BaseException) -> BrokerError:
+    def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
+        """aiormq's (or a socket's) ``exc`` as the ``BrokerError`` it means
+        (``link.failure_of``)."""
+        return failure_of(self.amqp_url, exc, waited)
+
+    async def _failed(
+        self, link: Link, what: str, exc: BaseException, waited: float | None = None
+    ) -> BrokerError:
         """A call failed on the connection: drop it (the next call reconnects)."""
         log.warning("rabbitmq %s failed: %r; reconnecting on the next call", what, exc)
         await link.drop()
         self._declared.clear()
         self._cascade = False
-        return BrokerError(f"rabbitmq {what}: {exc!r}")
+        return self.failure(exc, waited)
 
     async def open(self) -> None:
         await self.state.open()
@@ -635,8 +644,8 @@ class RabbitMQBroker(Broker):
         sent twice is harmless: the ledger runs a job once per version)."""
         if not items:
             return
-        deadline = time.monotonic() + (self.reconnect if persist else 0.0)
-        delay = 0.05
+        # without ``persist``, one try (a worker's send: its loops try again)
+        backoff = Backoff(self.reconnect) if persist else None
         while True:
             link = self._link_for_loop()
             try:
@@ -656,10 +665,15 @@ class RabbitMQBroker(Broker):
                 return
             except SEND_ERRORS as exc:
                 err = await self._failed(link, "publish", exc)
-                if time.monotonic() + delay > deadline:
-                    raise err from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                pause = None
+                if backoff is not None and not isinstance(err, BrokerConfigError):
+                    pause = backoff.pause()  # a refused login or vhost: never again
+                if pause is None:
+                    if backoff is not None:
+                        err = self.failure(err, backoff.waited)
+                    client = exc.__cause__ if isinstance(exc, BrokerError) else None
+                    raise err from (client or exc)
+                await asyncio.sleep(pause)
 
     def _target_of(self, exchange: str, routing_key: str) -> tuple[str, str] | None:
         """(queue, lane) a copy is for: sent to a lane by name, or through the

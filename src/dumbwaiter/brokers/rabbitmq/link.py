@@ -20,12 +20,14 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import unquote, urlsplit
 
 import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
-from ...errors import BrokerError
+from ...errors import BrokerError, BrokerUnavailable
+from .. import deadline, failure
 from . import direct, frames, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
@@ -51,6 +53,44 @@ AMQP_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncio.TimeoutError,
 )
+
+
+def failure_of(url: str, exc: BaseException | str, waited: float | None = None) -> BrokerError:
+    """What a failed call on RabbitMQ at ``url`` means (failure.py): refused
+    credentials or a vhost the server will not open (for good), a server out
+    of reach (for now), or anything else.  A ``BrokerUnavailable`` made
+    earlier is worded again with the time waited."""
+    if isinstance(exc, BrokerUnavailable) and waited is not None and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, BrokerError):
+        return exc
+    errors = aiormq.exceptions
+    if isinstance(exc, errors.AuthenticationError | errors.ProbableAuthenticationError):
+        return failure.refused(url, exc, auth=True)
+    if _vhost_refused(exc):
+        vhost = unquote(urlsplit(url).path[1:]) or "/"
+        why = f"RabbitMQ refused to open vhost {vhost!r} (it does not exist, or the user may not)"
+        return failure.refused(url, why)
+    if isinstance(exc, asyncio.TimeoutError):
+        return failure.unavailable(url, "no answer in time", waited)
+    if isinstance(exc, str | errors.AMQPConnectionError | OSError):
+        return failure.unavailable(url, exc, waited)
+    return failure.failed(url, exc, "rabbitmq")
+
+
+def _vhost_refused(exc: BaseException | str) -> bool:
+    """RabbitMQ answers ``connection.open`` of a vhost that does not exist (or
+    that the user has no access to) with ``connection.close`` (530,
+    NOT_ALLOWED); aiormq reports it as an unexpected frame, or as the close."""
+    errors = aiormq.exceptions
+    if isinstance(exc, errors.ConnectionClosed) and exc.args[:1] == (530,):
+        return True
+    text = str(exc)
+    return (
+        isinstance(exc, errors.InvalidFrameError)
+        and "Connection.OpenOk" in text
+        and "Connection.Close" in text
+    )
 
 
 @dataclass(slots=True)
@@ -136,7 +176,8 @@ class Link:
             await self.drop()
             factory = _Recording(self.url)
             try:
-                async with asyncio.timeout(CONNECT_TIMEOUT):
+                # a producer's connect waits no longer than its deadline
+                async with asyncio.timeout(deadline.remaining(CONNECT_TIMEOUT)):
                     conn = await aiormq.connect(
                         self.url,
                         client_properties={"connection_name": self.name},
@@ -145,7 +186,7 @@ class Link:
                     pub = await conn.channel(publisher_confirms=True)
                     cons = await conn.channel(publisher_confirms=False)
             except AMQP_ERRORS as exc:
-                raise BrokerError(f"rabbitmq: cannot connect: {exc!r}") from exc
+                raise failure_of(self.url, exc) from exc
             if _INLINE:
                 _hand_over_inline(cons)
                 if _DIRECT:
@@ -323,7 +364,7 @@ class Link:
 
     async def confirm_one(self, confirmation: asyncio.Future[Any]) -> None:
         """Wait for a ``start_one`` copy's confirm, as ``publish`` does."""
-        async with asyncio.timeout(CONFIRM_TIMEOUT):
+        async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
             r = await outgoing.confirmed(cast(aiormq.Channel, self.pub), confirmation)
         if not isinstance(r, spec.Basic.Ack):
             raise BrokerError(f"rabbitmq refused a message: {r!r}")
@@ -336,14 +377,16 @@ class Link:
         ch = cast(aiormq.Channel, self.channel())
         if len(items) == 1:  # the usual enqueue: no task and gather around it
             ex, rk, body, props = items[0]
-            async with asyncio.timeout(CONFIRM_TIMEOUT):
+            async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
                 r = await outgoing.publish(ch, ex, rk, body, props)
             if not isinstance(r, spec.Basic.Ack):
                 raise BrokerError(f"rabbitmq refused a message: {r!r}")
             return
         for start in range(0, len(items), IN_FLIGHT):
             window = items[start : start + IN_FLIGHT]
-            results = await asyncio.wait_for(self._publish(ch, window), CONFIRM_TIMEOUT)
+            results = await asyncio.wait_for(
+                self._publish(ch, window), deadline.remaining(CONFIRM_TIMEOUT)
+            )
             for r in results:
                 if isinstance(r, BaseException):
                     raise r

@@ -20,10 +20,14 @@ wake-up there instead.  Sync producers (``enqueue_sync``) use blocking
 sockets of their own thread: no event loop, no thread hop.  Enqueue itself
 (chunking, staging of big batches, retries) is in ``bulk.py``.
 
-Connection loss: an enqueue is sent again, with backoff, for up to
-``reconnect`` seconds (a job is never stored twice, so resending a batch
-whose reply was lost is safe); every other call fails with ``BrokerError``
-at once, and the worker's loops back off and try again.
+Connection loss: an enqueue is sent again, with backoff, until the
+producer's deadline (``App(enqueue_timeout=)``), or for ``reconnect``
+seconds when no producer call runs it (a job is never stored twice, so
+resending a batch whose reply was lost is safe), then raises
+``BrokerUnavailable``; every other call fails at once, and the worker's
+loops back off and try again.  Refused credentials (``AUTH``) and a
+database number the server does not have raise ``BrokerAuthError`` /
+``BrokerConfigError`` at once, retried by nobody.
 """
 
 from __future__ import annotations
@@ -38,14 +42,14 @@ from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ...errors import BrokerError, InvalidURL, MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
 from ...redact import mask_url
 from ...state import State
-from .. import urlopts
+from .. import failure, urlopts
 from ..base import (
     Binding,
     Broker,
@@ -62,7 +66,7 @@ from ..base import (
     normalize_error_type,
 )
 from . import bulk, events, lua
-from .client import Arg, AsyncLink, SyncLink, Target
+from .client import PERMANENT, TRANSIENT, Arg, AsyncLink, SyncLink, Target
 
 log = logging.getLogger("dumbwaiter.redis")
 T = TypeVar("T")
@@ -191,6 +195,7 @@ class RedisBroker(Broker):
         sync_enqueue=True, multi_process=True, limits=True, events=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -220,6 +225,20 @@ class RedisBroker(Broker):
     def __repr__(self) -> str:
         return f"<RedisBroker {self.prefix}>"
 
+    def failure(
+        self, exc: BaseException, what: str = "", waited: float | None = None
+    ) -> BrokerError:
+        """``exc`` (redis-py's, or a socket's) as the ``BrokerError`` it means:
+        refused credentials or a missing database number (for good), an
+        unreachable or restarting server (for now), anything else."""
+        if isinstance(exc, PERMANENT):
+            return failure.refused(self.url, exc, auth=True)
+        if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+            return failure.refused(self.url, exc)
+        if isinstance(exc, TRANSIENT):
+            return failure.unavailable(self.url, exc, waited)
+        return failure.failed(self.url, exc, f"redis {what}" if what else "redis")
+
     # -- connections -----------------------------------------------------------
 
     def _link(self) -> AsyncLink:
@@ -246,7 +265,7 @@ class RedisBroker(Broker):
         try:
             return await self._link().script(script, self._keys, args)
         except RedisError as exc:
-            raise BrokerError(f"redis {script.name}: {exc}") from exc
+            raise self.failure(exc, script.name) from exc
 
     # -- transport -------------------------------------------------------
 
@@ -351,7 +370,7 @@ class RedisBroker(Broker):
                         timeout=block + self.socket_timeout,
                     )
                 except RedisError as exc:
-                    raise BrokerError(f"redis fetch: {exc}") from exc
+                    raise self.failure(exc, "fetch") from exc
                 if item is not None and item[1] != b"w":
                     return _handed(item[1])
         except BaseException:
@@ -564,7 +583,7 @@ class RedisBroker(Broker):
         try:
             v = await self._link().call(b"HMGET", f"{self.prefix}:job:{id}", *_INFO)
         except RedisError as exc:
-            raise BrokerError(f"redis get: {exc}") from exc
+            raise self.failure(exc, "get") from exc
         if v[2] is None or v[2] == b"staged":  # staged: not enqueued yet (see bulk.py)
             return None
         return _info(id.encode(), v)

@@ -17,8 +17,9 @@ for long on one encoding pass before anything reaches the server.  So:
   they are sent after the commit, once everything is encoded;
 * a connection lost on the way (or a script the server forgot) turns a bulk
   enqueue into the plain form: undo what was staged, send every chunk in one
-  pipeline, and retry that with backoff for up to ``reconnect`` seconds.
-  Resending is safe: a job is never stored twice (same id, same key).
+  pipeline, and retry that with backoff until the producer's deadline (or
+  for ``reconnect`` seconds, see ``deadline.py``).  Resending is safe: a job
+  is never stored twice (same id, same key).
 
 The steps are written once, as generators that yield I/O requests (send a
 command, read a reply, sleep, drop the connection) and get the results back;
@@ -40,7 +41,8 @@ from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseErro
 
 from ...errors import BrokerError
 from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
-from .client import TRANSIENT, Arg, AsyncLink, SyncLink
+from ..deadline import Backoff
+from .client import PERMANENT, TRANSIENT, Arg, AsyncLink, SyncLink
 from .lua import Script
 
 if TYPE_CHECKING:
@@ -336,8 +338,7 @@ class Enqueue:
     def _plain(self, staged: str | None) -> Plan:
         """Every chunk in one pipeline (after undoing ``staged``), retried
         with backoff while the server is unreachable or restarting."""
-        deadline = time.monotonic() + self.b.reconnect
-        delay = 0.05
+        backoff = Backoff(self.b.reconnect)
         while True:
             try:
                 cmds = [self._cmd(c) for c in self.chunks]
@@ -369,13 +370,9 @@ class Enqueue:
                 return ids
             except TRANSIENT as exc:
                 yield ("reset",)
-                if time.monotonic() + delay > deadline:
-                    raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
-                log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
-                yield ("sleep", delay)
-                delay = min(delay * 2, 1.0)
+                yield ("sleep", pause_or_raise(self.b, backoff, exc, "enqueue"))
             except RedisError as exc:
-                raise BrokerError(f"redis enqueue: {exc}") from exc
+                raise self.b.failure(exc, "enqueue") from exc
 
 
 def _one(broker: RedisBroker, m: Message) -> tuple[Script, list[Arg]]:
@@ -401,38 +398,42 @@ def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
     drive; retried with backoff like the rest."""
     script, args = _one(broker, m)
     keys = broker._keys
-    deadline = time.monotonic() + broker.reconnect
-    delay = 0.05
+    backoff: Backoff | None = None  # made at the first failure: none on the usual call
     while True:
         try:
             return _ids(link.script(script, keys, args), [m.id])[0]
         except TRANSIENT as exc:
-            if time.monotonic() + delay > deadline:
-                raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
-            log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            backoff = backoff or Backoff(broker.reconnect)
+            time.sleep(pause_or_raise(broker, backoff, exc, "enqueue"))
         except RedisError as exc:
-            raise BrokerError(f"redis enqueue: {exc}") from exc
+            raise broker.failure(exc, "enqueue") from exc
 
 
 async def enqueue_one_async(broker: RedisBroker, link: AsyncLink, m: Message) -> str:
     """``enqueue_one_sync`` for async callers."""
     script, args = _one(broker, m)
     keys = broker._keys
-    deadline = time.monotonic() + broker.reconnect
-    delay = 0.05
+    backoff: Backoff | None = None
     while True:
         try:
             return _ids(await link.script(script, keys, args), [m.id])[0]
         except TRANSIENT as exc:
-            if time.monotonic() + delay > deadline:
-                raise BrokerError(f"redis enqueue: {exc} (gave up after retries)") from exc
-            log.warning("redis enqueue failed (%s); trying again in %.2f s", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            backoff = backoff or Backoff(broker.reconnect)
+            await asyncio.sleep(pause_or_raise(broker, backoff, exc, "enqueue"))
         except RedisError as exc:
-            raise BrokerError(f"redis enqueue: {exc}") from exc
+            raise broker.failure(exc, "enqueue") from exc
+
+
+def pause_or_raise(broker: RedisBroker, backoff: Backoff, exc: BaseException, what: str) -> float:
+    """After a ``TRANSIENT`` error: how long to wait before trying ``what``
+    again; or raise, when the server refused the credentials (``PERMANENT``:
+    no retry mends that) or the deadline passed (``BrokerUnavailable``,
+    naming the server and ``exc``)."""
+    pause = None if isinstance(exc, PERMANENT) else backoff.pause()
+    if pause is None:
+        raise broker.failure(exc, what, backoff.waited) from exc
+    log.warning("redis %s failed (%s); trying again in %.2f s", what, exc, pause)
+    return pause
 
 
 def _checked(reply: Any) -> Any:

@@ -32,9 +32,11 @@ from redis.asyncio import connection as async_connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    AuthenticationError,
     BusyLoadingError,
     ClusterDownError,
     MovedError,
+    NoPermissionError,
     NoScriptError,
     ReadOnlyError,
     ResponseError,
@@ -64,6 +66,11 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     ClusterDownError,
     OSError,
 )
+
+#: errors no retry can mend: the server refuses the URL's credentials
+#: (``AuthenticationError`` is a ``ConnectionError`` to redis-py, so these
+#: are caught before ``TRANSIENT``)
+PERMANENT: tuple[type[BaseException], ...] = (AuthenticationError, NoPermissionError)
 
 Arg = bytes | str | int | float
 

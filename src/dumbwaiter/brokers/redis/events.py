@@ -30,6 +30,7 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 from ...errors import BrokerError
 from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
+from ..deadline import Backoff
 from . import bulk
 from .client import TRANSIENT, Arg
 
@@ -81,8 +82,7 @@ def _plan(broker: RedisBroker, chunks: list[list[Arg]]) -> bulk.Plan:
     total = 0
     lua = broker._lua.publish
     for args in chunks:
-        deadline = time.monotonic() + broker.reconnect
-        delay = 0.05
+        backoff = Backoff(broker.reconnect)
         while True:
             try:
                 yield ("send", (b"EVALSHA", lua.sha, 1, broker.prefix, repr(time.time()), *args))
@@ -110,13 +110,9 @@ def _plan(broker: RedisBroker, chunks: list[list[Arg]]) -> bulk.Plan:
                 break
             except TRANSIENT as exc:
                 yield ("reset",)
-                if time.monotonic() + delay > deadline:
-                    raise BrokerError(f"redis publish: {exc} (gave up after retries)") from exc
-                log.warning("redis publish failed (%s); trying again in %.2f s", exc, delay)
-                yield ("sleep", delay)
-                delay = min(delay * 2, 1.0)
+                yield ("sleep", bulk.pause_or_raise(broker, backoff, exc, "publish"))
             except RedisError as exc:
-                raise BrokerError(f"redis publish: {exc}") from exc
+                raise broker.failure(exc, "publish") from exc
     return [str(total)]
 
 

@@ -40,13 +40,13 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from ...errors import ConfigurationError, InvalidURL, LeaseExpired
+from ...errors import BrokerError, ConfigurationError, InvalidURL, LeaseExpired
 from ...flow import window_wait
 from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ...redact import mask_url
 from ...sqldb import Sql
 from ...state import State
-from .. import urlopts
+from .. import deadline, failure, urlopts
 from ..base import (
     Binding,
     Broker,
@@ -94,6 +94,18 @@ QUICK_KEYS = 4
 #: broker's thread (a checkpoint fsyncs: it must not stall an event loop)
 QUICK_CHECKPOINT = 1000
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+#: primary result codes that say the file cannot serve as this database,
+#: whatever the wait: not a database, corrupt, not openable, not writable
+_UNUSABLE = (
+    sqlite3.SQLITE_NOTADB,
+    sqlite3.SQLITE_CORRUPT,
+    sqlite3.SQLITE_CANTOPEN,
+    sqlite3.SQLITE_READONLY,
+    sqlite3.SQLITE_PERM,
+    sqlite3.SQLITE_AUTH,
+)
+#: and those that may pass: a lock held too long, a full disk, an I/O error
+_PASSING = (*_BUSY, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
 
 
 def _schema() -> str:
@@ -168,6 +180,7 @@ class SQLiteBroker(Broker):
         sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -184,44 +197,71 @@ class SQLiteBroker(Broker):
         self._known_queues: set[str] = set()
         self._ready = False
         self._quick_writes = 0
+        #: id(connection) -> the busy timeout it has now, in ms (producers
+        #: lower it to their deadline: ``_producer_tx``)
+        self._busy_ms: dict[int, int] = {}
+
+    def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
+        """sqlite3's ``exc`` as the ``BrokerError`` it means: a file that cannot
+        be this database (not a database, corrupt, not openable or writable:
+        for good), a lock held too long or a full disk (for now), or else."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        primary = -1 if code is None else code & 0xFF
+        if primary in _UNUSABLE or (code is None and "not a database" in str(exc)):
+            return failure.refused(self.url, exc)
+        if primary in _PASSING:
+            return failure.unavailable(self.url, exc, waited)
+        return failure.failed(self.url, exc)
 
     # -- connections -------------------------------------------------------
 
-    def _connect(self, synchronous: str) -> sqlite3.Connection:
+    def _connect(self, synchronous: str, wait: float | None = None) -> sqlite3.Connection:
+        """A new connection, the file in WAL mode and the schema in place;
+        ``wait``: the most its set-up may wait for the write lock (a
+        producer's deadline), instead of ``busy_timeout``."""
         d = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(d):
             raise ConfigurationError(f"directory {d!r} of sqlite database does not exist")
+        timeout = self.busy_timeout if wait is None else wait
         conn = sqlite3.connect(
             self.path,
-            timeout=self.busy_timeout,
+            timeout=timeout,
             isolation_level=None,
             check_same_thread=False,
             cached_statements=256,
         )
-        self._wal(conn)
-        conn.execute(f"PRAGMA synchronous={synchronous}")
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("PRAGMA cache_size=-32000")
-        if not self._ready:
-            self._ensure_schema(conn)
+        self._busy_ms[id(conn)] = round(timeout * 1000)
+        try:
+            self._wal(conn, timeout)
+            conn.execute(f"PRAGMA synchronous={synchronous}")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.execute("PRAGMA cache_size=-32000")
+            if not self._ready:
+                self._ensure_schema(conn)
+            self._set_busy(conn, round(self.busy_timeout * 1000))
+        except BaseException:
+            self._busy_ms.pop(id(conn), None)
+            conn.close()
+            raise
         with self._conns_lock:
             self._conns.append(conn)
         return conn
 
-    def _wal(self, conn: sqlite3.Connection) -> None:
+    def _wal(self, conn: sqlite3.Connection, wait: float) -> None:
         """Put the database in WAL mode.  SQLite answers a journal-mode switch
         that meets another connection's lock with SQLITE_BUSY at once, without
         its busy handler (several processes opening a new file together: a
         worker and its schedulers), so the switch is retried here for as long
-        as the busy timeout allows; a file already in WAL needs no switch."""
-        deadline = time.monotonic() + self.busy_timeout
+        as ``wait`` (the busy timeout, or a producer's deadline) allows; a file
+        already in WAL needs no switch."""
+        until = time.monotonic() + wait
         pause = 0.001
         while True:
             try:
                 conn.execute("PRAGMA journal_mode=WAL")
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                if "locked" not in str(exc) or time.monotonic() >= until:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
@@ -252,7 +292,7 @@ class SQLiteBroker(Broker):
     def _sync_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._connect(self.producer_sync)
+            conn = self._connect(self.producer_sync, deadline.remaining(self.busy_timeout))
             self._local.conn = conn
         return conn
 
@@ -262,9 +302,9 @@ class SQLiteBroker(Broker):
         assert self._executor is not None
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _worker_conn(self) -> sqlite3.Connection:
+    def _worker_conn(self, wait: float | None = None) -> sqlite3.Connection:
         if self._aconn is None:
-            self._aconn = self._connect("NORMAL")
+            self._aconn = self._connect("NORMAL", wait)
         return self._aconn
 
     def _quick_conn(self) -> sqlite3.Connection | None:
@@ -278,7 +318,7 @@ class SQLiteBroker(Broker):
         conn: sqlite3.Connection | None = getattr(self._local, "quick", None)
         if conn is None:
             conn = self._connect("NORMAL")
-            conn.execute("PRAGMA busy_timeout=0")
+            self._set_busy(conn, 0)
             conn.execute("PRAGMA wal_autocheckpoint=0")
             self._local.quick = conn
         return conn
@@ -365,6 +405,28 @@ class SQLiteBroker(Broker):
             return out
         raise AssertionError("unreachable")
 
+    def _set_busy(self, conn: sqlite3.Connection, ms: int) -> None:
+        """How long ``conn`` waits for the write lock (a PRAGMA only when
+        that changes)."""
+        if self._busy_ms.get(id(conn)) != ms:
+            conn.execute(f"PRAGMA busy_timeout={ms}")
+            self._busy_ms[id(conn)] = ms
+
+    def _producer_tx(
+        self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T], wait: float
+    ) -> T:
+        """A producer's write transaction: it waits for the write lock no
+        longer than ``wait`` (its deadline's rest, at most ``busy_timeout``),
+        then raises ``BrokerUnavailable`` having stored nothing (the lock is
+        taken by ``BEGIN IMMEDIATE``, before any write)."""
+        self._set_busy(conn, round(wait * 1000))
+        try:
+            return self._tx(conn, fn)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF in _BUSY:
+                raise self.failure(exc, wait) from exc
+            raise
+
     def _wtx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A write transaction on the broker thread's connection."""
         return self._tx(self._worker_conn(), fn)
@@ -374,7 +436,12 @@ class SQLiteBroker(Broker):
     async def open(self) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="dumbwaiter-sqlite")
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._worker_conn)
+        if self._aconn is None:  # not yet, or an earlier open failed (a locked file)
+            # read here: the broker's thread knows no producer call's deadline
+            wait = deadline.remaining(self.busy_timeout)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._worker_conn, wait
+            )
 
     async def close(self) -> None:
         for waker in self._wakers.values():
@@ -386,6 +453,7 @@ class SQLiteBroker(Broker):
         self._aconn = None
         with self._conns_lock:
             conns, self._conns = self._conns, []
+        self._busy_ms.clear()
         for conn in conns:
             try:
                 conn.close()
@@ -394,22 +462,27 @@ class SQLiteBroker(Broker):
         self._local = threading.local()
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
-        return await self._run(self._enqueue_worker_conn, msgs)
+        # the deadline is read here: the broker's thread has no producer call
+        wait = deadline.remaining(self.busy_timeout)
+        return await self._run(self._enqueue_worker_conn, msgs, wait)
 
-    def _enqueue_worker_conn(self, msgs: Iterable[Message]) -> list[str]:
+    def _enqueue_worker_conn(self, msgs: Iterable[Message], wait: float) -> list[str]:
         # Enqueues from async producers share the broker thread's connection;
-        # they must be as durable as sync ones, so FULL for this transaction.
+        # they must be as durable as sync ones, so FULL for this transaction,
+        # and the worker's own calls get the full busy timeout back after it.
         rows = self._rows(msgs)
-        conn = self._worker_conn()
+        conn = self._worker_conn(wait)
         conn.execute(f"PRAGMA synchronous={self.producer_sync}")
         try:
-            return self._tx(conn, lambda c: self._insert(c, rows))
+            return self._producer_tx(conn, lambda c: self._insert(c, rows), wait)
         finally:
             conn.execute("PRAGMA synchronous=NORMAL")
+            self._set_busy(conn, round(self.busy_timeout * 1000))
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         rows = self._rows(msgs)
-        return self._tx(self._sync_conn(), lambda c: self._insert(c, rows))
+        wait = deadline.remaining(self.busy_timeout)
+        return self._producer_tx(self._sync_conn(), lambda c: self._insert(c, rows), wait)
 
     def _rows(self, msgs: Iterable[Message]) -> list[tuple[Any, ...]]:
         """Encode (and size-check) before taking the write lock; keep only rows."""
@@ -511,20 +584,23 @@ class SQLiteBroker(Broker):
         )
 
     async def publish(self, msgs: Iterable[Message]) -> int:
-        return await self._run(self._publish_worker_conn, msgs)
+        wait = deadline.remaining(self.busy_timeout)
+        return await self._run(self._publish_worker_conn, msgs, wait)
 
-    def _publish_worker_conn(self, msgs: Iterable[Message]) -> int:
+    def _publish_worker_conn(self, msgs: Iterable[Message], wait: float) -> int:
         events = self._event_rows(msgs)
-        conn = self._worker_conn()
+        conn = self._worker_conn(wait)
         conn.execute(f"PRAGMA synchronous={self.producer_sync}")
         try:
-            return self._tx(conn, lambda c: self._fan_out(c, events))
+            return self._producer_tx(conn, lambda c: self._fan_out(c, events), wait)
         finally:
             conn.execute("PRAGMA synchronous=NORMAL")
+            self._set_busy(conn, round(self.busy_timeout * 1000))
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         events = self._event_rows(msgs)
-        return self._tx(self._sync_conn(), lambda c: self._fan_out(c, events))
+        wait = deadline.remaining(self.busy_timeout)
+        return self._producer_tx(self._sync_conn(), lambda c: self._fan_out(c, events), wait)
 
     def _event_rows(self, msgs: Iterable[Message]) -> list[tuple[Message, bytes]]:
         limit = self.max_message_size
