@@ -518,6 +518,7 @@ class Worker:
             if not await self._admit(d, task.name, flow, started_at):
                 return REQUEUE
             started_at = d.started_at
+        d.started_at = started_at
         ctx = Context(
             message=msg,
             app=self.app,
@@ -561,8 +562,8 @@ class Worker:
             return self._failed(d, ctx, task, exc)
         if mw.has("after_process"):
             mw.call("after_process", ctx, result, None)
+        d.result = _encode_result(result, task, d.started_at)
         if task.keep_result is not None:
-            d.result = _encode_result(result, task)
             d.result_ttl = task.keep_result
         return ACK
 
@@ -743,16 +744,23 @@ def _record(exc: BaseException, d: Delivery, worker: str) -> ErrorRecord:
         traceback=tb[-8000:],
         worker=worker,
         attempt=d.message.attempt if d.message is not None else 0,
+        started=d.started_at,
     )
 
 
-def _encode_result(result: Any, task: Handler) -> bytes:
+def _encode_result(result: Any, task: Handler, started: float) -> bytes:
+    """The record of a successful attempt the broker keeps with the job: when
+    it started and finished (its duration, on the dashboard), and its result
+    (``value``) when the task keeps results (``JobInfo.outcome``)."""
+    timing = {"started": started, "finished": time.time()}
+    if task.keep_result is None:
+        return dumps(timing)
     try:
         check_json(result, f"the result of {task.name}()")
     except SerializationError as exc:
         log.error("%s; it is not stored", exc)
-        return dumps({"error": str(exc)})
-    return dumps({"value": result})
+        return dumps({"error": str(exc), **timing})
+    return dumps({"value": result, **timing})
 
 
 class _Settler:

@@ -274,6 +274,35 @@ def test_jobs_show_envelope_result_and_errors(url: str) -> None:
     assert "boom at line 9" in text.stdout and "ValueError" in text.stdout
 
 
+def test_jobs_show_says_how_long_the_attempt_took(url: str) -> None:
+    """The worker keeps when a successful attempt started and finished, for
+    every task (``add`` keeps its result, ``notify`` does not)."""
+    from dumbwaiter.testing import drain
+
+    [added] = enqueue(ADD, (2, 3))
+
+    async def run(app: dw.App) -> str:
+        job = await app.tasks[NOTIFY].aenqueue(7)
+        await drain(app)
+        return job.id
+
+    notified = with_app(run)
+    shown = js(cli(url, "jobs", "show", added, "--json"))
+    assert shown["result"] == 5
+    assert 0 < shown["started_at"] <= shown["finished_at"] <= time.time()
+    shown = js(cli(url, "jobs", "show", notified, "--json"))
+    assert "result" not in shown and "result_error" not in shown
+    assert 0 < shown["started_at"] <= shown["finished_at"]
+    text = cli(url, "jobs", "show", notified).stdout
+    assert "took" in text and "result" not in text
+
+    async def result(app: dw.App) -> object:
+        return await app.job(notified).aresult(timeout=1)
+
+    with pytest.raises(dw.ResultNotKept, match="does not keep results"):
+        with_app(result)
+
+
 def test_jobs_show_unknown_id_is_a_clear_error(url: str) -> None:
     result = cli(url, "jobs", "show", "no-such-id", "--json")
     assert result.exit_code == 1

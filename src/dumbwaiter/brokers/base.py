@@ -214,15 +214,13 @@ class JobInfo:
     updated_at: float | None = None
     worker: str | None = None
     lease_until: float | None = None
-    #: JSON bytes of the kept result, if any
+    #: JSON bytes of the worker's record of its successful attempt (see ``outcome``)
     result: bytes | None = None
     #: times it was replayed from the dead-letter queue
     replays: int = 0
     raw: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        from ..message import loads
-
         d = self.message.to_dict()
         d.update(
             state=str(self.state),
@@ -232,13 +230,31 @@ class JobInfo:
             lease_until=self.lease_until,
             replays=self.replays,
         )
-        if self.result is not None:
-            stored = loads(self.result)  # {"value": v} or {"error": why}
-            if isinstance(stored, dict) and "value" in stored:
-                d["result"] = stored["value"]
-            elif isinstance(stored, dict):
-                d["result_error"] = stored.get("error")
+        done = self.outcome()
+        if "value" in done:
+            d["result"] = done["value"]
+        elif "error" in done:
+            d["result_error"] = done["error"]
+        for k in ("started", "finished"):
+            if isinstance(done.get(k), (int, float)):
+                d[k + "_at"] = done[k]
         return d
+
+    def outcome(self) -> dict[str, Any]:
+        """The worker's record of the job's successful attempt (``result``):
+        ``started`` and ``finished`` (epoch seconds), and ``value`` (the
+        result, when the task keeps results) or ``error`` (why a result could
+        not be kept).  Empty when there is none (not succeeded yet, or stored
+        by an older version), and for a record that does not decode."""
+        if self.result is None:
+            return {}
+        from ..message import loads
+
+        try:
+            stored = loads(self.result)
+        except ValueError:
+            return {}
+        return stored if isinstance(stored, dict) else {}
 
 
 def stats_rows(
