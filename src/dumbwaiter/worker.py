@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .batch import shard_done
+from .cancel import CANCEL_PREFIX, Cancels
 from .context import Context, reset_current, set_current
 from .errors import (
     InvalidArguments,
@@ -67,6 +68,8 @@ log = logging.getLogger("dumbwaiter.worker")
 Service = Callable[["Worker"], Awaitable[None]]
 
 ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
+#: a job someone asked to stop while it ran (``dumbwaiter.cancel``)
+CANCEL = "cancel"
 
 #: kv key prefix under which live workers announce themselves (see Worker._announce)
 WORKER_KEY = "worker:"
@@ -146,6 +149,8 @@ class Worker:
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
         self.counts["rescued"] = 0  # jobs of other (dead) workers this one gave back
         self.counts["throttled"] = 0  # jobs held back by a rate or concurrency limit
+        self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
+        self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
         self.started_at = time.time()
 
@@ -414,6 +419,31 @@ class Worker:
                     extra={"action": "lease_lost", "job_id": d.id},
                 )
         await self._announce()  # after the leases: they matter more
+        await self._poll_cancels()
+
+    async def _poll_cancels(self) -> None:
+        """Read the cancel requests (``dumbwaiter.cancel``): a running job's
+        ``ctx.cancelled`` turns True; a fetched job not started yet ends now."""
+        asked = await self._cancels.poll(
+            self.broker, [*self._inflight, *(d.id for d in self._buffer)]
+        )
+        held = [d for d in self._buffer if d.id in asked]
+        if held:
+            self._buffer = deque(d for d in self._buffer if d.id not in asked)
+            for d in held:
+                self._settler.add(self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL), d)
+
+    async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
+        done = await self.broker.cancel_running(ds)
+        # a job not cancelled runs elsewhere (its lease was lost): its request stays
+        await self.broker.kv_delete([CANCEL_PREFIX + i for i in done])
+        if done:
+            log.info(
+                "cancelled %d job(s) on request: %s",
+                len(done),
+                ", ".join(done),
+                extra={"action": "cancelled"},
+            )
 
     async def _announce(self) -> None:
         """Publish this worker's liveness under ``worker:ID`` in the broker's kv
@@ -487,12 +517,13 @@ class Worker:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
             self._tasks.pop(d.id, None)
+        kind = self._cancels.outcome(d.id, kind, ACK, CANCEL)
         took = time.monotonic() - started
         self._job_time += (took - self._job_time) * 0.1
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
-        if kind == DEAD:
+        if kind == DEAD or kind == CANCEL:
             await self._dead_batch_shard(d)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
@@ -527,6 +558,7 @@ class Worker:
             started_at=started_at,
             loop=self._loop,
         )
+        self._cancels.attach(d.id, ctx)
         if task.context_param is not None:
             kwargs[task.context_param] = ctx
         return await self._run_handler(d, task, args, kwargs, ctx)
@@ -768,7 +800,13 @@ class _Settler:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.pending: dict[str, list[Delivery]] = {ACK: [], RETRY: [], DEAD: [], REQUEUE: []}
+        self.pending: dict[str, list[Delivery]] = {
+            ACK: [],
+            RETRY: [],
+            DEAD: [],
+            REQUEUE: [],
+            CANCEL: [],
+        }
         self._wake = asyncio.Event()
         self._closing = False
         self.idle = asyncio.Event()
@@ -786,8 +824,10 @@ class _Settler:
             RETRY: w.broker.retry,
             DEAD: w.broker.dead,
             REQUEUE: w.broker.requeue,
+            CANCEL: w._settle_cancelled,
         }
         counter = {ACK: "succeeded", RETRY: "retried", DEAD: "dead", REQUEUE: "requeued"}
+        counter[CANCEL] = "cancelled"
         backoff = 0.05
         while True:
             await self._wake.wait()

@@ -325,12 +325,25 @@ def test_jobs_cancel_says_what_it_did_and_why_not(url: str) -> None:
     result = cli(url, "jobs", "cancel", ready, later, running, "missing")
     assert result.exit_code == 0
     assert f"cancelled {ready}" in result.stdout and f"cancelled {later}" in result.stdout
-    assert f"not cancelled {running}: already running" in result.stderr
+    # a running job is asked to stop: the request waits in the broker for its worker
+    assert f"asked to stop {running}: it is running" in result.stdout
     assert "not cancelled missing: not found" in result.stderr
     for i in (ready, later):
         info = get(i)
         assert info is not None and info.state is dw.State.CANCELLED
     assert get(running).state is dw.State.RUNNING  # type: ignore[union-attr]
+
+    async def requests(app: dw.App) -> dict[str, bytes]:
+        return await app.broker.kv_scan("cancel:")
+
+    assert list(with_app(requests)) == [f"cancel:{running}"]
+    as_json = cli(url, "jobs", "cancel", running, "missing", "--json")
+    assert as_json.exit_code == 0
+    assert orjson.loads(as_json.stdout) == {
+        "cancelled": [],
+        "requested": [running],
+        "not_cancelled": {"missing": "not found"},
+    }
 
     again = cli(url, "jobs", "cancel", ready)
     assert again.exit_code == 1

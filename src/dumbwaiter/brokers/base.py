@@ -7,7 +7,8 @@ messages, so an engine can do a batch in one round trip.  It has three parts:
   ``publish``, ``fetch``, ``ack``, ``retry``, ``dead``, ``requeue``,
   ``extend``, ``rescue``;
 * **admin** (CLI, dashboard): ``stats``, ``list_jobs``, ``get``, ``replay``,
-  ``purge``, ``pause``, ``resume``, ``cancel``;
+  ``purge``, ``pause``, ``resume``, ``cancel`` (and ``cancel_running``, with
+  a default built on ``requeue`` and ``cancel``, for the worker);
 * **coordination** (scheduler, workflows, limits): ``acquire``, ``renew``,
   ``release`` (leases with fencing tokens) and a small key-value store
   (``kv_get``, ``kv_set``, ``kv_add``, ``kv_incr``, ``kv_delete``, ``kv_scan``).
@@ -24,6 +25,7 @@ hands a batch to ``ack``, ``retry`` or ``dead``, so each call stays one list.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
@@ -39,6 +41,9 @@ T = TypeVar("T")
 
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
 DEFAULT_EVENT_RETENTION = 7 * 86400.0
+
+#: seconds ahead ``cancel_running`` parks a job between its requeue and its cancel
+CANCEL_PARK = 3600.0
 
 #: what a ``kv_update``'s ``decide`` may store under a key: the value (kept
 #: with no expiry), or ``(value, ttl)``: the value kept ``ttl`` seconds
@@ -554,6 +559,25 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def cancel(self, ids: Sequence[str]) -> list[str]:
         """Cancel jobs that have not started; return the ids that were cancelled."""
+
+    async def cancel_running(self, ds: Sequence[Delivery]) -> list[str]:
+        """End jobs this worker holds (running, or fetched and not started) as
+        ``cancelled``: someone asked to stop them while they ran
+        (``dumbwaiter.cancel``).  Returns the ids that were cancelled; a job
+        whose lease was lost is cancelled only if it has not started again.
+
+        This default is two calls every engine has: ``requeue`` to a time far
+        ahead (``CANCEL_PARK`` s: no worker can fetch it in between), then
+        ``cancel``.  If the process dies between the two, the job runs again
+        after the park, and its cancel request, still stored, stops it at that
+        worker's first heartbeat.  An engine may do it in one step."""
+        if not ds:
+            return []
+        at = time.time() + CANCEL_PARK
+        for d in ds:
+            d.retry_at = at
+        await self.requeue(ds)
+        return await self.cancel([d.id for d in ds])
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         """Move jobs that have not started (scheduled, ready, retrying) to run at
