@@ -723,3 +723,32 @@ def test_a_real_worker_dead_letter_shows_its_traceback(url: str) -> None:
     assert shown.exit_code == 0
     assert "ValueError" in shown.stdout and "boom 3" in shown.stdout
     assert 'raise ValueError(f"boom {n}")' in shown.stdout  # the task's own line
+
+
+# -- queues ---------------------------------------------------------------------------
+
+
+def test_queues_pause_and_resume(url: str) -> None:
+    [job] = enqueue(ADD, (1, 2))
+
+    async def fetchable(app: dw.App) -> list[str]:
+        ds = await app.broker.fetch(["default"], 10, 30.0, 0)
+        await app.broker.requeue(ds)
+        return [d.id for d in ds]
+
+    r = cli(url, "queues", "pause", "default")
+    assert r.exit_code == 0 and r.stdout == "paused default\n"
+    assert with_app(fetchable) == []  # no worker gets its jobs
+    assert js(cli(url, "stats", "--json"))["queues"][0]["paused"] is True
+    again = cli(url, "queues", "pause", "default", "--json")
+    assert js(again) == {"queue": "default", "paused": True, "was_paused": True}
+    assert js(cli(url, "queues", "resume", "default", "--json")) == {
+        "queue": "default",
+        "paused": False,
+        "was_paused": True,
+    }
+    assert with_app(fetchable) == [job]
+    assert cli(url, "queues", "resume", "default").stdout == "default was not paused\n"
+    # a queue no job was ever stored in: done, with a note (a typo?)
+    r = cli(url, "queues", "pause", "defualt")
+    assert r.exit_code == 0 and "no job was ever stored in a queue named 'defualt'" in r.stderr
