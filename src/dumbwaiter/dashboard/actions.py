@@ -22,7 +22,7 @@ from ..errors import ConfigurationError
 from ..state import State
 from .pages import dead_filter
 from .security import session_cookie, verify_csrf
-from .web import back, base, render, state
+from .web import back, base, render_signin, state
 
 log = logging.getLogger("dumbwaiter.dashboard")
 
@@ -191,26 +191,27 @@ async def alerts_evaluate(request: Request, form: FormData) -> Response:
 
 
 async def login(request: Request) -> Response:
-    """The token form's POST: set the session cookie (an HMAC of the token)."""
+    """The sign-in form's POST: set the session cookie (an HMAC of the
+    credentials, never the credentials)."""
     dw = state(request)
     form = await request.form()
     if not verify_csrf(request, form, dw.secret):
         return PlainTextResponse("403 Forbidden: missing or invalid CSRF token\n", 403)
     root = base(request)
-    if dw.auth is None or dw.auth.scheme != "token":
+    if dw.auth is None:
         return RedirectResponse(root + "/", 303)
-    token = str(form.get("token") or "")
-    from .security import _same
-
-    if not _same(token, dw.auth.token or ""):
+    if not dw.auth.signs_in(form):
         log.warning(
             "failed dashboard sign-in from %s",
             request.client.host if request.client else "?",
             extra={"action": "dashboard_login_failed"},
         )
-        return render(request, "login.html", {"next": "", "failed": True}, 401)
+        nxt = str(form.get("next") or "")
+        return render_signin(request, failed=True, status_code=401, nxt=nxt)
     nxt = str(form.get("next") or "")
     target = nxt if nxt.startswith(root + "/") and not nxt.startswith("//") else root + "/"
+    if "\\" in target:
+        target = root + "/"
     resp = RedirectResponse(target, 303)
     resp.headers.append(
         "set-cookie",

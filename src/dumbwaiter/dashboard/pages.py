@@ -17,7 +17,7 @@ from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..task import full_name
 from . import queries, throughput
-from .web import not_found, page_size, render, state
+from .web import not_found, page_size, render, render_signin, state
 
 
 async def overview(request: Request) -> Response:
@@ -291,7 +291,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
+    """The sign-in form: it shows nothing of the deployment (signin.html)."""
     dw = state(request)
-    if dw.auth is None or dw.auth.scheme != "token":
+    if dw.auth is None:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", 303)
-    return render(request, "login.html", {"next": request.query_params.get("next", "")})
+    return render_signin(request, failed=False, status_code=200)

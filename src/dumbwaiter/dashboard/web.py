@@ -29,7 +29,7 @@ import jinja2
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -38,7 +38,7 @@ from ..app import App
 from ..cli.output import duration, relative, timestamp
 from ..metrics import SCHEDULER_SLACK, StatsCache
 from ..redact import mask_url
-from .security import Auth, Guard
+from .security import Auth, Guard, SignIn
 
 log = logging.getLogger("dumbwaiter.dashboard")
 
@@ -159,8 +159,39 @@ def create_app(
 
     star = Starlette(routes=routes, lifespan=lifespan)
     star.state.dw = dw
-    star.add_middleware(Guard, auth=dw.auth, secret=key_bytes)
+    star.add_middleware(Guard, auth=dw.auth, secret=key_bytes, signin=_signin(env))
     return star
+
+
+def _signin(env: jinja2.Environment) -> SignIn:
+    """The sign-in page: its own template, given nothing of the deployment."""
+    template = env.get_template("signin.html")
+
+    def page(base: str, csrf: str, scheme: str, nxt: str, failed: bool) -> str:
+        return template.render(
+            base=base, csrf=csrf, scheme=scheme, next=nxt, failed=failed, status=401
+        )
+
+    return page
+
+
+def render_signin(
+    request: Request, *, failed: bool, status_code: int, nxt: str | None = None
+) -> Response:
+    """The sign-in page (GET /login, a failed sign-in)."""
+    dw = state(request)
+    assert dw.auth is not None
+    if nxt is None:
+        nxt = str(request.query_params.get("next", ""))
+    page = dw.templates.env.get_template("signin.html").render(
+        base=base(request),
+        csrf=request.state.csrf,
+        scheme=dw.auth.scheme,
+        next=nxt,
+        failed=failed,
+        status=status_code,
+    )
+    return HTMLResponse(page, status_code=status_code)
 
 
 # -- helpers for the handlers ----------------------------------------------------------
