@@ -35,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..app import App
-from ..cli.output import duration, relative, timestamp
+from ..cli.output import duration, relative, timestamp, took
 from ..metrics import SCHEDULER_SLACK, StatsCache
 from ..redact import mask_url
 from .security import Auth, Guard, SignIn
@@ -103,6 +103,7 @@ def create_app(
         ts=timestamp,
         ago=lambda t: relative(t) if t else "-",
         dur=duration,
+        took=took,
         num=lambda n: f"{int(n):,}",
         pretty=lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2).decode(),
     )
@@ -130,6 +131,8 @@ def create_app(
         Route("/login", actions.login, methods=["POST"]),
         Route("/actions/queue/pause", actions.queue_pause, methods=["POST"]),
         Route("/actions/queue/resume", actions.queue_resume, methods=["POST"]),
+        Route("/actions/queue/retry", actions.queue_retry, methods=["POST"]),
+        Route("/actions/queue/delete", actions.queue_delete, methods=["POST"]),
         Route("/actions/job/cancel", actions.job_cancel, methods=["POST"]),
         Route("/actions/dead/replay", actions.dead_replay, methods=["POST"]),
         Route("/actions/dead/purge", actions.dead_purge, methods=["POST"]),
