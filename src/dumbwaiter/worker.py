@@ -755,7 +755,13 @@ def inbox_key(d: Delivery) -> str | None:
     m = d.message
     if m is None or m.kind != "event" or m.headers.get("inbox") == "skip":
         return None
-    return f"inbox:{m.queue}:{m.headers.get('event_id') or m.id}"
+    return inbox_entry(m.queue, str(m.headers.get("event_id") or m.id))
+
+
+def inbox_entry(queue: str, event_id: str) -> str:
+    """The kv key that marks event ``event_id`` handled by the group of ``queue``
+    (the dashboard's events page reads them too)."""
+    return f"inbox:{queue}:{event_id}"
 
 
 def _call_kw(

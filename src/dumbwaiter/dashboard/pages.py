@@ -1,5 +1,5 @@
-"""The dashboard's pages (GET): overview, queue, job, dead letters, workers,
-schedules, alerts, the sign-in form, and /metrics."""
+"""The dashboard's pages (GET): overview, queue, job, events, dead letters,
+workers, schedules, alerts, the sign-in form, and /metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..task import full_name
+from . import events as event_reads
 from . import jobview, queries, search, throughput
 from .web import not_found, page_size, render, render_signin, state
 
@@ -315,3 +316,36 @@ async def login(request: Request) -> Response:
     if dw.auth is None:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", 303)
     return render_signin(request, failed=False, status_code=200)
+
+
+async def events(request: Request) -> Response:
+    """Recent events by type, their payload, and what each group did with them
+    (dashboard/events.py says where each part comes from and what it costs)."""
+    dw = state(request)
+    if not dw.broker.capabilities.events:
+        return render(request, "events.html", {"available": False})
+    snap = await dw.cache.get()
+    p = request.query_params
+    errors: list[str] = []
+    types = await event_reads.known_types(dw.app, dw.broker, snap.stats)
+    chosen = p.get("type", "").strip()
+    if chosen and chosen not in {t.name for t in types}:
+        types.append(event_reads.EventType(chosen))  # a type no group or class knows
+    selected = [t for t in types if t.name == chosen] if chosen else types
+    until = _time_param(p, "until", errors)
+    limit = page_size(request)
+    recent = await event_reads.recent(dw.app, dw.broker, selected, limit, until)
+    return render(
+        request,
+        "events.html",
+        {
+            "available": True,
+            "types": types,
+            "chosen": chosen,
+            "recent": recent,
+            "errors": errors,
+            "limit": limit,
+            "until": until,
+            "retention": dw.app.event_retention,
+        },
+    )

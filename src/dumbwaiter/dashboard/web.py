@@ -21,6 +21,7 @@ import secrets as _secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -106,6 +107,8 @@ def create_app(
         took=took,
         num=lambda n: f"{int(n):,}",
         pretty=lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2).decode(),
+        compact=lambda v: orjson.dumps(v).decode(),
+        iso=lambda t: datetime.fromtimestamp(t, UTC).isoformat(),
     )
     dw = Dashboard(
         app=the_app,
@@ -125,6 +128,7 @@ def create_app(
         Route("/dead", pages.dead, name="dead"),
         Route("/workers", pages.workers, name="workers"),
         Route("/schedules", pages.schedules, name="schedules"),
+        Route("/events", pages.events, name="events"),
         Route("/alerts", pages.alerts, name="alerts"),
         Route("/metrics", pages.metrics, name="metrics"),
         Route("/login", pages.login, methods=["GET"], name="login"),
