@@ -47,6 +47,8 @@ class Context:
     state: dict[str, Any] = field(default_factory=dict)
     #: the worker's event loop (sync handlers reach the broker through it)
     loop: asyncio.AbstractEventLoop | None = None
+    #: set by the worker when a user asks to cancel this job (``dumbwaiter.cancel``)
+    _cancel: bool = field(default=False, init=False, repr=False)
 
     @property
     def logger(self) -> logging.Logger:
@@ -80,6 +82,27 @@ class Context:
     @property
     def headers(self) -> dict[str, Any]:
         return self.message.headers
+
+    # -- cooperative cancellation (see ``dumbwaiter.cancel``) --------------------
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone asked to cancel this job while it runs (the
+        dashboard, ``dumbwaiter jobs cancel``); the worker sees the request
+        at its next heartbeat.  Check it between steps and stop where it is
+        safe: nothing interrupts the handler."""
+        return self._cancel
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if the job was asked to stop: the job then
+        ends ``cancelled`` (not retried, not dead-lettered)."""
+        if self._cancel:
+            from .errors import JobCancelled
+
+            raise JobCancelled(f"job {self.message.id} ({self.name}) was cancelled while it ran")
+
+    def _request_cancel(self) -> None:
+        self._cancel = True
 
     @property
     def event_id(self) -> str:

@@ -86,7 +86,8 @@ class WorkflowFailed(JobFailed):
 
 
 class JobCancelled(DumbwaiterError):
-    """``Job.result()`` of a job that was cancelled before it ran."""
+    """``Job.result()`` of a cancelled job; also what ``ctx.raise_if_cancelled()``
+    raises inside a handler whose job a user asked to cancel while it ran."""
 
 
 class ResultNotKept(DumbwaiterError):

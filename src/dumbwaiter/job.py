@@ -12,7 +12,6 @@ import time
 from typing import TYPE_CHECKING, Any, Generic, cast
 
 from .errors import JobCancelled, JobFailed, JobNotFound, ResultNotKept, ResultTimeout
-from .message import loads
 from .state import FINAL_STATES, State
 from .typevars import T
 
@@ -113,12 +112,12 @@ def _outcome(id: str, state: State, info: JobInfo) -> Any:
         raise JobFailed(f"job {id} ({info.message.name}) is dead: {why}")
     if state is State.CANCELLED:
         raise JobCancelled(f"job {id} was cancelled")
-    if info.result is None:
-        raise ResultNotKept(
-            f"job {id} succeeded but its task {info.message.name} does not keep results "
-            "(@app.task(keep_result=...))"
-        )
-    value = loads(info.result)
-    if isinstance(value, dict) and "error" in value and "value" not in value:
-        raise ResultNotKept(f"job {id} succeeded but its result was not stored: {value['error']}")
-    return value.get("value") if isinstance(value, dict) else value
+    done = info.outcome()
+    if "value" in done:
+        return done["value"]
+    if "error" in done:
+        raise ResultNotKept(f"job {id} succeeded but its result was not stored: {done['error']}")
+    raise ResultNotKept(
+        f"job {id} succeeded but its task {info.message.name} does not keep results "
+        "(@app.task(keep_result=...))"
+    )

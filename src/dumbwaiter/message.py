@@ -146,9 +146,12 @@ class ErrorRecord:
     traceback: str = ""
     worker: str = ""
     attempt: int = 0
+    #: when the failed attempt started (0: not recorded, e.g. a lost lease),
+    #: so its duration (``time - started``) can be shown
+    started: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "time": self.time,
             "type": self.type,
             "message": self.message,
@@ -156,6 +159,9 @@ class ErrorRecord:
             "worker": self.worker,
             "attempt": self.attempt,
         }
+        if self.started:
+            d["started"] = self.started
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ErrorRecord:
@@ -166,6 +172,7 @@ class ErrorRecord:
             traceback=str(d.get("traceback", "")),
             worker=str(d.get("worker", "")),
             attempt=int(d.get("attempt", 0)),
+            started=float(d.get("started") or 0.0),
         )
 
 

@@ -10,8 +10,9 @@ class State(StrEnum):
 
     ``scheduled`` (eta in the future) -> ``ready`` -> ``running`` (leased) ->
     ``succeeded``, or ``retrying`` (scheduled again after a failed attempt),
-    or ``dead``; ``cancelled`` from any state before ``running``.  A StrEnum,
-    so ``job.status() == "succeeded"`` works.
+    or ``dead``; ``cancelled`` from any state before ``running``, or from
+    ``running`` when its handler stops on a cancel request (``dumbwaiter.cancel``).
+    A StrEnum, so ``job.status() == "succeeded"`` works.
     """
 
     SCHEDULED = "scheduled"

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import logs
 from .batch import shard_done
+from .cancel import CANCEL_PREFIX, Cancels
 from .context import Context, reset_current, set_current
 from .errors import (
     BrokerUnavailable,
@@ -70,6 +71,8 @@ log = logging.getLogger("dumbwaiter.worker")
 Service = Callable[["Worker"], Awaitable[None]]
 
 ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
+#: a job someone asked to stop while it ran (``dumbwaiter.cancel``)
+CANCEL = "cancel"
 
 #: kv key prefix under which live workers announce themselves (see Worker._announce)
 WORKER_KEY = "worker:"
@@ -158,6 +161,8 @@ class Worker:
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
         self.counts["rescued"] = 0  # jobs of other (dead) workers this one gave back
         self.counts["throttled"] = 0  # jobs held back by a rate or concurrency limit
+        self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
+        self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
         self.started_at = time.time()
 
@@ -455,6 +460,31 @@ class Worker:
                     extra={"action": "lease_lost", "job_id": d.id},
                 )
         await self._announce()  # after the leases: they matter more
+        await self._poll_cancels()
+
+    async def _poll_cancels(self) -> None:
+        """Read the cancel requests (``dumbwaiter.cancel``): a running job's
+        ``ctx.cancelled`` turns True; a fetched job not started yet ends now."""
+        asked = await self._cancels.poll(
+            self.broker, [*self._inflight, *(d.id for d in self._buffer)]
+        )
+        held = [d for d in self._buffer if d.id in asked]
+        if held:
+            self._buffer = deque(d for d in self._buffer if d.id not in asked)
+            for d in held:
+                self._settler.add(self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL), d)
+
+    async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
+        done = await self.broker.cancel_running(ds)
+        # a job not cancelled runs elsewhere (its lease was lost): its request stays
+        await self.broker.kv_delete([CANCEL_PREFIX + i for i in done])
+        if done:
+            log.info(
+                "cancelled %d job(s) on request: %s",
+                len(done),
+                ", ".join(done),
+                extra={"action": "cancelled"},
+            )
 
     async def _announce(self) -> None:
         """Publish this worker's liveness under ``worker:ID`` in the broker's kv
@@ -557,12 +587,13 @@ class Worker:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
             self._tasks.pop(d.id, None)
+        kind = self._cancels.outcome(d.id, kind, ACK, CANCEL)
         took = time.monotonic() - started
         self._job_time += (took - self._job_time) * 0.1
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
-        if kind == DEAD:
+        if kind == DEAD or kind == CANCEL:
             await self._dead_batch_shard(d)
         if kind != REQUEUE and not d.duplicate:
             # the line of a finished job: built only if it will be written
@@ -639,6 +670,7 @@ class Worker:
             if not await self._admit(d, task.name, flow, started_at):
                 return REQUEUE
             started_at = d.started_at
+        d.started_at = started_at
         ctx = Context(
             message=msg,
             app=self.app,
@@ -647,6 +679,7 @@ class Worker:
             started_at=started_at,
             loop=self._loop,
         )
+        self._cancels.attach(d.id, ctx)
         if task.context_param is not None:
             kwargs[task.context_param] = ctx
         return await self._run_handler(d, task, args, kwargs, ctx)
@@ -682,8 +715,8 @@ class Worker:
             return self._failed(d, ctx, task, exc)
         if mw.has("after_process"):
             mw.call("after_process", ctx, result, None)
+        d.result = _encode_result(result, task, d.started_at)
         if task.keep_result is not None:
-            d.result = _encode_result(result, task)
             d.result_ttl = task.keep_result
         return ACK
 
@@ -849,7 +882,13 @@ def inbox_key(d: Delivery) -> str | None:
     m = d.message
     if m is None or m.kind != "event" or m.headers.get("inbox") == "skip":
         return None
-    return f"inbox:{m.queue}:{m.headers.get('event_id') or m.id}"
+    return inbox_entry(m.queue, str(m.headers.get("event_id") or m.id))
+
+
+def inbox_entry(queue: str, event_id: str) -> str:
+    """The kv key that marks event ``event_id`` handled by the group of ``queue``
+    (the dashboard's events page reads them too)."""
+    return f"inbox:{queue}:{event_id}"
 
 
 def _call_kw(
@@ -870,16 +909,23 @@ def _record(exc: BaseException, d: Delivery, worker: str) -> ErrorRecord:
         traceback=tb[-8000:],
         worker=worker,
         attempt=d.message.attempt if d.message is not None else 0,
+        started=d.started_at,
     )
 
 
-def _encode_result(result: Any, task: Handler) -> bytes:
+def _encode_result(result: Any, task: Handler, started: float) -> bytes:
+    """The record of a successful attempt the broker keeps with the job: when
+    it started and finished (its duration, on the dashboard), and its result
+    (``value``) when the task keeps results (``JobInfo.outcome``)."""
+    timing = {"started": started, "finished": time.time()}
+    if task.keep_result is None:
+        return dumps(timing)
     try:
         check_json(result, f"the result of {task.name}()")
     except SerializationError as exc:
         log.error("%s; it is not stored", exc)
-        return dumps({"error": str(exc)})
-    return dumps({"value": result})
+        return dumps({"error": str(exc), **timing})
+    return dumps({"value": result, **timing})
 
 
 class _Settler:
@@ -887,7 +933,13 @@ class _Settler:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.pending: dict[str, list[Delivery]] = {ACK: [], RETRY: [], DEAD: [], REQUEUE: []}
+        self.pending: dict[str, list[Delivery]] = {
+            ACK: [],
+            RETRY: [],
+            DEAD: [],
+            REQUEUE: [],
+            CANCEL: [],
+        }
         self._wake = asyncio.Event()
         self._closing = False
         self.idle = asyncio.Event()
@@ -905,8 +957,10 @@ class _Settler:
             RETRY: w.broker.retry,
             DEAD: w.broker.dead,
             REQUEUE: w.broker.requeue,
+            CANCEL: w._settle_cancelled,
         }
         counter = {ACK: "succeeded", RETRY: "retried", DEAD: "dead", REQUEUE: "requeued"}
+        counter[CANCEL] = "cancelled"
         backoff = 0.05
         while True:
             await self._wake.wait()

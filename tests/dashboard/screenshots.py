@@ -46,6 +46,10 @@ async def seed(url: str, flag: Path) -> dict[str, str]:
     await report.aenqueue("daily")
     for i in range(3):
         await app.apublish(OrderPaid(order=f"o-{i}"), key=f"o-{i}")
+    await app.apublish(OrderPaid(order="bad"), key="bad")  # the ledger refuses it
+    await drain(app, ["group:ledger"])
+    for i in range(3, 5):
+        await app.apublish(OrderPaid(order=f"o-{i}"), key=f"o-{i}")
     leader = Scheduler(app)
     await leader.step()
     await leader.resign()
@@ -70,6 +74,7 @@ async def seed(url: str, flag: Path) -> dict[str, str]:
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
+    from dumbwaiter.dashboard import Auth
     from tests.dashboard.browser import launch, serve, worker_thread
     from tests.dashboard.dashapp import create_app
 
@@ -103,6 +108,7 @@ def main() -> None:
                 ("queue", "/queues/mail"),
                 ("job", f"/jobs/{ids['dead']}"),
                 ("dead-letters", "/dead"),
+                ("events", "/events"),
                 ("workers", "/workers"),
                 ("schedules", "/schedules"),
                 ("alerts", "/alerts"),
@@ -114,6 +120,14 @@ def main() -> None:
                 print(f"wrote {out / name}.png")
             browser.close()
         stop.set()
+    with serve(create_app(), auth=Auth(token="screenshot-token-0123456789")) as url:
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(url + "/queues/mail")  # signed out: the sign-in page, as a 401
+            page.screenshot(path=str(out / "signin.png"))
+            print(f"wrote {out / 'signin'}.png")
+            browser.close()
 
 
 async def _enqueue_slow(app: object) -> None:

@@ -8,7 +8,9 @@ browser download is never used (``executable_path``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,14 +135,14 @@ def test_an_unauthenticated_request_off_loopback_is_refused(seeded: Seeded, brow
         p = ctx.new_page()
         p.set_default_timeout(WAIT)
         r = p.goto(url + "/dead")
-        assert r is not None and r.status == 401
-        p.get_by_role("link", name="Sign in").click()
+        assert r is not None and r.status == 401  # the sign-in form, as a styled 401
         p.locator('input[name="token"]').fill("not-the-token-at-all")
         p.get_by_role("button", name="Sign in").click()
         expect(p.locator(".flash.err")).to_contain_text("not right")
         p.locator('input[name="token"]').fill(TOKEN)
         p.get_by_role("button", name="Sign in").click()
-        expect(p.locator('tr[data-queue="mail"] [data-col="dead"]')).to_have_text("2")
+        expect(p).to_have_url(url + "/dead")  # back where it was going
+        expect(p.locator("tr[data-id]")).to_have_count(2)
         ctx.close()
 
 
@@ -148,3 +150,47 @@ def _token() -> Any:
     from dumbwaiter.dashboard import Auth
 
     return Auth(token=TOKEN)
+
+
+def test_sign_in_then_a_job_page_and_the_events_page(
+    seeded: Seeded, browser: Any, tmp_path: Path
+) -> None:
+    """Signed out, a deep link shows the sign-in form and nothing else; signed
+    in, the job page names its arguments and times its attempts, and the
+    events page shows the event, its payload and its group.  Screenshots go
+    to $DW_SCREENSHOTS (default: the test's tmp dir) for a person to look at."""
+    from playwright.sync_api import expect
+
+    shots = Path(os.environ.get("DW_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    with serve(create_dashapp(), auth=_token()) as url:
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        p = ctx.new_page()
+        p.set_default_timeout(WAIT)
+        job = seeded.dead[0]
+        r = p.goto(f"{url}/jobs/{job}")
+        assert r is not None and r.status == 401
+        expect(p.locator("h1")).to_have_text("Sign in")
+        body = p.locator("body").inner_text()
+        for secret in ("sqlite", "mail", "dashapp", "Dead letters", job):
+            assert secret not in body, secret
+        p.screenshot(path=str(shots / "signin.png"))
+        p.locator('input[name="token"]').fill(TOKEN)
+        p.get_by_role("button", name="Sign in").click()
+        expect(p).to_have_url(f"{url}/jobs/{job}")
+        expect(p.locator("#job-state")).to_have_text("dead")
+        expect(p.locator("#args tbody tr")).to_have_count(1)
+        expect(p.locator("#args tbody tr td").first).to_have_text("to")
+        expect(p.locator("#args")).to_contain_text('"u0@example.com"')
+        expect(p.locator("details.error summary").last).to_contain_text(" ms")
+        expect(p.locator("#took")).to_contain_text("ms")
+        p.screenshot(path=str(shots / "job.png"), full_page=True)
+        p.get_by_role("link", name="Events").click()
+        expect(p).to_have_url(url + "/events")
+        row = p.locator("#events tbody tr[data-event]")
+        expect(row).to_have_count(1)
+        expect(row.locator('[data-group="ledger"]')).to_contain_text("ready")
+        row.locator("summary").click()  # the payload, whole
+        expect(row.locator("pre.json")).to_contain_text('"order": "o-1"')
+        p.screenshot(path=str(shots / "events.png"), full_page=True)
+        ctx.close()

@@ -53,7 +53,7 @@ def test_token_auth(seeded: Seeded) -> None:
         for path in PAGES:
             assert c.get(path).status_code == 401, path
         r = c.get("/", headers={"Accept": "text/html"})
-        assert r.status_code == 401 and 'href="/login"' in r.text
+        assert r.status_code == 401 and 'action="/login"' in r.text  # the sign-in form
         r = c.get("/", headers={"Authorization": "Bearer wrong-token-wrong-token"})
         assert r.status_code == 401
         assert c.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
@@ -81,6 +81,68 @@ def test_basic_auth(seeded: Seeded) -> None:
         assert c.get("/", headers={"Authorization": f"Basic {bad}"}).status_code == 401
         assert c.get("/", headers={"Authorization": "Basic !!!"}).status_code == 401
         assert c.get("/", headers={"Authorization": f"Basic {good}"}).status_code == 200
+
+
+def _deployment(seeded: Seeded) -> list[str]:
+    """What a page may show only after sign-in: the broker, queues, tasks,
+    events, the other pages."""
+    return [
+        seeded.url,
+        "sqlite:",
+        "dash.db",
+        "mail",
+        "reports",
+        "ledger",
+        "dashapp",
+        "order_paid",
+        "/dead",
+        "/workers",
+        "Dead letters",
+    ]
+
+
+@pytest.mark.parametrize("auth", [Auth(token=TOKEN), Auth.basic("ops:s3cret-pass")])
+def test_the_sign_in_page_and_the_401_show_nothing_of_the_deployment(
+    seeded: Seeded, auth: Auth
+) -> None:
+    star = create_app(create_dashapp(), auth=auth, sample=False)
+    html = {"Accept": "text/html,application/xhtml+xml"}
+    with TestClient(star, client=("203.0.113.7", 4000)) as c:
+        denied = c.get("/queues/mail?state=dead", headers=html)
+        login = c.get("/login", headers=html)
+        assert denied.status_code == 401 and login.status_code == 200
+        assert denied.headers["www-authenticate"].startswith(
+            "Basic" if auth.scheme == "basic" else "Bearer"
+        )
+        for page in (denied.text, login.text):
+            assert "<title>Sign in</title>" in page
+            assert 'href="/static/dashboard.css"' in page  # styled, from the dashboard itself
+            assert "<nav" not in page
+            for secret in _deployment(seeded):
+                assert secret not in page.replace('value="/queues/mail?state=dead"', ""), secret
+        # the 401 form brings the user back where they were going
+        assert 'name="next" value="/queues/mail?state=dead"' in denied.text
+        fields = (
+            {"token": "wrong-token-wrong-token"}
+            if auth.scheme == "token"
+            else {"username": "ops", "password": "guess"}
+        )
+        r = c.post("/login", data={"csrf": csrf(login.text), "next": "/dead", **fields})
+        assert r.status_code == 401 and "not right" in r.text
+        assert all(secret not in r.text for secret in _deployment(seeded)[:5])
+        fields = (
+            {"token": TOKEN}
+            if auth.scheme == "token"
+            else {"username": "ops", "password": "s3cret-pass"}
+        )
+        r = c.post("/login", data={"csrf": csrf(login.text), "next": "/dead", **fields})
+        assert r.status_code == 200 and str(r.url).endswith("/dead")
+        assert "s3cret-pass" not in (c.cookies.get("dw_session") or "")
+        assert "Dead letters" in c.get("/workers", headers=html).text
+    # scripts get one line, no page
+    with TestClient(star, client=("203.0.113.7", 4000)) as c:
+        r = c.get("/", headers={"Accept": "application/json"})
+        assert r.status_code == 401 and r.text.startswith("401 Unauthorized")
 
 
 def test_auth_settings_are_checked() -> None:

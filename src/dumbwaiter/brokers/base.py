@@ -7,7 +7,8 @@ messages, so an engine can do a batch in one round trip.  It has three parts:
   ``publish``, ``fetch``, ``ack``, ``retry``, ``dead``, ``requeue``,
   ``extend``, ``rescue``;
 * **admin** (CLI, dashboard): ``stats``, ``list_jobs``, ``get``, ``replay``,
-  ``purge``, ``pause``, ``resume``, ``cancel``;
+  ``purge``, ``pause``, ``resume``, ``cancel`` (and ``cancel_running``, with
+  a default built on ``requeue`` and ``cancel``, for the worker);
 * **coordination** (scheduler, workflows, limits): ``acquire``, ``renew``,
   ``release`` (leases with fencing tokens) and a small key-value store
   (``kv_get``, ``kv_set``, ``kv_add``, ``kv_incr``, ``kv_delete``, ``kv_scan``).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
+import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
@@ -43,6 +45,9 @@ T = TypeVar("T")
 
 #: seconds events stay in the log (and consumers' inbox marks) by default: 7 days
 DEFAULT_EVENT_RETENTION = 7 * 86400.0
+
+#: seconds ahead ``cancel_running`` parks a job between its requeue and its cancel
+CANCEL_PARK = 3600.0
 
 #: what a ``kv_update``'s ``decide`` may store under a key: the value (kept
 #: with no expiry), or ``(value, ttl)``: the value kept ``ttl`` seconds
@@ -232,15 +237,13 @@ class JobInfo:
     updated_at: float | None = None
     worker: str | None = None
     lease_until: float | None = None
-    #: JSON bytes of the kept result, if any
+    #: JSON bytes of the worker's record of its successful attempt (see ``outcome``)
     result: bytes | None = None
     #: times it was replayed from the dead-letter queue
     replays: int = 0
     raw: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        from ..message import loads
-
         d = self.message.to_dict()
         d.update(
             state=str(self.state),
@@ -250,13 +253,31 @@ class JobInfo:
             lease_until=self.lease_until,
             replays=self.replays,
         )
-        if self.result is not None:
-            stored = loads(self.result)  # {"value": v} or {"error": why}
-            if isinstance(stored, dict) and "value" in stored:
-                d["result"] = stored["value"]
-            elif isinstance(stored, dict):
-                d["result_error"] = stored.get("error")
+        done = self.outcome()
+        if "value" in done:
+            d["result"] = done["value"]
+        elif "error" in done:
+            d["result_error"] = done["error"]
+        for k in ("started", "finished"):
+            if isinstance(done.get(k), (int, float)):
+                d[k + "_at"] = done[k]
         return d
+
+    def outcome(self) -> dict[str, Any]:
+        """The worker's record of the job's successful attempt (``result``):
+        ``started`` and ``finished`` (epoch seconds), and ``value`` (the
+        result, when the task keeps results) or ``error`` (why a result could
+        not be kept).  Empty when there is none (not succeeded yet, or stored
+        by an older version), and for a record that does not decode."""
+        if self.result is None:
+            return {}
+        from ..message import loads
+
+        try:
+            stored = loads(self.result)
+        except ValueError:
+            return {}
+        return stored if isinstance(stored, dict) else {}
 
 
 def stats_rows(
@@ -583,6 +604,25 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def cancel(self, ids: Sequence[str]) -> list[str]:
         """Cancel jobs that have not started; return the ids that were cancelled."""
+
+    async def cancel_running(self, ds: Sequence[Delivery]) -> list[str]:
+        """End jobs this worker holds (running, or fetched and not started) as
+        ``cancelled``: someone asked to stop them while they ran
+        (``dumbwaiter.cancel``).  Returns the ids that were cancelled; a job
+        whose lease was lost is cancelled only if it has not started again.
+
+        This default is two calls every engine has: ``requeue`` to a time far
+        ahead (``CANCEL_PARK`` s: no worker can fetch it in between), then
+        ``cancel``.  If the process dies between the two, the job runs again
+        after the park, and its cancel request, still stored, stops it at that
+        worker's first heartbeat.  An engine may do it in one step."""
+        if not ds:
+            return []
+        at = time.time() + CANCEL_PARK
+        for d in ds:
+            d.retry_at = at
+        await self.requeue(ds)
+        return await self.cancel([d.id for d in ds])
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         """Move jobs that have not started (scheduled, ready, retrying) to run at

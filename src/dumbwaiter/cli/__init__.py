@@ -25,6 +25,7 @@ COMMANDS = {
     "stats": "admin:stats",
     "enqueue": "admin:enqueue",
     "jobs": "jobs:jobs",
+    "queues": "queues:queues",
     "dlq": "dlq:dlq",
     "demo": "demo:demo",
     "migrate": "migrate:migrate",

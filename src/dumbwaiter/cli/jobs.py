@@ -1,7 +1,10 @@
-"""``dumbwaiter jobs ls|show|cancel``: look at jobs in any state, cancel those not started."""
+"""``dumbwaiter jobs ls|show|cancel``: look at jobs in any state, cancel them
+(a running one cooperatively: see ``dumbwaiter.cancel``)."""
 
 from __future__ import annotations
 
+import getpass
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -10,8 +13,9 @@ from typing import Any, TypeVar
 import click
 from rich.text import Text
 
-from ..brokers.base import Broker, JobFilter, JobInfo, Page
-from ..state import CANCELLABLE_STATES, State
+from ..brokers.base import JobFilter, JobInfo, Page
+from ..cancel import CANCELLED, REQUESTED, request_cancel
+from ..state import State
 from ..workflow import steps_of
 from .admin import call, no_match, task_filter
 from .common import app_options, resolve_app
@@ -208,42 +212,43 @@ def show(app_spec: str | None, url: str | None, job_id: str, as_json: bool) -> N
 @jobs.command("cancel")
 @app_options
 @click.argument("job_ids", metavar="ID...", nargs=-1, required=True)
-def cancel(app_spec: str | None, url: str | None, job_ids: tuple[str, ...]) -> None:
-    """Cancel jobs that have not started yet.
+@json_option
+def cancel(app_spec: str | None, url: str | None, job_ids: tuple[str, ...], as_json: bool) -> None:
+    """Cancel jobs; ask the workers of running ones to stop them.
 
-    Scheduled, ready and retrying jobs can be cancelled; running and finished
-    ones cannot.  Says which were cancelled and why the others were not;
-    exits 1 when none could be cancelled, so scripts notice.
+    Scheduled, ready and retrying jobs are cancelled at once.  For a running
+    job the request is stored in the broker: its worker sees it within a
+    heartbeat (5 s by default), and the handler through ``ctx.cancelled`` /
+    ``ctx.raise_if_cancelled()``; a handler that stops ends the job
+    ``cancelled``, one that returns normally ends it ``succeeded``.  Says what
+    became of each id; exits 1 when nothing was cancelled or requested.
     """
     ids = list(dict.fromkeys(job_ids))  # unique, in the order given
     app = resolve_app(app_spec, url)
-
-    async def run(b: Broker) -> tuple[list[str], dict[str, JobInfo | None]]:
-        done = await b.cancel(ids)
-        cancelled = set(done)
-        # ask about the others only now: their state explains the refusal
-        others = {i: await b.get(i) for i in ids if i not in cancelled}
-        return done, others
-
-    done, others = call(app, run)
-    for i in ids:
-        if i not in others:
+    outcome = call(app, lambda b: request_cancel(b, ids, _who()))
+    done = [i for i, o in outcome.items() if o == CANCELLED]
+    asked = [i for i, o in outcome.items() if o == REQUESTED]
+    refused = {i: o for i, o in outcome.items() if o not in (CANCELLED, REQUESTED)}
+    if as_json:
+        print_json({"cancelled": done, "requested": asked, "not_cancelled": refused})
+    else:
+        for i in done:
             click.echo(f"cancelled {i}")
-    for i, info in others.items():
-        click.echo(f"not cancelled {i}: {_why_not(info)}", err=True)
-    if done and others:
-        note(f"cancelled {len(done)} of {plural(len(ids), 'job')}")
-    if not done:
+        for i in asked:
+            click.echo(f"asked to stop {i}: it is running; its handler sees ctx.cancelled")
+        for i, why in refused.items():
+            click.echo(f"not cancelled {i}: {why}", err=True)
+        if refused and (done or asked):
+            note(
+                f"cancelled or asked to stop {len(done) + len(asked)} of {plural(len(ids), 'job')}"
+            )
+    if not done and not asked:
         sys.exit(1)
 
 
-def _why_not(info: JobInfo | None) -> str:
-    if info is None:
-        return "not found"
-    if info.state is State.RUNNING:
-        return "already running"
-    if info.state is State.CANCELLED:
-        return "already cancelled"
-    if info.state in CANCELLABLE_STATES:  # started and given back in between
-        return f"it is {info.state}, but changed while cancelling; try again"
-    return f"already finished ({info.state})"
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in a bare container: the host is enough
+        user = "?"
+    return f"{user}@{socket.gethostname()}"

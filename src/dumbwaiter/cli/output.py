@@ -67,6 +67,16 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 # -- time ----------------------------------------------------------------------
 
 
+def took(seconds: float) -> str:
+    """How long an attempt ran: ``0.8 ms``, ``42 ms``, then as ``duration``."""
+    s = max(0.0, seconds)
+    if s < 0.01:
+        return f"{s * 1000:.1f} ms"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    return duration(s)
+
+
 def duration(seconds: float) -> str:
     """``0.4s``, ``3.2s``, ``42s``, ``4m10s``, ``2h05m``, ``3d04h``: precise where
     it matters (a lag of seconds) and short where it does not (days)."""
@@ -242,6 +252,10 @@ def _fields(info: JobInfo) -> Table:
     ]
     if info.lease_until is not None:
         rows.append(("lease until", Text(when(info.lease_until))))
+    done = info.outcome()
+    started, finished = done.get("started"), done.get("finished")
+    if isinstance(started, (int, float)) and isinstance(finished, (int, float)) and started:
+        rows.append(("took", Text(f"{took(finished - started)} (started {when(started)})")))
     rows.append(("replays", Text(str(info.replays))))
     if m.payload is not None:
         rows.append(("payload", _json_text(m.payload)))
@@ -249,7 +263,7 @@ def _fields(info: JobInfo) -> Table:
         rows.append(("args", _json_text(m.args)))
         rows.append(("kwargs", _json_text(m.kwargs)))
     rows.append(("headers", _json_text(m.headers)))
-    if info.result is not None:
+    if info.result is not None and ("value" in done or "error" in done):
         rows.append(("result", _result_text(info.result)))
     if info.raw is not None:
         text, utf8 = raw_text(info.raw)

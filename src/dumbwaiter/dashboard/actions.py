@@ -9,7 +9,9 @@ no filter narrows them, as ``dumbwaiter dlq`` requires ``--all``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,12 +19,13 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ..brokers.base import JobFilter
+from ..brokers.base import Broker, JobFilter
+from ..cancel import CANCELLED, REQUESTED, request_cancel
 from ..errors import ConfigurationError
 from ..state import State
-from .pages import dead_filter
+from .pages import dead_filter, queue_filter
 from .security import session_cookie, verify_csrf
-from .web import back, base, render, state
+from .web import back, base, render_signin, state
 
 log = logging.getLogger("dumbwaiter.dashboard")
 
@@ -30,6 +33,9 @@ Handler = Callable[[Request, FormData], Awaitable[Response]]
 
 #: most ids one "selected" action takes
 MAX_SELECTED = 1000
+#: most retrying jobs one "retry all matching" moves (dead ones are replayed
+#: by the broker in one call, with no such bound)
+MAX_BULK = 10_000
 
 
 def csrf_protected(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -85,20 +91,134 @@ async def queue_resume(request: Request, form: FormData) -> Response:
 
 @csrf_protected
 async def job_cancel(request: Request, form: FormData) -> Response:
+    """Cancel jobs not started; ask the workers of running ones to stop them
+    (``dumbwaiter.cancel``: the request is stored in the broker, the worker
+    reads it at its heartbeat, the handler sees ``ctx.cancelled``)."""
     ids = _ids(form)
     if not ids:
         return back(request, form, "/", err="no job selected")
-    done = await state(request).broker.cancel(ids)
-    _audit(request, f"cancelled {len(done)} job(s)", ids=done)
-    if len(done) < len(ids):
-        return back(
-            request,
-            form,
-            "/",
-            msg=f"cancelled {len(done)} of {len(ids)}",
-            err="a job that already started cannot be cancelled",
+    outcome = await request_cancel(state(request).broker, ids, _who(request))
+    done = [i for i, o in outcome.items() if o == CANCELLED]
+    asked = [i for i, o in outcome.items() if o == REQUESTED]
+    refused = {i: o for i, o in outcome.items() if o not in (CANCELLED, REQUESTED)}
+    _audit(request, f"cancelled {len(done)} job(s), asked {len(asked)} to stop", ids=ids)
+    parts = []
+    if done:
+        parts.append(f"cancelled {len(done)} job(s)")
+    if asked:
+        parts.append(f"asked {len(asked)} running job(s) to stop")
+    err = "; ".join(f"{i}: {why}" for i, why in list(refused.items())[:5])
+    if refused and not (done or asked):
+        return back(request, form, "/", err=f"not cancelled: {err}")
+    return back(
+        request, form, "/", msg=", ".join(parts), err=f"not cancelled: {err}" if err else ""
+    )
+
+
+# -- bulk actions on a queue ---------------------------------------------------------
+
+
+def _queue_selection(
+    request: Request, form: FormData
+) -> tuple[str, JobFilter | None, State | None, tuple[str, ...], str]:
+    """The jobs a queue page's bulk form means: ``scope`` = ``selected`` (the
+    ``id`` fields) or ``matching`` (the page's filter fields, as the page
+    showed them).  Returns (queue, filter, state tab, ids, error)."""
+    queue = str(form.get("queue") or "")
+    if not queue:
+        return queue, None, None, (), "no queue given"
+    scope = str(form.get("scope") or "selected")
+    if scope == "selected":
+        ids = _ids(form)
+        if not ids:
+            return queue, None, None, (), "select at least one job"
+        return queue, JobFilter(queue=queue, ids=ids), None, ids, ""
+    if scope != "matching":
+        return queue, None, None, (), f"unknown scope {scope!r}"
+    if str(form.get("args") or "").strip():
+        return (
+            queue,
+            None,
+            None,
+            (),
+            ("an argument search is not a filter the broker can apply: select the jobs instead"),
         )
-    return back(request, form, "/", msg=f"cancelled {len(done)} job(s)")
+    errors: list[str] = []
+    f, wanted = queue_filter(state(request).app, queue, form, errors)
+    if errors:
+        return queue, None, None, (), "; ".join(errors)
+    narrowed = wanted is not None or any(v is not None for v in (f.name, f.since, f.until, f.key))
+    if not narrowed and form.get("all") != "1":
+        return (
+            queue,
+            None,
+            None,
+            (),
+            (f"refusing to act on every job of {queue} without all=1 (confirm it)"),
+        )
+    return queue, f, wanted, (), ""
+
+
+@csrf_protected
+async def queue_retry(request: Request, form: FormData) -> Response:
+    """Dead jobs get fresh attempts (``replay``); retrying jobs (and, when
+    selected, scheduled ones) run now instead of at their next attempt."""
+    queue, f, wanted, ids, error = _queue_selection(request, form)
+    if f is None:
+        return back(request, form, f"/queues/{queue}" if queue else "/", err=error)
+    broker = state(request).broker
+    if wanted not in (None, State.DEAD, State.RETRYING):
+        return back(request, form, f"/queues/{queue}", err=f"{wanted} jobs cannot be retried")
+    now = time.time()
+    moved = 0
+    if ids:  # first: the dead ones replayed below are not counted twice
+        moved = len(await broker.reschedule(ids, now))
+    elif wanted in (None, State.RETRYING):
+        moved = await _run_now(broker, dataclasses.replace(f, state=State.RETRYING), now)
+    replayed = 0
+    if wanted in (None, State.DEAD):
+        replayed = await broker.replay(dataclasses.replace(f, state=State.DEAD))
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"retried {replayed} dead and {moved} waiting job(s) of {queue}")
+    return back(
+        request,
+        form,
+        f"/queues/{queue}",
+        msg=f"replayed {replayed} dead job(s), {moved} to run now",
+    )
+
+
+async def _run_now(broker: Broker, f: JobFilter, at: float) -> int:
+    """Reschedule the jobs of ``f`` to ``at``, page by page, at most MAX_BULK."""
+    moved = 0
+    cursor = None
+    seen = 0
+    while seen < MAX_BULK:
+        page = await broker.list_jobs(f, cursor, min(500, MAX_BULK - seen))
+        if not page.items:
+            break
+        ids = [i.message.id for i in page.items]
+        seen += len(ids)
+        moved += len(await broker.reschedule(ids, at))
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    return moved
+
+
+@csrf_protected
+async def queue_delete(request: Request, form: FormData) -> Response:
+    """Delete jobs that are not running (``purge``): the selected ones, or
+    every one the page's filter matches."""
+    queue, f, wanted, _, error = _queue_selection(request, form)
+    if f is None:
+        return back(request, form, f"/queues/{queue}" if queue else "/", err=error)
+    if wanted is State.RUNNING:
+        return back(request, form, f"/queues/{queue}", err="running jobs cannot be deleted")
+    n = await state(request).broker.purge(dataclasses.replace(f, state=wanted))
+    await state(request).cache.get(max_age=0)
+    _audit(request, f"deleted {n} job(s) of {queue}", filter=repr(f))
+    return back(request, form, f"/queues/{queue}", msg=f"deleted {n} job{'s' if n != 1 else ''}")
 
 
 def _ids(form: FormData) -> tuple[str, ...]:
@@ -191,26 +311,27 @@ async def alerts_evaluate(request: Request, form: FormData) -> Response:
 
 
 async def login(request: Request) -> Response:
-    """The token form's POST: set the session cookie (an HMAC of the token)."""
+    """The sign-in form's POST: set the session cookie (an HMAC of the
+    credentials, never the credentials)."""
     dw = state(request)
     form = await request.form()
     if not verify_csrf(request, form, dw.secret):
         return PlainTextResponse("403 Forbidden: missing or invalid CSRF token\n", 403)
     root = base(request)
-    if dw.auth is None or dw.auth.scheme != "token":
+    if dw.auth is None:
         return RedirectResponse(root + "/", 303)
-    token = str(form.get("token") or "")
-    from .security import _same
-
-    if not _same(token, dw.auth.token or ""):
+    if not dw.auth.signs_in(form):
         log.warning(
             "failed dashboard sign-in from %s",
             request.client.host if request.client else "?",
             extra={"action": "dashboard_login_failed"},
         )
-        return render(request, "login.html", {"next": "", "failed": True}, 401)
+        nxt = str(form.get("next") or "")
+        return render_signin(request, failed=True, status_code=401, nxt=nxt)
     nxt = str(form.get("next") or "")
     target = nxt if nxt.startswith(root + "/") and not nxt.startswith("//") else root + "/"
+    if "\\" in target:
+        target = root + "/"
     resp = RedirectResponse(target, 303)
     resp.headers.append(
         "set-cookie",

@@ -1,5 +1,5 @@
-"""The dashboard's pages (GET): overview, queue, job, dead letters, workers,
-schedules, alerts, and /metrics."""
+"""The dashboard's pages (GET): overview, queue, job, events, dead letters,
+workers, schedules, alerts, the sign-in form, and /metrics."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..app import App
 from ..brokers.base import JobFilter, QueueStats
+from ..cancel import pending
 from ..cli.output import parse_time, raw_text
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..task import full_name
-from . import queries, throughput
-from .web import not_found, page_size, render, state
+from . import events as event_reads
+from . import jobview, queries, search, throughput
+from .web import not_found, page_size, render, render_signin, state
 
 
 async def overview(request: Request) -> Response:
@@ -56,8 +58,8 @@ def _totals(stats: tuple[QueueStats, ...]) -> dict[str, float]:
     return out
 
 
-def _time_param(request: Request, name: str, errors: list[str]) -> float | None:
-    text = request.query_params.get(name, "").strip()
+def _time_param(params: Any, name: str, errors: list[str]) -> float | None:
+    text = str(params.get(name) or "").strip()
     if not text:
         return None
     try:
@@ -65,6 +67,26 @@ def _time_param(request: Request, name: str, errors: list[str]) -> float | None:
     except ValueError as exc:
         errors.append(f"{name}: {exc}")
         return None
+
+
+def queue_filter(
+    app: App, queue: str, params: Any, errors: list[str]
+) -> tuple[JobFilter, State | None]:
+    """The selection of a queue page's query string or form (shared by the
+    page and its bulk actions, so "all matching" means what the page showed):
+    the filter without its state, and the state tab (None: every state)."""
+    tab = str(params.get("state") or "all")
+    wanted = _state_param(tab)
+    if tab != "all" and wanted is None:
+        errors.append(f"unknown state {tab!r}")
+    base = JobFilter(
+        queue=queue,
+        name=task_param(app, params.get("task"), errors),
+        since=_time_param(params, "since", errors),
+        until=_time_param(params, "until", errors),
+        key=str(params.get("key") or "").strip() or None,
+    )
+    return base, wanted
 
 
 def _state_param(value: str) -> State | None:
@@ -86,22 +108,19 @@ async def queue(request: Request) -> Response:
         if info is not None:
             return RedirectResponse(f"{request.scope.get('root_path', '')}/jobs/{job_id}", 303)
     errors: list[str] = []
-    tab = p.get("state", "all")
-    wanted = _state_param(tab)
-    if tab != "all" and wanted is None:
-        errors.append(f"unknown state {tab!r}")
-        tab = "all"
-    base = JobFilter(
-        queue=name,
-        name=task_param(dw.app, p.get("task"), errors),
-        since=_time_param(request, "since", errors),
-        until=_time_param(request, "until", errors),
-        key=p.get("key", "").strip() or None,
-    )
+    base, wanted = queue_filter(dw.app, name, p, errors)
+    tab = wanted.value if wanted is not None else "all"
     filters = queries.split(base, None, [wanted] if wanted else list(queries.STATES))
     limit = page_size(request)
     cursor = p.get("cursor") or None
-    listing = await queries.merged(dw.broker, filters, cursor, limit)
+    args_query = p.get("args", "").strip()
+    found: search.Found | None = None
+    if args_query:
+        test = search.matcher(dw.app, args_query)
+        found = await search.search(dw.broker, filters, cursor, limit, test)
+        listing = queries.Listing(found.items, found.cursor)
+    else:
+        listing = await queries.merged(dw.broker, filters, cursor, limit)
     return render(
         request,
         "queue.html",
@@ -113,10 +132,14 @@ async def queue(request: Request) -> Response:
             "tab": tab,
             "states": queries.STATES,
             "listing": listing,
+            "found": found,
             "errors": errors,
             "missing_id": job_id if job_id else "",
             "limit": limit,
             "cursor": cursor,
+            "narrowed": any(
+                v is not None for v in (base.name, base.since, base.until, base.key, wanted)
+            ),
         },
     )
 
@@ -126,34 +149,31 @@ async def job(request: Request) -> Response:
     info = await dw.broker.get(request.path_params["id"])
     if info is None:
         return not_found(request, "No job with this id is stored (never enqueued, or pruned).")
-    result: Any = None
-    result_error: str | None = None
-    if info.result is not None:
-        from ..message import loads
-
-        try:
-            stored = loads(info.result)
-            if isinstance(stored, dict) and "value" in stored:
-                result = stored["value"]
-            elif isinstance(stored, dict):
-                result_error = str(stored.get("error"))
-        except ValueError:
-            result_error = "unreadable"
+    done = info.outcome()
+    result_error = str(done["error"]) if "error" in done else None
+    asked: dict[str, object] | None = None
+    if info.state is State.RUNNING:
+        asked = (await pending(dw.broker, [info.message.id])).get(info.message.id)
     return render(
         request,
         "job.html",
         {
             "info": info,
             "m": info.message,
-            "result": result,
-            "has_result": info.result is not None and result_error is None,
+            "result": done.get("value"),
+            "has_result": "value" in done,
             "result_error": result_error,
             "cancellable": info.state in CANCELLABLE_STATES,
+            # a running job can be asked to stop (its handler sees ctx.cancelled)
+            "stoppable": info.state is State.RUNNING and asked is None,
+            "cancel_asked": asked,
             "dead": info.state is State.DEAD,
             # a job on its way refreshes itself until it is final
             "live": info.state not in FINAL_STATES and info.state is not State.DEAD,
             "raw": raw_text(info.raw)[0] if info.raw is not None else None,
             "raw_utf8": info.raw is None or raw_text(info.raw)[1],
+            "arguments": jobview.arguments(dw.app, info.message),
+            "timing": jobview.timing(info, time.time()),
         },
     )
 
@@ -291,7 +311,41 @@ async def metrics(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
+    """The sign-in form: it shows nothing of the deployment (signin.html)."""
     dw = state(request)
-    if dw.auth is None or dw.auth.scheme != "token":
+    if dw.auth is None:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/", 303)
-    return render(request, "login.html", {"next": request.query_params.get("next", "")})
+    return render_signin(request, failed=False, status_code=200)
+
+
+async def events(request: Request) -> Response:
+    """Recent events by type, their payload, and what each group did with them
+    (dashboard/events.py says where each part comes from and what it costs)."""
+    dw = state(request)
+    if not dw.broker.capabilities.events:
+        return render(request, "events.html", {"available": False})
+    snap = await dw.cache.get()
+    p = request.query_params
+    errors: list[str] = []
+    types = await event_reads.known_types(dw.app, dw.broker, snap.stats)
+    chosen = p.get("type", "").strip()
+    if chosen and chosen not in {t.name for t in types}:
+        types.append(event_reads.EventType(chosen))  # a type no group or class knows
+    selected = [t for t in types if t.name == chosen] if chosen else types
+    until = _time_param(p, "until", errors)
+    limit = page_size(request)
+    recent = await event_reads.recent(dw.app, dw.broker, selected, limit, until)
+    return render(
+        request,
+        "events.html",
+        {
+            "available": True,
+            "types": types,
+            "chosen": chosen,
+            "recent": recent,
+            "errors": errors,
+            "limit": limit,
+            "until": until,
+            "retention": dw.app.event_retention,
+        },
+    )

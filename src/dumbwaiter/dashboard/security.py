@@ -6,7 +6,10 @@
   client in ``X-Forwarded-For``), refuses the outside world with 403.
 * **With auth** (``Auth(token=...)`` or ``Auth(username=, password=)``) every
   request must carry it: ``Authorization: Bearer TOKEN``, HTTP Basic, or the
-  session cookie the login form sets (an HMAC of the token, never the token).
+  session cookie the sign-in form sets (an HMAC of the credentials, never the
+  credentials).  A browser that has not signed in gets the sign-in form as a
+  styled 401 page that shows nothing of the deployment (no broker, no
+  queues, no navigation); scripts get a one-line 401.
 * **CSRF**: every state change is a POST, and every POST must carry the token
   of the signed double-submit pattern: a random ``dw_csrf`` cookie
   (``SameSite=Strict``, ``HttpOnly``) and, in the form or the ``X-CSRF-Token``
@@ -26,6 +29,7 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from typing import Any
@@ -83,17 +87,28 @@ class Auth:
         return "basic" if self.username is not None else "token"
 
     def session_value(self, secret: bytes) -> str:
-        """The session cookie the login form sets: proves the token was typed."""
+        """The session cookie the sign-in form sets: proves the credentials were typed."""
+        if self.username is not None:
+            return _mac(secret, f"session:basic:{self.username}\x00{self.password}")
         return _mac(secret, "session:" + (self.token or ""))
+
+    def signs_in(self, form: Any) -> bool:
+        """Whether the sign-in form's fields are the credentials."""
+        if self.token is not None:
+            return _same(str(form.get("token") or ""), self.token)
+        user, password = str(form.get("username") or ""), str(form.get("password") or "")
+        ok_user = _same(user, self.username or "")
+        ok_pass = _same(password, self.password or "")
+        return ok_user and ok_pass and self.username is not None
 
     def check(self, request: Request, secret: bytes) -> bool:
         header = request.headers.get("authorization", "")
         kind, _, value = header.partition(" ")
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        if cookie and _same(cookie, self.session_value(secret)):
+            return True
         if self.token is not None:
-            if kind.lower() == "bearer" and _same(value.strip(), self.token):
-                return True
-            cookie = request.cookies.get(SESSION_COOKIE, "")
-            return bool(cookie) and _same(cookie, self.session_value(secret))
+            return kind.lower() == "bearer" and _same(value.strip(), self.token)
         if self.username is not None and kind.lower() == "basic":
             try:
                 decoded = base64.b64decode(value.strip(), validate=True).decode()
@@ -133,6 +148,10 @@ def is_loopback(host: str | None) -> bool:
     return ip.is_loopback
 
 
+#: ``signin(base, csrf, scheme, next, failed)``: the sign-in page's HTML
+SignIn = Callable[[str, str, str, str, bool], str]
+
+
 class Guard:
     """ASGI middleware: loopback-or-auth, the CSRF cookie, security headers.
 
@@ -140,10 +159,19 @@ class Guard:
     read the form anyway; the guard gives every request its CSRF seed (the
     cookie, or a fresh one it sets on the response)."""
 
-    def __init__(self, app: ASGIApp, *, auth: Auth | None, secret: bytes) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        auth: Auth | None,
+        secret: bytes,
+        signin: SignIn | None = None,
+    ) -> None:
         self.app = app
         self.auth = auth if auth is not None and auth.configured else None
         self.secret = secret
+        #: renders the sign-in page (the body of a browser's 401)
+        self.signin = signin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,6 +181,12 @@ class Guard:
         base = scope.get("root_path", "")
         path = scope["path"][len(base) :] if scope["path"].startswith(base) else scope["path"]
         public = path.startswith("/static/") or path == "/login"
+        seed = request.cookies.get(CSRF_COOKIE, "")
+        fresh = not (16 <= len(seed) <= 128 and seed.isascii())
+        if fresh:
+            seed = secrets.token_urlsafe(32)
+        csrf = csrf_token(self.secret, seed)
+        scope.setdefault("state", {})["csrf"] = csrf
         refusal: Response | None = None
         if self.auth is None:
             client = request.client.host if request.client else None
@@ -164,12 +198,7 @@ class Guard:
                     status_code=403,
                 )
         elif not public and not self.auth.check(request, self.secret):
-            refusal = self._challenge(request, base)
-        seed = request.cookies.get(CSRF_COOKIE, "")
-        fresh = not (16 <= len(seed) <= 128 and seed.isascii())
-        if fresh:
-            seed = secrets.token_urlsafe(32)
-        scope.setdefault("state", {})["csrf"] = csrf_token(self.secret, seed)
+            refusal = self._challenge(request, base, path, csrf)
         cookie = _cookie(CSRF_COOKIE, seed, base or "/", request.url.scheme == "https")
 
         async def send_with_headers(message: Message) -> None:
@@ -188,31 +217,26 @@ class Guard:
             return
         await self.app(scope, receive, send_with_headers)
 
-    def _challenge(self, request: Request, base: str) -> Response:
+    def _challenge(self, request: Request, base: str, path: str, csrf: str) -> Response:
+        """401: the sign-in page for a browser's GET, one line for the rest."""
         assert self.auth is not None
         if self.auth.scheme == "basic":
-            return PlainTextResponse(
-                "401 Unauthorized\n",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="dumbwaiter", charset="UTF-8"'},
-            )
-        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-            return HTMLResponse(
-                status_code=401,
-                content=_LOGIN_REDIRECT.replace("{login}", f"{base}/login"),
-                headers={"WWW-Authenticate": 'Bearer realm="dumbwaiter"'},
-            )
-        return PlainTextResponse(
-            "401 Unauthorized: send Authorization: Bearer TOKEN\n",
-            status_code=401,
-            headers={"WWW-Authenticate": 'Bearer realm="dumbwaiter"'},
-        )
-
-
-_LOGIN_REDIRECT = (
-    "<!doctype html><meta charset=utf-8><title>Sign in</title>"
-    '<p>401: this dashboard needs a token. <a href="{login}">Sign in</a></p>'
-)
+            challenge = 'Basic realm="dumbwaiter", charset="UTF-8"'
+            text = "401 Unauthorized: send HTTP Basic credentials\n"
+        else:
+            challenge = 'Bearer realm="dumbwaiter"'
+            text = "401 Unauthorized: send Authorization: Bearer TOKEN\n"
+        headers = {"WWW-Authenticate": challenge}
+        if (
+            self.signin is not None
+            and request.method == "GET"
+            and "text/html" in request.headers.get("accept", "")
+        ):
+            query = request.url.query
+            back = base + path + ("?" + query if query else "")
+            page = self.signin(base, csrf, self.auth.scheme, back, False)
+            return HTMLResponse(page, status_code=401, headers=headers)
+        return PlainTextResponse(text, status_code=401, headers=headers)
 
 
 def _cookie(name: str, value: str, path: str, secure: bool) -> bytes:

@@ -21,6 +21,7 @@ import secrets as _secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -29,16 +30,16 @@ import jinja2
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..app import App
-from ..cli.output import duration, relative, timestamp
+from ..cli.output import duration, relative, timestamp, took
 from ..metrics import SCHEDULER_SLACK, StatsCache
 from ..redact import mask_url
-from .security import Auth, Guard
+from .security import Auth, Guard, SignIn
 
 log = logging.getLogger("dumbwaiter.dashboard")
 
@@ -103,8 +104,11 @@ def create_app(
         ts=timestamp,
         ago=lambda t: relative(t) if t else "-",
         dur=duration,
+        took=took,
         num=lambda n: f"{int(n):,}",
         pretty=lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2).decode(),
+        compact=lambda v: orjson.dumps(v).decode(),
+        iso=lambda t: datetime.fromtimestamp(t, UTC).isoformat(),
     )
     dw = Dashboard(
         app=the_app,
@@ -124,12 +128,15 @@ def create_app(
         Route("/dead", pages.dead, name="dead"),
         Route("/workers", pages.workers, name="workers"),
         Route("/schedules", pages.schedules, name="schedules"),
+        Route("/events", pages.events, name="events"),
         Route("/alerts", pages.alerts, name="alerts"),
         Route("/metrics", pages.metrics, name="metrics"),
         Route("/login", pages.login, methods=["GET"], name="login"),
         Route("/login", actions.login, methods=["POST"]),
         Route("/actions/queue/pause", actions.queue_pause, methods=["POST"]),
         Route("/actions/queue/resume", actions.queue_resume, methods=["POST"]),
+        Route("/actions/queue/retry", actions.queue_retry, methods=["POST"]),
+        Route("/actions/queue/delete", actions.queue_delete, methods=["POST"]),
         Route("/actions/job/cancel", actions.job_cancel, methods=["POST"]),
         Route("/actions/dead/replay", actions.dead_replay, methods=["POST"]),
         Route("/actions/dead/purge", actions.dead_purge, methods=["POST"]),
@@ -159,8 +166,39 @@ def create_app(
 
     star = Starlette(routes=routes, lifespan=lifespan)
     star.state.dw = dw
-    star.add_middleware(Guard, auth=dw.auth, secret=key_bytes)
+    star.add_middleware(Guard, auth=dw.auth, secret=key_bytes, signin=_signin(env))
     return star
+
+
+def _signin(env: jinja2.Environment) -> SignIn:
+    """The sign-in page: its own template, given nothing of the deployment."""
+    template = env.get_template("signin.html")
+
+    def page(base: str, csrf: str, scheme: str, nxt: str, failed: bool) -> str:
+        return template.render(
+            base=base, csrf=csrf, scheme=scheme, next=nxt, failed=failed, status=401
+        )
+
+    return page
+
+
+def render_signin(
+    request: Request, *, failed: bool, status_code: int, nxt: str | None = None
+) -> Response:
+    """The sign-in page (GET /login, a failed sign-in)."""
+    dw = state(request)
+    assert dw.auth is not None
+    if nxt is None:
+        nxt = str(request.query_params.get("next", ""))
+    page = dw.templates.env.get_template("signin.html").render(
+        base=base(request),
+        csrf=request.state.csrf,
+        scheme=dw.auth.scheme,
+        next=nxt,
+        failed=failed,
+        status=status_code,
+    )
+    return HTMLResponse(page, status_code=status_code)
 
 
 # -- helpers for the handlers ----------------------------------------------------------
