@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from .blocking import warn_if_loop_running
 from .context import caused_headers, context_param, current_context
 from .errors import ConfigurationError, InvalidArguments
 from .flow import Flow, digest
@@ -220,6 +221,7 @@ class Task(Generic[P, R]):
     # call (benchmarks/producer_cpu.py).
 
     def _enqueue_one(self, msg: Message) -> Job[Any]:
+        warn_if_loop_running(self, "enqueue", 3)
         app = self.app
         if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
             broker = app.broker
@@ -259,6 +261,7 @@ class Task(Generic[P, R]):
         arguments, or any other value as the single argument:
         ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
         """
+        warn_if_loop_running(self, "enqueue_many", 2)
         return self._sender()(self.messages(calls, _NO_OPTIONS))
 
     @overload
@@ -483,6 +486,7 @@ class BoundTask(Generic[P, R]):
     @overload
     def enqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
+        warn_if_loop_running(self.task, "enqueue_many", 2)
         return self.task._sender()(self.task.messages(calls, self.opts))
 
     @overload
