@@ -10,6 +10,7 @@ Django 6's ``django.tasks``, or the ``django-tasks`` backport on Django 5.2
 (``pip install 'dumbwaiter[django]'``).  See docs/frameworks.md.
 """
 
+from . import _compat  # noqa: F401  # first: a missing Django says which extra to install
 from .backend import OPTIONS, DumbwaiterBackend
 
 __all__ = ["OPTIONS", "DumbwaiterBackend"]
