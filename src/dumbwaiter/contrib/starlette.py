@@ -78,8 +78,8 @@ async def opened(app: App, *, check: bool = True) -> AsyncIterator[App]:
     ``check`` makes one round trip to the broker first (a read of one key of
     its coordination store), so a broker that cannot be reached fails the
     start, not the first request; ``check=False`` starts without it."""
-    await app.broker.open()
     try:
+        await app.broker.open()
         if check:
             await app.broker.kv_get([_CHECK_KEY])
         yield app
