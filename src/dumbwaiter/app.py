@@ -16,6 +16,7 @@ from datetime import timedelta, tzinfo
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
+from .blocking import warn_if_loop_running
 from .brokers import DEFAULT_URL, deadline, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
 from .errors import ConfigurationError, InvalidArguments
@@ -443,6 +444,7 @@ class App:
         JSON and size here, before anything is sent.  ``key`` orders events
         of one entity where the broker promises order.  ``enqueue_timeout``
         overrides the App's for this call."""
+        warn_if_loop_running(None, "publish", 2)
         msg = _event_message(event, key, headers)
         if self.eager:
             [msg] = _through_json([msg])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from .blocking import warn_if_loop_running
 from .brokers import deadline
 from .context import caused_headers, context_param, current_context
 from .errors import ConfigurationError, InvalidArguments
@@ -240,6 +241,7 @@ class Task(Generic[P, R]):
     # App's ``enqueue_timeout``.
 
     def _enqueue_one(self, msg: Message, timeout: float | None = None) -> Job[Any]:
+        warn_if_loop_running(self, "enqueue", 3)
         token = deadline.start(self.app.enqueue_timeout if timeout is None else timeout)
         try:
             return self._enqueue_now(msg)
@@ -309,6 +311,7 @@ class Task(Generic[P, R]):
         arguments, or any other value as the single argument:
         ``send.enqueue_many([(1,), (2,)])`` or ``send.enqueue_many([1, 2])``.
         """
+        warn_if_loop_running(self, "enqueue_many", 2)
         return self._enqueue_many(self.messages(calls, _NO_OPTIONS), None)
 
     @overload
@@ -535,6 +538,7 @@ class BoundTask(Generic[P, R]):
     @overload
     def enqueue_many(self: BoundTask[..., _R], calls: Iterable[Any]) -> list[Job[_R]]: ...
     def enqueue_many(self, calls: Iterable[Any]) -> list[Job[Any]]:
+        warn_if_loop_running(self.task, "enqueue_many", 2)
         msgs = self.task.messages(calls, self.opts)
         return self.task._enqueue_many(msgs, self.opts.enqueue_timeout)
 

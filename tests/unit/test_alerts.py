@@ -128,7 +128,7 @@ async def test_queue_depth_fires_after_holding_and_resolves_once(
     def item(i: int) -> None: ...
 
     try:
-        item.enqueue_many([(i,) for i in range(6)])
+        await item.aenqueue_many([(i,) for i in range(6)])
         cfg = rules_only(QueueDepth(threshold=5, for_=600), webhook=webhook)
         services = evaluators(broker_url, cfg)
         t0 = time.time()

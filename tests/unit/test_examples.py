@@ -73,3 +73,25 @@ def test_events_example() -> None:
     out = _run_example("events")
     assert "email:   receipt for o-0 (950 cents)" in out  # upgraded from version 1
     assert "analytics (replayed): o-1" in out and "analytics (replayed): o-0" in out
+
+
+def test_fastapi_example() -> None:
+    out = _run_example("fastapi")
+    assert "enqueued: ['receipt_job', 'webhook_job']" in out
+    assert "receipt for o-1 mailed to ann@example.com" in out and "analytics: o-1" in out
+    assert "webhook: partner told of o-1 (1299 cents)" in out
+    assert "dashboard: 200 True" in out
+
+
+def test_flask_example() -> None:
+    out = _run_example("flask")
+    assert "enqueued: 201 ['invoice_job', 'receipt_job']" in out
+    assert "invoice: invoice o-1: 12.99 EUR" in out
+
+
+def test_django_example() -> None:
+    """The committed order's two jobs run; the declined order's never do."""
+    out = _run_example("django")
+    assert "committed order: ['receipt', 'total'] | rolled back order: 402" in out
+    assert "drained: 2 succeeded, 0 retried, 0 dead" in out
+    assert "total: SUCCESSFUL 1299" in out

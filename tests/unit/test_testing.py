@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import dumbwaiter as dw
+from dumbwaiter.blocking import BlockingCallWarning
 from dumbwaiter.state import State
 from dumbwaiter.testing import Harness, drain, drain_sync, isolate
 
@@ -171,7 +172,8 @@ async def test_eager_aenqueue_and_events_run_inline(user_app: dw.App) -> None:
         assert await job.aresult() == 350
         assert got == [(Paid(order="o-9", cents=350), 1)]
         assert dwt.published(Paid) == [Paid(order="o-9", cents=350)]
-        user_app.publish(Paid(order="o-10", cents=1))  # sync publish too
+        with pytest.warns(BlockingCallWarning, match="apublish"):
+            user_app.publish(Paid(order="o-10", cents=1))  # sync publish too
         assert got[-1] == (Paid(order="o-10", cents=1), 1)
 
 
@@ -277,7 +279,9 @@ async def test_a_sync_enqueue_under_a_running_loop_runs_eagerly(user_app: dw.App
         ran.append("ping")
 
     with isolate(user_app, eager=True):
-        ping.enqueue()  # a sync caller inside async code (a sync view under ASGI)
+        # a sync caller inside async code: it runs, and is told it blocks the loop
+        with pytest.warns(BlockingCallWarning, match="aenqueue"):
+            ping.enqueue()
         assert ran == ["ping"]
         await asyncio.sleep(0)
 

@@ -397,7 +397,10 @@ async def test_close_ends_the_portals_connection_before_it_returns(tmp_path: Pat
     @app.task()
     def noop() -> None: ...
 
-    noop.enqueue_many([() for _ in range(3)])  # sync: the portal's loop and connection
+    from dumbwaiter.blocking import BlockingCallWarning
+
+    with pytest.warns(BlockingCallWarning):  # sync on purpose: the portal's loop and connection
+        noop.enqueue_many([() for _ in range(3)])
     assert isinstance(app.broker, RabbitMQBroker)
     [(portal_loop, link)] = app.broker._links.items()
     conn = link.conn

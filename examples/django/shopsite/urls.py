@@ -1,0 +1,4 @@
+from django.urls import path
+from shop.views import create_order
+
+urlpatterns = [path("orders", create_order)]
