@@ -19,7 +19,7 @@ from dumbwaiter.blocking import BlockingCallWarning
 from dumbwaiter.testing import drain
 
 
-class Paid(dw.Event, type="order.paid", version=1):
+class Paid(dw.Event, type="blocking.order.paid", version=1):
     order: str
 
 

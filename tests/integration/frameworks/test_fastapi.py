@@ -32,14 +32,14 @@ class Order(BaseModel):
     total_cents: int
 
 
-class OrderCreated(dw.Event, type="order.created", version=1):
+class OrderCreated(dw.Event, type="fastapi.order.created", version=1):
     order_id: str
     total_cents: int
 
 
 class Shop:
     """The order service of the issue: POST /orders saves the order, enqueues
-    a receipt and a partner webhook, and publishes ``order.created``."""
+    a receipt and a partner webhook, and publishes ``fastapi.order.created``."""
 
     def __init__(self, url: str, **lifespan_options: Any) -> None:
         self.app = app = dw.App(url)
