@@ -1,4 +1,4 @@
-"""The documentation points only at files that exist.
+"""The documentation points only at what exists, and the README reaches every page.
 
 A reader follows a link or opens a path a page names (``src/...``,
 ``tests/...``); when a file moved or was never committed, the page is wrong
@@ -146,6 +146,23 @@ def broken_references(page: Path, root: Path = ROOT) -> list[str]:
 def test_every_file_a_page_names_exists(page: Path) -> None:
     problems = broken_references(page)
     assert not problems, "\n".join(problems)
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    """A page the README does not link is a page a new user never finds."""
+    readme = ROOT / "README.md"
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve()
+        for _, line in prose_lines(readme)
+        for target in LINK.findall(CODE_SPAN.sub("", line))
+        if not SCHEME.match(target)
+    }
+    unlinked = [
+        str(page.relative_to(ROOT))
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        if page.resolve() not in linked
+    ]
+    assert not unlinked, "README.md links none of: " + ", ".join(unlinked)
 
 
 def test_the_checker_finds_what_is_missing(tmp_path: Path) -> None:
