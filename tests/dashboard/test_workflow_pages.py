@@ -17,7 +17,6 @@ import pytest
 from starlette.testclient import TestClient
 
 import dumbwaiter as dw
-from dumbwaiter.cli.output import timestamp, took
 from dumbwaiter.dashboard import Auth, create_app
 from dumbwaiter.durable import admin
 from dumbwaiter.testing import drain_sync
@@ -97,6 +96,12 @@ def _workflows(app: dw.App) -> dict[str, Any]:
 def client(runs: Runs) -> Iterator[TestClient]:
     with TestClient(create_app(create_wfapp(runs.url), sample=False), client=LOOPBACK) as c:
         yield c
+
+
+def shown(client: TestClient, what: str, value: float) -> str:
+    """``value`` as the page writes it (the dashboard's own filters: ``ts``
+    for a time, ``took`` for a duration)."""
+    return str(client.app.state.dw.templates.env.filters[what](value))  # type: ignore[attr-defined]
 
 
 def run_ids(page: str) -> list[str]:
@@ -185,7 +190,7 @@ def test_run_page_shows_steps_durations_outputs_and_the_error(
     for step in runs.describe("failed")["steps"]:
         assert step["duration"] is not None
         cell = re.search(r'data-col="took">([^<]*)<', found[step["name"]])
-        assert cell and cell.group(1) == took(step["duration"]), step["name"]
+        assert cell and cell.group(1) == shown(client, "took", step["duration"]), step["name"]
     # the inputs, by the workflow's parameter names
     inputs = re.search(r'id="inputs">(.*?)</table>', page, re.S)
     assert inputs
@@ -211,10 +216,13 @@ def test_run_page_of_a_sleeping_run_says_until_when(client: TestClient, runs: Ru
     box = re.search(r'id="waiting">(.*?)</div>', page, re.S)
     assert box, "no waiting box"
     text = re.sub(r"<[^>]+>", "", box.group(1))
-    assert "the sleep cool-off to end: wakes " + timestamp(wake) in " ".join(text.split())
+    assert "the sleep cool-off to end: wakes " + shown(client, "ts", wake) in " ".join(text.split())
     found = rows(page)
     assert list(found) == ["pack", "cool-off"]
-    assert ">sleeping<" in found["cool-off"] and f"until {timestamp(wake)}" in found["cool-off"]
+    assert (
+        ">sleeping<" in found["cool-off"]
+        and f"until {shown(client, 'ts', wake)}" in found["cool-off"]
+    )
     assert "box for o-3" in found["pack"]
     assert 'id="cancel-run"' in page and 'id="retry-run"' not in page
     assert 'id="signal-form"' not in page  # a sleep takes no signal
@@ -229,7 +237,7 @@ def test_run_page_of_a_run_waiting_for_an_event_or_a_child(client: TestClient, r
     assert box
     text = " ".join(re.sub(r"<[^>]+>", "", html.unescape(box.group(1))).split())
     assert 'an event dashboard_wf.order_confirmed matching order_id = "o-4"' in text
-    assert "at confirmation; times out " + timestamp(info["wake_at"]) in text
+    assert "at confirmation; times out " + shown(client, "ts", info["wake_at"]) in text
     # the signal form, filled with what the wait matches
     assert (
         'id="signal-form"' in page
