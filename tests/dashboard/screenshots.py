@@ -1,6 +1,8 @@
 """Take the screenshots of docs/dashboard/ (one PNG per page).
 
-    .venv/bin/python -m tests.dashboard.screenshots [OUT_DIR]
+    .venv/bin/python -m tests.dashboard.screenshots [OUT_DIR] [NAME...]
+
+(NAME: only those screenshots that have their own seed, e.g. ``workflow-run``.)
 
 Seeds a SQLite broker with a little of everything (queues, a subscriber
 group, dead letters with tracebacks, a live worker, a schedule, a firing
@@ -16,11 +18,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import orjson
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 async def seed(url: str, flag: Path) -> dict[str, str]:
@@ -80,6 +85,14 @@ def main() -> None:
 
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "dashboard"
     out.mkdir(parents=True, exist_ok=True)
+    only = set(sys.argv[2:])
+    if only:
+        unknown = only - set(OWN_SEED)
+        if unknown:
+            raise SystemExit(f"no screenshot of its own named {', '.join(sorted(unknown))}")
+        for name in sorted(only):
+            OWN_SEED[name](out)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="dw-shots-"))
     os.environ["DASHAPP_URL"] = f"sqlite:///{tmp}/shots.db"
     os.environ["DASHAPP_FLAG"] = str(tmp / "up")
@@ -128,6 +141,8 @@ def main() -> None:
             page.screenshot(path=str(out / "signin.png"))
             print(f"wrote {out / 'signin'}.png")
             browser.close()
+    for shot in OWN_SEED.values():
+        shot(out)
 
 
 async def _enqueue_slow(app: object) -> None:
@@ -140,6 +155,71 @@ async def _enqueue_slow(app: object) -> None:
 
     await slow.aenqueue_many([() for _ in range(3)])
     await other.aclose()
+
+
+def workflow_run(out: Path) -> None:
+    """A checkout run (docs/durable-workflows.md's order flow) part way:
+    steps done with their outputs, one failed (caught: the flow took another
+    path), a sleep over, and now waiting for the customer's confirmation."""
+    from playwright.sync_api import sync_playwright
+
+    import dumbwaiter as dw
+    from dumbwaiter.durable.api import workflows
+    from tests.dashboard.browser import launch, serve, worker_thread
+    from tests.dashboard.wfapp import OrderConfirmed, charge_card, reserve
+    from tests.dashboard.wfapp import create_app as create_wfapp
+    from tests.waiting import wait_until
+
+    tmp = Path(tempfile.mkdtemp(prefix="dw-shots-wf-"))
+    url = f"sqlite:///{tmp}/runs.db"
+
+    def slow(seconds: float, fn: Callable[..., T]) -> Callable[..., T]:
+        def step(*args: Any) -> T:
+            time.sleep(seconds)  # a step that takes a while, for the bars
+            return fn(*args)
+
+        return step
+
+    def gift_wrap(order_id: str) -> str:
+        time.sleep(0.15)
+        raise LookupError(f"no gift wrap left for {order_id} in the Lyon warehouse")
+
+    def with_checkout(app: dw.App) -> dw.App:
+        @app.workflow(name="shop.checkout")
+        def checkout(ctx: dw.WorkflowContext, order_id: str, cents: int) -> str:
+            charge = ctx.step("charge", slow(0.35, charge_card), order_id, cents)
+            ctx.step("reserve", slow(0.2, reserve), order_id)
+            try:
+                ctx.step("gift-wrap", gift_wrap, order_id, retry=False)
+            except dw.StepFailed:
+                ctx.step("apology-note", slow(0.1, lambda o: f"note queued for {o}"), order_id)
+            ctx.sleep("settle", 1.5)
+            event = ctx.wait_for_event(
+                "confirmation", OrderConfirmed, match={"order_id": order_id}, timeout=3 * 86400
+            )
+            return f"{charge['id']} confirmed" if event else "expired"
+
+        return app
+
+    app = with_checkout(create_wfapp(url))
+    run = workflows(app)["shop.checkout"].enqueue("A-1042", 4990)
+    worker_app = with_checkout(create_wfapp(url))  # the worker's own, as in another process
+    with worker_thread(worker_app), serve(with_checkout(create_wfapp(url))) as base:
+        wait_until(lambda: run.status() == "waiting", "the run to wait for its confirmation")
+        time.sleep(0.8)  # let the wait show on the time axis
+        with sync_playwright() as p:
+            browser = launch(p)
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(f"{base}/workflows/{run.id}")
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(out / "workflow-run.png"), full_page=True)
+            print(f"wrote {out / 'workflow-run'}.png")
+            browser.close()
+    app.close()
+
+
+#: screenshots with a broker of their own (``screenshots OUT_DIR NAME`` takes one alone)
+OWN_SEED = {"workflow-run": workflow_run}
 
 
 if __name__ == "__main__":

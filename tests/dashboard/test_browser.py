@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import require_service
 from tests.dashboard.browser import have_chromium, launch, serve, worker_thread
-from tests.dashboard.conftest import Seeded
+from tests.dashboard.conftest import Seeded, in_thread
 from tests.dashboard.dashapp import create_app as create_dashapp
 
 TOKEN = "correct-horse-battery-staple"
@@ -194,3 +194,46 @@ def test_sign_in_then_a_job_page_and_the_events_page(
         expect(row.locator("pre.json")).to_contain_text('"order": "o-1"')
         p.screenshot(path=str(shots / "events.png"), full_page=True)
         ctx.close()
+
+
+def test_a_workflow_run_page_signalled_from_the_browser(
+    tmp_path: Path, page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run waiting for an event: its page says so and offers the signal
+    form; signalling it from the page wakes the run, a worker runs it to its
+    end, and the page (which refreshes itself while the run is under way)
+    shows it succeeded, with the event it got in the timeline."""
+    from playwright.sync_api import expect
+
+    from dumbwaiter.durable.api import workflows
+    from dumbwaiter.testing import drain
+    from tests.dashboard.wfapp import create_app as create_wfapp
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+    monkeypatch.setenv("DASHWF_FLAG", str(tmp_path / "up"))
+
+    async def start() -> Any:
+        app = create_wfapp(url)
+        run = await workflows(app)["shop.confirm"].aenqueue("o-9")
+        await drain(app, scheduled=False)
+        assert await run.astatus() == "waiting"
+        await app.aclose()
+        return run
+
+    run = in_thread(start)
+    worker_app = create_wfapp(url)
+    with serve(create_wfapp(url)) as base, worker_thread(worker_app):
+        page.goto(base + "/workflows")
+        page.get_by_role("link", name=run.id).click()
+        expect(page).to_have_url(f"{base}/workflows/{run.id}")
+        expect(page.locator("#run-status")).to_have_text("waiting")
+        expect(page.locator("#waiting")).to_contain_text("dashboard_wf.order_confirmed")
+        expect(page.locator("#waiting-match")).to_have_text('order_id = "o-9"')
+        page.locator('#signal-form textarea[name="payload"]').fill(
+            '{"order_id": "o-9", "by": "the browser"}'
+        )
+        page.locator("#signal-run").click()
+        expect(page.locator(".flash.ok")).to_have_text(f"signalled {run.id}")
+        expect(page.locator("#run-status")).to_have_text("succeeded")
+        expect(page.locator("#result")).to_contain_text("confirmed by the browser")
+        expect(page.locator('tr[data-step="confirmation"]')).to_contain_text("the browser")

@@ -23,7 +23,16 @@ from tests.dashboard.conftest import LOOPBACK, Seeded, csrf
 from tests.dashboard.dashapp import create_app as create_dashapp
 
 TOKEN = "correct-horse-battery-staple"
-PAGES = ["/", "/queues/mail", "/dead", "/workers", "/schedules", "/alerts", "/metrics"]
+PAGES = [
+    "/",
+    "/queues/mail",
+    "/dead",
+    "/workers",
+    "/schedules",
+    "/alerts",
+    "/workflows",
+    "/metrics",
+]
 
 
 def test_off_loopback_is_refused_without_auth(seeded: Seeded) -> None:
@@ -161,6 +170,9 @@ def test_every_post_needs_the_csrf_token(client: TestClient, seeded: Seeded) -> 
         "/actions/dead/purge": {"scope": "selected", "id": seeded.dead[0]},
         "/actions/schedule/pause": {"name": "dashapp.nightly"},
         "/actions/alerts/evaluate": {},
+        "/actions/workflow/cancel": {"run": seeded.ready[0]},
+        "/actions/workflow/retry": {"run": seeded.ready[0]},
+        "/actions/workflow/signal": {"run": seeded.ready[0], "payload": "{}"},
     }
     for path, data in posts.items():
         r = client.post(path, data=data)
@@ -188,7 +200,14 @@ def test_every_post_needs_the_csrf_token(client: TestClient, seeded: Seeded) -> 
 
 
 def test_state_changes_are_post_only(client: TestClient) -> None:
-    for path in ["/actions/queue/pause", "/actions/dead/replay", "/actions/dead/purge"]:
+    for path in [
+        "/actions/queue/pause",
+        "/actions/dead/replay",
+        "/actions/dead/purge",
+        "/actions/workflow/cancel",
+        "/actions/workflow/retry",
+        "/actions/workflow/signal",
+    ]:
         assert client.get(path).status_code == 405
 
 

@@ -14,13 +14,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
+import orjson
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..brokers.base import Broker, JobFilter
 from ..cancel import CANCELLED, REQUESTED, request_cancel
+from ..durable import admin as runs_admin
+from ..durable.errors import WorkflowNotFound, WorkflowStateError
 from ..errors import ConfigurationError
 from ..state import State
 from .pages import dead_filter, queue_filter
@@ -338,3 +342,88 @@ async def login(request: Request) -> Response:
         session_cookie(dw.auth, dw.secret, root or "/", request.url.scheme == "https"),
     )
     return resp
+
+
+# -- durable workflow runs: what ``dumbwaiter workflows cancel|retry|signal`` do -------
+
+
+def _runs(form: FormData) -> tuple[str, ...]:
+    runs = [str(v).strip() for v in form.getlist("run") if str(v).strip()]
+    return tuple(dict.fromkeys(runs))[:MAX_SELECTED]
+
+
+def _run_page(runs: tuple[str, ...]) -> str:
+    return f"/workflows/{quote(runs[0], safe='')}" if len(runs) == 1 else "/workflows"
+
+
+def _short(text: str) -> str:
+    """A refusal as the page's message (a payload's validation errors can be long)."""
+    return text if len(text) <= 400 else text[:399] + "…"
+
+
+@csrf_protected
+async def workflow_cancel(request: Request, form: FormData) -> Response:
+    """Cancel runs that have not ended (``durable.admin.cancel``): no further
+    step starts, nothing is compensated."""
+    runs = _runs(form)
+    if not runs:
+        return back(request, form, "/workflows", err="no run given")
+    app = state(request).app
+    done: list[str] = []
+    refused: list[str] = []
+    for run in runs:
+        try:
+            if await runs_admin.cancel(app, run):
+                done.append(run)
+            else:
+                refused.append(
+                    f"{run} was not cancelled: it is {await runs_admin.status(app, run)}"
+                )
+        except WorkflowNotFound as exc:
+            refused.append(str(exc))
+    _audit(request, f"cancelled {len(done)} workflow run(s)", runs=runs)
+    msg = f"cancelled {', '.join(done)}" if done else ""
+    return back(request, form, _run_page(runs), msg=msg, err=_short("; ".join(refused)))
+
+
+@csrf_protected
+async def workflow_retry(request: Request, form: FormData) -> Response:
+    """Resume failed runs from the step that failed (``durable.admin.retry_run``:
+    the steps before it keep their checkpoints)."""
+    runs = _runs(form)
+    if not runs:
+        return back(request, form, "/workflows", err="no run given")
+    app = state(request).app
+    done: list[str] = []
+    refused: list[str] = []
+    for run in runs:
+        try:
+            await runs_admin.retry_run(app, run)
+            done.append(run)
+        except (WorkflowNotFound, WorkflowStateError) as exc:
+            refused.append(str(exc))
+    _audit(request, f"resumed {len(done)} workflow run(s)", runs=runs)
+    msg = f"resumed {', '.join(done)}" if done else ""
+    return back(request, form, _run_page(runs), msg=msg, err=_short("; ".join(refused)))
+
+
+@csrf_protected
+async def workflow_signal(request: Request, form: FormData) -> Response:
+    """Resolve the event wait a run is parked at with the form's JSON payload,
+    as if a matching event had been published (``durable.admin.signal``,
+    which validates it against the event class when this process knows it)."""
+    runs = _runs(form)
+    if len(runs) != 1:
+        return back(request, form, "/workflows", err="a signal goes to one run")
+    run = runs[0]
+    try:
+        payload = orjson.loads(str(form.get("payload") or ""))
+    except orjson.JSONDecodeError as exc:
+        return back(request, form, _run_page(runs), err=f"the payload is not JSON: {exc}")
+    step = str(form.get("step") or "").strip() or None
+    try:
+        await runs_admin.signal(state(request).app, run, payload, step)
+    except (WorkflowNotFound, WorkflowStateError) as exc:
+        return back(request, form, _run_page(runs), err=_short(str(exc)))
+    _audit(request, f"signalled workflow run {run}", run=run, step=step)
+    return back(request, form, _run_page(runs), msg=f"signalled {run}")

@@ -43,14 +43,20 @@ def arguments(app: App, m: Message) -> Arguments:
     """``m``'s arguments beside their parameter names, from the signature of
     the task the app registers under ``m.name``; positional only when the
     app does not know the task (a dashboard run from a bare broker URL)."""
-    task = app.tasks.get(m.name)
-    if task is None:
-        return Arguments(_unnamed(m), "keywords")
-    sig: inspect.Signature = task.signature
+    return named(app, m.name, m.args, m.kwargs)
+
+
+def named(app: App, task: str, args: list[Any], kwargs: dict[str, Any]) -> Arguments:
+    """``arguments`` of a call of the task named ``task`` (a durable run's
+    inputs: its hidden task ``dw.wf:NAME`` has the workflow's signature)."""
+    found = app.tasks.get(task)
+    if found is None:
+        return Arguments(_unnamed(args, kwargs), "keywords")
+    sig: inspect.Signature = found.signature
     try:
-        bound = sig.bind(*m.args, **m.kwargs)
+        bound = sig.bind(*args, **kwargs)
     except TypeError as exc:
-        return Arguments(_unnamed(m), "mismatch", str(exc))
+        return Arguments(_unnamed(args, kwargs), "mismatch", str(exc))
     rows: list[Arg] = []
     for p in sig.parameters.values():
         if p.name not in bound.arguments:
@@ -67,8 +73,8 @@ def arguments(app: App, m: Message) -> Arguments:
     return Arguments(rows, "signature")
 
 
-def _unnamed(m: Message) -> list[Arg]:
-    return [Arg(None, v) for v in m.args] + [Arg(k, v) for k, v in m.kwargs.items()]
+def _unnamed(args: list[Any], kwargs: dict[str, Any]) -> list[Arg]:
+    return [Arg(None, v) for v in args] + [Arg(k, v) for k, v in kwargs.items()]
 
 
 def _plain(value: Any) -> Any:

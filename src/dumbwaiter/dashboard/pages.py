@@ -1,10 +1,11 @@
 """The dashboard's pages (GET): overview, queue, job, events, dead letters,
-workers, schedules, alerts, the sign-in form, and /metrics."""
+workers, schedules, alerts, workflow runs, the sign-in form, and /metrics."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
@@ -13,12 +14,18 @@ from ..app import App
 from ..brokers.base import JobFilter, QueueStats
 from ..cancel import pending
 from ..cli.output import parse_time, raw_text
+from ..durable import admin as runs_admin
+from ..durable.api import workflows as registered_workflows
+from ..durable.errors import WorkflowNotFound
+from ..durable.jobs import TASK_PREFIX, run_of, task_name
+from ..durable.store import PENDING_STATE, RUNNING
+from ..durable.store import STATES as RUN_STATES
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..task import full_name
 from . import events as event_reads
-from . import jobview, queries, search, throughput
+from . import jobview, queries, runview, search, throughput
 from .web import not_found, page_size, render, render_signin, state
 
 
@@ -152,6 +159,8 @@ async def job(request: Request) -> Response:
     done = info.outcome()
     result_error = str(done["error"]) if "error" in done else None
     asked: dict[str, object] | None = None
+    # a segment job of a durable run: the run it carries
+    run = run_of(info.message) if info.message.name.startswith(TASK_PREFIX) else None
     if info.state is State.RUNNING:
         asked = (await pending(dw.broker, [info.message.id])).get(info.message.id)
     return render(
@@ -174,6 +183,7 @@ async def job(request: Request) -> Response:
             "raw_utf8": info.raw is None or raw_text(info.raw)[1],
             "arguments": jobview.arguments(dw.app, info.message),
             "timing": jobview.timing(info, time.time()),
+            "workflow_run": run,
         },
     )
 
@@ -347,5 +357,80 @@ async def events(request: Request) -> Response:
             "limit": limit,
             "until": until,
             "retention": dw.app.event_retention,
+        },
+    )
+
+
+# -- durable workflow runs ----------------------------------------------------------
+
+#: the statuses the runs list filters by (a run with no record yet is
+#: ``pending`` and is not in the list: its page and its first job show it)
+RUN_STATUSES = tuple(s for s in RUN_STATES if s != PENDING_STATE)
+
+
+async def workflows(request: Request) -> Response:
+    """The runs the broker keeps, newest first (``durable.admin.list_runs``,
+    as ``dumbwaiter workflows ls``), by workflow and status."""
+    dw = state(request)
+    p = request.query_params
+    run_id = p.get("id", "").strip()
+    if run_id:
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/workflows/{quote(run_id, safe='')}", 303)
+    errors: list[str] = []
+    status = p.get("status", "").strip() or None
+    if status is not None and status not in RUN_STATUSES:
+        errors.append(f"unknown status {status!r}")
+        status = None
+    workflow = p.get("workflow", "").strip() or None
+    limit = page_size(request)
+    runs = await runs_admin.list_runs(dw.app, status=status, workflow=workflow, limit=limit)
+    return render(
+        request,
+        "workflows.html",
+        {
+            "runs": [(r, runview.waiting(r)) for r in runs],
+            "status": status or "all",
+            "statuses": RUN_STATUSES,
+            "workflow": workflow or "",
+            "known": sorted(registered_workflows(dw.app)),
+            "errors": errors,
+            "limit": limit,
+        },
+    )
+
+
+async def workflow_run(request: Request) -> Response:
+    """One run: its inputs, status, what it waits for, and the timeline of its
+    steps (``durable.admin.describe``, as ``dumbwaiter workflows show``)."""
+    dw = state(request)
+    run_id = request.path_params["run"]
+    try:
+        run = await runs_admin.describe(dw.app, run_id)
+    except WorkflowNotFound as exc:
+        return not_found(request, str(exc))
+    # the job that carries the run now (a pending run's is its first job)
+    job_id = run.get("job") or (run_id if run.get("status") == PENDING_STATE else None)
+    job = await dw.broker.get(str(job_id)) if job_id else None
+    now = time.time()  # after the reads; the page's times are all as of now
+    waits = runview.waiting(run)
+    args, kwargs = run.get("args") or [], run.get("kwargs") or {}
+    return render(
+        request,
+        "workflow_run.html",
+        {
+            "page": "workflows",
+            "now": now,
+            "run": run,
+            "waiting": waits,
+            "timeline": runview.timeline(run, now),
+            # by the workflow's parameter names, when this app registers it
+            "inputs": jobview.named(dw.app, task_name(str(run.get("workflow"))), args, kwargs),
+            "job": job,
+            "job_id": job_id,
+            "final": run.get("status") in runview.FINAL,
+            "live": run.get("status") in (PENDING_STATE, RUNNING),
+            "retryable": runview.retryable(run, job is not None and job.state is State.DEAD),
+            "signal_match": waits.match if waits is not None and waits.kind == "event" else None,
         },
     )

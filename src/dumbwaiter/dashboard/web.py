@@ -130,6 +130,8 @@ def create_app(
         Route("/schedules", pages.schedules, name="schedules"),
         Route("/events", pages.events, name="events"),
         Route("/alerts", pages.alerts, name="alerts"),
+        Route("/workflows", pages.workflows, name="workflows"),
+        Route("/workflows/{run}", pages.workflow_run, name="workflow_run"),
         Route("/metrics", pages.metrics, name="metrics"),
         Route("/login", pages.login, methods=["GET"], name="login"),
         Route("/login", actions.login, methods=["POST"]),
@@ -142,6 +144,9 @@ def create_app(
         Route("/actions/dead/purge", actions.dead_purge, methods=["POST"]),
         Route("/actions/schedule/{verb}", actions.schedule, methods=["POST"]),
         Route("/actions/alerts/evaluate", actions.alerts_evaluate, methods=["POST"]),
+        Route("/actions/workflow/cancel", actions.workflow_cancel, methods=["POST"]),
+        Route("/actions/workflow/retry", actions.workflow_retry, methods=["POST"]),
+        Route("/actions/workflow/signal", actions.workflow_signal, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
 
