@@ -58,7 +58,7 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[3]
 #: jobs in a run, and how many of them are enqueued before the workers start
 JOBS = 5000
-BACKLOG = 3000
+BACKLOG = 4000
 #: worker processes, and the jobs each runs at once
 WORKERS = 2
 CONCURRENCY = 16
