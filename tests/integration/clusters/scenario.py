@@ -309,6 +309,7 @@ def lose_the_leader(cluster: Cluster, tmp_path: Path) -> Figures:
         cluster.restart(leader)
         figures.rejoined = time.time() - restarted
         producer.join(timeout=DRAIN_TIMEOUT)
+        assert not producer.is_alive(), "a producer call has not returned"
         figures.slowest_enqueue = producer.slowest
         confirmed = {**backlog, **producer.ids}
         _until(lambda: set(confirmed.values()) <= done_ids(done_log), "every job", DRAIN_TIMEOUT)
