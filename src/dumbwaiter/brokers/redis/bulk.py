@@ -469,6 +469,7 @@ def drive_sync(link: SyncLink, plan: Plan) -> list[str]:
                     time.sleep(req[1])
             except (RedisError, OSError) as exc:
                 link.discard(conn)  # its state is unknown: never reuse it
+                link.target.unreachable(exc)
                 conn = link.checkout()
                 error = exc
     except BaseException:
@@ -505,6 +506,7 @@ async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
                     await asyncio.sleep(req[1])
             except (RedisError, OSError) as exc:
                 await link.discard(conn)
+                link.target.unreachable(exc)
                 conn = await link.checkout()
                 error = exc
     except BaseException:

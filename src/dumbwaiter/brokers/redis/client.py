@@ -71,6 +71,8 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 #: (``AuthenticationError`` is a ``ConnectionError`` to redis-py, so these
 #: are caught before ``TRANSIENT``)
 PERMANENT: tuple[type[BaseException], ...] = (AuthenticationError, NoPermissionError)
+#: errors of a connection that never got an answer: the node may be gone
+UNREACHABLE: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError, OSError)
 
 Arg = bytes | str | int | float
 
@@ -88,7 +90,12 @@ class Target:
 
     ``moved`` follows a Redis Cluster ``MOVED`` reply: every key of an app
     lives in one hash slot, so the broker only ever needs the node that owns
-    it, and after a failover or resharding it re-points to the new owner."""
+    it, and after a failover or resharding it re-points to the new owner.
+    ``unreachable`` goes back to the URL's node when the node ``MOVED`` sent
+    us to stops answering: a primary that failed is gone until someone
+    restarts it, and only another node can name the replica that took over
+    (the URL's node answers ``MOVED`` with it once the cluster has
+    promoted it)."""
 
     def __init__(self, url: str, socket_timeout: float, connect_timeout: float) -> None:
         common: dict[str, Any] = {
@@ -112,12 +119,23 @@ class Target:
         self.async_kwargs = {**common, **akw, "socket_timeout": None}
         self.sync_kwargs = {**common, **skw}
         self.generation = 0
+        #: the URL's node (host, port)
+        self.seed: tuple[Any, Any] = (self.async_kwargs.get("host"), self.async_kwargs.get("port"))
 
     def moved(self, host: str, port: int) -> None:
         for kw in (self.async_kwargs, self.sync_kwargs):
             kw["host"] = host
             kw["port"] = port
         self.generation += 1  # links drop connections made to the old node
+
+    def unreachable(self, exc: BaseException) -> None:
+        """A connection failed with ``exc``: if it was to a node ``MOVED``
+        named, ask the URL's node again."""
+        if not isinstance(exc, UNREACHABLE):
+            return
+        host, port = self.seed
+        if (self.async_kwargs.get("host"), self.async_kwargs.get("port")) != self.seed:
+            self.moved(host, port)
 
     def new_async(self) -> async_connection.AbstractConnection:
         # no retries inside redis-py: the broker decides when to try again
@@ -217,11 +235,12 @@ class AsyncLink:
         except ResponseError:
             self.free.append(conn)  # the server answered: the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
             # lost, timed out or cancelled half-way: the reply may still come,
             # so this connection can never be trusted again
             with contextlib.suppress(Exception):
                 await conn.disconnect(nowait=True)
+            self.target.unreachable(exc)
             raise
         self.free.append(conn)
         return reply
@@ -324,9 +343,10 @@ class SyncLink:
         except ResponseError:
             self.free.append(conn)  # the server answered: the connection is fine
             raise
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 conn.disconnect()
+            self.target.unreachable(exc)
             raise
         self.free.append(conn)
         return reply

@@ -1,0 +1,1 @@
+"""Real clusters that lose a node: NATS, Redis Cluster, RabbitMQ (issue 20)."""
