@@ -70,6 +70,12 @@ class Capabilities:
     sync_enqueue: bool = False
     #: several worker processes may share the broker safely
     multi_process: bool = True
+    #: processes on other machines may share it too: every process on every
+    #: host that names this broker sees one truth (jobs, records, locks,
+    #: limits, unique keys).  False by default: an engine claims it.  SQLite
+    #: and memory: no (one machine, one process); Redis, PostgreSQL, NATS:
+    #: yes; RabbitMQ: its state store's (on SQLite, one machine)
+    multi_host: bool = False
     #: results of tasks with ``keep_result`` can be stored
     results: bool = True
     #: largest message the engine accepts (None: no limit of its own)

@@ -329,12 +329,14 @@ class RabbitMQBroker(Broker):
             self.state = from_url(self.state_url)
         except InvalidURL as exc:
             raise InvalidURL(f"the state= of amqp URL {mask_url(url)!r}: {exc}") from None
-        # Flow control and sharing between processes are what the state store
-        # offers; the class default claims both, each instance says its own.
+        # Flow control and sharing between processes and hosts are what the
+        # state store offers; the class default claims them, each instance
+        # says its own.
         caps = replace(
             type(self).capabilities,
             limits=type(self.state).capabilities.limits,
             multi_process=type(self.state).capabilities.multi_process,
+            multi_host=type(self.state).capabilities.multi_host,
         )
         setattr(self, "capabilities", caps)  # noqa: B010 (a per-instance ClassVar)
         self.keys = Keys(prefix)
