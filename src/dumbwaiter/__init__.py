@@ -30,6 +30,7 @@ from .errors import (
     ResultNotKept,
     ResultTimeout,
     SerializationError,
+    StateStoreConflict,
     UnknownTask,
     WorkflowFailed,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "RetryLater",
     "SerializationError",
     "State",
+    "StateStoreConflict",
     "Subscription",
     "Task",
     "UnknownTask",

@@ -380,6 +380,11 @@ class Broker(abc.ABC):
     #: URL schemes this class serves
     schemes: ClassVar[tuple[str, ...]] = ()
 
+    #: where an engine keeps its job state apart from its transport
+    #: (RabbitMQ's ``state=``): that store's URL, so the doctor and the
+    #: dashboard can name it; None where the transport holds the state
+    state_url: str | None = None
+
     def __init__(self, url: str) -> None:
         self.url = url
         #: largest encoded message ``enqueue``/``publish`` accept (the App sets it)
@@ -389,6 +394,17 @@ class Broker(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {mask_url(self.url)}>"
+
+    async def forget_state_identity(self) -> bool:
+        """Forget which state store this broker's namespace announced, so the
+        next process to start announces its own: how an app moves to another
+        state store on purpose (``dumbwaiter state reset-identity``).
+
+        Only an engine that keeps its job state apart from its transport
+        (``state_url``) announces one: the others return False, having
+        nothing to forget (their namespace *is* the state).  Raises
+        ``ConfigurationError`` while a process that announced it still runs."""
+        return False
 
     # -- transport -------------------------------------------------------
 

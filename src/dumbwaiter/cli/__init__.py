@@ -35,6 +35,7 @@ COMMANDS = {
     "dashboard": "dashboard:dashboard",
     "alerts": "alerts:alerts",
     "doctor": "doctor:doctor",
+    "state": "state:state",
 }
 
 
