@@ -12,6 +12,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from ..app import App
 from ..brokers.base import JobFilter, QueueStats
 from ..cli.output import parse_time, raw_text
+from ..doctor import host_scope
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX
 from ..state import CANCELLABLE_STATES, FINAL_STATES, State
@@ -45,6 +46,7 @@ async def overview(request: Request) -> Response:
             "sampled": len(done),
             "firing": firing,
             "scheduler": snap.scheduler,
+            "scope": host_scope(dw.app),
         },
     )
 
