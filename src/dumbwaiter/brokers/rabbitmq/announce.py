@@ -152,7 +152,7 @@ def conflict(ours: Identity, theirs: Identity | None, where: str) -> StateStoreC
         f"{where} keeps its job state in {other}, but this process would keep it in "
         f"{ours.describe()}.{hint} Two state stores for one broker namespace split the "
         "jobs' records, locks, limits and unique keys between them, so this process "
-        "refuses to start.  Fix: give every process of the app the same state= (for "
+        "refuses to start. Fix: give every process of the app the same state= (for "
         "several machines, a PostgreSQL or Redis store every host reaches), or give this "
         "one a prefix= of its own; to move the app to another state store on purpose, "
         "stop every process of it and run `dumbwaiter state reset-identity` "
