@@ -48,7 +48,7 @@ MARK = "alternate-exchange"
 CLAIM_ROUNDS = 5
 #: seconds a refused process waits for the description of the winner (it
 #: may be writing it, or another refused process may hold it a moment)
-READ_WAIT = 2.0
+READ_WAIT = 5.0
 
 
 def name(prefix: str) -> str:
@@ -112,24 +112,36 @@ async def announced(conn: AbstractConnection, prefix: str) -> Identity | None:
     """The identity announced for ``prefix``, read and given back; None if
     it cannot be read within ``READ_WAIT`` seconds."""
     q = name(prefix)
-    deadline = asyncio.get_running_loop().time() + READ_WAIT
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READ_WAIT
+    while True:
+        try:
+            found = await _read(conn, q)
+        except AMQP_ERRORS:
+            return None
+        if found is not None:
+            return Identity.load(found)
+        if loop.time() > deadline:
+            return None
+        # not written yet (its queue may not even exist: the winner of a race
+        # declares it after the exchange), or held by another reader
+        await asyncio.sleep(0.05)
+
+
+async def _read(conn: AbstractConnection, q: str) -> bytes | None:
+    """The one message of ``q``, given back at once; None while there is
+    none (or no queue yet)."""
+    ch = await conn.channel()
     try:
-        ch = await conn.channel()
-    except AMQP_ERRORS:
-        return None
-    try:
-        await ch.queue_declare(q, passive=True)
-        while True:
+        try:
             m = await ch.basic_get(q, no_ack=False)
-            d = m.delivery
-            if isinstance(d, spec.Basic.GetOk):
-                await ch.basic_reject(int(d.delivery_tag or 0), requeue=True)
-                return Identity.load(m.body)
-            if asyncio.get_running_loop().time() > deadline:
-                return None
-            await asyncio.sleep(0.05)  # being written, or held by another reader
-    except AMQP_ERRORS:
-        return None
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return None
+        d = m.delivery
+        if not isinstance(d, spec.Basic.GetOk):
+            return None
+        await ch.basic_reject(int(d.delivery_tag or 0), requeue=True)
+        return m.body
     finally:
         await _close(ch)
 
