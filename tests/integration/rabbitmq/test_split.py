@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,8 +34,9 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.rabbitmq import announce
 from dumbwaiter.brokers.rabbitmq.broker import RabbitMQBroker
 from dumbwaiter.cli import main
-from dumbwaiter.errors import StateStoreConflict
+from dumbwaiter.errors import BrokerError, StateStoreConflict
 from dumbwaiter.message import Message, uuid7
+from tests.conftest import require_service
 from tests.integration.postgres.server import postgres_url
 from tests.integration.rabbitmq import server
 from tests.integration.redis.server import redis_url
@@ -347,3 +349,44 @@ async def test_reset_identity_refuses_while_a_process_runs_then_moves_the_app(
     async with _brokers(old) as [a]:  # and now the old store is the one refused
         with pytest.raises(StateStoreConflict):
             await a.open()
+
+
+def _close_connections_of(b: RabbitMQBroker) -> int:
+    """Close ``b``'s connections from the server side (what a RabbitMQ
+    restart or a network cut does to it)."""
+    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    if not os.path.exists(ctl):
+        require_service("rabbitmqctl", False, f"{ctl} is needed to close a connection")
+    out = subprocess.run(
+        [ctl, "-q", "list_connections", "pid", "client_properties"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    name = f"dumbwaiter {b.names.prefix} {b.instance}"
+    mine = [line.split()[0] for line in out.splitlines() if name in line]
+    for pid in mine:
+        subprocess.run([ctl, "-q", "close_connection", pid, "split test"], timeout=60, check=False)
+    return len(mine)
+
+
+async def test_a_process_cut_off_during_a_reset_is_refused_when_it_comes_back(
+    tmp_path: Path, prefix: str
+) -> None:
+    """A process holds the announcement only while connected: cut off, it
+    cannot stop a reset.  But it claims again on its new connection, so if
+    another store was announced meanwhile it is refused there, never left
+    running on its old store beside the new one."""
+    old, new = (_url(prefix, f"sqlite:///{tmp_path}/{n}.db") for n in ("old", "new"))
+    async with _brokers(old, new) as (a, b):
+        await a.declare(["default"])
+        assert await asyncio.to_thread(_close_connections_of, a) == 1
+        assert await b.forget_state_identity()
+        await b.open()  # the new store is the app's now
+        with pytest.raises(StateStoreConflict):  # a's next call reconnects and is refused
+            for _ in range(50):  # until a notices its connection is gone
+                with contextlib.suppress(BrokerError):  # "the connection was lost"
+                    await a.fetch(["default"], 1, 30.0, 0.1)
+        with pytest.raises(StateStoreConflict):  # and its state store stays shut
+            await a.kv_get(["anything"])
