@@ -77,19 +77,25 @@ _EVERY_ENGINE = frozenset(
     {"native_delay", "priorities", "blocking_fetch", "results", "events", "limits"}
 )
 _SHARED = _EVERY_ENGINE | {"multi_process"}
+#: every process on every host shares one truth (RabbitMQ: on a server state store)
+_HOSTS = _SHARED | {"multi_host"}
 
 #: The ``Capabilities`` flags each broker must report True.  A flag missing
-#: here may still be reported (a broker can gain one before this list does);
-#: ``ordered_keys`` is in no list: no broker promises order per key yet.
+#: here may still be reported (a broker can gain one before this list does),
+#: except ``multi_host``: a broker claiming it where it is not listed would
+#: let a deployment rely on a truth it does not share (``memory``, ``sqlite``
+#: and ``rabbitmq`` on its SQLite state store are one machine's); see
+#: ``test_the_broker_reports_the_capabilities_it_must``.  ``ordered_keys`` is
+#: in no list: no broker promises order per key yet.
 CAPABILITIES: dict[str, frozenset[str]] = {
     "memory": _EVERY_ENGINE | {"sync_enqueue"},
     "sqlite": _SHARED | {"sync_enqueue", "transactional_outbox"},
-    "postgres": _SHARED | {"sync_enqueue", "transactional_outbox"},
-    "redis": _SHARED | {"sync_enqueue"},
+    "postgres": _HOSTS | {"sync_enqueue", "transactional_outbox"},
+    "redis": _HOSTS | {"sync_enqueue"},
     "rabbitmq": _SHARED,
-    "rabbitmq+redis": _SHARED,
-    "rabbitmq+postgres": _SHARED,
-    "nats": _SHARED,
+    "rabbitmq+redis": _HOSTS,
+    "rabbitmq+postgres": _HOSTS,
+    "nats": _HOSTS,
 }
 
 

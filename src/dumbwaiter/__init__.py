@@ -43,6 +43,7 @@ from .errors import (
     ResultNotKept,
     ResultTimeout,
     SerializationError,
+    StateStoreConflict,
     UnknownTask,
     WorkflowFailed,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "RetryLater",
     "SerializationError",
     "State",
+    "StateStoreConflict",
     "StepFailed",
     "Subscription",
     "Task",

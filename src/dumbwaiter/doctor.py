@@ -29,6 +29,14 @@ anything ships; ``check_broker`` asks the broker.
 * DW102 (fault): the broker answers but is not ready (e.g. its schema is
   not migrated).
 * DW103 (warning): no worker is running right now; jobs wait until one starts.
+* DW104 (warning or note): the broker is single-host (``capabilities.multi_host``
+  False).  A warning where the transport is shared by every host but the job
+  state is not (RabbitMQ on a SQLite or memory state store): the deployment
+  looks ready for several machines and is not (a process on another host
+  refuses to start).  A note for an embedded broker (SQLite, memory), whose
+  single machine is plain.
+* DW105 (warning): workers announce themselves from several hosts on a
+  single-host broker (a SQLite file on a network share, say).
 
 Mark a task as safe to run twice with ``@dumbwaiter.doctor.idempotent`` (under
 ``@app.task``), or with a ``key`` (uniqueness) option a middleware declares as
@@ -106,11 +114,60 @@ def _handlers(app: App) -> list[tuple[str, str, Any, Retry, float | None, Any]]:
     return out
 
 
+def host_scope(app: App) -> str:
+    """One line on where the app's processes may run (its broker's
+    ``multi_host``), for the doctor and the dashboard."""
+    from .redact import mask_url
+
+    broker = app.broker
+    caps = broker.capabilities
+    if caps.multi_host:
+        return "multi-host: processes on every machine share one truth"
+    if broker.state_url is not None:
+        return (
+            f"single-host: the job state lives in {mask_url(broker.state_url)}, on one "
+            "machine; a process on another host refuses to start"
+        )
+    if not caps.multi_process:
+        return "single-process: everything lives in this process's memory"
+    return "single-host: every process must run on this machine"
+
+
+def _single_host(app: App) -> list[Finding]:
+    """DW104: the broker is single-host (see the module docstring)."""
+    if app.broker.capabilities.multi_host:
+        return []
+    where = f"broker {app.url.split('://', 1)[0]}://"
+    if app.broker.state_url is not None:
+        return [
+            Finding(
+                "DW104",
+                WARNING,
+                where,
+                f"is {host_scope(app)}: the broker carries jobs for any machine, its "
+                "state (records, locks, limits, unique keys) does not",
+                "to run processes on several machines, name a state store every host "
+                "reaches (state=postgresql://... or state=redis://..., docs/rabbitmq.md); "
+                "on one machine, ignore this",
+            )
+        ]
+    return [
+        Finding(
+            "DW104",
+            NOTE,
+            where,
+            f"is {host_scope(app)}",
+            "to scale out to other machines, move to a broker every host shares: "
+            "postgresql://, redis://, nats:// (docs/guarantees.md)",
+        )
+    ]
+
+
 def check(app: App) -> list[Finding]:
     """Every configuration finding for ``app``, warnings first."""
     from .alerts import DeadLetters, QueueDepth, config_of
 
-    found: list[Finding] = []
+    found: list[Finding] = _single_host(app)
     for kind, name, fn, retry, timeout, handler in _handlers(app):
         retried = retry.attempts > 1
         if retried and max(retry.backoff) == 0 and not _ignored(fn, "DW001"):
@@ -265,7 +322,7 @@ async def check_broker(app: App, timeout: float) -> list[Finding]:
     except Exception as exc:  # a client's own error: its type is part of the cause
         return [_unreachable(where, f"{type(exc).__name__}: {exc}")]
     if workers:
-        return []
+        return _hosts(app, where, workers)
     return [
         Finding(
             "DW103",
@@ -274,6 +331,28 @@ async def check_broker(app: App, timeout: float) -> list[Finding]:
             "no worker is running right now: jobs wait (they are not lost) until one starts",
             "dumbwaiter worker --app MODULE:ATTR (or ignore this where workers run elsewhere "
             "and are only stopped for now)",
+        )
+    ]
+
+
+def _hosts(app: App, where: str, workers: dict[str, bytes]) -> list[Finding]:
+    """DW105: workers of several hosts on a single-host broker.  A worker's
+    default id names its host first (``HOST:PID:RANDOM``); ids given by hand
+    say nothing about it and are left out."""
+    ids = [k[len(WORKER_KEY) :].split(":") for k in workers]
+    hosts = sorted({p[0] for p in ids if len(p) == 3 and p[1].isdigit()})
+    if app.broker.capabilities.multi_host or len(hosts) < 2:
+        return []
+    return [
+        Finding(
+            "DW105",
+            WARNING,
+            where,
+            f"is single-host, but workers run on {len(hosts)} hosts ({', '.join(hosts)}): "
+            "they share one file through something its locks may not cover (a network "
+            "share), unless these names are containers of one machine",
+            "run every worker on one machine, or move to a broker every host shares: "
+            "postgresql://, redis://, nats:// (docs/guarantees.md)",
         )
     ]
 

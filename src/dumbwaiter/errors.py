@@ -17,6 +17,23 @@ class ConfigurationError(DumbwaiterError, ValueError):
     """The app, a task or a broker was configured with a value that cannot work."""
 
 
+class StateStoreConflict(ConfigurationError):
+    """This process would keep its job state in another store than the
+    processes already sharing its broker namespace (RabbitMQ: the vhost and
+    prefix).  Two stores for one namespace split the truth: each sees half
+    the jobs' records, locks, limits and unique keys, and nothing else
+    warns.  A configuration error, not a ``BrokerError``: trying again
+    cannot help, and a worker must stop rather than back off and retry.
+    The message names both stores (passwords masked) and the fix;
+    ``ours`` and ``theirs`` are those descriptions (``theirs`` is None when
+    the announcement could not be read)."""
+
+    def __init__(self, message: str, *, ours: str = "", theirs: str | None = None) -> None:
+        super().__init__(message)
+        self.ours = ours
+        self.theirs = theirs
+
+
 class InvalidURL(ConfigurationError):
     """A broker URL that names no supported scheme or cannot be parsed."""
 

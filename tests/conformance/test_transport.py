@@ -23,6 +23,9 @@ def test_the_broker_reports_the_capabilities_it_must(broker: Broker, broker_name
         f.name for f in fields(Capabilities) if getattr(broker.capabilities, f.name) is True
     }
     assert CAPABILITIES[broker_name] <= reported
+    # multi_host both ways: a single-host broker that claimed it would let
+    # a deployment run processes on two machines over two truths
+    assert broker.capabilities.multi_host is ("multi_host" in CAPABILITIES[broker_name])
 
 
 async def test_enqueue_then_fetch_returns_the_envelope(broker: Broker) -> None:

@@ -79,6 +79,12 @@ class Capabilities:
     sync_enqueue: bool = False
     #: several worker processes may share the broker safely
     multi_process: bool = True
+    #: processes on other machines may share it too: every process on every
+    #: host that names this broker sees one truth (jobs, records, locks,
+    #: limits, unique keys).  False by default: an engine claims it.  SQLite
+    #: and memory: no (one machine, one process); Redis, PostgreSQL, NATS:
+    #: yes; RabbitMQ: its state store's (on SQLite, one machine)
+    multi_host: bool = False
     #: results of tasks with ``keep_result`` can be stored
     results: bool = True
     #: largest message the engine accepts (None: no limit of its own)
@@ -426,6 +432,11 @@ class Broker(abc.ABC):
         see failure.py)."""
         return failure.failed(self.url, exc)
 
+    #: where an engine keeps its job state apart from its transport
+    #: (RabbitMQ's ``state=``): that store's URL, so the doctor and the
+    #: dashboard can name it; None where the transport holds the state
+    state_url: str | None = None
+
     def __init__(self, url: str) -> None:
         self.url = url
         #: largest encoded message ``enqueue``/``publish`` accept (the App sets it)
@@ -435,6 +446,17 @@ class Broker(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {mask_url(self.url)}>"
+
+    async def forget_state_identity(self) -> bool:
+        """Forget which state store this broker's namespace announced, so the
+        next process to start announces its own: how an app moves to another
+        state store on purpose (``dumbwaiter state reset-identity``).
+
+        Only an engine that keeps its job state apart from its transport
+        (``state_url``) announces one: the others return False, having
+        nothing to forget (their namespace *is* the state).  Raises
+        ``ConfigurationError`` while a process that announced it still runs."""
+        return False
 
     # -- transport -------------------------------------------------------
 

@@ -39,6 +39,7 @@ COMMANDS = {
     "dashboard": "dashboard:dashboard",
     "alerts": "alerts:alerts",
     "doctor": "doctor:doctor",
+    "state": "state:state",
 }
 
 

@@ -38,7 +38,7 @@ T = TypeVar("T")
 DEFAULT_MAX_ATTEMPTS = 4
 
 
-def call(app: App, fn: Callable[[Broker], Awaitable[T]]) -> T:
+def call(app: App, fn: Callable[[Broker], Awaitable[T]], *, open_first: bool = True) -> T:
     """Run ``fn(app.broker)`` in a fresh event loop and close the broker after.
 
     The broker is opened first, waiting for it no longer than a producer
@@ -47,16 +47,20 @@ def call(app: App, fn: Callable[[Broker], Awaitable[T]]) -> T:
     when its own call would not talk to that server (RabbitMQ's listings
     read the state store).  ``click`` exceptions pass through; any
     ``DumbwaiterError`` becomes a ``ClickException`` so the user sees the
-    message, not a traceback.
+    message, not a traceback.  ``open_first=False`` skips the open, for a
+    call that must not claim anything on the broker first (RabbitMQ's open
+    announces the state store, which ``state reset-identity`` is there to
+    change).
     """
 
     async def main() -> T:
         try:
-            token = deadline.start(app.enqueue_timeout)
-            try:
-                await app.broker.open()
-            finally:
-                deadline.end(token)
+            if open_first:
+                token = deadline.start(app.enqueue_timeout)
+                try:
+                    await app.broker.open()
+                finally:
+                    deadline.end(token)
             return await fn(app.broker)
         finally:
             await app.broker.close()

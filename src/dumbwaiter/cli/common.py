@@ -218,7 +218,7 @@ def serve(coro: Coroutine[Any, Any, T], loop: str) -> T:
     """
     import gc
 
-    from ..errors import MissingDependency
+    from ..errors import ConfigurationError, MissingDependency
     from ..loop import run as run_on
 
     gc.collect()
@@ -228,3 +228,7 @@ def serve(coro: Coroutine[Any, Any, T], loop: str) -> T:
     except MissingDependency as exc:
         coro.close()
         raise click.UsageError(str(exc)) from None
+    except ConfigurationError as exc:
+        # a refusal at start (another state store announced for the broker
+        # namespace, a schema not migrated): its message says what to change
+        raise click.ClickException(str(exc)) from None

@@ -5,7 +5,17 @@ from __future__ import annotations
 import click
 from rich.text import Text
 
-from ..doctor import FAULT, LEVELS, WARNING, Finding, check, check_broker, faults, ordered
+from ..doctor import (
+    FAULT,
+    LEVELS,
+    WARNING,
+    Finding,
+    check,
+    check_broker,
+    faults,
+    host_scope,
+    ordered,
+)
 from .admin import call
 from .common import app_option, require_app
 from .output import console, plural, print_json
@@ -35,7 +45,8 @@ def doctor(app_spec: str | None, no_broker: bool, timeout: float, as_json: bool)
     Each finding is a fault (something does not work: the broker cannot be
     reached or is not ready), a warning (it works but can hurt) or a note
     (advice).  Exit status 1 when there is a fault, else 0, so CI can run it;
-    --json lists every finding with its level.
+    --json lists every finding with its level.  The first line says where the
+    app's processes may run: on several machines (multi-host), or on one.
     """
     app = require_app(app_spec)
     found = check(app)
@@ -44,8 +55,17 @@ def doctor(app_spec: str | None, no_broker: bool, timeout: float, as_json: bool)
     bad = faults(found)
     if as_json:
         counts = {level: sum(f.level == level for f in found) for level in LEVELS}
-        print_json({"ok": not bad, "counts": counts, "findings": [f.to_dict() for f in found]})
+        print_json(
+            {
+                "ok": not bad,
+                "multi_host": app.broker.capabilities.multi_host,
+                "scope": host_scope(app),
+                "counts": counts,
+                "findings": [f.to_dict() for f in found],
+            }
+        )
         raise SystemExit(1 if bad else 0)
+    console().print(Text(f"deployment: {host_scope(app)}", style="bold"))
     _print(found)
     raise SystemExit(1 if bad else 0)
 

@@ -14,6 +14,7 @@ from ..app import App
 from ..brokers.base import JobFilter, QueueStats
 from ..cancel import pending
 from ..cli.output import parse_time, raw_text
+from ..doctor import host_scope
 from ..durable import admin as runs_admin
 from ..durable.api import workflows as registered_workflows
 from ..durable.errors import WorkflowNotFound
@@ -54,6 +55,7 @@ async def overview(request: Request) -> Response:
             "sampled": len(done),
             "firing": firing,
             "scheduler": snap.scheduler,
+            "scope": host_scope(dw.app),
         },
     )
 

@@ -191,6 +191,7 @@ def _delete_queues(prefix: str, state: str) -> None:
         import aiormq
 
         from dumbwaiter.brokers import from_url
+        from dumbwaiter.brokers.rabbitmq import announce
         from dumbwaiter.brokers.rabbitmq.ledger import Keys
         from dumbwaiter.brokers.rabbitmq.topology import LANES, Names
 
@@ -211,6 +212,9 @@ def _delete_queues(prefix: str, state: str) -> None:
                 await ch.queue_delete(names.dlq(q), if_unused=False, if_empty=False)
             for x in (names.dlx, names.events):
                 await ch.exchange_delete(x)
+            # the state-store announcement: a quorum queue and an exchange per prefix
+            await ch.queue_delete(announce.name(prefix), if_unused=False, if_empty=False)
+            await ch.exchange_delete(announce.name(prefix))
         finally:
             await conn.close()
 

@@ -108,6 +108,7 @@ class NatsBroker(Admin, Coordination):
         # portal (one thread hop per call); see docs/nats.md
         sync_enqueue=False,
         multi_process=True,
+        multi_host=True,
         results=True,
         # the server's default max_payload is 1 MiB; a state record carries the
         # envelope plus its errors, so envelopes get the rest

@@ -103,7 +103,12 @@ class PostgresBroker(PostgresAdmin):
     """The PostgreSQL broker: transport and events (the rest: admin.py, core.py)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
+        sync_enqueue=True,
+        transactional_outbox=True,
+        multi_process=True,
+        multi_host=True,
+        events=True,
+        limits=True,
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
 

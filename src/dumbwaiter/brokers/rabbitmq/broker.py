@@ -26,21 +26,32 @@ leased to a live worker is parked in the delay cascade until that lease ends
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import os
+import re
 import secrets
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 import orjson
 from pamqp import commands as spec
 
-from ...errors import BrokerConfigError, BrokerError, InvalidURL, LeaseExpired, MessageDecodeError
+from ...errors import (
+    BrokerConfigError,
+    BrokerError,
+    InvalidURL,
+    LeaseExpired,
+    MessageDecodeError,
+    StateStoreConflict,
+)
 from ...message import (
     EVENT,
     TASK,
@@ -53,7 +64,7 @@ from ...message import (
 )
 from ...redact import mask_url
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
-from .. import from_url, urlopts
+from .. import from_url, identity, urlopts
 from ..base import (
     FOUND_DEAD_LIMIT,
     Binding,
@@ -72,6 +83,8 @@ from ..base import (
     stats_rows,
 )
 from ..deadline import Backoff
+from ..gate import Gate
+from . import announce
 from . import topology as topo
 from .ledger import Keys, Record, delivery_id
 from .link import AMQP_ERRORS, CLOSE_TIMEOUT, Link, Raw, failure_of
@@ -80,8 +93,12 @@ log = logging.getLogger("dumbwaiter.rabbitmq")
 
 #: finished jobs' records are kept this long (seconds) unless a result is kept longer
 DEFAULT_RETENTION = 3600.0
-#: the state store when the URL names none (fine on one machine only)
-DEFAULT_STATE = "sqlite:///dumbwaiter-state.db"
+#: the file of the state store when the URL names none (one machine only):
+#: under the user's state directory (``identity.state_dir``), named after
+#: the broker's host, port, vhost and prefix (``default_state_url``)
+DEFAULT_STATE_NAME = "rabbitmq-{host}-{port}-{vhost}-{prefix}"
+#: the default of versions before it, relative to the working directory
+OLD_DEFAULT_STATE = "dumbwaiter-state.db"
 _EXCHANGE_TYPES = ("topic", "direct", "headers", "fanout")
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
 #: seconds of lease left under which an outcome reads the record (fencing)
@@ -240,7 +257,12 @@ def _may_wait(raw: Raw, now: float) -> bool:
 
 
 _TLS = ("amqps",)
-STATE = urlopts.text("state", DEFAULT_STATE, "URL of the state store (URL-encoded)")
+STATE = urlopts.text(
+    "state",
+    None,
+    "URL of the state store (URL-encoded); default: a SQLite file of this machine, "
+    "~/.local/state/dumbwaiter/rabbitmq-HOST-PORT-VHOST-PREFIX-*.db",
+)
 PREFIX = urlopts.text("prefix", "dw", "first word of every queue, exchange and record name")
 QUEUE_TYPE = urlopts.choice("queue_type", "quorum", ("quorum", "classic"), "type of every queue")
 DELAYS = urlopts.text("delays", "dw.delay", "name of the delay cascade")
@@ -290,6 +312,38 @@ OPTIONS = urlopts.Table(
 )
 
 
+def default_state_url(amqp_url: str, prefix: str) -> str:
+    """The state store of a URL that names none: a SQLite file under the
+    user's state directory, one per broker namespace (host, port, vhost,
+    prefix), so every process of this machine finds the same one whatever
+    its working directory.  Other machines have files of their own: the
+    announcement (``announce.py``) refuses the second one."""
+    parts = urlsplit(amqp_url)
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    label = DEFAULT_STATE_NAME.format(
+        host=(parts.hostname or "localhost").lower(), port=port, vhost=vhost, prefix=prefix
+    )
+    digest = hashlib.sha256(label.encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", label)[:100]
+    return f"sqlite:///{identity.state_dir() / f'{slug}-{digest}.db'}"
+
+
+def _make_state_dir(path: Path, state_url: str) -> None:
+    """Make the default state store's directory (private to the user), and
+    say so when the old default file sits in the working directory: its
+    records are not read any more."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.path.exists(OLD_DEFAULT_STATE):
+        log.warning(
+            "%s is the default state store of earlier versions; the default is now %s "
+            "(the same from every working directory): move the file there, with every "
+            "process stopped, to keep its records",
+            os.path.abspath(OLD_DEFAULT_STATE),
+            mask_url(state_url),
+        )
+
+
 def parse_url(url: str) -> tuple[str, urlopts.Values]:
     """Check the URL; split off dumbwaiter's options (the rest is aiormq's)."""
     parts = urlsplit(url)
@@ -323,22 +377,41 @@ class RabbitMQBroker(Broker):
         self.prefetch = opts[PREFETCH]
         self.names = topo.Names(prefix, opts[DELAYS] or DELAYS.default, opts[QUEUE_TYPE])
         self.exchange_type = opts[EXCHANGE_TYPE]
-        self.state_url = opts[STATE] or DEFAULT_STATE
-        if urlsplit(self.state_url).scheme in ("amqp", "amqps"):
+        given = opts[STATE]
+        #: the directory of the default state store, made on first use
+        self._state_dir = None if given else identity.state_dir()
+        #: absolute (a relative SQLite path is resolved now): every message names the file
+        self.state_url = state_url = identity.absolute_url(
+            given or default_state_url(self.amqp_url, prefix)
+        )
+        if urlsplit(state_url).scheme in ("amqp", "amqps"):
             raise InvalidURL("the state store of an amqp:// broker cannot be RabbitMQ itself")
-        #: the companion broker that keeps records and coordination
         try:
-            self.state = from_url(self.state_url)
+            store = from_url(state_url)
         except InvalidURL as exc:
             raise InvalidURL(f"the state= of amqp URL {mask_url(url)!r}: {exc}") from None
-        # Flow control and sharing between processes are what the state store
-        # offers; the class default claims both, each instance says its own.
+        #: the companion broker that keeps records and coordination.  Until
+        #: the vhost agreed that it is the app's store (``_claim``), ``state``
+        #: is a gate in front of it that lets no call through before; then the
+        #: store itself (no cost per call), and the gate again on a refusal.
+        self._store = store
+        self._gate = Gate(store, self._admit_store)
+        self.state: Broker = self._gate
+        # Flow control and sharing between processes and hosts are what the
+        # state store offers; the class default claims them, each instance
+        # says its own.
         caps = replace(
             type(self).capabilities,
-            limits=type(self.state).capabilities.limits,
-            multi_process=type(self.state).capabilities.multi_process,
+            limits=type(store).capabilities.limits,
+            multi_process=type(store).capabilities.multi_process,
+            multi_host=type(store).capabilities.multi_host,
         )
         setattr(self, "capabilities", caps)  # noqa: B010 (a per-instance ClassVar)
+        #: this process's identity of the store (``_identity``)
+        self._ident: identity.Identity | None = None
+        #: link -> the connection generation whose claim passed
+        self._claimed: weakref.WeakKeyDictionary[Link, int] = weakref.WeakKeyDictionary()
+        self._claiming: weakref.WeakKeyDictionary[Link, asyncio.Lock] = weakref.WeakKeyDictionary()
         self.keys = Keys(prefix)
         self.instance = secrets.token_hex(6)
         self._links: dict[asyncio.AbstractEventLoop, Link] = {}
@@ -372,13 +445,66 @@ class RabbitMQBroker(Broker):
 
     async def _link(self) -> Link:
         link = self._link_for_loop()
-        await link.ensure()
+        await self._ensure(link)
         return link
 
     def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
         """aiormq's (or a socket's) ``exc`` as the ``BrokerError`` it means
         (``link.failure_of``)."""
         return failure_of(self.amqp_url, exc, waited)
+
+    async def _ensure(self, link: Link) -> None:
+        """Connect ``link`` if need be; on each new connection, claim the
+        vhost's word that our state store is the app's before anything is
+        sent on it (``announce.py``)."""
+        await link.ensure()
+        if self._claimed.get(link) != link.gen:
+            await self._claim(link)
+
+    async def _claim(self, link: Link) -> None:
+        lock = self._claiming.setdefault(link, asyncio.Lock())
+        async with lock:
+            gen = link.gen
+            if self._claimed.get(link) == gen or link.conn is None:
+                return
+            ours = await self._identity()
+            n = self.names
+            try:
+                await announce.claim(link.conn, n.prefix, n.queue_type, ours, self._where)
+            except StateStoreConflict:
+                self._gate.shut()  # the state store is not ours to use any more
+                self.state = self._gate
+                raise
+            except AMQP_ERRORS as exc:
+                raise await self._failed(link, "announce the state store", exc) from exc
+            self._claimed[link] = gen
+            self.state = self._store
+
+    @property
+    def _where(self) -> str:
+        return f"the RabbitMQ app {mask_url(self.amqp_url)} prefix {self.names.prefix!r}"
+
+    async def _identity(self) -> identity.Identity:
+        """The state store's identity (its store id written on first use)."""
+        if self._ident is None:
+            if self._state_dir is not None:
+                _make_state_dir(self._state_dir, self._store.url)
+            self._ident = await identity.identity_of(self._store)
+        return self._ident
+
+    async def _admit_store(self) -> None:
+        """The gate's check: the vhost agreed on this connection."""
+        await self._link()
+
+    async def forget_state_identity(self) -> bool:
+        link = self._link_for_loop()
+        await link.ensure()  # no claim: this process must not hold the announcement
+        if link.conn is None:
+            raise BrokerError("rabbitmq: the connection is closed")
+        try:
+            return await announce.forget(link.conn, self.names.prefix, self._where)
+        except AMQP_ERRORS as exc:
+            raise await self._failed(link, "forget the state store", exc) from exc
 
     async def _failed(
         self, link: Link, what: str, exc: BaseException, waited: float | None = None
@@ -649,7 +775,7 @@ class RabbitMQBroker(Broker):
         while True:
             link = self._link_for_loop()
             try:
-                await link.ensure()
+                await self._ensure(link)
                 if any(ex.startswith(self.names.delays) for ex, *_ in items):
                     await self._ensure_cascade(link)
                 for ex, rk in {(ex, rk) for ex, rk, *_ in items}:

@@ -192,7 +192,7 @@ def parse_url(url: str) -> tuple[str, urlopts.Values]:
 
 class RedisBroker(Broker):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=True, limits=True, events=True
+        sync_enqueue=True, multi_process=True, multi_host=True, limits=True, events=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
