@@ -66,6 +66,8 @@ class Receiver:
         body = b""
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the sender went away mid-request (a killed worker): not received
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
