@@ -223,6 +223,27 @@ async def test_published_events_reach_the_enabled_endpoints_that_want_them_once(
     assert await replay_events(app, "hooktest.order_paid", "webhooks", force=True) == 1
     await drain(app)
     assert len(rec.requests) == 2
+    # ... while an endpoint added later catches up on the event the same way
+    late = await app.webhooks.aadd_endpoint(base + "/ok?late")
+    await replay_events(app, "hooktest.order_paid", "webhooks", force=True)
+    await drain(app)
+    assert len(rec.requests) == 3 and rec.requests[-1].webhook_id == got[0][0]
+    verify(late.secret, rec.requests[-1].headers, rec.requests[-1].body)
+
+
+async def test_a_rotated_secret_signs_beside_the_new_one_while_the_receiver_switches(
+    app: dw.App, receiver: tuple[Receiver, str]
+) -> None:
+    rec, base = receiver
+    ep = await app.webhooks.aadd_endpoint(base + "/ok")
+    rotated = await app.webhooks.arotate_secret(ep.id, keep_old_for=3600)
+    assert rotated.secret != ep.secret
+    await app.webhooks.asend(ep, "hooktest.order_paid", {"o": 1})
+    await drain(app)
+    [req] = rec.requests
+    assert len(req.headers["webhook-signature"].split()) == 2
+    verify(ep.secret, req.headers, req.body)  # a receiver still on the old secret
+    verify(rotated.secret, req.headers, req.body)  # one that switched
 
 
 async def test_a_chosen_webhook_id_is_sent_once_per_endpoint(

@@ -86,7 +86,8 @@ class Endpoint:
         """JSON-ready; secrets left out unless asked for (pages and logs never show them)."""
         d: dict[str, Any] = {
             "id": self.id,
-            "url": self.url if secrets else mask_url(self.url),
+            # a partner's URL often carries a token in its path or query
+            "url": self.url if secrets else mask_url(self.url, path=True),
             "event_types": list(self.event_types),
             "rate_limit": list(self.rate_limit) if self.rate_limit else None,
             "concurrency": self.concurrency,
