@@ -149,7 +149,6 @@ class Deliverer:
                 transport=GuardedTransport(
                     AddressPolicy.make(s.allow_private, s.allow),
                     max_connections=s.max_connections,
-                    max_keepalive_connections=s.max_connections,
                 ),
                 timeout=httpx.Timeout(s.timeout, connect=s.connect_timeout),
                 follow_redirects=False,  # a 3xx is a failure (the specification)

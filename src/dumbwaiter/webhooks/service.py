@@ -92,7 +92,7 @@ class Settings:
     retention: float = DEFAULT_EVENT_RETENTION
     #: concurrency of a new endpoint when ``add_endpoint`` gets none (None: unlimited)
     default_concurrency: int | None = 10
-    #: connections one worker loop keeps open, over all endpoints
+    #: connections one worker loop keeps open to one origin (scheme, host, port)
     max_connections: int = 200
 
 

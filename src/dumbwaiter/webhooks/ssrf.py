@@ -185,8 +185,9 @@ def _mapped(exc: Exception) -> Exception:
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, shard: _Shard) -> None:
         self._stream = stream
+        self._shard: _Shard | None = shard
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -198,57 +199,106 @@ class _Body(httpx.AsyncByteStream):
             raise _mapped(exc) from exc
 
     async def aclose(self) -> None:
-        if hasattr(self._stream, "aclose"):
-            await self._stream.aclose()
+        try:
+            if hasattr(self._stream, "aclose"):
+                await self._stream.aclose()
+        finally:
+            if self._shard is not None:
+                self._shard.inflight -= 1
+                self._shard = None
+
+
+#: connections of one shard of an origin's pool (see ``GuardedTransport``)
+SHARD_SIZE = 16
+
+
+class _Shard:
+    __slots__ = ("inflight", "pool")
+
+    def __init__(self, pool: httpcore.AsyncConnectionPool) -> None:
+        self.pool = pool
+        self.inflight = 0
 
 
 class GuardedTransport(httpx.AsyncBaseTransport):
-    """An httpx transport over an httpcore pool whose connections go through
+    """An httpx transport over httpcore pools whose connections go through
     ``GuardedBackend`` (httpx's own transport takes no network backend).
-    Plain HTTP/1.1, no proxy (a proxy would connect for us, unchecked)."""
+    Plain HTTP/1.1, no proxy (a proxy would connect for us, unchecked).
+
+    One pool per origin (scheme, host, port), split into shards of
+    ``SHARD_SIZE`` connections: httpcore's pool looks at every one of its
+    connections on every request and every response, so one pool of all the
+    worker's connections would make each delivery pay for every endpoint's
+    idle connections.  A request goes to the origin's least busy shard; a
+    new shard opens when all are full, up to ``max_connections`` per origin."""
 
     def __init__(
         self,
         policy: AddressPolicy,
         *,
-        max_connections: int | None = 200,
-        max_keepalive_connections: int | None = 100,
+        max_connections: int = 200,
         keepalive_expiry: float = 30.0,
     ) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=max_connections,
-            max_keepalive_connections=max_keepalive_connections,
-            keepalive_expiry=keepalive_expiry,
-            network_backend=GuardedBackend(policy),
-        )
+        self._backend = GuardedBackend(policy)
+        self._ssl = httpx.create_ssl_context()
+        self._max = max(1, max_connections)
+        self._keepalive = keepalive_expiry
+        self._origins: dict[tuple[bytes, bytes, int | None], list[_Shard]] = {}
+
+    def _shard(self, origin: tuple[bytes, bytes, int | None]) -> _Shard:
+        shards = self._origins.setdefault(origin, [])
+        best = min(shards, key=lambda s: s.inflight, default=None)
+        room = self._max - SHARD_SIZE * len(shards)
+        if best is None or (best.inflight >= SHARD_SIZE and room > 0):
+            size = min(SHARD_SIZE, room) if shards else min(SHARD_SIZE, self._max)
+            best = _Shard(
+                httpcore.AsyncConnectionPool(
+                    ssl_context=self._ssl,
+                    max_connections=size,
+                    max_keepalive_connections=size,
+                    keepalive_expiry=self._keepalive,
+                    network_backend=self._backend,
+                )
+            )
+            shards.append(best)
+        return best
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.AsyncByteStream)
+        url = request.url
         req = httpcore.Request(
             method=request.method,
             url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
             ),
             headers=request.headers.raw,
             content=request.stream,
             extensions=request.extensions,
         )
+        shard = self._shard((url.raw_scheme, url.raw_host, url.port))
+        shard.inflight += 1
         try:
-            resp = await self._pool.handle_async_request(req)
-        except httpcore.TimeoutException as exc:
-            raise _mapped(exc) from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
-            raise _mapped(exc) from exc
+            resp = await shard.pool.handle_async_request(req)
+        except BaseException as exc:
+            shard.inflight -= 1
+            if isinstance(
+                exc,
+                httpcore.TimeoutException
+                | httpcore.NetworkError
+                | httpcore.ProtocolError
+                | httpcore.UnsupportedProtocol,
+            ):
+                raise _mapped(exc) from exc
+            raise
         return httpx.Response(
             status_code=resp.status,
             headers=resp.headers,
-            stream=_Body(resp.stream),
+            stream=_Body(resp.stream, shard),
             extensions=resp.extensions,
         )
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        shards = [s for group in self._origins.values() for s in group]
+        self._origins.clear()
+        for s in shards:
+            await s.pool.aclose()
