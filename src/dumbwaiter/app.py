@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
+    from .webhooks.service import Webhooks
     from .workflow import Signature
 
 T = TypeVar("T")
@@ -98,6 +99,9 @@ class App:
         #: queue -> the handler of any event delivered there (the durable
         #: workflows' router, which wakes runs waiting for events)
         self.event_routes: dict[str, Task] = {}
+        #: task name -> what runs one of its messages, where that depends on the
+        #: message (a webhook delivery runs under its endpoint's limits)
+        self.task_resolvers: dict[str, Callable[[Message], Task]] = {}
         #: seconds events stay in the log (replay) and consumers' inbox marks
         self.event_retention = _timeout(event_retention) or DEFAULT_EVENT_RETENTION
         self.broker.event_retention = self.event_retention
@@ -416,6 +420,10 @@ class App:
     def handler(self, msg: Message) -> Task | Subscription | None:
         """What runs ``msg``: its task, or its group's subscription."""
         if msg.kind == TASK:
+            if self.task_resolvers:
+                resolve = self.task_resolvers.get(msg.name)
+                if resolve is not None:
+                    return resolve(msg)
             return self.tasks.get(msg.name)
         return self.subscriptions.get((msg.queue, msg.name)) or self.event_routes.get(msg.queue)
 
@@ -610,13 +618,26 @@ class App:
     def close(self) -> None:
         """Close connections opened by sync calls (the portal and sync producers)."""
         try:
+            if "webhooks" in self.__dict__:
+                self._portal.call(self.webhooks.aclose())
             self._portal.call(self.broker.close())
         finally:
             self._portal.close()
 
     async def aclose(self) -> None:
+        if "webhooks" in self.__dict__:
+            await self.webhooks.aclose()
         await self.broker.close()
         self._portal.close()
+
+    @cached_property
+    def webhooks(self) -> Webhooks:
+        """Outgoing webhooks: endpoints, ``send``, fan-out of events
+        (``dumbwaiter.webhooks``, docs/webhooks.md).  The first use registers
+        the delivery task, so touch it where the app is defined."""
+        from .webhooks.service import Webhooks
+
+        return Webhooks(self)
 
     # -- schedules -------------------------------------------------------------
 
