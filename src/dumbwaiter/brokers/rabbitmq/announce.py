@@ -110,22 +110,42 @@ async def _describe(ch: AbstractChannel, prefix: str, queue_type: str, ours: Ide
 
 async def announced(conn: AbstractConnection, prefix: str) -> Identity | None:
     """The identity announced for ``prefix``, read and given back; None if
-    it cannot be read within ``READ_WAIT`` seconds."""
+    it cannot be read within ``READ_WAIT`` seconds.
+
+    A quorum queue the winner declared a moment ago may not have started
+    yet: RabbitMQ answers a ``basic.get`` on it with INTERNAL_ERROR
+    ``noproc`` and closes the whole connection.  Reading goes on over a
+    connection of its own to the same URL until the deadline."""
     q = name(prefix)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READ_WAIT
-    while True:
-        try:
-            found = await _read(conn, q)
-        except AMQP_ERRORS:
-            return None
-        if found is not None:
-            return Identity.load(found)
-        if loop.time() > deadline:
-            return None
-        # not written yet (its queue may not even exist: the winner of a race
-        # declares it after the exchange), or held by another reader
-        await asyncio.sleep(0.05)
+    own: AbstractConnection | None = None
+    try:
+        while True:
+            use = own if own is not None else conn
+            try:
+                found = await _read(use, q)
+            except AMQP_ERRORS:
+                found = None
+                if not use.is_closed or loop.time() > deadline:
+                    return None
+                try:
+                    own = await aiormq.connect(conn.url)
+                except (*AMQP_ERRORS, OSError):
+                    return None
+            if found is not None:
+                return Identity.load(found)
+            if loop.time() > deadline:
+                return None
+            # not written yet (its queue may not even exist: the winner of a
+            # race declares it after the exchange), or held by another reader
+            await asyncio.sleep(0.05)
+    finally:
+        if own is not None:
+            try:
+                await own.close()
+            except (*AMQP_ERRORS, OSError):
+                pass
 
 
 async def _read(conn: AbstractConnection, q: str) -> bytes | None:
