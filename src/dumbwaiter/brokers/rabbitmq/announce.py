@@ -49,6 +49,8 @@ CLAIM_ROUNDS = 5
 #: seconds a refused process waits for the description of the winner (it
 #: may be writing it, or another refused process may hold it a moment)
 READ_WAIT = 5.0
+#: what opening or closing a connection of our own may raise
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (*AMQP_ERRORS, OSError)
 
 
 def name(prefix: str) -> str:
@@ -131,7 +133,7 @@ async def announced(conn: AbstractConnection, prefix: str) -> Identity | None:
                     return None
                 try:
                     own = await aiormq.connect(conn.url)
-                except (*AMQP_ERRORS, OSError):
+                except _CONNECT_ERRORS:
                     return None
             if found is not None:
                 return Identity.load(found)
@@ -144,7 +146,7 @@ async def announced(conn: AbstractConnection, prefix: str) -> Identity | None:
         if own is not None:
             try:
                 await own.close()
-            except (*AMQP_ERRORS, OSError):
+            except _CONNECT_ERRORS:
                 pass
 
 
