@@ -788,6 +788,71 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no concurrency limits")
 
 
+class StateDelegation(Broker):
+    """An engine whose coordination lives in another broker, its *state
+    store* (RabbitMQ's and Kafka's ``state=``): a transport with no
+    key-value part of its own.  Locks, the key-value store and the limits
+    are the state store's, forwarded here once rather than by each engine.
+
+    A subclass sets ``self.state`` in ``__init__`` (it may swap it later:
+    RabbitMQ puts a gate there until the vhost agrees the store is the
+    app's)."""
+
+    state: Broker
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        return await self.state.acquire(name, owner, ttl)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
+        return await self.state.renew(name, owner, token, ttl)
+
+    async def release(self, name: str, owner: str, token: int) -> None:
+        await self.state.release(name, owner, token)
+
+    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
+        return await self.state.kv_get(keys)
+
+    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
+        await self.state.kv_set(items, ttl)
+
+    async def kv_update(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+    ) -> T:
+        return await self.state.kv_update(keys, decide)
+
+    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        return await self.state.kv_add(key, value, ttl)
+
+    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
+        return await self.state.kv_incr(key, amount, ttl)
+
+    async def kv_delete(self, keys: Sequence[str]) -> int:
+        return await self.state.kv_delete(keys)
+
+    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
+        return await self.state.kv_scan(prefix)
+
+    async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
+        return await self.state.kv_sadd(key, member, ttl)
+
+    async def kv_smembers(self, key: str) -> set[str]:
+        return await self.state.kv_smembers(key)
+
+    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        return await self.state.rate_limit(key, rate, per, at)
+
+    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        return await self.state.slot_acquire(key, limit, holder, ttl)
+
+    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
+        await self.state.slot_extend(holds, ttl)
+
+    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
+        await self.state.slot_release(holds)
+
+
 #: the seam's public methods: what ``Broker.__init_subclass__`` wraps
 SEAM = frozenset(
     name
