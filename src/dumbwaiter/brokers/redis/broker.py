@@ -65,6 +65,7 @@ from ..base import (
     kv_write,
     normalize_error_type,
 )
+from ..clock import ServerClock
 from . import bulk, events, lua
 from .client import PERMANENT, TRANSIENT, Arg, AsyncLink, SyncLink, Target
 
@@ -221,6 +222,8 @@ class RedisBroker(Broker):
         self._links: dict[asyncio.AbstractEventLoop, AsyncLink] = {}
         self._last: AsyncLink | None = None
         self._sync: SyncLink | None = None
+        #: the server's clock (``TIME``), which every time written here is on
+        self.clock = ServerClock()
 
     def __repr__(self) -> str:
         return f"<RedisBroker {self.prefix}>"
@@ -261,6 +264,26 @@ class RedisBroker(Broker):
             self._sync = SyncLink(self._target)
         return self._sync
 
+    async def _now(self) -> float:
+        """The server's time (``clock.py``): leases, expiries and run times
+        compare on it, whatever this host's wall clock says."""
+        await self.clock.sync(self._server_time)
+        return self.clock.now()
+
+    async def _server_time(self) -> float:
+        try:
+            sec, usec = await self._link().call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
+
+    def _server_time_sync(self) -> float:
+        try:
+            sec, usec = self._sync_link().call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
+
     async def _run(self, script: lua.Script, args: Sequence[Arg]) -> Any:
         try:
             return await self._link().script(script, self._keys, args)
@@ -299,9 +322,11 @@ class RedisBroker(Broker):
     # -- events (events.py, scripts/_events.lua) --------------------------------
 
     async def publish(self, msgs: Iterable[Message]) -> int:
+        await self.clock.sync(self._server_time)
         return await events.publish_async(self, msgs)
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
+        self.clock.sync_blocking(self._server_time_sync)
         return events.publish_sync(self, msgs)
 
     async def list_events(
@@ -316,11 +341,13 @@ class RedisBroker(Broker):
         return events.parse_page(await self._run(self._lua.list_events, args))
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        await self.clock.sync(self._server_time)
         if type(msgs) is list and len(msgs) == 1 and not self.wait_replicas:
             return [await bulk.enqueue_one_async(self, self._link(), msgs[0])]
         return await bulk.drive_async(self._link(), bulk.Enqueue(self, msgs).plan())
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        self.clock.sync_blocking(self._server_time_sync)
         if type(msgs) is list and len(msgs) == 1 and not self.wait_replicas:
             return [bulk.enqueue_one_sync(self, self._sync_link(), msgs[0])]
         return bulk.drive_sync(self._sync_link(), bulk.Enqueue(self, msgs).plan())
@@ -350,7 +377,8 @@ class RedisBroker(Broker):
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                until = time.time() + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
+                now = await self._now()
+                until = now + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
                 claim = asyncio.ensure_future(self._claim(queues, limit, lease, worker, wid, until))
                 out, next_due = await asyncio.shield(claim)
                 claim = None
@@ -358,7 +386,7 @@ class RedisBroker(Broker):
                     return out
                 block = min(remaining, WAITER_TTL)
                 if next_due is not None:
-                    block = min(block, next_due - time.time())
+                    block = min(block, next_due - (await self._now()))
                 if block <= 0:
                     continue
                 # BLPOP's timeout 0 means "for ever": never round down to it
@@ -410,7 +438,7 @@ class RedisBroker(Broker):
         register_until: float | None,
     ) -> tuple[list[Delivery], float | None]:
         """One fetch script call: the waiter's inbox, then ready jobs."""
-        now = time.time()
+        now = await self._now()
         args: list[Arg] = [
             repr(now),
             limit,
@@ -438,7 +466,7 @@ class RedisBroker(Broker):
     async def ack(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        now = time.time()
+        now = await self._now()
         retention = self.retention
         args: list[Arg] = [repr(now)]
         for d in ds:
@@ -449,16 +477,16 @@ class RedisBroker(Broker):
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self._now())]
         for d in ds:
             err, etype = _error(d.error)
-            args += (d.id, d.token, repr(d.retry_at), err, etype)
+            args += (d.id, d.token, repr(self.clock.to_server(d.retry_at)), err, etype)
         await self._run(self._lua.retry, args)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self._now())]
         for d in ds:
             err, etype = _error(d.error)
             args += (d.id, d.token, err, etype)
@@ -467,15 +495,15 @@ class RedisBroker(Broker):
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self._now())]
         for d in ds:
-            args += (d.id, d.token, repr(d.retry_at))
+            args += (d.id, d.token, repr(self.clock.to_server(d.retry_at)))
         await self._run(self._lua.requeue, args)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
         if not ds:
             return []
-        until = time.time() + lease
+        until = (await self._now()) + lease
         args: list[Arg] = [repr(until)]
         for d in ds:
             args += (d.id, d.token)
@@ -497,7 +525,7 @@ class RedisBroker(Broker):
         dead: list[DeadLetter] = []
         stop = time.monotonic() + 0.5
         while True:
-            now = time.time()
+            now = await self._now()
             args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
             n, more, buried = await self._run(self._lua.rescue, args)
             rescued += int(n)
@@ -516,7 +544,7 @@ class RedisBroker(Broker):
     # -- admin -----------------------------------------------------------
 
     async def stats(self) -> list[QueueStats]:
-        now = time.time()
+        now = await self._now()
         r = await self._run(self._lua.stats, [repr(now)])
         out = []
         for i in range(0, len(r), 10):
@@ -540,7 +568,7 @@ class RedisBroker(Broker):
 
     def _walk_args(self, f: JobFilter, index: str, cursor: str | None, limit: int) -> list[Arg]:
         args: list[Arg] = [
-            repr(time.time()),
+            repr(self.clock.now()),
             cursor or "",
             limit,
             WALK_BUDGET if f.key is None else KEY_WALK_BUDGET,
@@ -548,8 +576,8 @@ class RedisBroker(Broker):
             f.name or "",
             str(f.state) if f.state is not None else "",
             normalize_error_type(f.error_type) if f.error_type is not None else "",
-            repr(f.since) if f.since is not None else "",
-            repr(f.until) if f.until is not None else "",
+            repr(self.clock.to_server(f.since)) if f.since is not None else "",
+            repr(self.clock.to_server(f.until)) if f.until is not None else "",
             f.key if f.key is not None else "",
         ]
         if f.ids is not None:
@@ -566,6 +594,7 @@ class RedisBroker(Broker):
             return Page()
         index = "dead" if filter.state is State.DEAD else "ids"
         items: list[JobInfo] = []
+        await self.clock.sync(self._server_time)  # for _walk_args
         while True:
             args = self._walk_args(filter, index, cursor, limit - len(items))
             r = await self._run(self._lua.list, args)
@@ -590,6 +619,7 @@ class RedisBroker(Broker):
 
     async def _walk(self, script: lua.Script, f: JobFilter, index: str) -> int:
         """Run replay or purge over every match, one bounded call at a time."""
+        await self.clock.sync(self._server_time)  # for _walk_args
         if f.ids is not None:
             ids = sorted(set(f.ids), reverse=True)
             n = 0
@@ -619,31 +649,32 @@ class RedisBroker(Broker):
     async def cancel(self, ids: Sequence[str]) -> list[str]:
         if not ids:
             return []
-        now = time.time()
+        now = await self._now()
         r = await self._run(self._lua.cancel, [repr(now), repr(now + self.retention), *ids])
         return [i.decode() for i in r]
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         if not ids:
             return []
-        r = await self._run(self._lua.reschedule, [repr(time.time()), repr(at), *ids])
+        at = self.clock.to_server(at)
+        r = await self._run(self._lua.reschedule, [repr(await self._now()), repr(at), *ids])
         return [i.decode() for i in r]
 
     async def pause(self, queue: str) -> None:
-        await self._run(self._lua.pause, [repr(time.time()), queue, b"1"])
+        await self._run(self._lua.pause, [repr(await self._now()), queue, b"1"])
 
     async def resume(self, queue: str) -> None:
-        await self._run(self._lua.pause, [repr(time.time()), queue, b"0"])
+        await self._run(self._lua.pause, [repr(await self._now()), queue, b"0"])
 
     # -- coordination ------------------------------------------------------
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
-        now = time.time()
+        now = await self._now()
         r = await self._run(self._lua.acquire, [name, owner, repr(now), repr(now + ttl)])
         return None if r is None else int(r)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
-        now = time.time()
+        now = await self._now()
         args: list[Arg] = [name, owner, token, repr(now), repr(now + ttl)]
         return bool(await self._run(self._lua.renew, args))
 
@@ -656,13 +687,13 @@ class RedisBroker(Broker):
         keys = list(keys)
         if not keys:
             return {}
-        r = await self._run(self._lua.kv_get, [repr(time.time()), *keys])
+        r = await self._run(self._lua.kv_get, [repr(await self._now()), *keys])
         return {k: v for k, v in zip(keys, r, strict=True) if v is not None}
 
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         if not items:
             return
-        args: list[Arg] = ["" if ttl is None else repr(time.time() + ttl)]
+        args: list[Arg] = ["" if ttl is None else repr((await self._now()) + ttl)]
         for k, v in items.items():
             args += (k, bytes(v))
         await self._run(self._lua.kv_set, args)
@@ -686,7 +717,7 @@ class RedisBroker(Broker):
 
         Read values travel back as SHA1 digests, so a big value costs its
         bytes once.  A write's ttl becomes its expiry time in ``kvx``, as
-        ``kv_set`` stores it (by this client's clock, like every kv expiry
+        ``kv_set`` stores it (on the server's clock, ``clock.py``, like every kv expiry
         here); a write without one clears any expiry the key had.
         """
         keys = list(dict.fromkeys(keys))
@@ -696,11 +727,11 @@ class RedisBroker(Broker):
             writes, out = decide(dict(got))
             if not writes:
                 return out
-            args: list[Arg] = [repr(time.time()), len(keys)]
+            args: list[Arg] = [repr(await self._now()), len(keys)]
             for k in keys:
                 v = got.get(k)
                 args += (k, "" if v is None else hashlib.sha1(v).hexdigest())
-            at = time.time()
+            at = await self._now()
             for k, w in writes.items():
                 data, ttl = kv_write(w)
                 args += (k, data, "" if ttl is None else repr(at + ttl))
@@ -715,39 +746,40 @@ class RedisBroker(Broker):
         )
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
-        now = time.time()
+        now = await self._now()
         expires = "" if ttl is None else repr(now + ttl)
         return bool(await self._run(self._lua.kv_add, [repr(now), key, bytes(value), expires]))
 
     async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
-        now = time.time()
+        now = await self._now()
         expires = "" if ttl is None else repr(now + ttl)
         return int(await self._run(self._lua.kv_incr, [repr(now), key, amount, expires]))
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         if not keys:
             return 0
-        return int(await self._run(self._lua.kv_delete, [repr(time.time()), *keys]))
+        return int(await self._run(self._lua.kv_delete, [repr(await self._now()), *keys]))
 
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
-        r = await self._run(self._lua.kv_scan, [repr(time.time()), prefix])
+        r = await self._run(self._lua.kv_scan, [repr(await self._now()), prefix])
         return {r[i].decode(): r[i + 1] for i in range(0, len(r), 2)}
 
     # -- flow control ------------------------------------------------------------
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        at = self.clock.to_server(at)
         args: list[Arg] = [key, rate, repr(per), repr(at), repr(at - per), repr(at + per)]
         args += (repr(at - 2 * per), f"{at!r}:{secrets.token_hex(6)}")
         return float(await self._run(self._lua.rate_limit, args))
 
     async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
-        now = time.time()
+        now = await self._now()
         args: list[Arg] = [b"acquire", key, limit, holder, repr(now), repr(now + ttl)]
         return bool(await self._run(self._lua.slots, args))
 
     async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
         if holds:
-            args: list[Arg] = [b"extend", repr(time.time() + ttl)]
+            args: list[Arg] = [b"extend", repr((await self._now()) + ttl)]
             await self._run(self._lua.slots, args + [x for h in holds for x in h])
 
     async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:

@@ -41,6 +41,7 @@ from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseErro
 
 from ...errors import BrokerError
 from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
+from ..clock import ServerClock
 from ..deadline import Backoff
 from .client import PERMANENT, TRANSIENT, Arg, AsyncLink, SyncLink
 from .lua import Script
@@ -75,15 +76,22 @@ class Chunk:
     more: bool = False
 
 
-def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
+#: a clock never read from a server: this host's (``encode`` without a broker)
+HOST_CLOCK = ServerClock()
+
+
+def encode(
+    msgs: Iterable[Message], limit: int | None, clock: ServerClock = HOST_CLOCK
+) -> Iterator[Chunk]:
     """The messages as enqueue script arguments, one chunk at a time.
 
     Consecutive jobs that share queue, task, priority, run time and attempts
     form one group: one header, then id and body per job (a bulk enqueue of
     one task is one group), which keeps both the packing here and the parsing
-    on the server short.  Encoding size-checks each message.
+    on the server short.  Encoding size-checks each message.  Run times are
+    on the server's ``clock``.
     """
-    now = time.time()
+    now = clock.now()
     snow = repr(now)
     args: list[Arg] = []
     ids: list[str] = []
@@ -95,7 +103,7 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
         # holding thousands of orjson's own objects is dear); the same
         # bytes travel
         body = encode_checked_text(m, limit)
-        eta = m.eta
+        eta = None if m.eta is None else clock.to_server(m.eta)
         if eta is not None and eta > now:
             sched, ra = b"1", repr(eta)
         else:
@@ -189,15 +197,15 @@ class Enqueue:
 
     def __init__(self, broker: RedisBroker, msgs: Iterable[Message]) -> None:
         self.b = broker
-        self.source = encode(msgs, broker.max_message_size)
+        self.source = encode(msgs, broker.max_message_size, broker.clock)
         self.chunks: list[Chunk] = []
         #: replies the server still owes on the connection (staged way)
         self.unread = 0
 
     def _cmd(self, chunk: Chunk, mode: bytes = b"", call: str = "") -> tuple[Arg, ...]:
         s = self.b._lua.enqueue
-        deadline = repr(time.time() + STAGE_TTL) if mode == b"stage1" else ""
-        return (b"EVALSHA", s.sha, 1, self.b.prefix, repr(time.time()), mode, call, deadline,
+        deadline = repr(self.b.clock.now() + STAGE_TTL) if mode == b"stage1" else ""
+        return (b"EVALSHA", s.sha, 1, self.b.prefix, repr(self.b.clock.now()), mode, call, deadline,
                 *chunk.args)  # fmt: skip
 
     def _script(self, name: str, *args: Arg) -> tuple[Arg, ...]:
@@ -295,7 +303,7 @@ class Enqueue:
             for k in sent
             for a in _regroup(self.chunks[k], _staged_elsewhere(replies[k], self.chunks[k]))
         ]
-        yield ("send", self._script("commit", repr(time.time()), call))
+        yield ("send", self._script("commit", repr(self.b.clock.now()), call))
         if again:
             yield ("send", self._cmd(Chunk(again, False, [])))
         for k in keyed:
@@ -379,12 +387,12 @@ def _one(broker: RedisBroker, m: Message) -> tuple[Script, list[Arg]]:
     """The script call that stores one job: ``enqueue_one.lua`` for a job
     without a key (the usual ``task.enqueue``), ``enqueue.lua`` otherwise."""
     if m.key is not None and m.kind == TASK:
-        [chunk] = encode([m], broker.max_message_size)
-        return broker._lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
+        [chunk] = encode([m], broker.max_message_size, broker.clock)
+        return broker._lua.enqueue, [repr(broker.clock.now()), b"", "", "", *chunk.args]
     body = encode_checked(m, broker.max_message_size)
-    now = time.time()
+    now = broker.clock.now()
     snow = repr(now)
-    eta = m.eta
+    eta = None if m.eta is None else broker.clock.to_server(m.eta)
     if eta is not None and eta > now:
         sched, ra = b"1", repr(eta)
     else:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +84,8 @@ def _plan(broker: RedisBroker, chunks: list[list[Arg]]) -> bulk.Plan:
         backoff = Backoff(broker.reconnect)
         while True:
             try:
-                yield ("send", (b"EVALSHA", lua.sha, 1, broker.prefix, repr(time.time()), *args))
+                now = repr(broker.clock.now())
+                yield ("send", (b"EVALSHA", lua.sha, 1, broker.prefix, now, *args))
                 if broker.wait_replicas:
                     yield ("send", (b"WAIT", broker.wait_replicas, int(broker.wait_timeout * 1000)))
                 reply = yield ("read",)

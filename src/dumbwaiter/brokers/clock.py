@@ -1,0 +1,90 @@
+"""The server's clock as one process reads it: leases that hosts agree on.
+
+A lease, a lock's expiry, a rate-limit window or a job's run time is written
+by one host and compared by another.  Where the server cannot stamp the time
+itself (a Redis script is given its times; JetStream has no per-message
+expiry before 2.11), each host would stamp its own wall clock, and a host
+whose clock is 30 s ahead would see every live lease as expired (and steal
+it), while one 30 s behind would write leases that are over before they
+start.
+
+``ServerClock`` reads the server's time now and then (Redis ``TIME``, the
+time stamp JetStream gives a message) and carries it forward with this
+process's monotonic clock, which no NTP step or ``date -s`` moves.  Every
+time the broker writes or compares is then the server's, whatever this host's
+wall clock says; a time that comes from above the seam (a job's ``eta``, a
+retry's ``retry_at``, a rate permit's stamp) is this host's wall clock, and
+``to_server`` moves it by the difference, so "in 10 s" stays "in 10 s".
+
+What remains is the reading's error: half the round trip of the read, plus
+the monotonic clock's drift until the next read (``SYNC_EVERY``; a slewing
+NTP daemon moves the rate by at most 500 ppm, 15 ms in 30 s).
+docs/guarantees.md ("Clock skew") states the bound per broker.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+#: seconds between two reads of the server's time
+SYNC_EVERY = 30.0
+
+
+class ServerClock:
+    """The server's time, read every ``every`` seconds and carried forward
+    by the monotonic clock; this host's wall clock until the first read."""
+
+    def __init__(self, every: float = SYNC_EVERY) -> None:
+        self.every = every
+        self._server: float | None = None  # the server's time at ``_mono``
+        self._mono = 0.0
+        self._due = 0.0  # monotonic time of the next read
+        #: the round trip of the last read: twice the bound of its error
+        self.rtt = 0.0
+
+    @property
+    def due(self) -> bool:
+        """True when the server's time should be read again (or never was)."""
+        return time.monotonic() >= self._due
+
+    def now(self) -> float:
+        """The server's time now (Unix seconds)."""
+        if self._server is None:
+            return time.time()
+        return self._server + (time.monotonic() - self._mono)
+
+    def offset(self) -> float:
+        """Seconds the server's clock is ahead of this host's."""
+        return 0.0 if self._server is None else self.now() - time.time()
+
+    def to_server(self, t: float) -> float:
+        """A time on this host's wall clock (an ``eta``) on the server's."""
+        return t + self.offset()
+
+    def to_host(self, t: float) -> float:
+        """A time on the server's clock (a lease's end) on this host's."""
+        return t - self.offset()
+
+    def observe(self, server: float, sent: float, received: float) -> None:
+        """The server answered ``server`` (its time) to a read sent at
+        monotonic ``sent`` and answered at ``received``: it read its clock
+        between the two, most likely half way."""
+        self.rtt = received - sent
+        self._server = server
+        self._mono = sent + self.rtt / 2
+        self._due = received + self.every
+
+    async def sync(self, read: Callable[[], Awaitable[float]]) -> None:
+        """Read the server's time with ``read`` if due."""
+        if self.due:
+            sent = time.monotonic()
+            server = await read()
+            self.observe(server, sent, time.monotonic())
+
+    def sync_blocking(self, read: Callable[[], float]) -> None:
+        """``sync`` for a caller without an event loop."""
+        if self.due:
+            sent = time.monotonic()
+            server = read()
+            self.observe(server, sent, time.monotonic())
