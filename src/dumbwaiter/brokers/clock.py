@@ -18,7 +18,9 @@ retry's ``retry_at``, a rate permit's stamp) is this host's wall clock, and
 
 What remains is the reading's error: half the round trip of the read, plus
 the monotonic clock's drift until the next read (``SYNC_EVERY``; a slewing
-NTP daemon moves the rate by at most 500 ppm, 15 ms in 30 s).
+NTP daemon moves the rate by at most 500 ppm, 15 ms in 30 s).  A host within
+``TOLERANCE`` (or the read's round trip) of the server keeps its own clock,
+so times it gives (an ``eta``) come back exactly as given.
 docs/guarantees.md ("Clock skew") states the bound per broker.
 """
 
@@ -29,6 +31,9 @@ from collections.abc import Awaitable, Callable
 
 #: seconds between two reads of the server's time
 SYNC_EVERY = 30.0
+#: seconds of difference between this host's clock and the server's that
+#: are left alone (an NTP-synced host is within milliseconds)
+TOLERANCE = 0.1
 
 
 class ServerClock:
@@ -49,22 +54,23 @@ class ServerClock:
         return time.monotonic() >= self._due
 
     def now(self) -> float:
-        """The server's time now (Unix seconds)."""
-        if self._server is None:
-            return time.time()
-        return self._server + (time.monotonic() - self._mono)
+        """The server's time now (Unix seconds): this host's wall clock when
+        the two agree within what a reading can tell (``offset``)."""
+        return time.time() + self.offset()
 
     def offset(self) -> float:
-        """Seconds the server's clock is ahead of this host's."""
-        return 0.0 if self._server is None else self.now() - time.time()
+        """Seconds the server's clock is ahead of this host's; 0.0 when the
+        difference is within ``TOLERANCE`` or the last read's round trip (no
+        reading tells a smaller one from its own error), so a host in sync
+        keeps its own times exactly."""
+        if self._server is None:
+            return 0.0
+        raw = self._server + (time.monotonic() - self._mono) - time.time()
+        return 0.0 if abs(raw) <= max(TOLERANCE, self.rtt) else raw
 
     def to_server(self, t: float) -> float:
         """A time on this host's wall clock (an ``eta``) on the server's."""
         return t + self.offset()
-
-    def to_host(self, t: float) -> float:
-        """A time on the server's clock (a lease's end) on this host's."""
-        return t - self.offset()
 
     def observe(self, server: float, sent: float, received: float) -> None:
         """The server answered ``server`` (its time) to a read sent at

@@ -40,6 +40,9 @@ OFFSETS = [2.0, -2.0, 30.0, -30.0]
 #: wall clocks shows it at once (a lease over before it starts, a live one
 #: taken, an expired one kept past the lease and the skew)
 LEASE = 1.5
+#: how long a fetch that must find a job may wait for it to arrive (RabbitMQ
+#: delivers to a consumer the first fetch starts)
+WAIT = 5.0
 #: how late past its end an expired lease (or lock) may come back, and how
 #: far a delay may be off: polling and round trips, never the skew
 SLACK = 1.0
@@ -78,12 +81,12 @@ def test_leases_hold_and_end_on_time_between_skewed_hosts(hosts: tuple[Host, Hos
     true, skewed = hosts
     [mine, theirs] = true.call("enqueue", n=2)["ids"]
     # the skewed host works on one job: its lease is live for the others
-    [got] = skewed.call("fetch", lease=LEASE)["ids"]
+    [got] = skewed.call("fetch", lease=LEASE, wait=WAIT)["ids"]
     other = theirs if got == mine else mine
     assert true.call("rescue")["n"] == 0
     assert _running_by(true, got, "skewed-host")
     # the true host works on the other: the skewed host does not take it
-    assert true.call("fetch", lease=LEASE)["ids"] == [other]
+    assert true.call("fetch", lease=LEASE, wait=WAIT)["ids"] == [other]
     assert skewed.call("rescue")["n"] == 0
     assert true.call("extend", lease=LEASE)["lost"] == []
     assert skewed.call("extend", lease=LEASE)["lost"] == []
@@ -96,7 +99,7 @@ def test_leases_hold_and_end_on_time_between_skewed_hosts(hosts: tuple[Host, Hos
         return not _running_by(true, got, "skewed-host")
 
     wait_until(back, "the dead skewed host's lease to end", timeout=LEASE + SLACK)
-    assert true.call("fetch", lease=30.0)["ids"] == [got]
+    assert true.call("fetch", lease=30.0, wait=WAIT)["ids"] == [got]
 
 
 @pytest.mark.parametrize("hosts", CASES, ids=IDS, indirect=True)
@@ -141,7 +144,7 @@ def test_a_delay_set_by_a_skewed_host_is_that_many_seconds(hosts: tuple[Host, Ho
     true.call("ack")
     # a retry's wait set by the skewed host
     [again] = true.call("enqueue")["ids"]
-    assert skewed.call("fetch", lease=30.0)["ids"] == [again]
+    assert skewed.call("fetch", lease=30.0, wait=WAIT)["ids"] == [again]
     skewed.call("retry", delay=delay)
     assert true.call("fetch", lease=30.0)["ids"] == []
     wait_until(
