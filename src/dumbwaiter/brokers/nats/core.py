@@ -133,6 +133,9 @@ class Core(Broker):
             await self.clock.sync(lambda: self._server_time(link))
         return link
 
+    async def server_time(self) -> float | None:
+        return await self._server_time(await self._link())
+
     async def _server_time(self, link: Link) -> float:
         """The server's time: the time stamp of a write of this process's
         own, read back (so it falls between sending the write and the read's

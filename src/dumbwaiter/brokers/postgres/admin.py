@@ -138,7 +138,8 @@ class PostgresAdmin(PostgresCore):
         valid = [i for i in ids if is_uuid(i)]
         if not valid:
             return []
-        params = {"ids": valid, "at": at, "channel": self.q.channel}
+        await self._read_clock()
+        params = {"ids": valid, "at": self.clock.to_server(at), "channel": self.q.channel}
 
         async def run(c: psycopg.AsyncConnection[Any]) -> list[str]:
             cur = await c.execute(self.q.reschedule, params)
@@ -294,7 +295,8 @@ class PostgresAdmin(PostgresCore):
     # the worker treats the error like any other and the job runs again later.
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
-        params = (key, rate, per, at)
+        await self._read_clock()
+        params = (key, rate, per, self.clock.to_server(at))
 
         async def run(c: psycopg.AsyncConnection[Any]) -> float:
             row = await (await c.execute(self.q.rate_take, params)).fetchone()

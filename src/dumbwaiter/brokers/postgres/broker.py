@@ -336,7 +336,7 @@ class PostgresBroker(PostgresAdmin):
             m.max_attempts,
             key,
             body,
-            m.eta,
+            None if m.eta is None else self.clock.to_server(m.eta),
             m.key,
             None if key is None else m.headers.get("unique"),
         )
@@ -360,6 +360,7 @@ class PostgresBroker(PostgresAdmin):
         return [r[6] for r in rows if r[6] is not None]
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        await self._read_clock()
         it = iter(msgs)
         head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
@@ -414,7 +415,7 @@ class PostgresBroker(PostgresAdmin):
         if len(rows) != 1:
             return self.q.enqueue
         r = rows[0]
-        if not hand or (r[8] is not None and r[8] > time.time()):
+        if not hand or (r[8] is not None and r[8] > self.clock.now()):
             return self.q.enqueue_one
         if self._no_waiter and self._no_waiter.get(r[1], 0.0) > time.monotonic():
             return self.q.enqueue_one
@@ -465,7 +466,7 @@ class PostgresBroker(PostgresAdmin):
         rest: Iterator[Message],
         kept: list[tuple[Any, ...]],
     ) -> list[str]:
-        now = time.time()
+        now = self.clock.now()
         later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
         async with conn.transaction():
             await conn.execute(self.q.copy_memory)
@@ -491,6 +492,7 @@ class PostgresBroker(PostgresAdmin):
         return ids
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        self._read_clock_blocking()
         it = iter(msgs)
         head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
@@ -558,7 +560,7 @@ class PostgresBroker(PostgresAdmin):
     ) -> list[str]:
         if not self._schema_ok:
             self._check_schema_sync(conn)
-        now = time.time()
+        now = self.clock.now()
         later: list[tuple[Any, ...]] = []
         with conn.transaction():
             conn.execute(self.q.copy_memory)
@@ -901,8 +903,9 @@ class PostgresBroker(PostgresAdmin):
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
+        await self._read_clock()
         params = self._batch(ds)
-        params["at"] = [d.retry_at for d in ds]
+        params["at"] = [self.clock.to_server(d.retry_at) for d in ds]
         params["err"] = [err_json(d) for d in ds]
         params["etype"] = [None if d.error is None else d.error.type for d in ds]
         await self._run(lambda c: c.execute(self.q.retry, params), work=True)
@@ -917,8 +920,9 @@ class PostgresBroker(PostgresAdmin):
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         if ds:
+            await self._read_clock()
             params = self._batch(ds)
-            params["at"] = [d.retry_at for d in ds]
+            params["at"] = [self.clock.to_server(d.retry_at) for d in ds]
             await self._run(lambda c: c.execute(self.q.requeue, params), work=True)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:

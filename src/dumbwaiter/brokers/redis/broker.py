@@ -270,6 +270,9 @@ class RedisBroker(Broker):
         await self.clock.sync(self._server_time)
         return self.clock.now()
 
+    async def server_time(self) -> float | None:
+        return await self._server_time()
+
     async def _server_time(self) -> float:
         try:
             sec, usec = await self._link().call(b"TIME")
