@@ -659,8 +659,9 @@ class RedisBroker(Broker):
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         if not ids:
             return []
+        now = await self._now()
         at = self.clock.to_server(at)
-        r = await self._run(self._lua.reschedule, [repr(await self._now()), repr(at), *ids])
+        r = await self._run(self._lua.reschedule, [repr(now), repr(at), *ids])
         return [i.decode() for i in r]
 
     async def pause(self, queue: str) -> None:
@@ -770,6 +771,7 @@ class RedisBroker(Broker):
     # -- flow control ------------------------------------------------------------
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        await self.clock.sync(self._server_time)
         at = self.clock.to_server(at)
         args: list[Arg] = [key, rate, repr(per), repr(at), repr(at - per), repr(at + per)]
         args += (repr(at - 2 * per), f"{at!r}:{secrets.token_hex(6)}")
