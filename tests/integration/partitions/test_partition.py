@@ -125,6 +125,12 @@ def _records(url: str, ids: list[str]) -> dict[str, tuple[str, object]]:
     return asyncio.run(go())
 
 
+def _all_succeed(url: str, ids: list[str], what: str) -> None:
+    wait_until(
+        lambda: all(s == "succeeded" for s, _ in _records(url, ids).values()), what, timeout=60
+    )
+
+
 def _succeeded(url: str) -> int:
     async def go() -> int:
         app = dw.App(url)
@@ -186,11 +192,7 @@ def test_a_cut_off_worker_host_is_replaced_and_fenced_when_it_returns(
                     timeout=60,
                 )
                 ticks_after = time.monotonic() - cut
-                wait_until(
-                    lambda: all(s == "succeeded" for s, _ in _records(url, ids).values()),
-                    "every job to succeed",
-                    timeout=60,
-                )
+                _all_succeed(url, ids, "every job to succeed")
                 assert held <= log.done("a"), "a finished its jobs while cut off"
                 before = _records(url, ids)
                 assert all(before[i][1] == "b" for i in held)  # b's runs are the record
@@ -204,11 +206,7 @@ def test_a_cut_off_worker_host_is_replaced_and_fenced_when_it_returns(
                     timeout=90,
                 )
                 back_after = time.monotonic() - healed
-                wait_until(
-                    lambda: all(s == "succeeded" for s, _ in _records(url, more).values()),
-                    "the jobs after the heal to succeed",
-                    timeout=60,
-                )
+                _all_succeed(url, more, "the jobs after the heal to succeed")
                 after = _records(url, ids)
                 succeeded = _succeeded(url)
                 ticks = log.ticks()
