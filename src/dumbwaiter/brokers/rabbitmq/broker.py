@@ -449,9 +449,14 @@ class RabbitMQBroker(StateDelegation):
     async def _link(self) -> Link:
         link = self._link_for_loop()
         await self._ensure(link)
+        await self._now()
+        return link
+
+    async def _now(self) -> float:
+        """The state store's time now (``clock.py``), read again when due."""
         if self.clock.due:
             await self.clock.sync(self._store_time)
-        return link
+        return self.clock.now()
 
     async def _store_time(self) -> float:
         """The state store's server clock: the records' lease ends and run
@@ -834,7 +839,7 @@ class RabbitMQBroker(StateDelegation):
         batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
         if not batch:
             return []
-        now = self.clock.now()
+        now = await self._now()
         k = self.keys
         if len(batch) == 1 and (batch[0][0].key is None or batch[0][0].kind != TASK):
             return [await self._enqueue_one(*batch[0], now)]
@@ -1019,7 +1024,7 @@ class RabbitMQBroker(StateDelegation):
         if not fresh:
             return 0
         bindings = await self._load_bindings()
-        now = self.clock.now()
+        now = await self._now()
         logged: dict[str, bytes] = {}
         records: dict[str, bytes] = {}
         copies: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
@@ -1213,7 +1218,7 @@ class RabbitMQBroker(StateDelegation):
         """Consume every lane of ``queues`` that is not paused; look again
         every second for pauses lifted and priority lanes made since, and
         start consumers with the prefetch of the others (``_prefetch_for``)."""
-        now = self.clock.now()
+        now = await self._now()
         if now >= link.looked_at + 1.0 or any(q not in link.looked for q in queues):
             prefetch = link.prefetch or self.prefetch or 2 * link.slots
             lanes = await self._lanes(queues)
@@ -1534,7 +1539,7 @@ class RabbitMQBroker(StateDelegation):
         admin calls never touch running jobs), so the record this broker
         wrote at fetch or heartbeat is still the record.  Others are read."""
         k = self.keys
-        now = self.clock.now()
+        now = await self._now()
         out = []
         ask = []
         for d in ds:
@@ -1585,7 +1590,7 @@ class RabbitMQBroker(StateDelegation):
         ``kv_update``, only if it still names the job (a newer job that took
         the key over keeps it, with no expiry).  Jobs without a key take one
         plain write, as before."""
-        now = self.clock.now()
+        now = await self._now()
         records: dict[str, tuple[bytes, float]] = {}
         holds: list[tuple[str, str, float]] = []  # (key's entry, job id, ttl)
         for d, rec in await self._owned(ds):
@@ -1665,7 +1670,7 @@ class RabbitMQBroker(StateDelegation):
         be rescued and another worker take it.  A blind write then set the
         record back under that worker's running job (its ack fenced off, the
         rescue's copy and this one of one version: a job no copy served)."""
-        now = self.clock.now()
+        now = await self._now()
         writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
@@ -1688,7 +1693,7 @@ class RabbitMQBroker(StateDelegation):
     async def dead(self, ds: Sequence[Delivery]) -> None:
         """The job's copy to the DLQ, its record dead where it is still the
         lease read (``_swap``, as ``_again``)."""
-        now = self.clock.now()
+        now = await self._now()
         writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
@@ -1775,7 +1780,7 @@ class RabbitMQBroker(StateDelegation):
         or undo a rescue's dead letter.  Such a lease is reported lost.  The
         rescuer's compare includes the lease's end, so of a heartbeat and a
         rescue that meet, exactly one wins."""
-        now = self.clock.now()
+        now = await self._now()
         k = self.keys
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         renewed: dict[str, tuple[Delivery, Record]] = {}
@@ -1861,7 +1866,7 @@ class RabbitMQBroker(StateDelegation):
         empty = await self._empty_lanes()
         if not empty:
             return 0
-        now = self.clock.now()
+        now = await self._now()
         horizon = now - STRANDED_AFTER - self.reconnect
         stranded: list[Record] = []
         for raw in (await self.state.kv_scan(k.job)).values():
@@ -1920,7 +1925,7 @@ class RabbitMQBroker(StateDelegation):
 
     async def _rescue_leases(self) -> tuple[int, list[DeadLetter]]:
         """``rescue`` of the expired leases: how many, and the dead-lettered."""
-        now = self.clock.now()
+        now = await self._now()
         k = self.keys
         maps = await self.state.kv_scan(k.lease)
         expired: dict[str, int] = {}
@@ -2003,7 +2008,7 @@ class RabbitMQBroker(StateDelegation):
         return [Record.load(v) for v in found.values()]
 
     async def stats(self) -> list[QueueStats]:
-        now = self.clock.now()
+        now = await self._now()
         k = self.keys
         queues = {q[len(k.queue) :] for q in await self.state.kv_scan(k.queue)}
         paused = {q[len(k.paused) :] for q in await self.state.kv_scan(k.paused)}
@@ -2017,7 +2022,7 @@ class RabbitMQBroker(StateDelegation):
         return stats_rows(counts, paused)
 
     async def _matching(self, filter: JobFilter) -> list[Record]:
-        now = self.clock.now()
+        now = await self._now()
         if filter.ids is not None:
             got = await self.state.kv_get([self.keys.job + i for i in filter.ids])
             recs = [Record.load(v) for v in got.values()]
@@ -2057,7 +2062,7 @@ class RabbitMQBroker(StateDelegation):
         version, so the record must be ready first; a crash in between
         leaves a ready record that ``_reconcile`` sends again), and a worker
         that still cannot decode it dead-letters it under the same record."""
-        now = self.clock.now()
+        now = await self._now()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         raws: dict[str, Record] = {}
@@ -2119,7 +2124,7 @@ class RabbitMQBroker(StateDelegation):
         read = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
         if not read:
             return 0
-        now = self.clock.now()
+        now = await self._now()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         ttls: dict[str, float] = {}  # job's record key -> how long its mark stays
         holds: dict[str, str] = {}  # job's record key -> its unique key's entry
@@ -2197,7 +2202,7 @@ class RabbitMQBroker(StateDelegation):
         cancellable job whose key's entry it did not read writes nothing
         and names the entries, and the next one reads them too (jobs
         without a key: one update)."""
-        now = self.clock.now()
+        now = await self._now()
         k = self.keys
         wanted = list(dict.fromkeys(k.job + i for i in ids))
         known: frozenset[str] = frozenset()
@@ -2250,7 +2255,7 @@ class RabbitMQBroker(StateDelegation):
         changed, between the read and the write is not rescheduled (and not
         returned); its new copy is stale, or parks behind the live lease
         (``_judge``) and is dropped once the job is done."""
-        now = self.clock.now()
+        now = await self._now()
         at = self.clock.to_server(at)
         got = await self.state.kv_get([self.keys.job + i for i in ids])
         planned: dict[str, tuple[_Stamp, bytes]] = {}
