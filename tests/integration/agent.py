@@ -6,7 +6,7 @@ writes is judged by another exactly as it would be between two machines.  It
 reads one JSON command a line on stdin and answers one JSON line on stdout:
 
 * ``enqueue`` ``n``, ``delay`` (seconds, by this host's clock) -> ``ids``
-* ``fetch`` ``limit``, ``lease``, ``wait`` -> ``ids`` (this host holds them)
+* ``fetch`` ``limit``, ``lease`` -> ``ids`` (this host holds them; no wait)
 * ``extend`` ``lease`` -> ``lost`` (ids of held jobs whose lease was gone)
 * ``retry`` ``delay`` -> ``ids`` (every held job, to run again after ``delay``)
 * ``ack`` -> ``ids`` (every held job)
@@ -67,8 +67,8 @@ class Agent:
         ]
         return {"ids": await self.broker.enqueue(msgs)}
 
-    async def fetch(self, limit: int = 1, lease: float = 10.0, wait: float = 0.0) -> dict[str, Any]:
-        ds = await self.broker.fetch([QUEUE], limit, lease, wait, self.worker)
+    async def fetch(self, limit: int = 1, lease: float = 10.0) -> dict[str, Any]:
+        ds = await self.broker.fetch([QUEUE], limit, lease, 0, self.worker)
         self.held += ds
         return {"ids": [d.id for d in ds]}
 
