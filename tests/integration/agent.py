@@ -1,9 +1,9 @@
 """A test host: one process that makes the broker calls a test tells it to.
 
 The clock-skew tests run it with its wall clock shifted (libfaketime, set by
-``Host``), the partition tests inside a network namespace, so what one host
-writes is judged by another exactly as it would be between two machines.  It
-reads one JSON command a line on stdin and answers one JSON line on stdout:
+``Host``), so what one host writes is judged by another exactly as it would
+be between two machines whose clocks disagree.  It reads one JSON command a
+line on stdin and answers one JSON line on stdout:
 
 * ``enqueue`` ``n``, ``delay`` (seconds, by this host's clock) -> ``ids``
 * ``fetch`` ``limit``, ``lease`` -> ``ids`` (this host holds them; no wait)
@@ -140,12 +140,9 @@ def faketime_library() -> str:
 
 class Host:
     """An agent process; ``offset`` seconds added to its wall clock (its
-    monotonic clock is left alone, as NTP leaves it); ``prefix`` runs it
-    under another command (``ip netns exec NAME``)."""
+    monotonic clock is left alone, as NTP leaves it)."""
 
-    def __init__(
-        self, url: str, worker: str, offset: float = 0.0, prefix: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, url: str, worker: str, offset: float = 0.0) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         if offset:
             env["LD_PRELOAD"] = faketime_library()
@@ -153,7 +150,7 @@ class Host:
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
         self.worker = worker
         self.proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "tests.integration.agent", url, worker],
+            [sys.executable, "-m", "tests.integration.agent", url, worker],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
