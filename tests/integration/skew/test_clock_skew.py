@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.brokers import BROKERS
-from tests.integration.agent import Host
+from tests.integration.skew.agent import Host
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.crash

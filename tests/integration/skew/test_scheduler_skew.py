@@ -23,7 +23,7 @@ import pytest
 
 from tests.apps import schedapp
 from tests.brokers import BROKERS
-from tests.integration.agent import ROOT, faketime_library
+from tests.integration.skew.agent import ROOT, faketime_library
 from tests.integration.skew.test_clock_skew import HOSTED
 from tests.integration.test_scheduler_replicas import Runs, _pid
 from tests.waiting import wait_until

@@ -16,7 +16,7 @@ line on stdin and answers one JSON line on stdout:
 * ``state`` ``id`` -> ``state``, ``worker``
 * ``time`` -> ``time`` (this host's wall clock)
 
-Run as ``python -m tests.integration.agent URL WORKER-ID``.
+Run as ``python -m tests.integration.skew.agent URL WORKER-ID``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dumbwaiter.brokers.base import Broker, Delivery
 from dumbwaiter.message import TASK, Message, uuid7
 from tests.conftest import IN_CI
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUEUE = "default"
 
 
@@ -150,7 +150,7 @@ class Host:
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
         self.worker = worker
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.agent", url, worker],
+            [sys.executable, "-m", "tests.integration.skew.agent", url, worker],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
