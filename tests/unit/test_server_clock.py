@@ -58,3 +58,15 @@ async def test_sync_reads_when_due_only() -> None:
     await clock.sync(read)
     await clock.sync(read)
     assert reads == 1 and clock.offset() == pytest.approx(5.0, abs=0.05)
+
+
+async def test_a_failed_read_keeps_the_last_reading_and_is_tried_again_later() -> None:
+    clock = ServerClock(every=0.0)
+    _read(clock, 30.0)
+
+    async def down() -> float:
+        raise ConnectionError("the server is failing over")
+
+    await clock.try_sync(down)  # does not raise
+    assert clock.offset() == pytest.approx(30.0, abs=0.05)
+    assert not clock.due  # not read again at once

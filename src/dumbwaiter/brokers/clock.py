@@ -26,11 +26,16 @@ docs/guarantees.md ("Clock skew") states the bound per broker.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
+log = logging.getLogger("dumbwaiter.brokers.clock")
+
 #: seconds between two reads of the server's time
 SYNC_EVERY = 30.0
+#: seconds before a read that failed is tried again
+RETRY_AFTER = 1.0
 #: seconds of difference between this host's clock and the server's that
 #: are left alone (an NTP-synced host is within milliseconds)
 TOLERANCE = 0.1
@@ -87,6 +92,17 @@ class ServerClock:
             sent = time.monotonic()
             server = await read()
             self.observe(server, sent, time.monotonic())
+
+    async def try_sync(self, read: Callable[[], Awaitable[float]]) -> None:
+        """``sync``, for a caller whose own work must not fail with the read
+        (a connection being set up, a server failing over): a failed read
+        keeps the last reading (or this host's clock) and is tried again
+        ``RETRY_AFTER`` s later."""
+        try:
+            await self.sync(read)
+        except Exception as exc:
+            self._due = time.monotonic() + RETRY_AFTER
+            log.debug("reading the server's clock failed (%r); keeping the last reading", exc)
 
     def sync_blocking(self, read: Callable[[], float]) -> None:
         """``sync`` for a caller without an event loop."""

@@ -130,7 +130,7 @@ class Core(Broker):
             except BrokerError as exc:  # unreachable, or the login refused
                 raise self.failure(exc) from (exc.__cause__ or exc)
         if self.clock.due:
-            await self.clock.sync(lambda: self._server_time(link))
+            await self.clock.try_sync(lambda: self._server_time(link))
         return link
 
     async def server_time(self) -> float | None:

@@ -455,7 +455,7 @@ class RabbitMQBroker(StateDelegation):
     async def _now(self) -> float:
         """The state store's time now (``clock.py``), read again when due."""
         if self.clock.due:
-            await self.clock.sync(self._store_time)
+            await self.clock.try_sync(self._store_time)
         return self.clock.now()
 
     async def _store_time(self) -> float:
