@@ -6,8 +6,8 @@ starts, takes ``DW_PART_SECONDS`` (so a cut finds jobs in flight), appends
 ``done ID HOST`` and returns its host's name, which becomes the job's
 recorded result: the record shows which run's outcome was kept.  The
 periodic ``part.tick`` (every second, on its own queue) appends ``tick KEY
-HOST SCHEDULER`` (the host that ran it, the scheduler replica that enqueued
-it).  Each line is one ``O_APPEND`` write (atomic between processes; the
+HOST SCHEDULER JOB`` (the host that ran it, the scheduler replica that
+enqueued it, the job's id).  Each line is one ``O_APPEND`` write (atomic between processes; the
 hosts share the file system, not the network).
 """
 
@@ -43,4 +43,4 @@ async def work(n: int, ctx: dw.Context) -> str:
 @app.periodic(cron="* * * * * *", queue="ticks", name="part.tick")
 def tick(ctx: dw.Context) -> None:
     by = (ctx.headers.get("periodic") or {}).get("by", "-")  # the scheduler: host:pid:random
-    _append(f"tick {ctx.message.key} {HOST} {by}\n")
+    _append(f"tick {ctx.message.key} {HOST} {by} {ctx.job_id}\n")

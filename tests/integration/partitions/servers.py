@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import glob
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from tests.conftest import require_service
+from tests.integration.clusters.rabbitcluster import BOOT_TIMEOUT, RabbitNode
+from tests.integration.clusters.rabbitcluster import SERVER as RABBIT
 from tests.integration.nats.conftest import NATS_SERVER as NATS
 from tests.integration.partitions.netns import wait_port
 from tests.integration.serverproc import free_port
@@ -102,4 +106,49 @@ def postgres(address: str, dir: Path) -> tuple[str, Callable[[], None]]:
     return f"postgresql://postgres@{address}:{port}/postgres?schema=part&migrate=auto", stop
 
 
-SERVERS = {"redis": redis, "nats": nats, "postgres": postgres}
+class _Rabbit(RabbitNode):
+    """One RabbitMQ node (``clusters/rabbitcluster.py``'s) listening on the
+    bridge's address, where ``guest`` may log in from the hosts."""
+
+    def __init__(self, dir: Path, address: str) -> None:
+        home = dir / "home"
+        home.mkdir(parents=True)
+        cookie = home / ".erlang.cookie"
+        cookie.write_text(secrets.token_hex(16).upper())
+        cookie.chmod(0o400)
+        env_file = dir / "rabbitmq-env.conf"
+        env_file.write_text("")
+        super().__init__(dir / "node", f"dwp{secrets.token_hex(3)}@localhost", home, env_file)
+        self.address = address
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = {address}:{self.port}\nloopback_users = none\n"
+        )
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "RABBITMQ_NODE_IP_ADDRESS": self.address}
+
+
+def rabbitmq(address: str, dir: Path) -> tuple[str, Callable[[], None]]:
+    """A RabbitMQ node and, as its state store, a Redis (both on the bridge)."""
+    require_service(
+        "rabbitmq-server", RABBIT is not None, "no /usr/lib/rabbitmq/bin/rabbitmq-server"
+    )
+    state, stop_redis = redis(address, dir)
+    node = _Rabbit(dir / "rabbitmq", address)
+    node.start()
+    try:
+        wait_port(address, node.port, "rabbitmq-server", timeout=BOOT_TIMEOUT)
+    except BaseException:
+        node.kill()
+        stop_redis()
+        raise
+
+    def stop() -> None:
+        node.kill()
+        stop_redis()
+
+    store = quote(state, safe="")
+    return f"amqp://guest:guest@{address}:{node.port}/%2F?prefix=part&state={store}", stop
+
+
+SERVERS = {"redis": redis, "nats": nats, "postgres": postgres, "rabbitmq": rabbitmq}

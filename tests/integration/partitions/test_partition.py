@@ -9,14 +9,17 @@ Jobs take a second each; while ``a`` has some in flight, its cable is cut
 * every job ``a`` had in flight runs on ``b`` once its lease (``LEASE``)
   ran out;
 * the scheduler's ticks go on from ``b`` once the lock ran out, and no tick
-  runs twice;
+  is enqueued twice (a tick job in flight on ``a`` runs again on ``b``, as
+  any job);
 * when ``a`` comes back, what it finished while cut off (its late
   acknowledgements and results) is fenced: every job is recorded once, by
   the run whose lease was live (``b``'s result stays), and no job's state
   moves back.
 
 The seconds from the cut until ``a``'s jobs ran elsewhere and until a tick
-came from ``b`` are printed (``-s``): docs/deploying.md quotes them.
+came from ``b`` are printed (``-s``): docs/deploying.md quotes them.  On
+Redis, PostgreSQL and NATS; RabbitMQ runs too, marked as the known failure
+``RABBITMQ_LATE_ACK`` says.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,8 +71,18 @@ class Log:
         return {r[1] for r in self.rows() if r[0] == "done" and r[2] == host}
 
     def ticks(self) -> list[tuple[str, int]]:
-        """(tick key, pid of the scheduler replica that enqueued it)."""
+        """(tick key, pid of the scheduler replica that enqueued it) per run."""
         return [(r[1], int(r[3].split(":")[-2])) for r in self.rows() if r[0] == "tick"]
+
+    def fires(self) -> dict[str, set[str]]:
+        """Tick key -> the ids of the jobs enqueued for it (a tick job in
+        flight on the cut-off host runs again on the other, as any job:
+        one fire, two runs)."""
+        out: dict[str, set[str]] = {}
+        for r in self.rows():
+            if r[0] == "tick":
+                out.setdefault(r[1], set()).add(r[4])
+        return out
 
 
 @contextmanager
@@ -155,7 +167,20 @@ def _enqueue(url: str, n: int) -> list[str]:
         app.close()
 
 
-@pytest.mark.parametrize("broker", ["redis", "postgres", "nats"])
+#: RabbitMQ (with a Redis state store): a late ack of the cut-off host can
+#: overwrite the record of the run that replaced it (seen in 1 of 2 runs): its
+#: ack trusts a lease with more than a second to run without asking the state
+#: store (``_owned``), and the blind write it then sends is held by TCP until
+#: the heal.  Fencing it needs a conditional write on the ack's hot path.
+RABBITMQ_LATE_ACK = pytest.mark.xfail(
+    reason="rabbitmq: a late ack decided before the cut can land after it (docs/deploying.md)",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize(
+    "broker", ["redis", "postgres", "nats", pytest.param("rabbitmq", marks=RABBITMQ_LATE_ACK)]
+)
 def test_a_cut_off_worker_host_is_replaced_and_fenced_when_it_returns(
     broker: str, tmp_path: Path
 ) -> None:
@@ -209,20 +234,17 @@ def test_a_cut_off_worker_host_is_replaced_and_fenced_when_it_returns(
                 _all_succeed(url, more, "the jobs after the heal to succeed")
                 after = _records(url, ids)
                 succeeded = _succeeded(url)
-                ticks = log.ticks()
+                fires = log.fires()
         finally:
             stop_server()
 
     assert after == before, "a late acknowledgement from a changed a job's record"
-    assert all(s == str(State.SUCCEEDED) for s, _ in after.values())
+    assert all(s == str(State.SUCCEEDED) for s, _ in after.values())  # nothing moved back
     assert succeeded == JOBS + MORE, "a job counted twice (or not at all) in stats"
-    assert _count(ticks) == [], "ticks that ran more than once"
+    twice = {k: ids for k, ids in fires.items() if len(ids) > 1}
+    assert not twice, f"ticks enqueued more than once: {twice}"
     print(
         f"\n{broker}: a's {len(held)} job(s) ran on b {rerun_after:.1f} s after the cut"
         f" (lease {LEASE:g} s); ticks from b {ticks_after:.1f} s after it; a ran jobs"
         f" again {back_after:.1f} s after the heal"
     )
-
-
-def _count(ticks: list[tuple[str, int]]) -> list[str]:
-    return [k for k, n in Counter(k for k, _ in ticks).items() if n > 1]
