@@ -230,7 +230,7 @@ def test_a_cut_off_worker_host_is_replaced_and_fenced_when_it_returns(
                 wait_until(
                     lambda: set(more) & log.started("a"),
                     "a to run jobs again after the heal",
-                    timeout=90,
+                    timeout=30,
                 )
                 back_after = time.monotonic() - healed
                 _all_succeed(url, more, "the jobs after the heal to succeed")
