@@ -167,13 +167,13 @@ def _enqueue(url: str, n: int) -> list[str]:
         app.close()
 
 
-#: RabbitMQ (with a Redis state store) fails this test two ways (three runs:
-#: each seen at least once; docs/deploying.md): a late ack of the cut-off
+#: RabbitMQ (with a Redis state store) fails this test two ways (of three
+#: runs, one each, and one pass; docs/deploying.md): a late ack of the cut-off
 #: host can overwrite the record of the run that replaced it (its ack trusts
 #: a lease with more than a second to run without asking the state store,
 #: ``_owned``, and the blind write it then sends is held by TCP until the
-#: heal); and the host may not run jobs again within a minute of the heal
-#: (its connection is not known dead before RabbitMQ's 60 s heartbeat).
+#: heal); and the host may not run jobs again for long after the heal (its
+#: connection is not known dead before RabbitMQ's 60 s heartbeat).
 RABBITMQ_LATE_ACK = pytest.mark.xfail(
     reason="rabbitmq: a late ack can land after the heal; slow return (docs/deploying.md)",
     strict=False,
