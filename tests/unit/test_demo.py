@@ -1,5 +1,7 @@
-"""``dumbwaiter demo`` end to end: real worker processes on one SQLite file, a
-webhook server on 127.0.0.1, an outage, dead letters and their replay."""
+"""``dumbwaiter demo`` end to end: real worker processes on one SQLite file,
+receipts through dumbwaiter.mail into .eml files, signed webhooks through
+dumbwaiter.webhooks to a receiver on 127.0.0.1 that verifies them, an outage
+that opens the partner's circuit breaker, dead letters and their replay."""
 
 from __future__ import annotations
 
@@ -42,12 +44,22 @@ def test_demo_delivers_every_order(tmp_path: Path) -> None:
     assert re.search(r"missing deliveries\s+0\b", out), out
     assert "all 60 orders delivered" in out, out
     assert "Traceback" not in out, out
+    # the partner verified every webhook's signature; the breaker opened and closed
+    assert re.search(r"bad signatures\s+0\b", out), out
+    assert re.search(r"orders the partner was told about\s+.\s+60\s+.\s+0\b", out), out
+    assert "webhook-signature: v1," in out and "breaker open" in out, out
+    assert "breaker closed" in out, out
 
     # the workers were stopped, not left behind
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
     # --dir keeps the files; the workers logged no errors (dead letters are warnings)
     assert (tmp_path / "jobs.db").exists() and (tmp_path / "shop.db").exists()
+    # one receipt per order, as the mail a server would get
+    receipts = sorted((tmp_path / "mail").glob("receipt-o-*.eml"))
+    assert len(receipts) == 60
+    mail = receipts[0].read_text()
+    assert "To: customer1@example.com" in mail and "Subject: Your receipt for order o-00001" in mail
     logs = sorted(tmp_path.glob("worker-*.log"))
     assert len(logs) == 2
     for log in logs:
