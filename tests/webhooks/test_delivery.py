@@ -6,6 +6,7 @@ and replay, fan-out of published events, the attempt log."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from collections.abc import Callable
 
 import pytest
@@ -51,6 +52,7 @@ async def test_a_delivery_is_signed_lands_once_and_is_logged(
     [health] = await app.webhooks.ahealth(ep.id)
     assert (health["delivered"], health["failed"], health["dead"]) == (1, 0, 0)
     assert health["breaker"] == "closed" and "secret" not in health
+    assert health["breaker_probe_at"] is None
 
 
 async def test_retries_keep_the_webhook_id_and_sign_each_attempt_afresh(
@@ -92,6 +94,20 @@ async def test_out_of_attempts_is_dead_with_the_answer_and_replays_to_the_endpoi
     assert await app.webhooks.adead(other.id) == []
     [health] = await app.webhooks.ahealth(ep.id)
     assert (health["failed"], health["dead"], health["failure_rate"]) == (3, 1, 1.0)
+    # what an admin page shows of the dead delivery
+    [dead] = await app.webhooks.adead(ep.id)
+    view = app.webhooks.describe(dead)
+    assert view["webhook_id"] == sent.webhook_id and view["endpoint"] == ep.id
+    assert (view["event_type"], view["attempts"], view["state"]) == (
+        "hooktest.order_paid",
+        3,
+        "dead",
+    )
+    assert view["error"].startswith("DeliveryFailed: HTTP 500") and view["occurred_at"].endswith(
+        "Z"
+    )
+    with pytest.raises(ValueError, match="not a webhook delivery"):
+        app.webhooks.describe(replace(dead, message=replace(dead.message, name="other.task")))
 
     await app.webhooks.aupdate_endpoint(ep.id, url=base + "/ok")  # the partner fixed it
     assert await app.webhooks.areplay(ep.id) == 1
@@ -168,6 +184,8 @@ async def test_an_open_breaker_defers_deliveries_without_sending_or_using_attemp
     await drain(app, scheduled=False, concurrency=1)  # two failures: the breaker opens
     [health] = await app.webhooks.ahealth(ep.id)
     assert health["breaker"] == "open"
+    # the probe is due a cool-down after the breaker opened
+    assert health["breaker_probe_at"] == pytest.approx(health["breaker_opened_at"] + 0.5)
     await app.webhooks.aupdate_endpoint(ep.id, url=base + "/ok")  # the partner recovers
     await drain(app)
     assert len(rec.on("/fail")) == 2  # retries while open sent nothing
