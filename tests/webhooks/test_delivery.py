@@ -6,8 +6,8 @@ and replay, fan-out of published events, the attempt log."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
