@@ -218,8 +218,36 @@ def workflow_run(out: Path) -> None:
     app.close()
 
 
+def webhooks(out: Path) -> None:
+    """The endpoints page over real deliveries (tests/dashboard/hooksapp.py):
+    one healthy endpoint, one with a dead delivery, one disabled by a 410,
+    one whose breaker is open."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.browser import launch, serve
+    from tests.dashboard.hooksapp import create_app as create_hooksapp
+    from tests.dashboard.hooksapp import seed as seed_hooks
+    from tests.webhooks.receiver import Receiver
+    from tests.webhooks.receiver import serve as serve_receiver
+
+    tmp = Path(tempfile.mkdtemp(prefix="dw-shots-hooks-"))
+    url = f"sqlite:///{tmp}/hooks.db"
+    with serve_receiver(Receiver()) as receiver:
+        t = threading.Thread(target=lambda: asyncio.run(seed_hooks(url, receiver)))
+        t.start()
+        t.join()
+    with serve(create_hooksapp(url)) as base, sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page.goto(f"{base}/webhooks")
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(out / "webhooks.png"), full_page=True)
+        print(f"wrote {out / 'webhooks'}.png")
+        browser.close()
+
+
 #: screenshots with a broker of their own (``screenshots OUT_DIR NAME`` takes one alone)
-OWN_SEED = {"workflow-run": workflow_run}
+OWN_SEED = {"workflow-run": workflow_run, "webhooks": webhooks}
 
 
 if __name__ == "__main__":

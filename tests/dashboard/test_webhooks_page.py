@@ -65,7 +65,7 @@ def test_the_endpoints_page_shows_health_failure_rate_disabled_and_dead(
     assert col(gone, "state").startswith("disabled 410 Gone at ")
     assert col(gone, "dead") == "1" and "Replay dead" in gone and "Enable" in gone
     down = row(html, "ep_down")
-    assert col(down, "breaker").startswith("open 2 failures in a row next probe in ")
+    assert col(down, "breaker").startswith("open 2 failures in a row, next probe in ")
     assert (col(down, "failed"), col(down, "failure-rate"), col(down, "dead")) == (
         "2",
         "100.0 %",
