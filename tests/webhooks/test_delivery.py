@@ -203,6 +203,31 @@ async def test_an_open_breaker_defers_deliveries_without_sending_or_using_attemp
     assert health["breaker"] == "closed" and health["dead"] == 0
 
 
+async def test_a_probe_answered_with_a_4xx_closes_the_breaker(
+    make_app: Callable[..., dw.App], receiver: tuple[Receiver, str]
+) -> None:
+    """A partner that answers, even 429, is up: the deliveries waiting behind
+    the probe go at once instead of waiting out the probe's timeout (60 s,
+    longer than this drain may take)."""
+    rec, base = receiver
+    app = make_app(retry=dw.Retry.never(), breaker_threshold=2, breaker_cooldown=0.3)
+    ep = await app.webhooks.aadd_endpoint(base + "/fail")
+    for i in range(2):
+        await app.webhooks.asend(ep, "hooktest.order_paid", {"order_id": f"P{i}", "cents": 1})
+    await drain(app, concurrency=1)
+    [health] = await app.webhooks.ahealth(ep.id)
+    assert health["breaker"] == "open"
+    await app.webhooks.aupdate_endpoint(ep.id, url=base + "/throttle")  # up, but 429
+    later = [
+        await app.webhooks.asend(ep, "hooktest.order_paid", {"order_id": f"Q{i}", "cents": 1})
+        for i in range(2)
+    ]
+    await drain(app, concurrency=1, timeout=20)
+    assert {r.webhook_id for r in rec.on("/throttle")} == {s.webhook_id for s in later}
+    [health] = await app.webhooks.ahealth(ep.id)
+    assert health["breaker"] == "closed" and health["consecutive_failures"] == 0
+
+
 async def test_an_endpoints_concurrency_holds_across_the_workers_slots(
     app: dw.App, receiver: tuple[Receiver, str]
 ) -> None:
