@@ -49,6 +49,10 @@ def test_demo_delivers_every_order(tmp_path: Path) -> None:
     assert re.search(r"orders the partner was told about\s+.\s+60\s+.\s+0\b", out), out
     assert "webhook-signature: v1," in out and "breaker open" in out, out
     assert "breaker closed" in out, out
+    # every 10th order's webhook died (422 from the partner's old catalog) and
+    # was replayed by endpoint
+    assert "HTTP 422" in out, out
+    assert "await app.webhooks.replay('ep_partner')\n    -> 6 deliveries ready again" in out, out
 
     # the workers were stopped, not left behind
     with pytest.raises(ProcessLookupError):

@@ -2,10 +2,14 @@
 
 It does what the docs ask of a receiver: it checks each request with
 ``dumbwaiter.webhooks.verify`` (signature and timestamp) before reading the
-body, and de-duplicates on ``webhook-id``.  It starts down (every call gets
-HTTP 503 with ``Retry-After: 1``) and is healthy from ``fix()`` on.  It
-counts what it received, so the demo can check that every order reached
-the partner, signed, and say how many arrived twice.
+body, and de-duplicates on ``webhook-id``.  It has two faults, as partners
+do: it starts down (every call gets HTTP 503 with ``Retry-After: 1``) until
+``come_back()``, and its catalog lacks the shop's newest product, so an
+order of it gets HTTP 422 until ``update_catalog()``.  The first trips the
+sender's circuit breaker; the second does not (the partner is up), so those
+deliveries use their attempts and die, to be replayed.  It counts what it
+received, so the demo can check that every order reached the partner,
+signed, and say how many arrived twice.
 """
 
 from __future__ import annotations
@@ -18,12 +22,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ..webhooks import WebhookVerificationError, verify
 
 PATH = "/webhooks/orders"
+#: the shop's newest product, missing from the partner's catalog at first
+NEW_PRODUCT = "gift-card"
 
 
 class PartnerServer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._up = False
+        self._catalog_updated = False
+        #: calls answered with 422 (a product the partner does not know yet)
+        self.unknown_product = 0
         #: the endpoint's secret (``set_secret``, once the endpoint is registered)
         self.secret = ""
         #: calls answered with 503, per webhook-id
@@ -61,10 +70,15 @@ class PartnerServer:
 
     # -- health ----------------------------------------------------------------
 
-    def fix(self) -> None:
-        """The partner is healthy from now on."""
+    def come_back(self) -> None:
+        """The partner's endpoint is up from now on."""
         with self._lock:
             self._up = True
+
+    def update_catalog(self) -> None:
+        """The partner knows every product from now on."""
+        with self._lock:
+            self._catalog_updated = True
 
     @property
     def up(self) -> bool:
@@ -101,10 +115,14 @@ class PartnerServer:
                 self.bad_signatures += 1
             return 400
         try:
-            order_id = str(json.loads(body)["data"]["order_id"])
+            data = json.loads(body)["data"]
+            order_id, product = str(data["order_id"]), str(data["product"])
         except (ValueError, KeyError, TypeError):
             return 400
         with self._lock:
+            if product == NEW_PRODUCT and not self._catalog_updated:
+                self.unknown_product += 1
+                return 422
             self.by_webhook[webhook_id] += 1
             self.orders.add(order_id)
             if self.sample is None:
@@ -126,10 +144,14 @@ def _handler(partner: PartnerServer) -> type[BaseHTTPRequestHandler]:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 code = partner.handle(headers, body)
             self.send_response(code)
+            answer = b""
             if code == 503:
                 self.send_header("Retry-After", "1")
-            self.send_header("Content-Length", "0")
+            elif code == 422:
+                answer = b'{"error": "unknown product: ' + NEW_PRODUCT.encode() + b'"}'
+            self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # quiet: the demo reports counts instead

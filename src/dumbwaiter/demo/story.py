@@ -7,8 +7,8 @@
    mail, an analytics event, a webhook); a live table shows the queues and
    the partner's circuit breaker until they are drained;
 3. report: endpoint latency, jobs done, retried, deferred and dead-lettered;
-4. fix and replay: the partner is healthy, its dead deliveries are
-   replayed with ``app.webhooks.replay`` and arrive;
+4. fix and replay: the partner updates its catalog, its dead deliveries
+   are replayed with ``app.webhooks.replay`` and arrive;
 5. check: every order has its receipt (an .eml file), its analytics event and
    its signed webhook; then the workers get SIGTERM and stop gracefully.
 
@@ -19,6 +19,7 @@ directory (``dumbwaiter.demo`` builds its app from it).
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import threading
@@ -55,16 +56,18 @@ from . import (
 )
 from .display import TaskOutcome, delivery_table, outcome_table, percentile, queue_table
 from .mailbox import file_name
-from .partner import PartnerServer
+from .partner import NEW_PRODUCT, PartnerServer
 from .workers import WorkerProcesses
 
 #: seconds over which the orders arrive
 ORDER_WINDOW = 5.0
-#: the partner comes back once this share of the orders is in, its circuit
-#: breaker has opened, and some deliveries are dead-lettered (or, if the
-#: breaker spared them all, once it has been open for REPAIR_AFTER seconds)
+#: the partner comes back once this share of the orders is in and its
+#: circuit breaker has been open for REPAIR_AFTER seconds
 REPAIR_AT = 0.4
-REPAIR_AFTER = 3.0
+REPAIR_AFTER = 1.5
+#: every EVERY_NEW-th order is of the product the partner does not know yet
+EVERY_NEW = 10
+PRODUCTS = ("mug", "t-shirt", "poster", "notebook")
 #: longest a phase may wait for the queues before the demo gives up (plus
 #: 10 ms per order)
 WAIT_LIMIT = 40.0
@@ -184,8 +187,9 @@ class Story:
             "            registered as webhook endpoint"
             f" {PARTNER!r}:\n"
             "            app.webhooks.add_endpoint(url, id=..., event_types=['order.created'])\n"
-            "            It verifies every signature with dumbwaiter.webhooks.verify, and is\n"
-            "            down (HTTP 503, Retry-After: 1) at first; the demo repairs it partway."
+            "            It verifies every signature with dumbwaiter.webhooks.verify. It is\n"
+            "            down at first (HTTP 503, Retry-After: 1) and comes back partway;\n"
+            f"            its catalog lacks {NEW_PRODUCT!r} (HTTP 422) until it is updated."
         )
         self.say(
             f"  workers   {self.opts.workers} processes (pids {pids}) on the same SQLite file,\n"
@@ -208,9 +212,12 @@ class Story:
             f" {BREAKER_THRESHOLD} failures in a row the\n"
             "  partner's circuit breaker opens: its deliveries wait, without using an\n"
             "  attempt or holding a worker, and one probe per cool-down tries the partner.\n"
-            "  A delivery that fails 3 attempts goes to the dead-letter queue. A deferred\n"
-            "  delivery's job ends and a new one (same webhook-id) takes over, so the\n"
-            "  webhooks row counts more jobs than orders.\n"
+            "  Once it is back, it answers 422 to every"
+            f" {EVERY_NEW}th order ({NEW_PRODUCT!r}, not in its\n"
+            "  catalog yet): an answer from a partner that is up, so the breaker stays\n"
+            "  closed, and those deliveries fail 3 attempts and go to the dead-letter\n"
+            "  queue. A deferred delivery's job ends and a new one (same webhook-id) takes\n"
+            "  over, so the webhooks row counts more jobs than orders.\n"
             "  Watching app.broker.stats() and app.webhooks.health() until the queues are\n"
             "  drained:\n"
         )
@@ -240,19 +247,16 @@ class Story:
         return idle and len(self.partner.by_webhook) + self.dead_deliveries == self.accepted
 
     def maybe_repair(self, stats: Stats) -> None:
-        """The partner fixes its side partway through the orders, once its
-        breaker has opened and some deliveries are dead-lettered (so the story
-        has dead letters to replay) while others are still deferred or inside
-        their retry schedule (so they arrive on a later attempt)."""
+        """The partner's endpoint comes back partway through the orders, once
+        its breaker has been open a while (so deliveries were deferred, and
+        arrive once a probe finds the partner up)."""
         if self.repaired_at is not None or self.breaker_opened_at is None:
             return
-        spared = time.monotonic() - self.breaker_opened_at >= REPAIR_AFTER
-        if (self.dead_deliveries or spared) and self.accepted >= REPAIR_AT * self.opts.orders:
-            self.partner.fix()
+        opened_for = time.monotonic() - self.breaker_opened_at
+        if opened_for >= REPAIR_AFTER and self.accepted >= REPAIR_AT * self.opts.orders:
+            self.partner.come_back()
             self.repaired_at = time.monotonic() - self.started
-            self.say(
-                f"  At {self.repaired_at:.1f} s the partner fixed its side: its endpoint is up."
-            )
+            self.say(f"  At {self.repaired_at:.1f} s the partner's endpoint is up again.")
 
     def order_loop(self) -> None:
         """The order endpoint, called ``orders`` times at a steady rate (own thread)."""
@@ -268,7 +272,9 @@ class Story:
                 order_id = f"o-{i + 1:05d}"
                 t = time.perf_counter()
                 email = f"customer{i + 1}@example.com"
-                place_order(conn, order_id, email, rng.randint(500, 20000))
+                new = (i + 1) % EVERY_NEW == 0
+                product = NEW_PRODUCT if new else rng.choice(PRODUCTS)
+                place_order(conn, order_id, email, product, rng.randint(500, 20000))
                 self.latencies.append(time.perf_counter() - t)
                 self.accepted += 1
             self.order_seconds = time.perf_counter() - start
@@ -345,39 +351,51 @@ class Story:
         deferred = await _count_deferred()
         self.say(
             f"  The partner refused {self.partner.refused_calls()} calls while it was down;"
-            f" its breaker deferred\n  deliveries {deferred} times (nothing sent, no attempt"
-            " used). The demo's short\n  schedule is"
-            f" dw.Retry(attempts={WEBHOOK_RETRY.attempts}, backoff=({backoff})), with a 0.5 s"
-            " cool-down;\n  production keeps the Standard Webhooks schedule (10 attempts,"
-            " about 3 days)\n  and 30 s. Done inline, every order would have waited for the"
-            " mail server, the\n  analytics API and the partner, and failed while the partner"
-            " was down.\n"
+            " its breaker\n"
+            f"  deferred deliveries {deferred} times (nothing sent, no attempt used). Up"
+            " again, it\n"
+            f"  answered 422 to {self.partner.unknown_product} calls for {NEW_PRODUCT!r}."
+            " The demo's short schedule is\n"
+            f"  dw.Retry(attempts={WEBHOOK_RETRY.attempts}, backoff=({backoff})), with a"
+            " 0.5 s cool-down;\n"
+            "  production keeps the Standard Webhooks schedule (10 attempts, about 3 days)\n"
+            "  and 30 s. Done inline, every order would have waited for the mail server,\n"
+            "  the analytics API and the partner, and failed while the partner was down.\n"
         )
 
     # -- 4. fix and replay ---------------------------------------------------------
 
     async def fix_and_replay(self) -> None:
-        self.heading("4. The fault is fixed: replay the dead deliveries")
-        self.partner.fix()  # already up since maybe_repair; the replay needs it healthy
+        self.heading("4. The partner updates its catalog: replay the dead deliveries")
+        self.partner.come_back()  # already up since maybe_repair
+        self.partner.update_catalog()
         since = f" since {self.repaired_at:.1f} s" if self.repaired_at is not None else ""
         dead = await app.webhooks.adead(PARTNER)
         self.say(
-            f"  The partner has been healthy{since}: its breaker let a probe through, the\n"
-            "  probe succeeded and the deferred deliveries followed. Dead deliveries do not\n"
-            "  come back by themselves: they wait in the dead-letter queue, with their\n"
-            "  attempt log, until someone replays them (the dashboard's endpoints page,\n"
-            "  dumbwaiter dlq replay, or app.webhooks.replay, as here)."
+            f"  The partner has been up{since}: a probe found it up, its breaker closed\n"
+            "  and the deferred deliveries followed. Now its catalog has"
+            f" {NEW_PRODUCT!r} too.\n"
+            "  Dead deliveries do not come back by themselves: they wait in the dead-letter\n"
+            "  queue, with their attempt log, until someone replays them (the dashboard's\n"
+            "  Webhooks page, dumbwaiter dlq replay, or app.webhooks.replay, as here)."
         )
         if dead:
             m = dead[0].message
             webhook_id = str(m.args[1])
             self.say(f"  One of them: webhook-id {webhook_id}, its attempt log:")
             for a in await app.webhooks.aattempts(PARTNER, webhook_id):
-                status = f"HTTP {a.status}" if a.status is not None else a.error[:50]
-                took = f" in {a.latency_ms:.1f} ms" if a.latency_ms is not None else ""
-                self.say(f"    attempt {a.attempt}: {a.outcome:<9} {status}{took}")
+                if a.outcome == "deferred":
+                    what = "the breaker was open: nothing sent"
+                elif a.status is not None:
+                    what = f"HTTP {a.status} {a.response}".rstrip()
+                else:
+                    what = a.error
+                took = f", {a.latency_ms:.0f} ms" if a.latency_ms is not None else ""
+                line = f"    attempt {a.attempt}: {a.outcome:<9} "
+                line += what[: 79 - len(line) - len(took)] + took
+                self.console.print(line, markup=False, highlight=False)
         else:
-            self.say("  None died this time: the breaker kept every delivery's attempts.")
+            self.say("  None died this time.")
         n = await app.webhooks.areplay(PARTNER)
         self.say(
             f"  await app.webhooks.replay({PARTNER!r})\n"
@@ -444,7 +462,10 @@ class Story:
             self.say("  a webhook the partner received (signature verified):")
             for name in ("webhook-id", "webhook-timestamp", "webhook-signature"):
                 self.console.print(f"    {name}: {headers.get(name, '')}", markup=False)
-            self.console.print(f"    {body.decode(errors='replace')}", markup=False)
+            payload = json.loads(body)
+            for name in ("type", "timestamp"):
+                self.console.print(f"    {name}: {payload[name]}", markup=False)
+            self.console.print(f"    data: {json.dumps(payload['data'])}", markup=False)
 
     # -- shutdown -----------------------------------------------------------------
 
