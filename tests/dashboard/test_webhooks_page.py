@@ -5,6 +5,8 @@ actions (replay, enable, disable) with their CSRF check."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,3 +164,33 @@ def test_the_page_without_endpoints(tmp_path: Path) -> None:
         html = c.get("/webhooks").text
     assert "no webhook endpoint is registered" in html
     assert "0 registered, 0 disabled" in html
+
+
+#: a dashboard in a process where httpx is not installed (``import httpx`` fails)
+WITHOUT_HTTPX = """
+import re, sys
+sys.modules["httpx"] = None
+import dumbwaiter as dw
+from starlette.testclient import TestClient
+from dumbwaiter.dashboard import create_app
+
+with TestClient(create_app(dw.App(sys.argv[1]), sample=False), client=("127.0.0.1", 1)) as c:
+    print(c.get("/webhooks").text)
+    dead = c.get("/dead")
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', dead.text).group(1)
+    r = c.post("/actions/webhooks/enable", data={"csrf": token, "endpoint": "ep_x"})
+    print("STATUS", dead.status_code, r.status_code, r.url.path, "ACTION", r.text)
+"""
+
+
+def test_without_the_webhooks_extra_the_page_says_so(tmp_path: Path) -> None:
+    """A dashboard installed without httpx: the Webhooks page names the extra
+    to install, the rest of the dashboard works, and an action is refused."""
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_HTTPX, f"sqlite:///{tmp_path}/bare.db"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    page, _, action = out.partition("STATUS")
+    assert "Webhooks cannot be read here" in page and "dumbwaiter[webhooks]" in page
+    assert action.startswith(" 200 200 /webhooks ACTION")
+    assert "dumbwaiter[webhooks]" in action.partition("ACTION")[2]

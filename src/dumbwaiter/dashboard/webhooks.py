@@ -40,7 +40,10 @@ def _hooks(request: Request) -> tuple[Webhooks | None, str]:
     try:
         return state(request).app.webhooks, ""
     except ImportError as exc:  # httpx / standardwebhooks not installed
-        return None, str(exc)
+        why = str(exc)
+        if "pip install" not in why:
+            why += "; pip install 'dumbwaiter[webhooks]'"
+        return None, why
 
 
 def _window(request: Request) -> int:
