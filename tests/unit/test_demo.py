@@ -69,3 +69,23 @@ def test_demo_delivers_every_order(tmp_path: Path) -> None:
     for log in logs:
         text = log.read_text()
         assert "Traceback" not in text and " ERROR " not in text, text
+
+
+def test_without_the_extras_the_demo_says_what_to_install(tmp_path: Path) -> None:
+    """``pip install dumbwaiter`` alone has no httpx: the demo names the extras
+    in one line instead of a traceback, and leaves nothing behind."""
+    script = (
+        "import sys; sys.modules['httpx'] = None\n"  # import httpx fails
+        "from dumbwaiter.cli import main\n"
+        "main(['demo', '--orders', '5'])\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUMBWAITER_")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Error: the demo sends its mail and webhooks" in proc.stderr
+    assert "pip install 'dumbwaiter[mail,webhooks]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # its temporary directory is gone

@@ -65,7 +65,14 @@ def demo(orders: int, workers: int, directory: Path | None, keep: bool) -> None:
     os.environ["DUMBWAITER_DEMO_DIR"] = str(directory)
     from rich.console import Console
 
-    from ..demo.story import Options, run
+    from ..errors import MissingDependency
+
+    try:
+        from ..demo.story import Options, run
+    except MissingDependency as exc:  # the mail or webhooks extra is not installed
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise click.ClickException(str(exc)) from None
 
     code = 1
     try:

@@ -34,9 +34,10 @@ import dumbwaiter as dw
 from ..errors import MissingDependency
 
 try:
-    from ..mail import Mailer, Templates
-    from ..webhooks import new_secret
-except (ImportError, MissingDependency) as exc:  # pragma: no cover - depends on the install
+    from ..mail import Mailer
+    from ..mail.templates import Templates  # Jinja2
+    from ..webhooks import Webhooks, new_secret  # standardwebhooks, httpx
+except ImportError as exc:  # pragma: no cover - depends on the install
     raise MissingDependency(
         f"the demo sends its mail and webhooks with dumbwaiter.mail and dumbwaiter.webhooks "
         f"({exc}); pip install 'dumbwaiter[mail,webhooks]' (make demo does)"
@@ -101,7 +102,8 @@ mailer = Mailer(
 
 #: the partner's receiver runs on 127.0.0.1, which the SSRF guard refuses
 #: unless allowed: the demo allows exactly that address, nothing else private
-app.webhooks.configure(
+webhooks: Webhooks = app.webhooks
+webhooks.configure(
     queue=WEBHOOKS,
     retry=WEBHOOK_RETRY,
     allow=["127.0.0.1/32"],
