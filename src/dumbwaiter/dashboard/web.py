@@ -119,7 +119,7 @@ def create_app(
         alerts=alerts,
     )
 
-    from . import actions, pages
+    from . import actions, pages, webhooks
 
     routes = [
         Route("/", pages.overview, name="overview"),
@@ -132,6 +132,8 @@ def create_app(
         Route("/alerts", pages.alerts, name="alerts"),
         Route("/workflows", pages.workflows, name="workflows"),
         Route("/workflows/{run}", pages.workflow_run, name="workflow_run"),
+        Route("/webhooks", webhooks.endpoints, name="webhooks"),
+        Route("/webhooks/{id}", webhooks.endpoint, name="webhook"),
         Route("/metrics", pages.metrics, name="metrics"),
         Route("/login", pages.login, methods=["GET"], name="login"),
         Route("/login", actions.login, methods=["POST"]),
@@ -147,6 +149,9 @@ def create_app(
         Route("/actions/workflow/cancel", actions.workflow_cancel, methods=["POST"]),
         Route("/actions/workflow/retry", actions.workflow_retry, methods=["POST"]),
         Route("/actions/workflow/signal", actions.workflow_signal, methods=["POST"]),
+        Route("/actions/webhooks/replay", webhooks.replay, methods=["POST"]),
+        Route("/actions/webhooks/enable", webhooks.enable, methods=["POST"]),
+        Route("/actions/webhooks/disable", webhooks.disable, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
 

@@ -321,14 +321,16 @@ class Deliverer:
                 await log_.keep(ep.id, webhook_id, s.retention)
             return {"status": status, "endpoint": ep.id, "webhook_id": webhook_id}
         text = excerpt(answer)[:200]
+        # a 5xx counts against the breaker; a 3xx or 4xx comes from a partner
+        # that is up, so it resets the count, and a probe answered so closes
+        # the breaker (else it would stay half-open until the probe's timeout)
+        await self._record_breaker(broker, bkey, status < 500, seen)
         if status == 410:
             await record("gone")
             await self.hooks.registry.disable(ep.id, f"410 Gone at {iso(time.time())}")
             await self._dying(log_, ep.id, webhook_id)
             log.warning("webhook endpoint %s answered 410 Gone: disabled", ep.id)
             raise Reject(f"endpoint {ep.id} answered 410 Gone: it is now disabled")
-        if status >= 500:
-            await self._record_breaker(broker, bkey, False, seen)
         if after is not None and status in (429, 503):
             await record("throttled")
             await self._if_last(ctx, log_, ep.id, webhook_id)

@@ -559,6 +559,28 @@ class Webhooks:
     def replay(self, endpoint_id: str, ids: Sequence[str] | None = None) -> int:
         return self._call(self.areplay(endpoint_id, ids))
 
+    def describe(self, info: JobInfo) -> dict[str, Any]:
+        """A delivery job as an admin view shows it: its endpoint, ``webhook-id``,
+        event type, when the event happened, the attempts it used (those of
+        the jobs it continues included), its state, when it last changed
+        (died, for a dead one) and its last error.  Raises ``ValueError`` for
+        a job that is not a delivery."""
+        m = info.message
+        if m.name != TASK_NAME or len(m.args) < 5:
+            raise ValueError(f"job {m.id} is not a webhook delivery ({m.name})")
+        last = m.errors[-1] if m.errors else None
+        return {
+            "job_id": m.id,
+            "endpoint": str(m.args[0]),
+            "webhook_id": str(m.args[1]),
+            "event_type": str(m.args[2]),
+            "occurred_at": str(m.args[4]),
+            "attempts": attempts_before(m) + m.attempt,
+            "state": info.state.value,
+            "updated_at": info.updated_at,
+            "error": f"{last.type.rsplit('.', 1)[-1]}: {last.message}" if last else "",
+        }
+
     async def ahealth(
         self, endpoint_id: str | None = None, minutes: int = 60
     ) -> list[dict[str, Any]]:
@@ -575,12 +597,19 @@ class Webhooks:
         for ep in eps:
             ok, fail = await self.log.counts(ep.id, minutes)
             b = breaker.load(states.get(breaker.key_of(ep.id)))
+            opened = b.get("opened_at")
             out.append(
                 {
                     **ep.to_dict(),
                     "breaker": b.get("state", breaker.CLOSED),
                     "consecutive_failures": int(b.get("failures", 0)),
-                    "breaker_opened_at": b.get("opened_at"),
+                    "breaker_opened_at": opened,
+                    # when an open breaker lets its next probe through
+                    "breaker_probe_at": (
+                        float(opened) + float(b.get("cooldown", self.settings.breaker.cooldown))
+                        if b.get("state") == breaker.OPEN and opened is not None
+                        else None
+                    ),
                     "delivered": ok,
                     "failed": fail,
                     "failure_rate": (fail / (ok + fail)) if ok + fail else 0.0,
