@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import keys
 from .brokers.base import JobFilter
 from .errors import ConfigurationError
 from .message import Message, uuid7
@@ -46,7 +47,7 @@ ENQUEUE_CHUNK = 500
 
 def _key(bid: str, part: str = "") -> str:
     """``batches:ID`` is a batch's record; ``batch:ID:ok`` / ``:failed`` its sets."""
-    return f"batch:{bid}:{part}" if part else f"batches:{bid}"
+    return f"{keys.BATCH_SHARDS}{bid}:{part}" if part else keys.BATCH_RECORD + bid
 
 
 def _shards(items: Iterable[Any], size: int) -> Iterator[tuple[tuple[Any, ...], int]]:
@@ -202,6 +203,6 @@ def _state(total: int | None, done: int, failed: int) -> str:
 
 async def list_batches(app: App) -> list[dict[str, Any]]:
     """Every batch kept in the broker, newest first, with its progress."""
-    found = await app.broker.kv_scan("batches:")
+    found = await app.broker.kv_scan(keys.BATCH_RECORD)
     ids = sorted((k.split(":", 1)[1] for k in found), reverse=True)
     return [await Batch(app, i).aprogress() for i in ids]

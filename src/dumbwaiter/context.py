@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import keys
 from .message import Message, check_json, dumps, loads
 
 T = TypeVar("T")
@@ -147,7 +148,7 @@ class Context:
 
     @property
     def _checkpoint_key(self) -> str:
-        return f"ckpt:{self.message.id}"
+        return keys.checkpoint(self.message.id)
 
     async def acheckpoint(self, state: Any) -> None:
         """Save ``state`` (JSON): a retry of this job can continue from it."""

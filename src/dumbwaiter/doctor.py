@@ -49,6 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import keys
+
 if TYPE_CHECKING:
     from .app import App
     from .retry import Retry
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: the key prefix a running worker announces itself under (``worker.WORKER_KEY``)
-WORKER_KEY = "worker:"
+WORKER_KEY = keys.WORKER
 
 FAULT, WARNING, NOTE = "fault", "warning", "note"
 #: the order findings are listed in

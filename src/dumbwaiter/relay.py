@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from . import keys
 from .errors import ConfigurationError, MessageDecodeError
 from .message import Message, decode
 from .outbox import NOTIFY_CHANNEL, ensure_outbox_sync
@@ -72,7 +73,7 @@ class Relay:
             raise ConfigurationError(
                 f"outbox source {source!r}: use sqlite:///PATH or postgresql://..."
             )
-        self._lock = f"relay:{_identity(source)}"
+        self._lock = keys.RELAY_LOCK + _identity(source)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dumbwaiter-relay")
         self._conn: Any = None
         self._token: int | None = None

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from . import keys
 from .errors import ConfigurationError, DumbwaiterError
 from .message import Message, encode_checked
 from .task import SendOptions, Task
@@ -42,7 +43,7 @@ MAX_TICKS_PER_PASS = 1000
 COUNT_LIMIT = 10_000
 
 #: the key prefix of every tick's job
-KEY_PREFIX = "periodic:"
+KEY_PREFIX = keys.PERIODIC
 
 
 def tick_label(t: float) -> str:

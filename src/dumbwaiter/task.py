@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from . import keys
 from .blocking import warn_if_loop_running
 from .brokers import deadline
 from .context import caused_headers, context_param, current_context
@@ -449,8 +450,8 @@ class Task(Generic[P, R]):
                 raise InvalidArguments(f"limit_key of {self.name} failed: {exc!r}") from exc
         if f.unique is None and f.debounce is None:
             return
-        base = "debounce" if f.debounce is not None else "unique"
-        key = msg.key or f"{base}:{self.name}:{digest(arguments)}"
+        base = keys.DEBOUNCE if f.debounce is not None else keys.UNIQUE
+        key = msg.key or f"{base}{self.name}:{digest(arguments)}"
         if f.debounce is not None:
             msg.key, msg.eta = key, now + f.debounce
             msg.headers["unique"] = "queued"

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import logs
+from . import keys, logs
 from .batch import shard_done
 from .cancel import CANCEL_PREFIX, Cancels
 from .context import Context, reset_current, set_current
@@ -75,7 +75,7 @@ ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
 CANCEL = "cancel"
 
 #: kv key prefix under which live workers announce themselves (see Worker._announce)
-WORKER_KEY = "worker:"
+WORKER_KEY = keys.WORKER
 
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
@@ -766,7 +766,7 @@ class Worker:
         if "batch" in headers:
             await shard_done(self.app, ctx.message, ok=True)
         if ctx.state.get("checkpointed"):
-            await self.broker.kv_delete([f"ckpt:{ctx.message.id}"])
+            await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
 
     async def _dead_batch_shard(self, d: Delivery) -> None:
         if d.message is None or "batch" not in d.message.headers:
@@ -797,7 +797,7 @@ class Worker:
         assert d.message is not None
         base = f"{name}:{d.message.headers.get('limit_key', '')}"
         if flow.concurrency is not None:
-            slot = "conc:" + base
+            slot = keys.CONCURRENCY + base
             if not await self.broker.slot_acquire(slot, flow.concurrency, d.id, self.config.lease):
                 guess = self._task_time.get(name, 1.0)
                 d.retry_at = now + guess * random.uniform(1.0, 2.0)
@@ -806,7 +806,7 @@ class Worker:
         if flow.rate is not None:
             n, per = flow.rate
             at = time.time()
-            wait = await self.broker.rate_limit("rate:" + base, n, per, at)
+            wait = await self.broker.rate_limit(keys.RATE + base, n, per, at)
             if wait > 0:
                 if d.holds:
                     await self.broker.slot_release(d.holds)
@@ -888,7 +888,7 @@ def inbox_key(d: Delivery) -> str | None:
 def inbox_entry(queue: str, event_id: str) -> str:
     """The kv key that marks event ``event_id`` handled by the group of ``queue``
     (the dashboard's events page reads them too)."""
-    return f"inbox:{queue}:{event_id}"
+    return keys.inbox(queue, event_id)
 
 
 def _call_kw(

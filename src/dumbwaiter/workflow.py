@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import orjson
 
+from . import keys
 from .brokers import deadline
 from .errors import (
     ConfigurationError,
@@ -65,6 +66,9 @@ DEFAULT_RESULT_TTL = 86400.0
 #: seconds between a waiter's full looks at its steps' states (doubling up to
 #: the second figure); a worker's hint (``mark_dead``) makes it look at once
 FULL_LOOK_FIRST, FULL_LOOK_MAX = 1.0, 8.0
+
+#: every key of a workflow starts ``wf:ID``
+WF = keys.WORKFLOW
 
 Step = Union["Signature", "Group", "Chord"]
 
@@ -176,7 +180,7 @@ class Chain:
             wf = uuid7()
             steps = [s.to_json() for s in self.steps]
             record = {"id": wf, "created_at": time.time(), "steps": _plan(wf, steps)}
-            await app.broker.kv_set({f"wf:{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
+            await app.broker.kv_set({f"{WF}{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
             await start(app, wf, self.result_ttl, steps, 0, None, has_prev=False)
             return Workflow(app, wf)
         finally:
@@ -284,7 +288,7 @@ async def advance(app: App, msg: Message, result: Any) -> None:
     if chord_info is not None:
         await _member_done(app, wf, steps, i, ttl, chord_info, result)
         return
-    await app.broker.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(result)}, ttl=ttl)
+    await app.broker.kv_set({f"{WF}{wf}:r:{i}": orjson.dumps(result)}, ttl=ttl)
     await _next(app, wf, steps, i, ttl, result)
 
 
@@ -299,17 +303,17 @@ async def _member_done(
 ) -> None:
     j, n = int(info["j"]), int(info["n"])
     b = app.broker
-    await b.kv_set({f"wf:{wf}:r:{i}.{j}": orjson.dumps(result)}, ttl=ttl)
-    if await b.kv_sadd(f"wf:{wf}:done:{i}", str(j), ttl=ttl) < n:
+    await b.kv_set({f"{WF}{wf}:r:{i}.{j}": orjson.dumps(result)}, ttl=ttl)
+    if await b.kv_sadd(f"{WF}{wf}:done:{i}", str(j), ttl=ttl) < n:
         return
     # the last member: collect the results in order and go on (idempotent:
     # a member that runs again re-enqueues the same derived id)
-    keys = [f"wf:{wf}:r:{i}.{k}" for k in range(n)]
+    keys = [f"{WF}{wf}:r:{i}.{k}" for k in range(n)]
     found = await b.kv_get(keys)
     results = [orjson.loads(found[k]) if k in found else None for k in keys]
     then = steps[i]["then"]
     if then is None:
-        await b.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(results)}, ttl=ttl)
+        await b.kv_set({f"{WF}{wf}:r:{i}": orjson.dumps(results)}, ttl=ttl)
         await _next(app, wf, steps, i, ttl, results)
         return
     meta = {"id": wf, "steps": steps, "i": i, "ttl": ttl, "then": True}
@@ -323,7 +327,7 @@ async def _next(
     if i + 1 < len(steps):
         await start(app, wf, ttl, steps, i + 1, result, has_prev=True)
     else:
-        await app.broker.kv_set({f"wf:{wf}:result": orjson.dumps([result])}, ttl=ttl)
+        await app.broker.kv_set({f"{WF}{wf}:result": orjson.dumps([result])}, ttl=ttl)
 
 
 async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
@@ -338,7 +342,7 @@ async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
             continue
         hint = orjson.dumps({"job": m.id, "task": m.name, "at": now})
         ttl = float(meta.get("ttl") or DEFAULT_RESULT_TTL)
-        by_ttl.setdefault(ttl, {})[f"wf:{meta['id']}:dead"] = hint
+        by_ttl.setdefault(ttl, {})[f"{WF}{meta['id']}:dead"] = hint
     for ttl, items in by_ttl.items():
         await app.broker.kv_set(items, ttl=ttl)
 
@@ -367,7 +371,7 @@ class Workflow:
         unfinished steps (``running``, ``retrying``, ``ready``, ``scheduled``).
         Raises ``JobNotFound`` for a workflow not stored (never started, or
         expired after its ``result_ttl``)."""
-        if await self.app.broker.kv_get([f"wf:{self.id}:result"]):
+        if await self.app.broker.kv_get([f"{WF}{self.id}:result"]):
             return State.SUCCEEDED
         looked = await _look(self.app, self.id)
         if looked is None:
@@ -388,7 +392,7 @@ class Workflow:
         ``WorkflowFailed`` as soon as a step is dead or cancelled (the workflow
         cannot finish until it is replayed), ``ResultTimeout`` after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        keys = [f"wf:{self.id}:result", f"wf:{self.id}:dead"]
+        keys = [f"{WF}{self.id}:result", f"{WF}{self.id}:dead"]
         pause = 0.005
         hint: bytes | None = None
         every = FULL_LOOK_FIRST
@@ -459,7 +463,7 @@ async def _look(
 ) -> list[tuple[dict[str, Any], JobInfo | None]] | None:
     """Every planned step with its stored job (None: not enqueued yet, or in
     ``skip``); None if the workflow is not stored."""
-    raw = (await app.broker.kv_get([f"wf:{wf}"])).get(f"wf:{wf}")
+    raw = (await app.broker.kv_get([f"{WF}{wf}"])).get(f"{WF}{wf}")
     if raw is None:
         return None
     out: list[tuple[dict[str, Any], JobInfo | None]] = []

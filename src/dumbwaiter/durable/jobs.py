@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import keys
 from ..message import TASK, Message, uuid7
 from ..retry import Retry
 from . import store
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from ..app import App
 
 #: the hidden task of workflow NAME is ``dw.wf:NAME``
-TASK_PREFIX = "dw.wf:"
+TASK_PREFIX = keys.RUN_TASK
 
 #: attempts of one segment job, for what is not a step's failure: a worker
 #: killed under it (the lease runs out) or the broker failing mid-way.  Steps

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from .. import keys
 from ..errors import ConfigurationError, DumbwaiterError
 from ..flow import parse_rate
 from ..message import uuid7
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ..brokers.base import Broker, KvWrite
 
 #: kv key prefix of the registry
-PREFIX = "webhooks:ep:"
+PREFIX = keys.WEBHOOK_ENDPOINT
 _ID_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 #: ``domain.action``, as ``dw.Event`` types are (event.TYPE_RULE, without importing pydantic)
 _TYPE_RULE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
