@@ -14,6 +14,11 @@ same items resumes the batch: shards that succeeded are skipped, dead ones
 are replayed, missing ones (the producer died while enqueuing) are enqueued,
 and queued or running ones are left alone.
 
+The worker knows nothing of batches: ``lifecycle.BatchShards``, a middleware the
+App registers, counts each shard when it succeeded (``after_success``, before
+its ack) and when it is stored dead or cancelled (awaited ``on_dead`` and
+``on_cancelled``; a shard buried by the rescuer counts too).
+
 A long shard can ``ctx.checkpoint(state)`` (or ``await ctx.acheckpoint``);
 when it is retried, ``ctx.load_checkpoint()`` returns the last state, so it
 continues instead of starting over.
@@ -36,8 +41,7 @@ from .state import State
 from .workflow import Signature, derived_id
 
 if TYPE_CHECKING:
-    from .app import App
-    from .task import Task
+    from .ports import Runtime, TaskRef
 
 #: batch records and progress are kept this long (seconds): 7 days
 BATCH_TTL = 7 * 86400.0
@@ -65,8 +69,8 @@ def _shards(items: Iterable[Any], size: int) -> Iterator[tuple[tuple[Any, ...], 
 
 
 async def start(
-    app: App,
-    task: Task,
+    app: Runtime,
+    task: TaskRef,
     items: Iterable[Any],
     *,
     chunk_size: int,
@@ -101,7 +105,7 @@ async def start(
         items_total += count
         if str(index) in done:
             continue
-        msg = task.message(args, {}, _options())
+        msg = task.message(args, {})
         msg.id = derived_id(bid, str(index))
         msg.headers["batch"] = {"id": bid, "i": index}
         pending.append(msg)
@@ -117,19 +121,13 @@ async def start(
     return batch
 
 
-def _options() -> Any:
-    from .task import SendOptions
-
-    return SendOptions()
-
-
-async def _flush(app: App, msgs: list[Message], resuming: bool) -> None:
+async def _flush(app: Runtime, msgs: list[Message], resuming: bool) -> None:
     await app._send(msgs)
     if resuming:  # shards that died last time run again, with fresh attempts
         await app.broker.replay(JobFilter(ids=tuple(m.id for m in msgs), state=State.DEAD))
 
 
-async def shard_done(app: App, msg: Message, ok: bool) -> None:
+async def shard_done(app: Runtime, msg: Message, ok: bool) -> None:
     """A shard succeeded (``ok``) or died: record it and maybe finish the batch."""
     info = msg.headers["batch"]
     bid, index = str(info["id"]), str(info["i"])
@@ -140,7 +138,7 @@ async def shard_done(app: App, msg: Message, ok: bool) -> None:
 class Batch:
     """The handle of a batch: progress, and its callbacks fired once."""
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Runtime, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -186,7 +184,7 @@ class Batch:
             raise ConfigurationError(f"batch callback {step['t']!r} is not a task of this app")
         summary = {k: p[k] for k in ("id", "name", "total", "done", "failed", "items")}
         args = ([summary] if step["p"] else []) + list(step["a"])
-        msg = task.message(tuple(args), dict(step["k"]), _options())
+        msg = task.message(tuple(args), dict(step["k"]))
         msg.id = derived_id(self.id, which)
         await self.app._send([msg])
 
@@ -201,7 +199,7 @@ def _state(total: int | None, done: int, failed: int) -> str:
     return "running"
 
 
-async def list_batches(app: App) -> list[dict[str, Any]]:
+async def list_batches(app: Runtime) -> list[dict[str, Any]]:
     """Every batch kept in the broker, newest first, with its progress."""
     found = await app.broker.kv_scan(keys.BATCH_RECORD)
     ids = sorted((k.split(":", 1)[1] for k in found), reverse=True)

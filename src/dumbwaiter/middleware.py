@@ -8,12 +8,21 @@ that raises is logged and counted, never allowed to lose a message; only
 ``around_process`` change a job's outcome, exactly as if the task had raised
 them.
 
+Three lifecycle hooks are awaited, so a middleware may talk to the broker
+in them: ``after_success`` (before the job's ack: an error there fails the
+attempt), ``on_dead`` when written ``async def`` (once the dead letter is
+stored) and ``on_cancelled`` (once the cancellation is stored).  The app's
+workflows and batches are middleware of this kind (``lifecycle``),
+registered by the App after the user's own: the worker knows nothing of
+them.
+
 Retries, leases and the dead-letter queue are core, not middleware: turning
 a middleware off can never make jobs disappear.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,13 +64,30 @@ class Middleware:
     def on_retry(self, ctx: Context, error: ErrorRecord, at: float) -> None:
         """A failed attempt will be tried again at ``at`` (epoch seconds)."""
 
-    def on_dead(self, ctx: Context | None, error: ErrorRecord) -> None:
+    async def after_success(self, ctx: Context) -> None:
+        """An attempt succeeded (its result is ``ctx.state["result"]``); awaited
+        before the job is acked, innermost middleware first.  An exception
+        here fails the attempt (retried by the task's policy), and a crash
+        before the ack runs the job and this hook again: make it idempotent.
+        The app's workflows enqueue their next step here."""
+
+    def on_dead(self, ctx: Context | None, error: ErrorRecord) -> Awaitable[None] | None:
         """A job went to the dead-letter queue (``ctx`` is None if its body did not decode).
 
         Also called by a worker's rescuer for a job whose worker died on its
         last attempt (a ``LeaseExpired`` error): then ``ctx`` is built by the
         rescuing worker around the job's stored message (task name, args,
-        kwargs, headers, attempt, every error ending with that one)."""
+        kwargs, headers, attempt, every error ending with that one).
+
+        A plain ``def`` is called when the worker decides, before the dead
+        letter is written; an ``async def`` is awaited once it is stored (the
+        app's workflows and batches record their dead steps and shards so).
+        """
+        return None
+
+    async def on_cancelled(self, ctx: Context) -> None:
+        """A job was stopped on request (``dumbwaiter.cancel``) and its
+        cancellation is stored; awaited.  ``ctx.message`` is the job's."""
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
@@ -88,6 +114,8 @@ _HOOKS = (
     "after_process",
     "on_retry",
     "on_dead",
+    "after_success",
+    "on_cancelled",
     "on_rescued",
     "on_workflow_run",
     "on_workflow_step",
@@ -96,21 +124,30 @@ _HOOKS = (
 )
 
 
-class Chain:
+class MiddlewareStack:
     """The app's middleware list, with each hook's overriders found once, so
-    the hot path skips hooks nobody uses."""
+    the hot path skips hooks nobody uses.
 
-    def __init__(self, middleware: Sequence[Middleware]) -> None:
+    ``middleware`` is the user's list; ``builtin`` the app's own (workflows,
+    batches), innermost: after every user middleware.  ``plus`` makes the
+    stack with more user middleware, the built-in ones still last."""
+
+    def __init__(
+        self, middleware: Sequence[Middleware], builtin: Sequence[Middleware] = ()
+    ) -> None:
         self.middleware = list(middleware)
+        self.builtin = tuple(builtin)
         self.errors = 0
+        every = [*self.middleware, *self.builtin]
         self._by_hook: dict[str, list[Middleware]] = {
-            hook: [
-                m
-                for m in self.middleware
-                if getattr(type(m), hook) is not getattr(Middleware, hook)
-            ]
+            hook: [m for m in every if getattr(type(m), hook) is not getattr(Middleware, hook)]
             for hook in _HOOKS
         }
+        #: ``on_dead`` is a plain call for ``def`` overriders, awaited for
+        #: ``async def`` ones (once the dead letter is stored)
+        dead = self._by_hook.pop("on_dead")
+        self._by_hook["on_dead"] = [m for m in dead if not _is_async(m, "on_dead")]
+        self._by_hook["on_dead_stored"] = [m for m in dead if _is_async(m, "on_dead")]
         #: each hook's overriders in calling order (``after_*`` reversed), worked
         #: out once: ``call`` runs on every enqueue and every attempt
         self._ordered: dict[str, list[Middleware]] = {
@@ -120,6 +157,9 @@ class Chain:
         #: whether any middleware has an enqueue hook: without one, a single
         #: enqueue skips the hook plumbing altogether (``Task.enqueue``)
         self.enqueue_hooks = bool(self._by_hook["before_enqueue"] or self._by_hook["after_enqueue"])
+
+    def plus(self, *middleware: Middleware) -> MiddlewareStack:
+        return MiddlewareStack([*self.middleware, *middleware], self.builtin)
 
     def has(self, hook: str) -> bool:
         return bool(self._by_hook[hook])
@@ -142,12 +182,46 @@ class Chain:
                 self.errors += 1
                 log.exception("middleware %s.%s failed", type(m).__name__, hook)
 
+    async def after_success(self, ctx: Context) -> None:
+        """Await every ``after_success``, innermost first; an exception fails the attempt."""
+        for m in self._ordered["after_success"]:
+            await _awaited(m.after_success(ctx))
+
+    async def dead_stored(self, ctx: Context | None, error: ErrorRecord) -> None:
+        """Await every ``async def on_dead`` (the dead letter is stored)."""
+        for m in self._ordered["on_dead_stored"]:
+            try:
+                await _awaited(m.on_dead(ctx, error))
+            except Exception:
+                self.errors += 1
+                log.exception("middleware %s.on_dead failed", type(m).__name__)
+
+    async def cancelled(self, ctx: Context) -> None:
+        """Await every ``on_cancelled`` (the cancellation is stored)."""
+        for m in self._ordered["on_cancelled"]:
+            try:
+                await _awaited(m.on_cancelled(ctx))
+            except Exception:
+                self.errors += 1
+                log.exception("middleware %s.on_cancelled failed", type(m).__name__)
+
     async def around(self, ctx: Context, innermost: CallNext) -> Any:
         """Run ``innermost`` wrapped by every ``around_process`` (first = outermost)."""
         call = innermost
         for m in reversed(self._by_hook["around_process"]):
             call = _wrap(m, ctx, call)
         return await call()
+
+
+async def _awaited(result: Awaitable[None] | None) -> None:
+    """Await a hook's result: a user may have written an awaited hook as a
+    plain ``def``."""
+    if inspect.isawaitable(result):
+        await result
+
+
+def _is_async(m: Middleware, hook: str) -> bool:
+    return inspect.iscoroutinefunction(getattr(type(m), hook))
 
 
 def _wrap(m: Middleware, ctx: Context, call_next: CallNext) -> CallNext:

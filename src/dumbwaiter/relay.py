@@ -34,7 +34,7 @@ from .redact import mask_url
 from .sqldb import Sql, adapt
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
     from .worker import Worker
 
 log = logging.getLogger("dumbwaiter.relay")
@@ -51,7 +51,7 @@ class Relay:
 
     def __init__(
         self,
-        app: App,
+        app: Runtime,
         source: str,
         *,
         batch: int = 1000,

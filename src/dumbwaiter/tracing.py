@@ -73,7 +73,7 @@ class TracingMiddleware(Middleware):
         trace = _otel()
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from . import __version__
+        from .version import __version__
 
         self._trace = trace
         self.tracer = trace.get_tracer("dumbwaiter", __version__, tracer_provider=tracer_provider)

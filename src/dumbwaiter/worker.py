@@ -33,10 +33,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import keys, logs
-from .batch import shard_done
 from .cancel import CANCEL_PREFIX, Cancels
 from .context import Context, reset_current, set_current
 from .errors import (
@@ -49,15 +48,14 @@ from .errors import (
 )
 from .loop import loop_name
 from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
+from .ports import Runtime
 from .redact import mask_url
 from .retry import Reject, RetryLater
-from .workflow import advance, mark_dead
 
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from .app import App
-    from .brokers.base import DeadLetter, Delivery
+    from .brokers.base import Binding, DeadLetter, Delivery
     from .event import Subscription
     from .flow import Flow
     from .task import Task
@@ -66,6 +64,43 @@ if TYPE_CHECKING:
     Handler: TypeAlias = Task | Subscription
 
 log = logging.getLogger("dumbwaiter.worker")
+
+
+class Hooks(Protocol):
+    """The app's middleware as the worker runs it (``MiddlewareStack``)."""
+
+    @property
+    def enqueue_hooks(self) -> bool: ...
+
+    def has(self, hook: str) -> bool: ...
+
+    def call(self, hook: str, *args: Any) -> None: ...
+
+    async def around(self, ctx: Context, innermost: Callable[[], Awaitable[Any]]) -> Any: ...
+
+    async def after_success(self, ctx: Context) -> None: ...
+
+    async def dead_stored(self, ctx: Context | None, error: ErrorRecord) -> None: ...
+
+    async def cancelled(self, ctx: Context) -> None: ...
+
+
+class WorkerApp(Runtime, Protocol):
+    """The app as a worker sees it (``App`` is one): its registry's answers
+    (what runs a message, which queues and bindings) and its middleware."""
+
+    @property
+    def middleware(self) -> Hooks: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def queues(self) -> list[str]: ...
+
+    def bindings(self) -> list[Binding]: ...
+
+    def handler(self, msg: Message) -> Task[..., Any] | Subscription | None: ...
+
 
 #: a side service: ``await service(worker)`` runs until cancelled
 Service = Callable[["Worker"], Awaitable[None]]
@@ -127,7 +162,7 @@ class WorkerConfig:
 class Worker:
     def __init__(
         self,
-        app: App,
+        app: WorkerApp,
         config: WorkerConfig | None = None,
         *,
         services: Sequence[Service] = (),
@@ -164,6 +199,9 @@ class Worker:
         self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
         self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
+        #: the context of each job ended dead or cancelled, for the awaited
+        #: ``on_dead`` / ``on_cancelled`` hooks once the settler stored it
+        self._ended: dict[str, Context | None] = {}
         self.started_at = time.time()
 
     # -- control ---------------------------------------------------------------
@@ -476,6 +514,14 @@ class Worker:
 
     async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
         done = await self.broker.cancel_running(ds)
+        mw = self.app.middleware
+        stopped = set(done)
+        for d in ds:
+            ctx = self._ended.pop(d.id, None)
+            if d.id in stopped and mw.has("on_cancelled"):
+                ctx = ctx or self._context_of(d)
+                if ctx is not None:
+                    await mw.cancelled(ctx)
         # a job not cancelled runs elsewhere (its lease was lost): its request stays
         await self.broker.kv_delete([CANCEL_PREFIX + i for i in done])
         if done:
@@ -527,19 +573,18 @@ class Worker:
         # a broker that still returns a plain int reports no dead letters
         dead = getattr(rescued, "dead", ())
         for dl in dead:
-            self._rescued_dead(dl)
-        steps = [dl.message for dl in dead if dl.message and "wf" in dl.message.headers]
-        if steps:
-            await mark_dead(self.app, steps)
+            ctx = self._rescued_dead(dl)
+            await self.app.middleware.dead_stored(ctx, dl.error)
 
-    def _rescued_dead(self, dl: DeadLetter) -> None:
+    def _rescued_dead(self, dl: DeadLetter) -> Context:
         """Report a job the broker dead-lettered for a lost lease (no worker
         settled it) as ``_dead`` reports the ones this worker dead-letters:
         ``on_dead`` (so the dead-letter metric and user middleware see it) and
         a log line.  ``ctx.message`` is the job's stored envelope (its real
         arguments and headers, every error) as the broker reports it; only a
         body that does not decode leaves a stub of id, name, queue, attempt
-        and the ``LeaseExpired`` error."""
+        and the ``LeaseExpired`` error.  Returns that context (the rescuer
+        then awaits the ``async def on_dead`` hooks: the dead letter is stored)."""
         msg = dl.message
         if msg is None:
             msg = Message(
@@ -576,13 +621,16 @@ class Worker:
                 "error": dl.error.message,
             },
         )
+        return ctx
 
     # -- one job -----------------------------------------------------------------
 
     async def _process(self, d: Delivery) -> None:
         started = time.monotonic()
+        ended: Context | None = None
         try:
             kind = await self._execute(d)
+            ended = self._cancels.contexts.get(d.id)  # the handler's, if it got that far
         except asyncio.CancelledError:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
@@ -593,8 +641,8 @@ class Worker:
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
-        if kind == DEAD or kind == CANCEL:
-            await self._dead_batch_shard(d)
+        if kind == CANCEL and self.app.middleware.has("on_cancelled"):
+            self._ended[d.id] = ended if ended is not None else self._context_of(d)
         if kind != REQUEUE and not d.duplicate:
             # the line of a finished job: built only if it will be written
             level = logging.WARNING if kind == DEAD else logging.INFO
@@ -602,6 +650,8 @@ class Worker:
                 self._finished(d, kind, took, level)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
+        else:
+            self._ended.pop(d.id, None)
 
     def _finished(self, d: Delivery, kind: str, took: float, level: int) -> None:
         """Log one line for a finished attempt: succeeded (INFO), retrying
@@ -758,23 +808,21 @@ class Worker:
 
     async def _after_success(self, ctx: Context) -> None:
         """What a success sets off, before its ack (a crash in between runs the
-        job again, and each of these is idempotent): the next workflow step,
-        the batch's progress, and forgetting the job's checkpoint."""
-        headers = ctx.message.headers
-        if "wf" in headers:
-            await advance(self.app, ctx.message, ctx.state.get("result"))
-        if "batch" in headers:
-            await shard_done(self.app, ctx.message, ok=True)
+        job again, and each of these is idempotent): the ``after_success``
+        hooks (the next workflow step, the batch's progress), then
+        forgetting the job's checkpoint."""
+        mw = self.app.middleware
+        if mw.has("after_success"):
+            await mw.after_success(ctx)
         if ctx.state.get("checkpointed"):
             await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
 
-    async def _dead_batch_shard(self, d: Delivery) -> None:
-        if d.message is None or "batch" not in d.message.headers:
-            return
-        try:
-            await shard_done(self.app, d.message, ok=False)
-        except Exception:
-            log.exception("could not record the dead shard %s in its batch", d.id)
+    def _context_of(self, d: Delivery) -> Context | None:
+        """A context for a job that ended before its handler ran (a held job
+        cancelled), for the lifecycle hooks."""
+        if d.message is None:
+            return None
+        return Context(message=d.message, app=self.app, worker_id=self.id)
 
     def _unknown(self, msg: Message) -> UnknownTask:
         if msg.kind == "task":
@@ -848,7 +896,10 @@ class Worker:
 
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
-        self.app.middleware.call("on_dead", ctx, d.error)
+        mw = self.app.middleware
+        mw.call("on_dead", ctx, d.error)
+        if mw.has("on_dead_stored"):
+            self._ended[d.id] = ctx
         # logged by _process: the message names its task even when no
         # handler ran (unknown task, arguments that no longer fit); only an
         # undecodable body has no name
@@ -989,21 +1040,22 @@ class _Settler:
                     continue
                 w.counts[counter[kind]] += len(batch)
                 if kind == DEAD:
-                    await self._dead_steps(batch)
+                    await self._dead_stored(batch)
             if not any(self.pending.values()):
                 self.idle.set()
                 if self._closing:
                     return
 
-    async def _dead_steps(self, batch: list[Delivery]) -> None:
-        """Tell the waiters of the workflows whose steps are now dead letters."""
-        steps = [d.message for d in batch if d.message is not None and "wf" in d.message.headers]
-        if not steps:
+    async def _dead_stored(self, batch: list[Delivery]) -> None:
+        """Await the ``async def on_dead`` hooks of dead letters now stored
+        (the workflows' waiters are told, the batches count their shards)."""
+        w = self.worker
+        mw = w.app.middleware
+        if not mw.has("on_dead_stored"):
             return
-        try:
-            await mark_dead(self.worker.app, steps)
-        except Exception:  # a hint only: the waiter finds the dead step by itself
-            log.exception("could not tell %d dead workflow step(s) to their waiters", len(steps))
+        for d in batch:
+            if d.error is not None:
+                await mw.dead_stored(w._ended.pop(d.id, None), d.error)
 
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,

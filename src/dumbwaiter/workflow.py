@@ -27,7 +27,9 @@ states are the truth: the waiter reads the states of the planned steps'
 jobs.  To learn of a death at once without reading them on every poll, the
 worker that dead-letters a step writes a hint (``wf:ID:dead``) after the dead
 letter is stored (``mark_dead``), read in the same ``kv_get`` as the result;
-the waiter then checks the states.  A step that died another way (cancelled,
+the waiter then checks the states.  Both happen in ``lifecycle.WorkflowSteps``,
+a middleware the App registers (``after_success`` and an awaited
+``on_dead``): the worker knows nothing of workflows.  A step that died another way (cancelled,
 dead-lettered by an operator) is found by a full look every few seconds.
 Replaying the step resumes the workflow, and a waiter sees it alive again.
 """
@@ -57,9 +59,8 @@ from .retry import Reject
 from .state import State
 
 if TYPE_CHECKING:
-    from .app import App
     from .brokers.base import JobInfo
-    from .task import Task
+    from .ports import Runtime, TaskRef
 
 #: results and workflow records stay this long in the broker (seconds)
 DEFAULT_RESULT_TTL = 86400.0
@@ -88,7 +89,7 @@ class Signature:
     """A task call not made yet: ``send.s(42)``; ``immutable`` steps (``si``)
     do not receive the previous step's result."""
 
-    task: Task
+    task: TaskRef
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     immutable: bool = False
@@ -200,7 +201,7 @@ def chain(*steps: Step, result_ttl: float = DEFAULT_RESULT_TTL) -> Chain:
     return Chain(tuple(norm), result_ttl)
 
 
-def _app_of(step: Step) -> App:
+def _app_of(step: Step) -> Runtime:
     sig = (
         step
         if isinstance(step, Signature)
@@ -226,7 +227,7 @@ def _plan(wf: str, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def start(
-    app: App,
+    app: Runtime,
     wf: str,
     ttl: float,
     steps: list[dict[str, Any]],
@@ -251,7 +252,7 @@ async def start(
 
 
 def _message(
-    app: App,
+    app: Runtime,
     step: dict[str, Any],
     id: str,
     prev: Any,
@@ -261,21 +262,19 @@ def _message(
     task = app.tasks.get(step["t"])
     if task is None:
         raise ConfigurationError(f"workflow step {step['t']!r} is not a task of this app")
-    from .task import SendOptions
-
     args = ([prev] if has_prev and step["p"] else []) + list(step["a"])
-    msg = task.message(tuple(args), dict(step["k"]), SendOptions())
+    msg = task.message(tuple(args), dict(step["k"]))
     msg.id = id
     msg.headers["wf"] = meta
     msg.headers["correlation_id"] = meta["id"]  # the whole workflow shares one
     return msg
 
 
-async def _send(app: App, msgs: list[Message]) -> None:
+async def _send(app: Runtime, msgs: list[Message]) -> None:
     await app._send(msgs)
 
 
-async def advance(app: App, msg: Message, result: Any) -> None:
+async def advance(app: Runtime, msg: Message, result: Any) -> None:
     """After a workflow step succeeded (before its ack): record its result and
     enqueue what comes next.  Raises if the result cannot travel."""
     meta = msg.headers["wf"]
@@ -293,7 +292,7 @@ async def advance(app: App, msg: Message, result: Any) -> None:
 
 
 async def _member_done(
-    app: App,
+    app: Runtime,
     wf: str,
     steps: list[dict[str, Any]],
     i: int,
@@ -322,7 +321,7 @@ async def _member_done(
 
 
 async def _next(
-    app: App, wf: str, steps: list[dict[str, Any]], i: int, ttl: float, result: Any
+    app: Runtime, wf: str, steps: list[dict[str, Any]], i: int, ttl: float, result: Any
 ) -> None:
     if i + 1 < len(steps):
         await start(app, wf, ttl, steps, i + 1, result, has_prev=True)
@@ -330,7 +329,7 @@ async def _next(
         await app.broker.kv_set({f"{WF}{wf}:result": orjson.dumps([result])}, ttl=ttl)
 
 
-async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
+async def mark_dead(app: Runtime, msgs: Iterable[Message | None]) -> None:
     """After workflow steps were dead-lettered: leave their workflows' waiters
     a hint (``wf:ID:dead``) so ``result()`` fails at once, not at its next
     full look.  Only a hint: the waiter checks the step's state."""
@@ -350,7 +349,7 @@ async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
 class Workflow:
     """The handle of a started workflow."""
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Runtime, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -459,7 +458,7 @@ def _failed(wf: str, step: dict[str, Any], info: JobInfo) -> WorkflowFailed:
 
 
 async def _look(
-    app: App, wf: str, skip: set[str] | frozenset[str] = frozenset()
+    app: Runtime, wf: str, skip: set[str] | frozenset[str] = frozenset()
 ) -> list[tuple[dict[str, Any], JobInfo | None]] | None:
     """Every planned step with its stored job (None: not enqueued yet, or in
     ``skip``); None if the workflow is not stored."""
@@ -472,7 +471,7 @@ async def _look(
     return out
 
 
-async def steps_of(app: App, wf: str) -> list[dict[str, Any]]:
+async def steps_of(app: Runtime, wf: str) -> list[dict[str, Any]]:
     return [
         {**s, "state": "pending" if info is None else str(info.state)}
         for s, info in await _look(app, wf) or []

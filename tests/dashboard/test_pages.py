@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.dashboard import create_app
-from dumbwaiter.throughput import PREFIX, minute_of
 from dumbwaiter.metrics import Snapshot
 from dumbwaiter.state import State
+from dumbwaiter.throughput import PREFIX, minute_of
 from tests.dashboard.conftest import LOOPBACK, Seeded, cell, csrf, ids_on
 from tests.dashboard.dashapp import create_app as create_dashapp
 

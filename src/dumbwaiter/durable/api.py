@@ -35,6 +35,7 @@ from typing import (
 from ..context import Context
 from ..errors import ConfigurationError, ResultTimeout
 from ..message import Message
+from ..registration import default_name, qualname, seconds
 from ..retry import Retry
 from ..task import SendOptions, Task, _positional_shape
 from ..typevars import P, R, T
@@ -46,7 +47,7 @@ from .runner import run_segment
 from .store import CANCELLED, FAILED, FINAL, SUCCEEDED
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .host import Host
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -56,10 +57,10 @@ OPTIONS = frozenset({"name", "queue", "version", "retry", "step_timeout", "prior
 #: threads that run sync workflow functions and sync steps of async ones
 POOL_SIZE = 64
 
-_pools: weakref.WeakKeyDictionary[App, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
+_pools: weakref.WeakKeyDictionary[Host, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
 
 
-def _pool(app: App) -> ThreadPoolExecutor:
+def _pool(app: Host) -> ThreadPoolExecutor:
     pool = _pools.get(app)
     if pool is None:
         pool = _pools[app] = ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="dumbwaiter-wf")
@@ -74,7 +75,7 @@ class _SegmentTask(Task[..., Any]):
     arguments from the message (only a run's first job carries the inputs,
     which the runner keeps in the run record)."""
 
-    def __init__(self, app: App, wf: DurableWorkflow[Any, Any]) -> None:
+    def __init__(self, app: Host, wf: DurableWorkflow[Any, Any]) -> None:
         async def segment(ctx: Context) -> None:
             await run_segment(app, wf, ctx, _pool(app))
 
@@ -106,7 +107,7 @@ class DurableWorkflow(Generic[P, R]):
 
     def __init__(
         self,
-        app: App,
+        app: Host,
         fn: Callable[..., R],
         *,
         name: str,
@@ -244,7 +245,7 @@ class WorkflowRun(Generic[T]):
 
     __slots__ = ("app", "id")
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Host, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -360,7 +361,7 @@ class _Options:
 
 
 def register(
-    app: App, fn: Callable[..., Any], options: dict[str, Any]
+    app: Host, fn: Callable[..., Any], options: dict[str, Any]
 ) -> DurableWorkflow[Any, Any]:
     unknown = set(options) - OPTIONS
     if unknown:
@@ -370,9 +371,7 @@ def register(
     if not callable(fn):
         raise ConfigurationError(f"@app.workflow needs a function, got {fn!r}")
     o = _Options(**options)
-    from ..app import _default_name, _qualname, _timeout
-
-    name = o.name or _default_name(fn)
+    name = o.name or default_name(fn)
     if not isinstance(o.version, int) or isinstance(o.version, bool) or o.version < 1:
         raise ConfigurationError(
             f"workflow {name}: version must be an integer >= 1, got {o.version!r}"
@@ -386,17 +385,17 @@ def register(
         queue=o.queue or app.default_queue,
         version=o.version,
         retry=app._retry(o.retry, f"workflow {name}"),
-        step_timeout=_timeout(o.step_timeout) or app.timeout,
+        step_timeout=seconds(o.step_timeout) or app.timeout,
         priority=o.priority,
-        retention=_timeout(o.retention) or store.DEFAULT_RETENTION,
+        retention=seconds(o.retention) or store.DEFAULT_RETENTION,
     )
     existing = app.tasks.get(wf.task.name)
-    if existing is not None and _qualname(existing.fn) != _qualname(wf.task.fn):
+    if existing is not None and qualname(existing.fn) != qualname(wf.task.fn):
         raise ConfigurationError(f"a task is already named {wf.task.name!r}")
     prior = workflows(app).get(name)
-    if prior is not None and _qualname(prior.fn) != _qualname(fn):
+    if prior is not None and qualname(prior.fn) != qualname(fn):
         raise ConfigurationError(
-            f"two workflows are named {name!r} ({_qualname(prior.fn)} and {_qualname(fn)}); "
+            f"two workflows are named {name!r} ({qualname(prior.fn)} and {qualname(fn)}); "
             "give one of them name="
         )
     app.tasks[wf.task.name] = wf.task
@@ -406,12 +405,12 @@ def register(
     return wf
 
 
-_registry: weakref.WeakKeyDictionary[App, dict[str, DurableWorkflow[Any, Any]]] = (
+_registry: weakref.WeakKeyDictionary[Host, dict[str, DurableWorkflow[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def workflows(app: App) -> dict[str, DurableWorkflow[Any, Any]]:
+def workflows(app: Host) -> dict[str, DurableWorkflow[Any, Any]]:
     """The durable workflows registered on ``app``, by name."""
     found = _registry.get(app)
     if found is None:

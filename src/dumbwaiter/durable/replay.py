@@ -39,9 +39,9 @@ from .errors import StepFailed, StepTimeout, WorkflowCodeChanged
 from .store import FINAL, PARENT_HEADER, Record
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..event import Event
     from .api import DurableWorkflow
+    from .host import Host
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ class Replay:
 
     def __init__(
         self,
-        app: App,
+        app: Host,
         wf: DurableWorkflow[Any, Any],
         rec: Record,
         job: str,

@@ -35,15 +35,15 @@ import logging
 import time
 import weakref
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httpx
 import orjson
 
-from .. import __version__
 from ..errors import DumbwaiterError
 from ..redact import mask_url
 from ..retry import Reject, RetryLater
+from ..version import __version__
 from . import breaker
 from .attempts import Attempt, AttemptLog, excerpt
 from .endpoints import Endpoint
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from ..brokers.base import Broker
     from ..context import Context
     from ..message import Message
+    from ..ports import Runtime
     from .service import Settings, Webhooks
 
 log = logging.getLogger("dumbwaiter.webhooks")
@@ -69,6 +70,17 @@ class DeliveryFailed(DumbwaiterError):
     """An attempt failed: a non-2xx answer, or no answer (the message says which)."""
 
 
+class _WithWebhooks(Protocol):
+    @property
+    def webhooks(self) -> Webhooks: ...
+
+
+def webhooks_of(app: Runtime) -> Webhooks:
+    """The app's ``webhooks``: a job's context knows its app as a ``Runtime``
+    only (the webhooks' own tasks run on an app that has them)."""
+    return cast("_WithWebhooks", app).webhooks
+
+
 async def deliver(
     endpoint_id: str,
     webhook_id: str,
@@ -78,7 +90,7 @@ async def deliver(
     ctx: Context,
 ) -> dict[str, Any]:
     """The delivery task: one attempt of one webhook (see the module's docstring)."""
-    hooks: Webhooks = ctx.app.webhooks
+    hooks = webhooks_of(ctx.app)
     return await hooks.deliverer.attempt(
         ctx, endpoint_id, webhook_id, event_type, data, occurred_at
     )

@@ -26,10 +26,10 @@ from __future__ import annotations
 import copy
 import re
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..brokers.base import DEFAULT_EVENT_RETENTION, JobFilter, JobInfo
 from ..errors import ConfigurationError
@@ -41,7 +41,7 @@ from ..state import State
 from . import breaker
 from .attempts import Attempt, AttemptLog
 from .breaker import BreakerPolicy
-from .delivery import TASK_NAME, Deliverer, attempts_before, deliver, derived_id, iso
+from .delivery import TASK_NAME, Deliverer, attempts_before, deliver, derived_id, iso, webhooks_of
 from .endpoints import (
     Endpoint,
     EndpointDisabled,
@@ -55,13 +55,42 @@ from .signing import check_secret, new_secret
 from .ssrf import AddressPolicy
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..brokers.base import Broker
     from ..context import Context
-    from ..event import Event
+    from ..event import Event, Subscription
     from ..message import Message
     from ..task import Task
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Host(Protocol):
+    """The app as its webhooks see it (``App`` is one): the broker, and the
+    registry they add their delivery task and fan-out group to."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def tasks(self) -> dict[str, Task[..., Any]]: ...
+
+    @property
+    def task_resolvers(self) -> dict[str, Callable[[Message], Task[..., Any]]]: ...
+
+    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[..., Any]: ...
+
+    def subscribe(
+        self,
+        event: type[Event],
+        *,
+        group: str,
+        retry: Retry | bool | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> Callable[[F], Subscription]: ...
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
 
 #: the retry schedule of the Standard Webhooks specification: after the first
 #: try, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h (about 3 days)
@@ -108,7 +137,7 @@ class Sent:
 class Webhooks:
     """``app.webhooks`` (see the module's docstring)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.settings = Settings()
         self.registry = Registry(app.broker)
@@ -190,13 +219,16 @@ class Webhooks:
         if existing is not None:
             del self.app.tasks[TASK_NAME]  # replaced with the new settings
         self._variants.clear()
-        return self.app.task(
-            name=TASK_NAME,
-            queue=s.queue,
-            retry=s.retry,
-            timeout=max(60.0, 4 * s.timeout),
-            keep_result=s.retention,
-        )(deliver)
+        return self.app._register(
+            deliver,
+            {
+                "name": TASK_NAME,
+                "queue": s.queue,
+                "retry": s.retry,
+                "timeout": max(60.0, 4 * s.timeout),
+                "keep_result": s.retention,
+            },
+        )
 
     def forward(self, *events: type[Event]) -> None:
         """Deliver every published event of these classes to the endpoints that
@@ -603,7 +635,7 @@ class Webhooks:
 
 async def _fan_out(event: Event, ctx: Context) -> int:
     """The ``webhooks`` group's handler (``Webhooks.fan_out``)."""
-    return await ctx.app.webhooks.fan_out(event, ctx)
+    return await webhooks_of(ctx.app).fan_out(event, ctx)
 
 
 def _endpoint_of(info: JobInfo) -> str:
