@@ -262,7 +262,7 @@ class App:
         """Register a durable workflow: a function (sync or async) whose first
         parameter is the workflow context (``ctx.step``, ``ctx.sleep``,
         ``ctx.wait_for_event``...); ``flow.enqueue(...)`` starts a run."""
-        from .durable.api import register
+        from .durable.registry import register
 
         def deco(f: Callable[..., Any]) -> DurableWorkflow[..., Any]:
             return register(self, f, options)

@@ -30,13 +30,13 @@ from ..brokers.base import Binding
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX, Message, check_json
 from ..retry import Retry
+from ..task import Task
 from . import store
 from .jobs import wake
 from .store import FINAL, SHAPE, WAITER
 
 if TYPE_CHECKING:
     from ..context import Context
-    from ..task import Task
     from .host import Host
 
 log = logging.getLogger("dumbwaiter.durable")
@@ -193,7 +193,6 @@ async def deliver(app: Host, msg: Message) -> int:
 def router_task(app: Host) -> Task[..., Any]:
     """The handler of the router's queue, as the worker runs it: a task whose
     function reads the delivered event from its context."""
-    from ..task import Task
 
     async def route(ctx: Context) -> None:
         await deliver(app, ctx.message)

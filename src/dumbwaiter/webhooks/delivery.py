@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from ..context import Context
     from ..message import Message
     from ..ports import Runtime
-    from .service import Settings, Webhooks
+    from .endpoints import Registry
+    from .settings import Settings
 
 log = logging.getLogger("dumbwaiter.webhooks")
 
@@ -70,12 +71,27 @@ class DeliveryFailed(DumbwaiterError):
     """An attempt failed: a non-2xx answer, or no answer (the message says which)."""
 
 
+class Owner(Protocol):
+    """The ``app.webhooks`` a deliverer works for (``service.Webhooks``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def deliverer(self) -> Deliverer: ...
+
+    def remember(self, ep: Endpoint) -> None: ...
+
+
 class _WithWebhooks(Protocol):
     @property
-    def webhooks(self) -> Webhooks: ...
+    def webhooks(self) -> Owner: ...
 
 
-def webhooks_of(app: Runtime) -> Webhooks:
+def webhooks_of(app: Runtime) -> Owner:
     """The app's ``webhooks``: a job's context knows its app as a ``Runtime``
     only (the webhooks' own tasks run on an app that has them)."""
     return cast("_WithWebhooks", app).webhooks
@@ -138,7 +154,7 @@ def iso(t: float) -> str:
 class Deliverer:
     """Runs attempts for one app's webhooks; holds one pooled client per event loop."""
 
-    def __init__(self, hooks: Webhooks) -> None:
+    def __init__(self, hooks: Owner) -> None:
         self.hooks = hooks
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()

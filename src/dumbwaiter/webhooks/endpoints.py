@@ -24,7 +24,7 @@ import orjson
 from .. import keys
 from ..errors import ConfigurationError, DumbwaiterError
 from ..flow import parse_rate
-from ..message import uuid7
+from ..message import check_json, uuid7
 from ..redact import mask_url
 from .signing import check_secret, new_secret
 
@@ -205,8 +205,6 @@ def new_endpoint(
         )
     rate, conc = check_limits(rate_limit, concurrency, eid)
     if metadata is not None:
-        from ..message import check_json
-
         check_json(metadata, "endpoint metadata")
     return Endpoint(
         id=eid,
