@@ -587,7 +587,7 @@ class App:
         """Run ``before_enqueue``; without enqueue hooks, leave ``msgs`` lazy.
 
         A lazy batch lets the broker encode each message and drop it at once,
-        so ``enqueue_many`` of 10,000 jobs does not hold 10,000 envelopes (and
+        so a large ``enqueue_many`` does not hold every envelope at once (and
         does not set off a full garbage collection of the caller's heap)."""
         mw = self.middleware
         if not (mw.has("before_enqueue") or mw.has("after_enqueue")):
@@ -694,8 +694,8 @@ class App:
 
 def _event_message(event: Event, key: str | None, headers: dict[str, Any] | None) -> Message:
     """``event.event_message``, imported on the first publish (an app of tasks
-    only never loads pydantic), then called straight: a function-level import
-    costs a microsecond on every call."""
+    only never loads pydantic), then called straight, without a function-level
+    import on every call."""
     global _event_message
     from .event import event_message
 

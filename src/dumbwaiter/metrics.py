@@ -351,7 +351,7 @@ def split_prefetched(
     for w in workers:
         per_queue = w.get("prefetched")
         if not isinstance(per_queue, Mapping):
-            continue  # a worker of an older version announces no split
+            continue  # not a worker's announcement: nothing to split
         for queue, n in per_queue.items():
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 held[str(queue)] = held.get(str(queue), 0) + n

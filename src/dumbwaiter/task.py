@@ -230,8 +230,8 @@ class Task(Generic[P, R]):
     # broker when nothing needs the general path: no flow control (``flow``),
     # no enqueue hook (``MiddlewareStack.enqueue_hooks``), no eager mode (``App.eager``).
     # That skips the sender lookup, the hook checks and the lists
-    # ``App._send`` builds for a batch: about a sixth of the core's CPU per
-    # call (benchmarks/producer_cpu.py).
+    # ``App._send`` builds for a batch (what that saves per call:
+    # docs/benchmarks.md, "Figures behind the core's choices").
 
     # Every producer call opens its deadline (brokers/deadline.py) around
     # what it asks of the broker: ``timeout``, the call's own, else the

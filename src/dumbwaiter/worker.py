@@ -385,10 +385,9 @@ class Worker:
         job from the buffer before the fetch loop runs again (``_run_slot``),
         so a buffer of one wave (concurrency) is empty after a full wave and
         the next wave's jobs, which end while the refill is on its way,
-        find nothing (W4 on Redis: 149 of 2,000 jobs ended with the buffer
-        empty, in some 20 of the run's 45 waves, their slots idle for the
-        ~3 ms a 50-job claim takes inside the busy worker).  Twice the slots
-        keeps a wave in reserve.
+        find nothing and their slots idle for a claim's round trip (measured
+        on W4: docs/benchmarks.md, "W4: a freed slot starts at once").  Twice
+        the slots keeps a wave in reserve.
         """
         if self._job_time <= 0.0:
             return 0
@@ -410,9 +409,10 @@ class Worker:
         The next job starts in this task, right after the previous one is
         settled, without a turn of the loop: a new task per job would only
         start after every other callback already queued, and when a wave of
-        timers fires together (50 jobs that slept 10 ms), that is every other
-        job of the wave ending first (W4: 3-7% of the slots' time idle
-        between jobs, ~0.4 ms per refill).  Contextvars are as before: a
+        timers fires together (jobs that slept alike), that is every other
+        job of the wave ending first: slots idle between jobs (measured on
+        W4: docs/benchmarks.md, "W4: a freed slot starts at once").
+        Contextvars are as before: a
         task made here copied the ending job's context anyway.  The run is
         bounded by the buffer, which only a fetch (a turn of the loop) fills.
         """
@@ -570,9 +570,7 @@ class Worker:
                 n,
                 extra={"action": "rescue"},
             )
-        # a broker that still returns a plain int reports no dead letters
-        dead = getattr(rescued, "dead", ())
-        for dl in dead:
+        for dl in rescued.dead:
             ctx = self._rescued_dead(dl)
             await self.app.middleware.dead_stored(ctx, dl.error)
 

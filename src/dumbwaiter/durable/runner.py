@@ -79,7 +79,7 @@ async def run_segment(
         replay.stopped = True  # the job goes back; its thread must not go on
         raise
     except Park as park:
-        await _park(app, replay, park)
+        await _suspend(app, replay, park)
         return
     except Fenced:
         log.debug("segment %s of run %s stopped: the run is no longer its own", job, run)
@@ -139,7 +139,7 @@ async def _open(
         return None
     version = int(rec.get("version") or 1)
     if version > wf.version:
-        await _park_plain(app, rec, job, "version", time.time() + VERSION_WAIT, version)
+        await _sleep_for_its_version(app, rec, job, "version", time.time() + VERSION_WAIT, version)
         return None
     return rec, found, False
 
@@ -159,7 +159,9 @@ async def _call(
     return await loop.run_in_executor(pool, cv.run, wf.fn, wctx, *args, **kwargs)
 
 
-async def _park(app: Host, replay: Replay, park: Park) -> None:
+async def _suspend(app: Host, replay: Replay, park: Park) -> None:
+    """End the segment where the workflow waits (``park``): store where the run
+    waits and its status, and enqueue its wake-up job for a timed wait."""
     run, job = replay.run, replay.job
     nxt = uuid7() if park.until is not None else None
     if nxt is not None:
@@ -182,9 +184,11 @@ async def _park(app: Host, replay: Replay, park: Park) -> None:
             await wake(app, run, park.pos)
 
 
-async def _park_plain(
+async def _sleep_for_its_version(
     app: Host, rec: Record, job: str, kind: str, until: float, version: int
 ) -> None:
+    """Put the run to sleep until ``until``: this worker runs another version
+    of the workflow's code, and a worker with ``version`` may take it then."""
     nxt = uuid7()
     await send(app, [resume_message(rec, nxt, eta=until)])
     waiting = {"kind": kind, "name": f"a worker with version {version}"}
@@ -233,7 +237,7 @@ async def _fail(app: Host, replay: Replay, exc: BaseException, *, compensate: bo
         try:
             comp_errors = await replay.compensate()
         except Park as park:
-            await _park(app, replay, park)
+            await _suspend(app, replay, park)
             return
         except Fenced:
             return
