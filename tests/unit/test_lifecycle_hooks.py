@@ -186,3 +186,25 @@ async def test_an_after_success_written_as_a_plain_def_still_runs() -> None:
     await one.aenqueue()
     await drain(app)
     assert seen == [1]
+
+
+async def test_a_shard_the_rescuer_buried_fails_its_batch() -> None:
+    """A batch hears of a shard whose worker was lost on its last attempt (the
+    rescuer's dead letter reaches the batch's ``on_dead``), so it finishes."""
+    app = dw.App("memory://")
+    failures: list[dict[str, object]] = []
+
+    @app.task(retry=False)
+    def shard(items: list[int]) -> None:
+        raise AssertionError("never runs: its only attempt was lost")
+
+    @app.task
+    def failed(summary: dict[str, object]) -> None:
+        failures.append(summary)
+
+    batch = await app.abatch(shard, [1, 2], chunk_size=2, on_failure=failed.s())
+    [_] = await app.broker.fetch(["default"], 1, 0.1, 0, "w-dead")  # taken, never settled
+    await drain(app, rescue_interval=0.05)
+    progress = await batch.aprogress()
+    assert (progress["state"], progress["failed"]) == ("failed", 1)
+    assert [f["failed"] for f in failures] == [1]
