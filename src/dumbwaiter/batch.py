@@ -14,10 +14,11 @@ same items resumes the batch: shards that succeeded are skipped, dead ones
 are replayed, missing ones (the producer died while enqueuing) are enqueued,
 and queued or running ones are left alone.
 
-The worker knows nothing of batches: ``lifecycle.BatchShards``, a middleware the
-App registers, counts each shard when it succeeded (``after_success``, before
-its ack) and when it is stored dead or cancelled (awaited ``on_dead`` and
-``on_cancelled``; a shard buried by the rescuer counts too).
+The worker knows nothing of batches: ``lifecycle.BatchShards``, a
+middleware the App registers, counts each shard when it succeeded
+(``after_success``) or died or was cancelled (``on_dead``,
+``on_cancelled``), before the outcome is stored; a shard the rescuer buried
+(its worker lost on its last attempt) counts too.
 
 A long shard can ``ctx.checkpoint(state)`` (or ``await ctx.acheckpoint``);
 when it is retried, ``ctx.load_checkpoint()`` returns the last state, so it

@@ -1,6 +1,6 @@
 """The app's own middleware: workflows and batches move on through the
-awaited lifecycle hooks any middleware has (``after_success``, ``async def
-on_dead``, ``on_cancelled``), so the worker knows nothing of them.  The App
+awaited lifecycle hooks any middleware has (``after_success``, ``on_dead``,
+``on_cancelled``), so the worker knows nothing of them.  The App
 puts these after the user's middleware (innermost): a step's successor is
 enqueued before any user ``after_success`` runs.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class WorkflowSteps(Middleware):
     """Moves workflows on from inside the worker: a step that succeeded
     enqueues what comes next (before its ack); a step that died leaves its
-    waiters the ``wf:ID:dead`` hint (once the dead letter is stored)."""
+    waiters the ``wf:ID:dead`` hint."""
 
     async def after_success(self, ctx: Context) -> None:
         if "wf" in ctx.message.headers:

@@ -10,8 +10,8 @@ them.
 
 Three lifecycle hooks are awaited, so a middleware may talk to the broker
 in them: ``after_success`` (before the job's ack: an error there fails the
-attempt), ``on_dead`` when written ``async def`` (once the dead letter is
-stored) and ``on_cancelled`` (once the cancellation is stored).  The app's
+attempt), ``on_dead`` and ``on_cancelled`` (when the worker decides, before
+the outcome is stored), each written ``def`` or ``async def``.  The app's
 workflows and batches are middleware of this kind (``lifecycle``),
 registered by the App after the user's own: the worker knows nothing of
 them.
@@ -79,15 +79,16 @@ class Middleware:
         rescuing worker around the job's stored message (task name, args,
         kwargs, headers, attempt, every error ending with that one).
 
-        A plain ``def`` is called when the worker decides, before the dead
-        letter is written; an ``async def`` is awaited once it is stored (the
-        app's workflows and batches record their dead steps and shards so).
+        Called when the worker decides, before the dead letter is written;
+        an ``async def on_dead`` is awaited there (the app's workflows and
+        batches record their dead steps and shards so).
         """
         return None
 
     async def on_cancelled(self, ctx: Context) -> None:
-        """A job was stopped on request (``dumbwaiter.cancel``) and its
-        cancellation is stored; awaited.  ``ctx.message`` is the job's."""
+        """A job was stopped on request (``dumbwaiter.cancel``): one that ran
+        and ended on ``ctx.cancelled``, or one fetched and not started;
+        awaited before the cancellation is stored.  ``ctx.message`` is the job's."""
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
@@ -143,11 +144,6 @@ class MiddlewareStack:
             hook: [m for m in every if getattr(type(m), hook) is not getattr(Middleware, hook)]
             for hook in _HOOKS
         }
-        #: ``on_dead`` is a plain call for ``def`` overriders, awaited for
-        #: ``async def`` ones (once the dead letter is stored)
-        dead = self._by_hook.pop("on_dead")
-        self._by_hook["on_dead"] = [m for m in dead if not _is_async(m, "on_dead")]
-        self._by_hook["on_dead_stored"] = [m for m in dead if _is_async(m, "on_dead")]
         #: each hook's overriders in calling order (``after_*`` reversed), worked
         #: out once: ``call`` runs on every enqueue and every attempt
         self._ordered: dict[str, list[Middleware]] = {
@@ -169,41 +165,36 @@ class MiddlewareStack:
         for m in self._ordered[hook]:
             try:
                 getattr(m, hook)(*args)
-            except JobControl:
-                if hook == "before_process":
-                    raise  # RetryLater / Reject from before_process decide the outcome
-                self.errors += 1
-                log.warning(
-                    "middleware %s.%s raised a job control exception, ignored",
-                    type(m).__name__,
-                    hook,
-                )
-            except Exception:
-                self.errors += 1
-                log.exception("middleware %s.%s failed", type(m).__name__, hook)
+            except Exception as exc:
+                self._failed(m, hook, exc)
+
+    async def acall(self, hook: str, *args: Any) -> None:
+        """``call`` for a hook that may be written ``async def`` (``on_dead``,
+        ``on_cancelled``): awaited where it is."""
+        for m in self._ordered[hook]:
+            try:
+                await _awaited(getattr(m, hook)(*args))
+            except Exception as exc:
+                self._failed(m, hook, exc)
+
+    def _failed(self, m: Middleware, hook: str, exc: Exception) -> None:
+        if isinstance(exc, JobControl):
+            if hook == "before_process":
+                raise exc  # RetryLater / Reject from before_process decide the outcome
+            self.errors += 1
+            log.warning(
+                "middleware %s.%s raised a job control exception, ignored",
+                type(m).__name__,
+                hook,
+            )
+            return
+        self.errors += 1
+        log.error("middleware %s.%s failed", type(m).__name__, hook, exc_info=exc)
 
     async def after_success(self, ctx: Context) -> None:
         """Await every ``after_success``, innermost first; an exception fails the attempt."""
         for m in self._ordered["after_success"]:
             await _awaited(m.after_success(ctx))
-
-    async def dead_stored(self, ctx: Context | None, error: ErrorRecord) -> None:
-        """Await every ``async def on_dead`` (the dead letter is stored)."""
-        for m in self._ordered["on_dead_stored"]:
-            try:
-                await _awaited(m.on_dead(ctx, error))
-            except Exception:
-                self.errors += 1
-                log.exception("middleware %s.on_dead failed", type(m).__name__)
-
-    async def cancelled(self, ctx: Context) -> None:
-        """Await every ``on_cancelled`` (the cancellation is stored)."""
-        for m in self._ordered["on_cancelled"]:
-            try:
-                await _awaited(m.on_cancelled(ctx))
-            except Exception:
-                self.errors += 1
-                log.exception("middleware %s.on_cancelled failed", type(m).__name__)
 
     async def around(self, ctx: Context, innermost: CallNext) -> Any:
         """Run ``innermost`` wrapped by every ``around_process`` (first = outermost)."""
@@ -218,10 +209,6 @@ async def _awaited(result: Awaitable[None] | None) -> None:
     plain ``def``."""
     if inspect.isawaitable(result):
         await result
-
-
-def _is_async(m: Middleware, hook: str) -> bool:
-    return inspect.iscoroutinefunction(getattr(type(m), hook))
 
 
 def _wrap(m: Middleware, ctx: Context, call_next: CallNext) -> CallNext:

@@ -78,11 +78,9 @@ class Hooks(Protocol):
 
     async def around(self, ctx: Context, innermost: Callable[[], Awaitable[Any]]) -> Any: ...
 
+    async def acall(self, hook: str, *args: Any) -> None: ...
+
     async def after_success(self, ctx: Context) -> None: ...
-
-    async def dead_stored(self, ctx: Context | None, error: ErrorRecord) -> None: ...
-
-    async def cancelled(self, ctx: Context) -> None: ...
 
 
 class WorkerApp(Runtime, Protocol):
@@ -199,9 +197,8 @@ class Worker:
         self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
         self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
-        #: the context of each job ended dead or cancelled, for the awaited
-        #: ``on_dead`` / ``on_cancelled`` hooks once the settler stored it
-        self._ended: dict[str, Context | None] = {}
+        #: the context of each job ``_dead`` decided dead, for ``on_dead``
+        self._dying: dict[str, Context | None] = {}
         self.started_at = time.time()
 
     # -- control ---------------------------------------------------------------
@@ -510,18 +507,13 @@ class Worker:
         if held:
             self._buffer = deque(d for d in self._buffer if d.id not in asked)
             for d in held:
-                self._settler.add(self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL), d)
+                kind = self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL)
+                if kind == CANCEL:
+                    await self._cancelled(d, None)
+                self._settler.add(kind, d)
 
     async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
         done = await self.broker.cancel_running(ds)
-        mw = self.app.middleware
-        stopped = set(done)
-        for d in ds:
-            ctx = self._ended.pop(d.id, None)
-            if d.id in stopped and mw.has("on_cancelled"):
-                ctx = ctx or self._context_of(d)
-                if ctx is not None:
-                    await mw.cancelled(ctx)
         # a job not cancelled runs elsewhere (its lease was lost): its request stays
         await self.broker.kv_delete([CANCEL_PREFIX + i for i in done])
         if done:
@@ -571,18 +563,16 @@ class Worker:
                 extra={"action": "rescue"},
             )
         for dl in rescued.dead:
-            ctx = self._rescued_dead(dl)
-            await self.app.middleware.dead_stored(ctx, dl.error)
+            await self._rescued_dead(dl)
 
-    def _rescued_dead(self, dl: DeadLetter) -> Context:
+    async def _rescued_dead(self, dl: DeadLetter) -> None:
         """Report a job the broker dead-lettered for a lost lease (no worker
         settled it) as ``_dead`` reports the ones this worker dead-letters:
         ``on_dead`` (so the dead-letter metric and user middleware see it) and
         a log line.  ``ctx.message`` is the job's stored envelope (its real
         arguments and headers, every error) as the broker reports it; only a
         body that does not decode leaves a stub of id, name, queue, attempt
-        and the ``LeaseExpired`` error.  Returns that context (the rescuer
-        then awaits the ``async def on_dead`` hooks: the dead letter is stored)."""
+        and the ``LeaseExpired`` error."""
         msg = dl.message
         if msg is None:
             msg = Message(
@@ -595,7 +585,7 @@ class Worker:
                 errors=[dl.error],
             )
         ctx = Context(message=msg, app=self.app, worker_id=self.id)
-        self.app.middleware.call("on_dead", ctx, dl.error)
+        await self.app.middleware.acall("on_dead", ctx, dl.error)
         log.warning(
             "job %s (%s) dead-lettered after attempt %d of %d (its worker was lost): %s: %s",
             dl.id,
@@ -619,16 +609,15 @@ class Worker:
                 "error": dl.error.message,
             },
         )
-        return ctx
 
     # -- one job -----------------------------------------------------------------
 
     async def _process(self, d: Delivery) -> None:
         started = time.monotonic()
-        ended: Context | None = None
+        ctx: Context | None = None
         try:
             kind = await self._execute(d)
-            ended = self._cancels.contexts.get(d.id)  # the handler's, if it got that far
+            ctx = self._cancels.contexts.get(d.id)  # the handler's, if it got that far
         except asyncio.CancelledError:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
@@ -639,8 +628,11 @@ class Worker:
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
-        if kind == CANCEL and self.app.middleware.has("on_cancelled"):
-            self._ended[d.id] = ended if ended is not None else self._context_of(d)
+        if d.id in self._dying:  # decided dead (and maybe cancelled since)
+            assert d.error is not None
+            await self.app.middleware.acall("on_dead", self._dying.pop(d.id), d.error)
+        if kind == CANCEL:
+            await self._cancelled(d, ctx)
         if kind != REQUEUE and not d.duplicate:
             # the line of a finished job: built only if it will be written
             level = logging.WARNING if kind == DEAD else logging.INFO
@@ -648,8 +640,6 @@ class Worker:
                 self._finished(d, kind, took, level)
         if self._inflight.pop(d.id, None) is not None:
             self._settler.add(kind, d)
-        else:
-            self._ended.pop(d.id, None)
 
     def _finished(self, d: Delivery, kind: str, took: float, level: int) -> None:
         """Log one line for a finished attempt: succeeded (INFO), retrying
@@ -815,12 +805,15 @@ class Worker:
         if ctx.state.get("checkpointed"):
             await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
 
-    def _context_of(self, d: Delivery) -> Context | None:
-        """A context for a job that ended before its handler ran (a held job
-        cancelled), for the lifecycle hooks."""
-        if d.message is None:
-            return None
-        return Context(message=d.message, app=self.app, worker_id=self.id)
+    async def _cancelled(self, d: Delivery, ctx: Context | None) -> None:
+        """``on_cancelled`` for a job stopped on request (``ctx``: its handler's,
+        None for one fetched and not started)."""
+        mw = self.app.middleware
+        if d.message is None or not mw.has("on_cancelled"):
+            return
+        if ctx is None:
+            ctx = Context(message=d.message, app=self.app, worker_id=self.id)
+        await mw.acall("on_cancelled", ctx)
 
     def _unknown(self, msg: Message) -> UnknownTask:
         if msg.kind == "task":
@@ -894,10 +887,7 @@ class Worker:
 
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
-        mw = self.app.middleware
-        mw.call("on_dead", ctx, d.error)
-        if mw.has("on_dead_stored"):
-            self._ended[d.id] = ctx
+        self._dying[d.id] = ctx  # on_dead runs in _process, which awaits it
         # logged by _process: the message names its task even when no
         # handler ran (unknown task, arguments that no longer fit); only an
         # undecodable body has no name
@@ -1037,23 +1027,10 @@ class _Settler:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 w.counts[counter[kind]] += len(batch)
-                if kind == DEAD:
-                    await self._dead_stored(batch)
             if not any(self.pending.values()):
                 self.idle.set()
                 if self._closing:
                     return
-
-    async def _dead_stored(self, batch: list[Delivery]) -> None:
-        """Await the ``async def on_dead`` hooks of dead letters now stored
-        (the workflows' waiters are told, the batches count their shards)."""
-        w = self.worker
-        mw = w.app.middleware
-        if not mw.has("on_dead_stored"):
-            return
-        for d in batch:
-            if d.error is not None:
-                await mw.dead_stored(w._ended.pop(d.id, None), d.error)
 
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,

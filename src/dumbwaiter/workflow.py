@@ -25,12 +25,14 @@ A workflow that cannot finish (a step dead, or cancelled) makes
 ``Workflow.result()`` raise ``WorkflowFailed`` naming the step.  The jobs'
 states are the truth: the waiter reads the states of the planned steps'
 jobs.  To learn of a death at once without reading them on every poll, the
-worker that dead-letters a step writes a hint (``wf:ID:dead``) after the dead
-letter is stored (``mark_dead``), read in the same ``kv_get`` as the result;
-the waiter then checks the states.  Both happen in ``lifecycle.WorkflowSteps``,
-a middleware the App registers (``after_success`` and an awaited
-``on_dead``): the worker knows nothing of workflows.  A step that died another way (cancelled,
-dead-lettered by an operator) is found by a full look every few seconds.
+worker that dead-letters a step writes a hint (``wf:ID:dead``) as it decides
+(``mark_dead``, from the ``on_dead`` hook), read in the same ``kv_get`` as
+the result; the dead letter is stored a moment later, so the waiter checks
+the states at each poll for ``HINT_WINDOW`` seconds after a new hint.  The
+hooks live in ``lifecycle.WorkflowSteps``, a middleware the App registers:
+the worker knows nothing of workflows.  A step that died another way
+(cancelled, dead-lettered by an operator) is found by a full look every few
+seconds.
 Replaying the step resumes the workflow, and a waiter sees it alive again.
 """
 
@@ -67,6 +69,9 @@ DEFAULT_RESULT_TTL = 86400.0
 #: seconds between a waiter's full looks at its steps' states (doubling up to
 #: the second figure); a worker's hint (``mark_dead``) makes it look at once
 FULL_LOOK_FIRST, FULL_LOOK_MAX = 1.0, 8.0
+#: seconds a waiter keeps looking at each poll after a new hint: the hint is
+#: written before its dead letter is stored
+HINT_WINDOW = 2.0
 
 #: every key of a workflow starts ``wf:ID``
 WF = keys.WORKFLOW
@@ -394,6 +399,7 @@ class Workflow:
         keys = [f"{WF}{self.id}:result", f"{WF}{self.id}:dead"]
         pause = 0.005
         hint: bytes | None = None
+        hinted_until = 0.0
         every = FULL_LOOK_FIRST
         next_look = time.monotonic() + every
         done: set[str] = set()  # step jobs seen succeeded: not read again
@@ -404,13 +410,16 @@ class Workflow:
             now = time.monotonic()
             new_hint = found.get(keys[1])
             late = deadline is not None and now >= deadline
-            if (new_hint is not None and new_hint != hint) or now >= next_look or late:
-                hint = new_hint
+            if new_hint is not None and new_hint != hint:
+                hint, hinted_until = new_hint, now + HINT_WINDOW
+            scheduled = now >= next_look or late
+            if scheduled or now < hinted_until:
                 failed = await self._failure(done)
                 if failed is not None:
                     raise failed
-                next_look = now + every
-                every = min(every * 2, FULL_LOOK_MAX)
+                if scheduled:
+                    next_look = now + every
+                    every = min(every * 2, FULL_LOOK_MAX)
             if late:
                 raise ResultTimeout(f"workflow {self.id} has not finished after {timeout} s")
             wait = pause if deadline is None else min(pause, max(deadline - now, 0))

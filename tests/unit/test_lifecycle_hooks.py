@@ -1,7 +1,6 @@
 """The awaited lifecycle hooks a user's middleware can use, as the app's own
-workflows and batches do: ``after_success`` (before the ack), ``async def
-on_dead`` (once the dead letter is stored), ``on_cancelled`` (once the
-cancellation is stored)."""
+workflows and batches do: ``after_success``, ``on_dead`` and
+``on_cancelled``, each before the worker stores the outcome."""
 
 from __future__ import annotations
 
@@ -67,13 +66,13 @@ async def test_an_after_success_that_raises_fails_the_attempt() -> None:
     assert [e.type for e in info.message.errors] == ["ConnectionError"]
 
 
-async def test_an_async_on_dead_runs_once_the_dead_letter_is_stored() -> None:
-    plain: list[State | None] = []
+async def test_on_dead_runs_awaited_before_the_dead_letter_is_stored() -> None:
+    plain: list[str] = []
     stored: list[tuple[str, State | None]] = []
 
     class Plain(dw.Middleware):
         def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
-            plain.append(None if ctx is None else State.DEAD)
+            plain.append(error.message)
 
     class Alert(dw.Middleware):
         async def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
@@ -88,11 +87,11 @@ async def test_an_async_on_dead_runs_once_the_dead_letter_is_stored() -> None:
 
     await broken.aenqueue()
     await drain(app)
-    assert plain == [State.DEAD]  # a plain hook still runs, once
-    assert stored == [("no", State.DEAD)]
+    assert plain == ["no"]  # a plain hook runs too, once
+    assert stored == [("no", State.RUNNING)]  # what it records is there before the job is dead
 
 
-async def test_an_async_on_dead_hears_of_a_job_the_rescuer_buried() -> None:
+async def test_on_dead_hears_of_a_job_the_rescuer_buried() -> None:
     stored: list[tuple[str, State | None]] = []
 
     class Alert(dw.Middleware):
@@ -112,7 +111,7 @@ async def test_an_async_on_dead_hears_of_a_job_the_rescuer_buried() -> None:
     assert stored == [("dumbwaiter.errors.LeaseExpired", State.DEAD)]
 
 
-async def test_on_cancelled_runs_once_the_cancellation_is_stored() -> None:
+async def test_on_cancelled_runs_before_the_cancellation_is_stored() -> None:
     started, heard = asyncio.Event(), asyncio.Event()
     stored: list[tuple[str, State | None]] = []
 
@@ -140,7 +139,8 @@ async def test_on_cancelled_runs_once_the_cancellation_is_stored() -> None:
     finally:
         w.stop()
         await asyncio.wait_for(run, 30)
-    assert stored == [(job.id, State.CANCELLED)]
+    assert stored == [(job.id, State.RUNNING)]
+    assert await job.astatus() is State.CANCELLED
 
 
 async def test_the_apps_own_hooks_run_before_the_users() -> None:
@@ -192,6 +192,7 @@ async def test_a_shard_the_rescuer_buried_fails_its_batch() -> None:
     """A batch hears of a shard whose worker was lost on its last attempt (the
     rescuer's dead letter reaches the batch's ``on_dead``), so it finishes."""
     app = dw.App("memory://")
+    called = asyncio.Event()
     failures: list[dict[str, object]] = []
 
     @app.task(retry=False)
@@ -201,10 +202,17 @@ async def test_a_shard_the_rescuer_buried_fails_its_batch() -> None:
     @app.task
     def failed(summary: dict[str, object]) -> None:
         failures.append(summary)
+        called.set()
 
     batch = await app.abatch(shard, [1, 2], chunk_size=2, on_failure=failed.s())
     [_] = await app.broker.fetch(["default"], 1, 0.1, 0, "w-dead")  # taken, never settled
-    await drain(app, rescue_interval=0.05)
+    w = dw.Worker(app, rescue_interval=0.05, fetch_wait=0.05)
+    run = asyncio.create_task(w.run())
+    try:
+        await asyncio.wait_for(called.wait(), 30)
+    finally:
+        w.stop()
+        await asyncio.wait_for(run, 30)
     progress = await batch.aprogress()
     assert (progress["state"], progress["failed"]) == ("failed", 1)
     assert [f["failed"] for f in failures] == [1]
