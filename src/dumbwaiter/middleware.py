@@ -64,12 +64,14 @@ class Middleware:
     def on_retry(self, ctx: Context, error: ErrorRecord, at: float) -> None:
         """A failed attempt will be tried again at ``at`` (epoch seconds)."""
 
-    async def after_success(self, ctx: Context) -> None:
-        """An attempt succeeded (its result is ``ctx.state["result"]``); awaited
-        before the job is acked, innermost middleware first.  An exception
-        here fails the attempt (retried by the task's policy), and a crash
-        before the ack runs the job and this hook again: make it idempotent.
-        The app's workflows enqueue their next step here."""
+    def after_success(self, ctx: Context) -> Awaitable[None] | None:
+        """An attempt succeeded (its result is ``ctx.state["result"]``); run
+        (awaited, for an ``async def``) before the job is acked, innermost
+        middleware first.  An exception here fails the attempt (retried by
+        the task's policy), and a crash before the ack runs the job and this
+        hook again: make it idempotent.  The app's workflows enqueue their
+        next step here."""
+        return None
 
     def on_dead(self, ctx: Context | None, error: ErrorRecord) -> Awaitable[None] | None:
         """A job went to the dead-letter queue (``ctx`` is None if its body did not decode).
@@ -85,10 +87,12 @@ class Middleware:
         """
         return None
 
-    async def on_cancelled(self, ctx: Context) -> None:
+    def on_cancelled(self, ctx: Context) -> Awaitable[None] | None:
         """A job was stopped on request (``dumbwaiter.cancel``): one that ran
-        and ended on ``ctx.cancelled``, or one fetched and not started;
-        awaited before the cancellation is stored.  ``ctx.message`` is the job's."""
+        and ended on ``ctx.cancelled``, or one fetched and not started; run
+        (awaited, for an ``async def``) before the cancellation is stored.
+        ``ctx.message`` is the job's."""
+        return None
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
@@ -173,7 +177,9 @@ class MiddlewareStack:
         ``on_cancelled``): awaited where it is."""
         for m in self._ordered[hook]:
             try:
-                await _awaited(getattr(m, hook)(*args))
+                done = getattr(m, hook)(*args)
+                if done is not None and inspect.isawaitable(done):
+                    await done
             except Exception as exc:
                 self._failed(m, hook, exc)
 
@@ -194,7 +200,9 @@ class MiddlewareStack:
     async def after_success(self, ctx: Context) -> None:
         """Await every ``after_success``, innermost first; an exception fails the attempt."""
         for m in self._ordered["after_success"]:
-            await _awaited(m.after_success(ctx))
+            done = m.after_success(ctx)
+            if done is not None:  # an async def's coroutine
+                await done
 
     async def around(self, ctx: Context, innermost: CallNext) -> Any:
         """Run ``innermost`` wrapped by every ``around_process`` (first = outermost)."""
@@ -202,13 +210,6 @@ class MiddlewareStack:
         for m in reversed(self._by_hook["around_process"]):
             call = _wrap(m, ctx, call)
         return await call()
-
-
-async def _awaited(result: Awaitable[None] | None) -> None:
-    """Await a hook's result: a user may have written an awaited hook as a
-    plain ``def``."""
-    if inspect.isawaitable(result):
-        await result
 
 
 def _wrap(m: Middleware, ctx: Context, call_next: CallNext) -> CallNext:

@@ -174,7 +174,7 @@ async def test_an_after_success_written_as_a_plain_def_still_runs() -> None:
     seen: list[object] = []
 
     class Plain(dw.Middleware):
-        def after_success(self, ctx: dw.Context) -> None:  # type: ignore[override]
+        def after_success(self, ctx: dw.Context) -> None:
             seen.append(ctx.state["result"])
 
     app = dw.App("memory://", middleware=[Plain()])
