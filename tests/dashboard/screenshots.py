@@ -30,9 +30,9 @@ T = TypeVar("T")
 
 async def seed(url: str, flag: Path) -> dict[str, str]:
     from dumbwaiter.alerts import AlertConfig, AlertService, DeadLetters, QueueDepth
-    from dumbwaiter.dashboard.throughput import PREFIX, minute_of
     from dumbwaiter.scheduler import Scheduler
     from dumbwaiter.testing import drain
+    from dumbwaiter.throughput import PREFIX, minute_of
     from tests.dashboard.dashapp import OrderPaid, create_app
 
     app = create_app()

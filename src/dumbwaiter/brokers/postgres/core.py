@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ... import keys
 from ...errors import BrokerError
 from .. import deadline, failure
 from ..base import Binding, Broker, Delivery
@@ -35,7 +36,7 @@ from .queries import Queries
 T = TypeVar("T")
 
 #: name of the lock whose holder prunes finished jobs (one leader at a time)
-MAINTENANCE_LOCK = "dumbwaiter:maintenance"
+MAINTENANCE_LOCK = keys.MAINTENANCE_LOCK
 #: rows one prune statement deletes, and at most per round: a leader that
 #: falls behind prunes again at its next rescue (each second), not a round later
 PRUNE_BATCH = 5000
