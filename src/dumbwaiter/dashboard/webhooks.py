@@ -23,7 +23,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .actions import _audit, _ids, csrf_protected
+from .actions import audit, csrf_protected, selected_ids
 from .web import back, not_found, page_size, render, state
 
 if TYPE_CHECKING:
@@ -135,14 +135,14 @@ async def replay(request: Request, form: FormData) -> Response:
     scope = str(form.get("scope") or "selected")
     ids: tuple[str, ...] | None = None
     if scope == "selected":
-        ids = _ids(form)
+        ids = selected_ids(form)
         if not ids:
             return back(request, form, page, err="select at least one dead delivery")
     elif scope != "all":
         return back(request, form, page, err=f"unknown scope {scope!r}")
     n = await hooks.areplay(ep.id, ids)
     await state(request).cache.get(max_age=0)
-    _audit(request, f"replayed {n} dead webhook deliveries to {ep.id}", endpoint=ep.id)
+    audit(request, f"replayed {n} dead webhook deliveries to {ep.id}", endpoint=ep.id)
     msg = f"replayed {n} dead deliver{'ies' if n != 1 else 'y'} to {ep.id}"
     # to a disabled endpoint they would only die again, with its reason
     warn = f"{ep.id} is disabled: enable it, then replay" if ep.disabled and n else ""
@@ -158,7 +158,7 @@ async def enable(request: Request, form: FormData) -> Response:
         return got
     hooks, ep = got
     await hooks.aenable(ep.id)
-    _audit(request, f"enabled webhook endpoint {ep.id}", endpoint=ep.id)
+    audit(request, f"enabled webhook endpoint {ep.id}", endpoint=ep.id)
     return back(request, form, f"/webhooks/{ep.id}", msg=f"enabled {ep.id}")
 
 
@@ -173,5 +173,5 @@ async def disable(request: Request, form: FormData) -> Response:
     who = request.client.host if request.client else "?"
     reason = str(form.get("reason") or "").strip()[:200] or f"disabled from the dashboard ({who})"
     await hooks.adisable(ep.id, reason)
-    _audit(request, f"disabled webhook endpoint {ep.id}", endpoint=ep.id)
+    audit(request, f"disabled webhook endpoint {ep.id}", endpoint=ep.id)
     return back(request, form, f"/webhooks/{ep.id}", msg=f"disabled {ep.id}")
