@@ -230,7 +230,7 @@ def broker_url(kind: str, server: str, tag: str) -> str:
     return f"{server}?prefix={tag}"
 
 
-def setup(kind: str, server: str, tag: str, save_dsn: str) -> None:
+def setup(kind: str, server: str, url: str, tag: str, save_dsn: str) -> None:
     import psycopg
     from web_endpoint_app import nats_subject
 
@@ -240,10 +240,13 @@ def setup(kind: str, server: str, tag: str, save_dsn: str) -> None:
             " total_cents integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
         )
     if kind == "postgres":
+        # the schema as production makes it (not ``?migrate=auto``)
+        migrate = [sys.executable, "-m", "dumbwaiter", "migrate", "--url", url]
+        subprocess.run(migrate, check=True, capture_output=True)
         with psycopg.connect(server, autocommit=True) as c:
             c.execute(
                 f"CREATE TABLE {tag}_jobs (id bigserial PRIMARY KEY, queue text NOT NULL,"
-                " body jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+                " body bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
             )
     elif kind == "nats":
 
@@ -392,7 +395,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         kind = _kind(server)
         tag = f"bw{os.getpid()}x{i}"
         url = broker_url(kind, server, tag)
-        setup(kind, server, tag, a.save_dsn)
+        setup(kind, server, url, tag, a.save_dsn)
         try:
             with processes(url, tag, a) as base:
                 cmd = [
