@@ -390,8 +390,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "machine": machine(),
         "brokers": {},
     }
-    for i, kind in enumerate(a.brokers):
-        server = BROKERS[kind] if kind in BROKERS else kind
+    for i, server in enumerate(BROKERS.get(b, b) for b in a.brokers):
         kind = _kind(server)
         tag = f"bw{os.getpid()}x{i}"
         url = broker_url(kind, server, tag)
@@ -410,7 +409,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 got = json.loads(out.stdout)
         finally:
             cleanup(kind, server, tag, a.save_dsn)
-        entry = {"url": url.split("?")[0], "summary": summarize(got["rounds"]), **got}
+        entry = {
+            "url": url.split("?")[0],
+            "namespace": tag,
+            "summary": summarize(got["rounds"]),
+            **got,
+        }
         report["brokers"][kind] = entry
         if not a.json:
             print_table(kind, entry["summary"], a)
@@ -427,7 +431,9 @@ def _kind(server: str) -> str:
     if scheme == "nats":
         return "nats"
     if scheme not in kinds:
-        raise SystemExit(f"--brokers: {server!r} is not redis, postgres, nats or one of their URLs")
+        raise SystemExit(
+            f"--brokers: {server!r} is not redis, postgres, nats or a URL of one of them"
+        )
     return kinds[scheme]
 
 
@@ -459,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if min(a.rounds, a.requests, a.concurrency) < 1 or a.warmup < 0 or a.profile < 0:
         p.error("--rounds, --requests and --concurrency must be at least 1")
+    for b in a.brokers:
+        _kind(BROKERS.get(b, b))  # a clear error before anything starts
     report = run(a)
     if a.json:
         print(json.dumps(report))
