@@ -48,6 +48,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROUTES = ("save", "dw", "bare")
+#: per route and round, from the load client
+FIGURES = ("p50_ms", "p90_ms", "p99_ms", "rps", "server_cpu_us", "worker_cpu_us")
 BROKERS = {
     "redis": "redis://127.0.0.1:6379/1",
     "postgres": "postgresql://127.0.0.1:5432/test",
@@ -115,7 +117,12 @@ async def load(base: str, a: argparse.Namespace) -> dict[str, Any]:
             got: dict[str, Any] = {}
             for route in routes:
                 await client.post("/timings/reset")
+                cpu = [cpu_of(pid) for pid in a.pids]
                 got[route] = await _batch(client, route, a.requests, a.concurrency, f"r{r}")
+                # CPU per request of the server and the worker: steadier than
+                # latency on a shared machine, and it says who spends it
+                for name, pid, before in zip(("server", "worker"), a.pids, cpu, strict=False):
+                    got[route][f"{name}_cpu_us"] = (cpu_of(pid) - before) / a.requests * 1e6
                 parts = (await client.get("/timings")).json().get(route, {})
                 got[route]["endpoint_us"] = parts.get("p50_us", [])
             rounds.append(got)
@@ -125,6 +132,15 @@ async def load(base: str, a: argparse.Namespace) -> dict[str, Any]:
             await _batch(client, route, a.profile, a.concurrency, "prof")
             profiles[route] = (await client.post("/profile/stop")).json()["tottime"]
     return {"rounds": rounds, "profiles": profiles}
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _uvloop_run(coro: Any) -> Any:
@@ -191,9 +207,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def processes(url: str, tag: str, a: argparse.Namespace) -> Iterator[str]:
+def processes(url: str, tag: str, a: argparse.Namespace) -> Iterator[tuple[str, list[int]]]:
     """The server (and the worker, unless ``--no-worker``) for one broker;
-    yields the server's base URL."""
+    yields the server's base URL and their process ids."""
     env = _env(url, tag, a.save_dsn)
     port = free_port()
     me = [sys.executable, str(Path(__file__).resolve())]
@@ -208,7 +224,7 @@ def processes(url: str, tag: str, a: argparse.Namespace) -> Iterator[str]:
                 "web_endpoint_app:app", "--log-level", "WARNING",
             ]  # fmt: skip
             worker = subprocess.Popen(cmd, cwd=HERE, env=env)
-        yield base
+        yield base, [p.pid for p in (server, worker) if p is not None]
     finally:
         if worker is not None:
             _stop(worker)
@@ -322,9 +338,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for route in routes:
         rs = [r[route] for r in rounds]
-        fig: dict[str, Any] = {
-            k: spread([x[k] for x in rs]) for k in ("p50_ms", "p90_ms", "p99_ms", "rps")
-        }
+        fig: dict[str, Any] = {k: spread([x[k] for x in rs]) for k in FIGURES if k in rs[0]}
         if route != "save" and "save" in routes:
             fig["added_p50_ms"] = spread([r[route]["p50_ms"] - r["save"]["p50_ms"] for r in rounds])
         parts = [x["endpoint_us"] for x in rs if x.get("endpoint_us")]
@@ -367,6 +381,15 @@ def print_table(kind: str, s: dict[str, Any], a: argparse.Namespace) -> None:
             names = ["save", "call 1", "call 2", "call 3"][: len(parts)]
             inside = ", ".join(f"{n} {p / 1e3:.2f}" for n, p in zip(names, parts, strict=True))
             print(f"  inside the endpoint, {route}, p50 ms: {inside}")
+    for route in ROUTES:
+        r = s.get(route, {})
+        cpu = [
+            f"{who} {f(r[k], 0)}"
+            for who, k in (("server", "server_cpu_us"), ("worker", "worker_cpu_us"))
+            if k in r
+        ]
+        if cpu:
+            print(f"  CPU per request, {route}, us: {', '.join(cpu)}")
     if s.get("dw_over_bare_added_p50") is not None:
         print(f"  dw added p50 / bare added p50 (medians): {s['dw_over_bare_added_p50']:.2f}")
 
@@ -396,12 +419,13 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         url = broker_url(kind, server, tag)
         setup(kind, server, url, tag, a.save_dsn)
         try:
-            with processes(url, tag, a) as base:
+            with processes(url, tag, a) as (base, pids):
                 cmd = [
                     sys.executable, str(Path(__file__).resolve()), "--load", base,
                     "--rounds", str(a.rounds), "--requests", str(a.requests),
                     "--warmup", str(a.warmup), "--concurrency", str(a.concurrency),
                     "--profile", str(a.profile), "--routes", *a.routes,
+                    "--pids", *map(str, pids),
                 ]  # fmt: skip
                 out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=False)
                 if out.returncode != 0:
@@ -456,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     p.add_argument("--load", help=argparse.SUPPRESS)
+    p.add_argument("--pids", type=int, nargs="*", default=[], help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve is not None:
         serve(a.serve)
