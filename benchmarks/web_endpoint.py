@@ -403,8 +403,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _exit_on_term(signum: int, _frame: Any) -> None:
+    sys.exit(128 + signum)  # unwinds: the server and worker stop, namespaces drop
+
+
 def run(a: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
+    signal.signal(signal.SIGTERM, _exit_on_term)
     report: dict[str, Any] = {
         "args": {
             k: getattr(a, k) for k in ("rounds", "requests", "warmup", "concurrency", "routes")
