@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -312,10 +313,8 @@ def cleanup(kind: str, server: str, tag: str, save_dsn: str) -> None:
             try:
                 js = nc.jetstream()
                 for s in (*stream_names(tag), nats_subject(tag)):
-                    try:
+                    with contextlib.suppress(NotFoundError):
                         await js.delete_stream(s)
-                    except NotFoundError:
-                        pass
             finally:
                 await nc.close()
 
