@@ -2,7 +2,7 @@
 
     python benchmarks/web_endpoint.py [--brokers redis postgres nats] [--rounds 5]
         [--requests 1000] [--warmup 200] [--concurrency 4] [--no-worker]
-        [--profile 300] [--json]
+        [--profile 300 [--profile-clock cpu|wall]] [--json]
 
 For each broker, one uvicorn process serves the FastAPI app of
 ``web_endpoint_app.py`` and one ``dumbwaiter worker`` process runs its jobs
@@ -22,7 +22,9 @@ Per route and round: p50, p90, p99 and requests/s at the client, and the
 endpoint's own timings (the save and each of the three calls, median).  The
 figures are the median over rounds (min-max); "added p50" is a route's p50
 minus the save route's in the same round.  ``--profile N`` then runs N
-requests of ``dw`` and of ``bare`` under cProfile in the server (not timed).
+requests of ``dw`` and of ``bare`` under cProfile in the server (not timed),
+counting the server thread's CPU (``--profile-clock wall``: wall time, which
+also counts what a call waited off the CPU).
 
 The save writes to ``--save-dsn`` (PostgreSQL, every broker).  Each run
 makes its own namespace (a Redis prefix, a PostgreSQL schema, NATS streams)
@@ -129,7 +131,7 @@ async def load(base: str, a: argparse.Namespace) -> dict[str, Any]:
             rounds.append(got)
         profiles: dict[str, str] = {}
         for route in ("dw", "bare") if a.profile else ():
-            await client.post("/profile/start")
+            await client.post("/profile/start", params={"clock": a.profile_clock})
             await _batch(client, route, a.profile, a.concurrency, "prof")
             profiles[route] = (await client.post("/profile/stop")).json()["tottime"]
     return {"rounds": rounds, "profiles": profiles}
@@ -413,7 +415,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         "args": {
             k: getattr(a, k) for k in ("rounds", "requests", "warmup", "concurrency", "routes")
         }
-        | {"worker": not a.no_worker, "profile": a.profile},
+        | {"worker": not a.no_worker, "profile": a.profile, "profile_clock": a.profile_clock},
         "machine": machine(),
         "brokers": {},
     }
@@ -428,7 +430,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     sys.executable, str(Path(__file__).resolve()), "--load", base,
                     "--rounds", str(a.rounds), "--requests", str(a.requests),
                     "--warmup", str(a.warmup), "--concurrency", str(a.concurrency),
-                    "--profile", str(a.profile), "--routes", *a.routes,
+                    "--profile", str(a.profile), "--profile-clock", a.profile_clock,
+                    "--routes", *a.routes,
                     "--pids", *map(str, pids),
                 ]  # fmt: skip
                 out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=False)
@@ -481,6 +484,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--profile", type=int, default=0, help="then N requests of dw and bare under cProfile"
     )
+    p.add_argument(
+        "--profile-clock", choices=("cpu", "wall"), default="cpu",
+        help="cpu: the server thread's CPU; wall: also the time calls waited off the CPU",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     p.add_argument("--load", help=argparse.SUPPRESS)
