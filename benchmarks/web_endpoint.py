@@ -173,7 +173,10 @@ def serve(port: int) -> None:
 
 
 def _env(url: str, tag: str, save_dsn: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+    # absolute: the server and the worker run in this folder, where a relative
+    # ``PYTHONPATH=src`` would miss the checkout and import an installed copy
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    path = os.pathsep.join([str(HERE), *(str(Path(p).resolve()) for p in inherited if p)])
     return {
         **os.environ,
         "DW_BENCH_URL": url,
