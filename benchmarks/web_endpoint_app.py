@@ -272,5 +272,26 @@ async def profile_stop() -> dict[str, str]:
     prof.disable()
     Live.profile = None
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(45)
-    return {"tottime": out.getvalue()}
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("tottime").print_stats(45)
+    by: dict[str, float] = {}
+    for (filename, _, _), (_, _, tottime, _, _) in st.stats.items():  # type: ignore[attr-defined]
+        by[_package(filename)] = by.get(_package(filename), 0.0) + tottime
+    total = sum(by.values()) or 1.0
+    shares = sorted(by.items(), key=lambda kv: -kv[1])
+    head = "".join(f"  {k:<16} {v / total:6.1%}\n" for k, v in shares)
+    return {"tottime": f"share of the profiled time, by package:\n{head}\n{out.getvalue()}"}
+
+
+def _package(filename: str) -> str:
+    """Who a profiled function belongs to: a site-packages distribution,
+    dumbwaiter, this endpoint, the standard library, or a builtin."""
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1].split("/", 1)[0]
+    if "/dumbwaiter/" in filename:
+        return "dumbwaiter"
+    if filename.endswith("web_endpoint_app.py"):
+        return "the endpoint"
+    if "/lib/python3" in filename:
+        return "stdlib " + filename.rsplit("/lib/python3", 1)[1].split("/")[1].removesuffix(".py")
+    return "builtins" if filename == "~" else filename

@@ -62,7 +62,10 @@ def test_a_tiny_run_reports_every_route_and_cleans_up() -> None:
         assert ("added_p50_ms" in s[route]) == (route != "save")
     assert "dw_over_bare_added_p50" in s
     assert set(entry["profiles"]) == {"dw", "bare"}
-    assert all("function calls" in text for text in entry["profiles"].values())
+    for text in entry["profiles"].values():
+        assert "share of the profiled time, by package" in text and "function calls" in text
+    shares = entry["profiles"]["dw"].split("\n\n")[0]
+    assert "dumbwaiter" in shares and "redis" in shares  # the dw route goes through both
 
     import psycopg
     import redis
