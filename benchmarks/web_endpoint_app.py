@@ -278,8 +278,10 @@ async def profile_stop() -> dict[str, str]:
     for (filename, _, _), (_, _, tottime, _, _) in st.stats.items():  # type: ignore[attr-defined]
         by[_package(filename)] = by.get(_package(filename), 0.0) + tottime
     total = sum(by.values()) or 1.0
-    shares = sorted(by.items(), key=lambda kv: -kv[1])
-    head = "".join(f"  {k:<16} {v / total:6.1%}\n" for k, v in shares)
+    shares = sorted(((k, v / total) for k, v in by.items()), key=lambda kv: -kv[1])
+    rest = sum(v for _, v in shares if v < 0.01)
+    head = "".join(f"  {k:<16} {v:6.1%}\n" for k, v in shares if v >= 0.01)
+    head += f"  {'the rest':<16} {rest:6.1%}\n"
     return {"tottime": f"share of the profiled time, by package:\n{head}\n{out.getvalue()}"}
 
 
