@@ -243,6 +243,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def drained(url: str, no_worker: bool, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The queues once the worker has caught up (``dumbwaiter stats``, as an
+    operator would read them): what the dw route left, run or not."""
+    cmd = [sys.executable, "-m", "dumbwaiter", "stats", "--url", url, "--json"]
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=_env(url, "", ""))
+        rows: list[dict[str, Any]] = json.loads(out.stdout)["queues"]
+        busy = sum(r.get(k) or 0 for r in rows for k in ("ready", "running", "prefetched"))
+        if no_worker or busy == 0 or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
+
+
 # -- namespaces: made before a broker's run, dropped after --------------------------
 
 
@@ -441,6 +455,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 if out.returncode != 0:
                     raise RuntimeError(f"the load client failed:\n{out.stderr[-3000:]}")
                 got = json.loads(out.stdout)
+                got["queues_after"] = drained(url, a.no_worker)
         finally:
             cleanup(kind, server, tag, a.save_dsn)
         entry = {
@@ -452,6 +467,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         report["brokers"][kind] = entry
         if not a.json:
             print_table(kind, entry["summary"], a)
+            left = {
+                r["queue"]: (r["succeeded"], r["ready"], r["dead"]) for r in got["queues_after"]
+            }
+            print(f"  queues after the run (succeeded, ready, dead): {left}")
             for route, text in got["profiles"].items():
                 print(f"\n  cProfile, {a.profile} requests of {route} (server, by tottime):")
                 print(text)

@@ -67,6 +67,13 @@ def test_a_tiny_run_reports_every_route_and_cleans_up() -> None:
     shares = entry["profiles"]["dw"].split("\n\n")[0]
     assert "dumbwaiter" in shares and "redis" in shares  # the dw route goes through both
 
+    # the worker ran every job the dw route enqueued and every event's
+    # subscriber job: warm-up, two rounds and the profile's requests
+    after = {r["queue"]: r for r in entry["queues_after"]}
+    assert set(after) == {"bench_web_email", "bench_web_hooks", "group:bench_web_analytics"}
+    for q in after.values():
+        assert (q["succeeded"], q["ready"], q["dead"]) == (2 + 2 * 6 + 3, 0, 0), q
+
     import psycopg
     import redis
 
