@@ -20,7 +20,6 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from ...errors import BrokerError
-from ...state import State
 from ..base import (
     JobFilter,
     JobInfo,
@@ -28,12 +27,11 @@ from ..base import (
     Page,
     QueueStats,
     kv_write,
-    normalize_error_type,
     stats_rows,
 )
-from ..sqlrows import info_row
+from ..sql.filters import POSTGRES, where
+from ..sql.rows import info_row, is_uuid
 from .core import PostgresCore
-from .rows import is_uuid
 
 T = TypeVar("T")
 
@@ -327,51 +325,8 @@ class PostgresAdmin(PostgresCore):
 # -- helpers ---------------------------------------------------------------------
 
 
-def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
-    two index probes (migration 0006).  A job that holds its key has it in
-    ``key`` (unique index ``dw_jobs_key``); every other job with a key (a
-    holder a newer unique job freed, an event delivery) has ``key`` NULL and
-    its message key in ``msg_key``, which ``dw_jobs_msg_key`` indexes for
-    exactly those rows, so a keyed job pays no second index entry at enqueue."""
-    params += [key, key]
-    return "(key = %s OR (msg_key = %s AND key IS NULL))"
-
-
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
-    """SQL conditions (positional ``%s`` parameters) for an admin filter."""
-    clauses = ["true"]
-    params: list[Any] = []
-    if f.queue is not None:
-        clauses.append("queue = %s")
-        params.append(f.queue)
-    if f.name is not None:
-        clauses.append("name = %s")
-        params.append(f.name)
-    if f.state is not None:
-        if f.state is State.RETRYING:
-            clauses.append("state = 'scheduled' AND attempt > 0")
-        elif f.state is State.SCHEDULED:
-            clauses.append("state = 'scheduled' AND attempt = 0")
-        else:
-            clauses.append("state = %s")
-            params.append(str(f.state))
-    if f.ids is not None:
-        clauses.append("id = ANY(%s::uuid[])")
-        params.append([i for i in f.ids if is_uuid(i)])
-    if f.key is not None:
-        clauses.append(_key_clause(f.key, params))
-    if f.since is not None:
-        clauses.append("updated_at >= to_timestamp(%s)")
-        params.append(f.since)
-    if f.until is not None:
-        clauses.append("updated_at <= to_timestamp(%s)")
-        params.append(f.until)
-    if f.error_type is not None:
-        wanted = normalize_error_type(f.error_type)
-        clauses.append("(last_error_type = %s OR right(last_error_type, %s) = %s)")
-        params += [wanted, len(wanted) + 1, "." + wanted]
-    return " AND ".join(clauses), params
+    return where(f, POSTGRES)
 
 
 def _stats(queues: list[Any], counts: list[Any], lags: list[Any]) -> list[QueueStats]:

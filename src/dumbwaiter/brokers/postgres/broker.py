@@ -55,7 +55,7 @@ from ..base import (
     delivery_of,
 )
 from ..deadline import Backoff
-from ..sqlrows import delivery_row, err_json, stored_message
+from ..sql.rows import delivery_row, err_json, is_uuid, stored_message
 from .admin import PostgresAdmin
 from .connection import refusal
 from .core import (
@@ -69,7 +69,7 @@ from .core import (
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .listen import Listener, Waiter
 from .queries import LEASE_EXPIRED
-from .rows import NIL_UUID, ROW_FIELDS, CopyRows, is_uuid, merge_ids
+from .rows import NIL_UUID, ROW_FIELDS, CopyRows, merge_ids
 
 if TYPE_CHECKING:
     from ...sqldb import Sql

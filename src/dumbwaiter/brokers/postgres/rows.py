@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import struct
-import uuid
 from typing import Any
 
 import orjson
 import psycopg
 
 from ..base import Delivery
-from ..sqlrows import delivery_row
+from ..sql.rows import delivery_row
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 ROW_FIELDS = (
@@ -128,14 +127,6 @@ def merge_ids(
     """The ids of a COPY batch whose scheduled rows were inserted apart."""
     by_row = {id(r): i for r, i in zip(later, held, strict=True)}
     return [by_row.get(id(r), r[0]) for r in kept]
-
-
-def is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return True
 
 
 def handed(payload: str) -> tuple[int, Delivery | None]:

@@ -45,7 +45,6 @@ from ...flow import window_wait
 from ...message import ErrorRecord, Message, decode, encode_checked, uuid7
 from ...redact import mask_url
 from ...sqldb import Sql
-from ...state import State
 from .. import deadline, failure, urlopts
 from ..base import (
     Binding,
@@ -61,10 +60,10 @@ from ..base import (
     Rescued,
     delivery_of,
     kv_write,
-    normalize_error_type,
     stats_rows,
 )
-from ..sqlrows import delivery_row, err_json, info_row, stored_message
+from ..sql.filters import SQLITE, where
+from ..sql.rows import delivery_row, err_json, info_row, stored_message
 from .wake import FileWaker
 
 T = TypeVar("T")
@@ -1371,15 +1370,6 @@ def _err_type(d: Delivery) -> str | None:
     return None if d.error is None else d.error.type
 
 
-def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
-    a probe of ``dw_jobs_msg_key``.  ``msg_key`` holds every job's message
-    key (the ``key`` column only a unique key while it is held), and the
-    index's id order serves a listing's ``ORDER BY id DESC LIMIT`` as it is."""
-    params.append(key)
-    return "msg_key=?"
-
-
 def _jobs(f: JobFilter) -> str:
     """The table an admin statement reads: by the key index when the filter has
     a key.  SQLite plans without statistics (nothing runs ANALYZE), and its
@@ -1391,35 +1381,4 @@ def _jobs(f: JobFilter) -> str:
 
 
 def _where(f: JobFilter) -> tuple[str, list[Any]]:
-    clauses = ["1=1"]
-    params: list[Any] = []
-    if f.queue is not None:
-        clauses.append("queue=?")
-        params.append(f.queue)
-    if f.name is not None:
-        clauses.append("name=?")
-        params.append(f.name)
-    if f.state is not None:
-        if f.state is State.RETRYING:
-            clauses.append("state='scheduled' AND attempt>0")
-        elif f.state is State.SCHEDULED:
-            clauses.append("state='scheduled' AND attempt=0")
-        else:
-            clauses.append("state=?")
-            params.append(str(f.state))
-    if f.ids is not None:
-        clauses.append("id IN (SELECT value FROM json_each(?))")
-        params.append(orjson.dumps(list(f.ids)))
-    if f.key is not None:
-        clauses.append(_key_clause(f.key, params))
-    if f.since is not None:
-        clauses.append("updated_at>=?")
-        params.append(f.since)
-    if f.until is not None:
-        clauses.append("updated_at<=?")
-        params.append(f.until)
-    if f.error_type is not None:
-        wanted = normalize_error_type(f.error_type)
-        clauses.append("(last_error_type=? OR substr(last_error_type, -length(?)) = ?)")
-        params += [wanted, "." + wanted, "." + wanted]
-    return " AND ".join(clauses), params
+    return where(f, SQLITE)
