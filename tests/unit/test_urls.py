@@ -53,7 +53,7 @@ BASES: dict[str, str] = {
 #: scheme -> the module that declares its options (``OPTIONS``)
 DECLARED: dict[str, str] = {
     "memory": "dumbwaiter.brokers.memory",
-    "sqlite": "dumbwaiter.brokers.sqlite.broker",
+    "sqlite": "dumbwaiter.brokers.sqlite.options",
     "redis": "dumbwaiter.brokers.redis.broker",
     "rediss": "dumbwaiter.brokers.redis.broker",
     "postgresql": "dumbwaiter.brokers.postgres.options",
