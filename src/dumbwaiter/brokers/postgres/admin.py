@@ -15,7 +15,7 @@ import psycopg
 
 from ..base import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from ..sql.filters import POSTGRES, where
-from ..sql.rows import info_row, is_uuid
+from ..sql.rows import info_row, is_uuid, jobs_page
 from .connection import PostgresConnection
 
 
@@ -50,8 +50,7 @@ class PostgresAdmin(PostgresConnection):
             return await (await c.execute(query, params)).fetchall()
 
         rows = await self._run(run)
-        items = [info_row(r) for r in rows[:limit]]
-        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+        return jobs_page(rows, limit)
 
     async def get(self, id: str) -> JobInfo | None:
         try:

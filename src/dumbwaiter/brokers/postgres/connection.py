@@ -35,7 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import BrokerError
 from .. import deadline, failure
-from ..base import Binding, Broker, Delivery
+from ..base import Broker, Delivery
 from ..perloop import PerLoop
 from . import migrations
 from .listen import Listener
@@ -345,7 +345,7 @@ class PostgresConnection(Broker):
             if not self._schema_ok:
                 self._check_schema_sync(conn)
 
-    # -- open, close, declare ---------------------------------------------
+    # -- open, close ---------------------------------------------
 
     async def open(self) -> None:
         self._state()
@@ -364,19 +364,6 @@ class PostgresConnection(Broker):
                 pool.close()
             else:
                 await asyncio.to_thread(pool.close)
-
-    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
-        new = sorted({*queues, *(b.queue for b in bindings)} - self._known_queues)
-        if new:
-            await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
-            self._known_queues.update(new)
-        if bindings:
-            params = (
-                [b.pattern for b in bindings],
-                [b.queue for b in bindings],
-                [b.max_attempts for b in bindings],
-            )
-            await self._run(lambda c: c.execute(self.q.bind, params))
 
 
 async def _noop(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -24,17 +24,17 @@ import asyncio
 import itertools
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.rows import tuple_row
 
-from ...message import Message, decode, encode_checked, uuid7
+from ...message import Message, encode_checked, uuid7
 from ..base import Binding, delivery_of
 from ..deadline import Backoff
-from ..sql.rows import is_uuid
+from ..sql.rows import events_page, is_uuid
 from .connection import PostgresConnection, refusal
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .rows import NIL_UUID, ROW_FIELDS, CopyRows, merge_ids
@@ -59,6 +59,10 @@ T = TypeVar("T")
 #: a connection (or a cursor on one) that the insert statements run on
 SyncConn = psycopg.Connection[Any] | psycopg.Cursor[Any]
 AsyncConn = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+#: the statements of one insert or publish, written once for sync and async
+#: connections: it yields each statement and its parameters and is sent
+#: back the statement's rows (none for a statement that returns none)
+Plan = Generator[tuple[bytes, Any], list[Any], T]
 
 
 class PostgresEnqueue(PostgresConnection):
@@ -70,6 +74,19 @@ class PostgresEnqueue(PostgresConnection):
         self._identity: Identity | None = None
         #: callers' psycopg connections: whether each is to this database
         self._joined: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        new = sorted({*queues, *(b.queue for b in bindings)} - self._known_queues)
+        if new:
+            await self._run(lambda c: c.execute(self.q.add_queues, (new,)))
+            self._known_queues.update(new)
+        if bindings:
+            params = (
+                [b.pattern for b in bindings],
+                [b.queue for b in bindings],
+                [b.max_attempts for b in bindings],
+            )
+            await self._run(lambda c: c.execute(self.q.bind, params))
 
     # -- enqueue -----------------------------------------------------------------
     #
@@ -204,6 +221,33 @@ class PostgresEnqueue(PostgresConnection):
         else:
             self._no_waiter[queue] = time.monotonic() + HAND_BACKOFF
 
+    def _insert_plan(
+        self,
+        conn: SyncConn | AsyncConn,
+        rows: Sequence[tuple[Any, ...]],
+        remember: bool = True,
+        hand: bool = False,
+    ) -> Plan[list[str]]:
+        """The statements that store ``rows`` (and the queues they name), for
+        ``run_plan`` or ``arun_plan``; returns each row's id, or the id of the
+        stored job that holds its key."""
+        new_queues = self._new_queues(rows)
+        if new_queues:
+            yield self.q.add_queues, (new_queues,)
+        if freeing := self._freeing(rows):
+            yield self.q.free_keys, freeing
+        stmt = self._statement(conn, rows, hand)
+        got = yield stmt, self._params(rows)
+        row = got[0] if got else None
+        if stmt is self.q.enqueue_hand:
+            self._offered(rows[0][1], row)
+        holders: dict[str, str] = {}
+        if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
+            holders = dict((yield self.q.holders, (keys,)))
+        if remember:  # not while the caller's transaction may still roll back
+            self._known_queues.update(new_queues)
+        return self._ids(rows, holders)
+
     async def _ainsert(
         self,
         conn: AsyncConn,
@@ -211,21 +255,7 @@ class PostgresEnqueue(PostgresConnection):
         remember: bool = True,
         hand: bool = False,
     ) -> list[str]:
-        new_queues = self._new_queues(rows)
-        if new_queues:
-            await conn.execute(self.q.add_queues, (new_queues,))
-        if freeing := self._freeing(rows):
-            await conn.execute(self.q.free_keys, freeing)
-        stmt = self._statement(conn, rows, hand)
-        row = await (await conn.execute(stmt, self._params(rows))).fetchone()
-        if stmt is self.q.enqueue_hand:
-            self._offered(rows[0][1], row)
-        holders: dict[str, str] = {}
-        if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
-            holders = dict(await (await conn.execute(self.q.holders, (keys,))).fetchall())
-        if remember:  # not while the caller's transaction may still roll back
-            self._known_queues.update(new_queues)
-        return self._ids(rows, holders)
+        return await arun_plan(conn, self._insert_plan(conn, rows, remember, hand))
 
     async def _acopy(
         self,
@@ -302,21 +332,7 @@ class PostgresEnqueue(PostgresConnection):
     ) -> list[str]:
         if not self._schema_ok and isinstance(conn, psycopg.Connection):
             self._check_schema_sync(conn)
-        new_queues = self._new_queues(rows)
-        if new_queues:
-            conn.execute(self.q.add_queues, (new_queues,))
-        if freeing := self._freeing(rows):
-            conn.execute(self.q.free_keys, freeing)
-        stmt = self._statement(conn, rows, hand)
-        row = conn.execute(stmt, self._params(rows)).fetchone()
-        if stmt is self.q.enqueue_hand:
-            self._offered(rows[0][1], row)
-        holders: dict[str, str] = {}
-        if (int(row[0]) if row else 0) < len(rows) and (keys := self._holders(rows)):
-            holders = dict(conn.execute(self.q.holders, (keys,)).fetchall())
-        if remember:
-            self._known_queues.update(new_queues)
-        return self._ids(rows, holders)
+        return run_plan(conn, self._insert_plan(conn, rows, remember, hand))
 
     def _copy(
         self,
@@ -390,25 +406,26 @@ class PostgresEnqueue(PostgresConnection):
 
         async def run(c: psycopg.AsyncConnection[Any]) -> int:
             async with c.transaction():
-                return await self._afan_out(c, events, params)
+                return await arun_plan(c, self._fan_out_plan(c, events, params))
 
         # an event already in the log is not delivered again: safe to repeat
         return await self._aretrying(run)
 
-    async def _afan_out(
+    def _fan_out_plan(
         self,
-        c: AsyncConn,
+        c: SyncConn | AsyncConn,
         events: list[Message],
         params: dict[str, Any],
         remember: bool = True,
-    ) -> int:
-        """Log the new events, then one job per bound queue (in ``c``'s transaction)."""
-        logged = {r[0] for r in await (await c.execute(self.q.log_events, params)).fetchall()}
+    ) -> Plan[int]:
+        """Log the new events, then one job per bound queue (in ``c``'s
+        transaction); returns how many jobs that made."""
+        logged = {r[0] for r in (yield self.q.log_events, params)}
         types = sorted({m.name for m in events if m.id in logged})
-        bound = await (await c.execute(self.q.bindings_of, (types,))).fetchall()
+        bound = yield self.q.bindings_of, (types,)
         rows = self._deliveries(events, logged, bound)
         if rows:
-            await self._ainsert(c, rows, remember, hand=remember)
+            yield from self._insert_plan(c, rows, remember, hand=remember)
         return len(rows)
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
@@ -420,24 +437,9 @@ class PostgresEnqueue(PostgresConnection):
             with c.transaction():
                 if not self._schema_ok:
                     self._check_schema_sync(c)
-                return self._fan_out(c, events, params)
+                return run_plan(c, self._fan_out_plan(c, events, params))
 
         return self._retrying(run)
-
-    def _fan_out(
-        self,
-        c: SyncConn,
-        events: list[Message],
-        params: dict[str, Any],
-        remember: bool = True,
-    ) -> int:
-        logged = {r[0] for r in c.execute(self.q.log_events, params).fetchall()}
-        types = sorted({m.name for m in events if m.id in logged})
-        bound = c.execute(self.q.bindings_of, (types,)).fetchall()
-        rows = self._deliveries(events, logged, bound)
-        if rows:
-            self._insert(c, rows, remember, hand=remember)
-        return len(rows)
 
     # -- the outbox's fast path: the caller's transaction on this database --------
     #
@@ -496,7 +498,7 @@ class PostgresEnqueue(PostgresConnection):
             self._insert(cur, tasks, remember=False)
         events, params = self._events(m for m in msgs if m.kind != "task")
         if events:
-            self._fan_out(cur, events, params, remember=False)
+            run_plan(cur, self._fan_out_plan(cur, events, params, remember=False))
 
     async def enqueue_with(self, sql: Sql, msgs: Sequence[Message]) -> None:
         if not sql.is_async:
@@ -511,7 +513,7 @@ class PostgresEnqueue(PostgresConnection):
             await self._ainsert(cur, tasks, remember=False)
         events, params = self._events(m for m in msgs if m.kind != "task")
         if events:
-            await self._afan_out(cur, events, params, remember=False)
+            await arun_plan(cur, self._fan_out_plan(cur, events, params, remember=False))
 
     async def list_events(
         self,
@@ -533,5 +535,29 @@ class PostgresEnqueue(PostgresConnection):
             return await (await c.execute(self.q.list_events, params)).fetchall()
 
         rows = await self._run(run)
-        page = [decode(bytes(body)) for _, body in rows[:limit]]
-        return page, (page[-1].id if len(rows) > limit else None)
+        return events_page(rows, limit)
+
+
+def run_plan(conn: SyncConn, plan: Plan[T]) -> T:
+    """Run ``plan``'s statements on a sync connection (or cursor)."""
+    try:
+        stmt, params = next(plan)
+        while True:
+            cur = conn.execute(stmt, params)
+            stmt, params = plan.send(cur.fetchall() if cur.description is not None else [])
+    except StopIteration as done:
+        out: T = done.value
+        return out
+
+
+async def arun_plan(conn: AsyncConn, plan: Plan[T]) -> T:
+    """Run ``plan``'s statements on an async connection (or cursor)."""
+    try:
+        stmt, params = next(plan)
+        while True:
+            cur = await conn.execute(stmt, params)
+            rows = await cur.fetchall() if cur.description is not None else []
+            stmt, params = plan.send(rows)
+    except StopIteration as done:
+        out: T = done.value
+        return out

@@ -15,7 +15,7 @@ import orjson
 
 from ..base import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from ..sql.filters import SQLITE, where
-from ..sql.rows import info_row
+from ..sql.rows import info_row, jobs_page
 from .connection import SQLiteConnection
 
 _INFO_COLS = (
@@ -69,8 +69,7 @@ class SQLiteAdmin(SQLiteConnection):
             )
             .fetchall()
         )
-        items = [info_row(r) for r in rows[:limit]]
-        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+        return jobs_page(rows, limit)
 
     async def get(self, id: str) -> JobInfo | None:
         return await self._run(self._get, id)

@@ -20,10 +20,11 @@ from typing import Any
 import orjson
 
 from ...errors import ConfigurationError
-from ...message import Message, decode, encode_checked, uuid7
+from ...message import Message, encode_checked, uuid7
 from ...sqldb import Sql
 from .. import deadline
 from ..base import Binding, delivery_of
+from ..sql.rows import events_page
 from .connection import SQLiteConnection
 from .schema import apply_schema
 
@@ -242,8 +243,7 @@ class SQLiteEnqueue(SQLiteConnection):
                 )
                 .fetchall()
             )
-            page = [decode(bytes(body)) for _, body in rows[:limit]]
-            return page, (page[-1].id if len(rows) > limit else None)
+            return events_page(rows, limit)
 
         return await self._run(run)
 
