@@ -38,7 +38,7 @@ from .. import deadline, failure
 from ..base import Broker
 from ..perloop import PerLoop
 from .options import BUSY_TIMEOUT, RETENTION, SYNC, SYNCHRONOUS, parse_url
-from .schema import SCHEMA_VERSION, apply_schema
+from .schema import apply_schema, check_version
 from .wake import FileWaker
 
 T = TypeVar("T")
@@ -159,21 +159,12 @@ class SQLiteConnection(Broker):
             pause = min(pause * 2, 0.05)
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        """Create what is missing (every statement is IF NOT EXISTS), once per
-        broker; refuse a database written by a newer schema."""
-        row = None
-        try:
-            row = conn.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()
-        except sqlite3.OperationalError:
-            pass
-        if row is not None and int(row[0]) > SCHEMA_VERSION:
-            raise ConfigurationError(
-                f"{self.path} has dumbwaiter schema {row[0]}, newer than this version "
-                f"({SCHEMA_VERSION}) understands; upgrade dumbwaiter"
-            )
+        """Create what is missing, once per broker; refuse a database this
+        version cannot use (schema.py), before waiting for the write lock."""
+        check_version(conn, self.path)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            apply_schema(conn)
+            apply_schema(conn, self.path)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

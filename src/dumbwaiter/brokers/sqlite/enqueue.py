@@ -211,7 +211,7 @@ class SQLiteEnqueue(SQLiteConnection):
                 "BEGIN first, so the job commits (or rolls back) with your changes"
             )
         if not self._ready:  # their transaction may hold the lock: create what is missing in it
-            apply_schema(conn)
+            apply_schema(conn, self.path)
         tasks = [m for m in msgs if m.kind == "task"]
         events = [m for m in msgs if m.kind != "task"]
         if tasks:

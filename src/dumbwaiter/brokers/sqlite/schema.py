@@ -1,11 +1,18 @@
-"""The SQLite broker's tables (schema.sql), created and upgraded in place."""
+"""The SQLite broker's tables (schema.sql), created where they are missing.
+
+A database is made whole by this version's schema.sql, or refused with the
+reason: one written by a newer dumbwaiter, or by a pre-release whose tables
+this version does not read.
+"""
 
 from __future__ import annotations
 
 import sqlite3
 from importlib import resources
 
-#: 2: dw_jobs.msg_key (every job's Message.key, indexed for key search)
+from ...errors import ConfigurationError
+
+#: the version schema.sql writes (1: a pre-release's tables, without dw_jobs.msg_key)
 SCHEMA_VERSION = 2
 
 
@@ -26,19 +33,30 @@ def _schema_statements() -> list[str]:
     return out
 
 
-#: columns of dw_jobs that older schemas lack, with their type (added in order)
-_ADDED_COLUMNS = (("msg_key", "TEXT"),)  # version 2
+def check_version(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse a database this version cannot use (none yet is fine)."""
+    try:
+        row = conn.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()
+    except sqlite3.OperationalError:  # no dw_meta: a new file
+        return
+    version = None if row is None else int(row[0])
+    if version is None or version == SCHEMA_VERSION:
+        return
+    if version > SCHEMA_VERSION:
+        raise ConfigurationError(
+            f"{path} has dumbwaiter schema {version}, newer than this version "
+            f"({SCHEMA_VERSION}) understands; upgrade dumbwaiter"
+        )
+    raise ConfigurationError(
+        f"{path} has dumbwaiter schema {version}, written by a pre-release of dumbwaiter "
+        f"whose tables this version ({SCHEMA_VERSION}) does not read; let its workers "
+        "finish its jobs, then delete the file (and its -wal and -shm files)"
+    )
 
 
-def apply_schema(conn: sqlite3.Connection) -> None:
-    """Create what is missing and upgrade an older database, in the caller's
-    transaction.  schema.sql is idempotent except for new columns of an
-    existing dw_jobs (SQLite has no ADD COLUMN IF NOT EXISTS): those are
-    added here first, so the file's indexes and backfills can name them."""
-    have = {r[0] for r in conn.execute("SELECT name FROM pragma_table_info('dw_jobs')")}
-    if have:  # an existing table (none yet: schema.sql creates it whole)
-        for name, decl in _ADDED_COLUMNS:
-            if name not in have:
-                conn.execute(f"ALTER TABLE dw_jobs ADD COLUMN {name} {decl}")
+def apply_schema(conn: sqlite3.Connection, path: str) -> None:
+    """Create what is missing (every statement is IF NOT EXISTS), in the
+    caller's transaction, once the database's version is known to be ours."""
+    check_version(conn, path)
     for stmt in _schema_statements():
         conn.execute(stmt)
