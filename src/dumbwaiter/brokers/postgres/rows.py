@@ -47,8 +47,8 @@ class CopyRows:
     than by psycopg's ``write_row``.
 
     Why: psycopg formats each row through a few Python calls and a dumper per
-    field (~2 µs a job in a profile of a 10,000-job ``enqueue_many``, as much
-    as building the job's message).  Of the nine columns only the id, the
+    field, as costly as building the job's message (docs/benchmarks-postgres.md,
+    "COPY rows built as bytes").  Of the nine columns only the id, the
     keys and the body vary within a batch: the queue, name, kind, priority and
     max_attempts of a row are formatted once per distinct combination and
     reused, so a row is a few byte strings joined.  A priority or max_attempts outside int4

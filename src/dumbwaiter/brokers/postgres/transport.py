@@ -278,7 +278,7 @@ class PostgresTransport(PostgresConnection):
             if listener is not None and waiter is not None:
                 # a wait is registered only with nothing claimed yet (the
                 # adoption of a handed job goes by its token)
-                carried = _to_wait(params, listener, waiter, token, 0.0 if rows else wait)
+                carried = _idle_claim_params(params, listener, waiter, token, 0.0 if rows else wait)
             try:
                 cur = await conn.execute(stmt, params, binary=True)
                 got = await cur.fetchall()
@@ -295,7 +295,7 @@ class PostgresTransport(PostgresConnection):
                     r.done.set_result(True)
             rides, stmt = [], claim
             if listener is not None:
-                promoted, due = _waited(listener, got, token, carried, rows)
+                promoted, due = _read_idle_claim(listener, got, token, carried, rows)
             else:
                 promoted = got[0][8] if got else 0
                 if got and got[0][0] is None:
@@ -508,7 +508,7 @@ async def _withdrawn(st: LoopState) -> None:
         await asyncio.gather(*list(st.giving_back), return_exceptions=True)
 
 
-def _to_wait(
+def _idle_claim_params(
     params: dict[str, Any], listener: Listener, waiter: Waiter, token: int, wait: float
 ) -> list[int]:
     """The parameters of an idle fetch's claim: the waits it settles (returned)
@@ -523,7 +523,7 @@ def _to_wait(
     return carried
 
 
-def _waited(
+def _read_idle_claim(
     listener: Listener,
     got: list[Any],
     token: int,
