@@ -77,12 +77,12 @@ class LoopState:
         self.listener = listener
         #: claims whose fetch was cancelled mid-flight, being given back
         self.giving_back: set[asyncio.Task[None]] = set()
-        #: acks waiting to travel with the next claim (broker.ack, broker._claim)
+        #: acks waiting to travel with the next claim (transport.py: ack, _claim)
         self.riders: list[Ride] = []
         #: claims started on this loop that have not yet sent their first statement
         self.boarding = 0
         #: the last idle-capable claim of this loop found jobs: the worker is
-        #: busy, so its next fetch claims plainly first (broker.fetch)
+        #: busy, so its next fetch claims plainly first (transport.py: fetch)
         self.busy = False
 
 
@@ -117,7 +117,7 @@ class PostgresConnection(Broker):
         self._schema_ok = False
         self._known_queues: set[str] = set()
         #: queue -> monotonic time until which single enqueues skip the
-        #: handoff (the last offer found no free waiter; see broker._statement)
+        #: handoff (the last offer found no free waiter; see enqueue._statement)
         self._no_waiter: dict[str, float] = {}
         #: this broker's name as a candidate maintenance leader
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
