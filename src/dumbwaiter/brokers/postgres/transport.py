@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 
+from ... import keys
 from ...message import ErrorRecord
 from ..base import DeadLetter, Delivery, Rescued
 from ..sql.rows import delivery_row, err_json, stored_message
@@ -43,7 +44,7 @@ from .queries import LEASE_EXPIRED
 log = logging.getLogger("dumbwaiter.postgres")
 
 #: name of the lock whose holder prunes finished jobs (one leader at a time)
-MAINTENANCE_LOCK = "dumbwaiter:maintenance"
+MAINTENANCE_LOCK = keys.MAINTENANCE_LOCK
 #: rows one prune statement deletes, and at most per round: a leader that
 #: falls behind prunes again at its next rescue (each second), not a round later
 PRUNE_BATCH = 5000
