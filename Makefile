@@ -17,9 +17,14 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# the demo sends its mail and webhooks with dumbwaiter.mail and dumbwaiter.webhooks
+$(VENV)/.demo: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[mail,webhooks]'
+	touch $@ $(VENV)/.core
+
 $(VENV)/.dev: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
-	touch $@ $(VENV)/.core
+	touch $@ $(VENV)/.core $(VENV)/.demo
 
 # the dashboard's browser tests drive Debian's Chromium (never a browser of
 # Playwright's own); install it where it is missing and apt-get can
@@ -28,7 +33,7 @@ chromium:
 	  && (apt-get update -qq && apt-get install -y -qq chromium) \
 	  || echo "chromium missing: the browser tests will skip (they fail in CI)"; }
 
-demo: $(VENV)/.core
+demo: $(VENV)/.demo
 	$(BIN)/dumbwaiter demo
 
 lint: $(VENV)/.dev

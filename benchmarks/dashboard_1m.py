@@ -115,7 +115,7 @@ def spread_states(path: str) -> None:
 
 async def announce(url: str) -> None:
     """Four live workers and an hour of throughput samples."""
-    from dumbwaiter.dashboard.throughput import PREFIX, minute_of
+    from dumbwaiter.throughput import PREFIX, minute_of
 
     app = dw.App(url)
     now = time.time()

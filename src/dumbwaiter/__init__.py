@@ -53,10 +53,9 @@ from .middleware import Middleware
 from .retry import Reject, Retry, RetryLater
 from .state import State
 from .task import Task
+from .version import __version__
 from .worker import Worker, WorkerConfig
 from .workflow import Workflow, chain, chord, group
-
-__version__ = "0.1.0.dev0"
 
 if TYPE_CHECKING:
     from .event import Event, Subscription

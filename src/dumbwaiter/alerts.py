@@ -42,10 +42,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from . import keys
 from .brokers.base import JobFilter
 from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
 from .redact import mask_url
 from .state import State
+from .text import duration
 
 if TYPE_CHECKING:
     from .app import App
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dumbwaiter.alerts")
 
-KEY = "dumbwaiter:alert:"
+KEY = keys.ALERT
 PENDING, SENT, ACTIVE, SEEN, HISTORY = (
     KEY + "pending:",
     KEY + "sent:",
@@ -204,8 +206,6 @@ def _fmt_secs(s: float) -> str:
     if whole == s and whole >= 60 and whole % 60 == 0:
         return f"{whole // 60} min"
     if s >= 60:
-        from .cli.output import duration
-
         return duration(s)
     return f"{s:.3g} s"
 

@@ -9,36 +9,40 @@ first enqueue or when a worker starts.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
 
+from .batch import Batch
+from .batch import start as start_batch
 from .blocking import warn_if_loop_running
 from .brokers import DEFAULT_URL, deadline, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
+from .drain import eager_run, eager_running
 from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS
 from .flow import Flow
 from .job import Job
+from .lifecycle import BatchShards, WorkflowSteps
 from .message import DEFAULT_MAX_MESSAGE_SIZE, TASK, Message, decode, encode
-from .middleware import Chain, Middleware
+from .middleware import Middleware, MiddlewareStack
 from .portal import Portal
 from .redact import mask_url
+from .registration import default_name, qualname, seconds
 from .retry import Retry
+from .schedule import declare
 from .task import DEFAULT_RESULT_TTL, Task, TaskDecorator
+from .workflow import Signature
 
 if TYPE_CHECKING:
-    from .batch import Batch
     from .context import Context
     from .durable.api import DurableWorkflow, WorkflowDecorator
     from .event import Event, Subscription, Upcaster
     from .outbox import Outbox
     from .schedule import Policy, Schedule
     from .webhooks.service import Webhooks
-    from .workflow import Signature
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,18 +83,20 @@ class App:
         self.broker: Broker = from_url(self.url)
         self.default_queue = default_queue
         self.retry = retry if retry is not None else Retry()
-        self.timeout = _timeout(timeout)
+        self.timeout = seconds(timeout)
         #: the producer's deadline: seconds an ``enqueue``/``publish`` may take
         #: while the broker is unreachable before it raises ``BrokerUnavailable``
         #: (None: the broker's own ``reconnect`` window, as workers have);
         #: per call with ``task.options(enqueue_timeout=)`` / ``publish(enqueue_timeout=)``
-        self.enqueue_timeout = _timeout(enqueue_timeout)
+        self.enqueue_timeout = seconds(enqueue_timeout)
         limit = self.broker.capabilities.max_message_size
         if max_message_size is not None and limit is not None:
             max_message_size = min(max_message_size, limit)
         self.max_message_size = max_message_size
         self.broker.max_message_size = max_message_size
-        self.middleware = Chain(middleware)
+        #: the user's middleware, then the app's own: workflows and batches
+        #: move on through lifecycle hooks (the worker knows nothing of them)
+        self.middleware = MiddlewareStack(middleware, (BatchShards(), WorkflowSteps()))
         self.tasks: dict[str, Task] = {}
         #: (group queue, event type) -> its handler
         self.subscriptions: dict[tuple[str, str], Subscription] = {}
@@ -103,7 +109,7 @@ class App:
         #: message (a webhook delivery runs under its endpoint's limits)
         self.task_resolvers: dict[str, Callable[[Message], Task]] = {}
         #: seconds events stay in the log (replay) and consumers' inbox marks
-        self.event_retention = _timeout(event_retention) or DEFAULT_EVENT_RETENTION
+        self.event_retention = seconds(event_retention) or DEFAULT_EVENT_RETENTION
         self.broker.event_retention = self.event_retention
         self._declared = False
         self._portal = Portal()
@@ -183,10 +189,10 @@ class App:
         if not callable(fn):
             raise ConfigurationError(f"@app.task needs a function, got {fn!r}")
         opts = dict(options)
-        name = opts.pop("name", None) or _default_name(fn)
+        name = opts.pop("name", None) or default_name(fn)
         queue = opts.pop("queue", None) or self.default_queue
         retry = self._retry(opts.pop("retry", None), f"task {name}")
-        timeout = _timeout(opts.pop("timeout", None)) or self.timeout
+        timeout = seconds(opts.pop("timeout", None)) or self.timeout
         priority = opts.pop("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ConfigurationError(f"task {name}: priority must be an integer")
@@ -197,7 +203,7 @@ class App:
         elif keep is False or keep is None:
             keep_result = None
         else:
-            keep_result = _timeout(keep)
+            keep_result = seconds(keep)
         flow = Flow.from_options(name, opts)
         if (
             flow is not None
@@ -210,13 +216,9 @@ class App:
                 "need it"
             )
         existing = self.tasks.get(name)
-        if (
-            existing is not None
-            and existing.fn is not fn
-            and _qualname(existing.fn) != _qualname(fn)
-        ):
+        if existing is not None and existing.fn is not fn and qualname(existing.fn) != qualname(fn):
             raise ConfigurationError(
-                f"two tasks are named {name!r} ({_qualname(existing.fn)} and {_qualname(fn)}); "
+                f"two tasks are named {name!r} ({qualname(existing.fn)} and {qualname(fn)}); "
                 "give one of them name="
             )
         task = Task(
@@ -260,7 +262,7 @@ class App:
         """Register a durable workflow: a function (sync or async) whose first
         parameter is the workflow context (``ctx.step``, ``ctx.sleep``,
         ``ctx.wait_for_event``...); ``flow.enqueue(...)`` starts a run."""
-        from .durable.api import register
+        from .durable.registry import register
 
         def deco(f: Callable[..., Any]) -> DurableWorkflow[..., Any]:
             return register(self, f, options)
@@ -270,7 +272,7 @@ class App:
     def use(self, *middleware: Middleware) -> None:
         """Add middleware after the app was built (the outermost stays first):
         the CLI adds metrics and tracing this way."""
-        self.middleware = Chain([*self.middleware.middleware, *middleware])
+        self.middleware = self.middleware.plus(*middleware)
 
     def job(self, id: str) -> Job:
         """A handle for a job enqueued elsewhere."""
@@ -309,14 +311,14 @@ class App:
                 group,
                 fn,
                 retry=self._retry(retry, f"subscription {group}"),
-                timeout=_timeout(timeout) or self.timeout,
+                timeout=seconds(timeout) or self.timeout,
             )
             key = (sub.queue, event.event_type)
             existing = self.subscriptions.get(key)
-            if existing is not None and _qualname(existing.fn) != _qualname(fn):
+            if existing is not None and qualname(existing.fn) != qualname(fn):
                 raise ConfigurationError(
                     f"group {group!r} already handles {event.event_type} with "
-                    f"{_qualname(existing.fn)}; one handler per event type and group"
+                    f"{qualname(existing.fn)}; one handler per event type and group"
                 )
             self.subscriptions[key] = sub
             return sub
@@ -391,9 +393,7 @@ class App:
         name: str | None = None,
     ) -> Batch:
         """``batch`` for async callers."""
-        from .batch import start
-
-        return await start(
+        return await start_batch(
             self,
             task,
             items,
@@ -506,7 +506,7 @@ class App:
     def _deadline(self, per_call: float | timedelta | None) -> float | None:
         """Seconds the producer call may wait for the broker: ``per_call``,
         else the App's ``enqueue_timeout``."""
-        return self.enqueue_timeout if per_call is None else _timeout(per_call)
+        return self.enqueue_timeout if per_call is None else seconds(per_call)
 
     async def _declare(self) -> None:
         """Bind this app's groups before its first publish, so a monolith's own
@@ -546,14 +546,10 @@ class App:
     def _run_eagerly_sync(self, sent: Iterable[Message]) -> None:
         """Run what ``sent`` started, unless this is a job of a run under way
         (that run takes it: waiting for it here would wait for ourselves)."""
-        from .testing import eager_run, eager_running
-
         if not eager_running():
             self._call(eager_run(self, sent))
 
     async def _run_eagerly(self, sent: Iterable[Message]) -> None:
-        from .testing import eager_run, eager_running
-
         if not eager_running():
             await eager_run(self, sent)
 
@@ -591,7 +587,7 @@ class App:
         """Run ``before_enqueue``; without enqueue hooks, leave ``msgs`` lazy.
 
         A lazy batch lets the broker encode each message and drop it at once,
-        so ``enqueue_many`` of 10,000 jobs does not hold 10,000 envelopes (and
+        so a large ``enqueue_many`` does not hold every envelope at once (and
         does not set off a full garbage collection of the caller's heap)."""
         mw = self.middleware
         if not (mw.has("before_enqueue") or mw.has("after_enqueue")):
@@ -674,14 +670,14 @@ class App:
         unknown time zone or arguments that do not fit the task fail here.
         See docs/scheduler.md.
         """
-        from .schedule import declare
-
         # declare's decorator returns the task it was given, or registers the
         # function with @app.task: either way, what TaskDecorator says
         return cast(
             TaskDecorator,
             declare(
                 self,
+                self.schedules,
+                lambda fn: self.task(**task_options)(fn),
                 cron=cron,
                 every=every,
                 tz=tz,
@@ -698,8 +694,8 @@ class App:
 
 def _event_message(event: Event, key: str | None, headers: dict[str, Any] | None) -> Message:
     """``event.event_message``, imported on the first publish (an app of tasks
-    only never loads pydantic), then called straight: a function-level import
-    costs a microsecond on every call."""
+    only never loads pydantic), then called straight, without a function-level
+    import on every call."""
     global _event_message
     from .event import event_message
 
@@ -712,30 +708,3 @@ def _through_json(msgs: Iterable[Message]) -> list[Message]:
     arrive as lists...): in eager mode a job gets no value production would
     not give it, whatever broker the test runs on."""
     return [decode(encode(m)) for m in msgs]
-
-
-def _timeout(value: float | timedelta | None) -> float | None:
-    if value is None:
-        return None
-    s = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if s <= 0:
-        raise ConfigurationError(f"a timeout must be positive, got {value!r}")
-    return s
-
-
-def _qualname(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def _default_name(fn: Callable[..., Any]) -> str:
-    """``module.qualname``; for a script run as ``__main__``, the name the
-    module would have when a worker imports it (its file name)."""
-    module = getattr(fn, "__module__", None) or "?"
-    if module == "__main__":
-        main = sys.modules.get("__main__")
-        spec = getattr(main, "__spec__", None)
-        if spec is not None and spec.name:
-            module = spec.name
-        elif main is not None and getattr(main, "__file__", None):
-            module = os.path.splitext(os.path.basename(main.__file__ or ""))[0]
-    return f"{module}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"

@@ -14,6 +14,12 @@ same items resumes the batch: shards that succeeded are skipped, dead ones
 are replayed, missing ones (the producer died while enqueuing) are enqueued,
 and queued or running ones are left alone.
 
+The worker knows nothing of batches: ``lifecycle.BatchShards``, a
+middleware the App registers, counts each shard when it succeeded
+(``after_success``) or died or was cancelled (``on_dead``,
+``on_cancelled``), before the outcome is stored; a shard the rescuer buried
+(its worker lost on its last attempt) counts too.
+
 A long shard can ``ctx.checkpoint(state)`` (or ``await ctx.acheckpoint``);
 when it is retried, ``ctx.load_checkpoint()`` returns the last state, so it
 continues instead of starting over.
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import keys
 from .brokers.base import JobFilter
 from .errors import ConfigurationError
 from .message import Message, uuid7
@@ -35,8 +42,7 @@ from .state import State
 from .workflow import Signature, derived_id
 
 if TYPE_CHECKING:
-    from .app import App
-    from .task import Task
+    from .ports import Runtime, TaskRef
 
 #: batch records and progress are kept this long (seconds): 7 days
 BATCH_TTL = 7 * 86400.0
@@ -46,7 +52,7 @@ ENQUEUE_CHUNK = 500
 
 def _key(bid: str, part: str = "") -> str:
     """``batches:ID`` is a batch's record; ``batch:ID:ok`` / ``:failed`` its sets."""
-    return f"batch:{bid}:{part}" if part else f"batches:{bid}"
+    return f"{keys.BATCH_SHARDS}{bid}:{part}" if part else keys.BATCH_RECORD + bid
 
 
 def _shards(items: Iterable[Any], size: int) -> Iterator[tuple[tuple[Any, ...], int]]:
@@ -64,8 +70,8 @@ def _shards(items: Iterable[Any], size: int) -> Iterator[tuple[tuple[Any, ...], 
 
 
 async def start(
-    app: App,
-    task: Task,
+    app: Runtime,
+    task: TaskRef,
     items: Iterable[Any],
     *,
     chunk_size: int,
@@ -100,7 +106,7 @@ async def start(
         items_total += count
         if str(index) in done:
             continue
-        msg = task.message(args, {}, _options())
+        msg = task.message(args, {})
         msg.id = derived_id(bid, str(index))
         msg.headers["batch"] = {"id": bid, "i": index}
         pending.append(msg)
@@ -116,19 +122,13 @@ async def start(
     return batch
 
 
-def _options() -> Any:
-    from .task import SendOptions
-
-    return SendOptions()
-
-
-async def _flush(app: App, msgs: list[Message], resuming: bool) -> None:
+async def _flush(app: Runtime, msgs: list[Message], resuming: bool) -> None:
     await app._send(msgs)
     if resuming:  # shards that died last time run again, with fresh attempts
         await app.broker.replay(JobFilter(ids=tuple(m.id for m in msgs), state=State.DEAD))
 
 
-async def shard_done(app: App, msg: Message, ok: bool) -> None:
+async def shard_done(app: Runtime, msg: Message, ok: bool) -> None:
     """A shard succeeded (``ok``) or died: record it and maybe finish the batch."""
     info = msg.headers["batch"]
     bid, index = str(info["id"]), str(info["i"])
@@ -139,7 +139,7 @@ async def shard_done(app: App, msg: Message, ok: bool) -> None:
 class Batch:
     """The handle of a batch: progress, and its callbacks fired once."""
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Runtime, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -185,7 +185,7 @@ class Batch:
             raise ConfigurationError(f"batch callback {step['t']!r} is not a task of this app")
         summary = {k: p[k] for k in ("id", "name", "total", "done", "failed", "items")}
         args = ([summary] if step["p"] else []) + list(step["a"])
-        msg = task.message(tuple(args), dict(step["k"]), _options())
+        msg = task.message(tuple(args), dict(step["k"]))
         msg.id = derived_id(self.id, which)
         await self.app._send([msg])
 
@@ -200,8 +200,8 @@ def _state(total: int | None, done: int, failed: int) -> str:
     return "running"
 
 
-async def list_batches(app: App) -> list[dict[str, Any]]:
+async def list_batches(app: Runtime) -> list[dict[str, Any]]:
     """Every batch kept in the broker, newest first, with its progress."""
-    found = await app.broker.kv_scan("batches:")
+    found = await app.broker.kv_scan(keys.BATCH_RECORD)
     ids = sorted((k.split(":", 1)[1] for k in found), reverse=True)
     return [await Batch(app, i).aprogress() for i in ids]

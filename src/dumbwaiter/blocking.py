@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .task import Task
+from typing import Protocol
 
 __all__ = ["BlockingCallWarning", "warn_if_loop_running"]
 
@@ -32,11 +29,18 @@ __all__ = ["BlockingCallWarning", "warn_if_loop_running"]
 _running_loop = asyncio._get_running_loop
 
 
+class Named(Protocol):
+    """A task as the warning names it."""
+
+    name: str
+    __name__: str
+
+
 class BlockingCallWarning(RuntimeWarning):
     """A sync dumbwaiter call blocked a running event loop; use its ``a``-form."""
 
 
-def warn_if_loop_running(task: Task[..., Any] | None, method: str, stacklevel: int) -> None:
+def warn_if_loop_running(task: Named | None, method: str, stacklevel: int) -> None:
     """Warn if this thread runs an event loop: ``task.method()`` (or
     ``app.method()`` without a task) should be ``await``-ed in its ``a`` form.
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import keys
 from .message import dumps, loads
 from .state import State
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .context import Context
 
 #: kv prefix of the requests to cancel running jobs: ``cancel:JOB_ID``
-CANCEL_PREFIX = "cancel:"
+CANCEL_PREFIX = keys.CANCEL
 #: seconds a request waits for a worker to see it: longer than a retry's wait,
 #: so a job that failed just as it was asked to stop is stopped at its next attempt
 CANCEL_TTL = 86400.0

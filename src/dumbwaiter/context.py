@@ -16,14 +16,18 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import keys
+from .errors import JobCancelled
+from .inbox import mark, mark_sync
 from .message import Message, check_json, dumps, loads
+from .sqldb import adapt
 
 T = TypeVar("T")
 #: checkpoints are kept this long (seconds): 7 days
 CHECKPOINT_TTL = 7 * 86400.0
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
 
 _job_log = logging.getLogger("dumbwaiter.job")
 _current: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
@@ -36,7 +40,7 @@ class Context:
     """One attempt of one job, as seen from inside the handler."""
 
     message: Message
-    app: App
+    app: Runtime
     worker_id: str
     #: the task's timeout, as a ``time.monotonic()`` deadline (None: no timeout)
     deadline: float | None = None
@@ -97,8 +101,6 @@ class Context:
         """Raise ``JobCancelled`` if the job was asked to stop: the job then
         ends ``cancelled`` (not retried, not dead-lettered)."""
         if self._cancel:
-            from .errors import JobCancelled
-
             raise JobCancelled(f"job {self.message.id} ({self.name}) was cancelled while it ran")
 
     def _request_cancel(self) -> None:
@@ -131,23 +133,17 @@ class Context:
     def inbox(self, conn: Any) -> bool:
         """Mark this message handled in ``conn``'s transaction; False if it was
         (see ``dumbwaiter.inbox``).  sqlite3, psycopg or SQLAlchemy, sync."""
-        from .inbox import mark_sync
-        from .sqldb import adapt
-
         return mark_sync(adapt(conn), self.consumer, self.event_id)
 
     async def ainbox(self, conn: Any) -> bool:
         """``inbox`` for async connections (psycopg or SQLAlchemy)."""
-        from .inbox import mark
-        from .sqldb import adapt
-
         return await mark(adapt(conn), self.consumer, self.event_id)
 
     # -- checkpoints (batch shards and other long jobs) -------------------------
 
     @property
     def _checkpoint_key(self) -> str:
-        return f"ckpt:{self.message.id}"
+        return keys.checkpoint(self.message.id)
 
     async def acheckpoint(self, state: Any) -> None:
         """Save ``state`` (JSON): a retry of this job can continue from it."""

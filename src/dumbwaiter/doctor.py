@@ -49,6 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import keys
+from .errors import ConfigurationError, DumbwaiterError
+from .redact import mask_url
+
 if TYPE_CHECKING:
     from .app import App
     from .retry import Retry
@@ -56,7 +60,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: the key prefix a running worker announces itself under (``worker.WORKER_KEY``)
-WORKER_KEY = "worker:"
+WORKER_KEY = keys.WORKER
 
 FAULT, WARNING, NOTE = "fault", "warning", "note"
 #: the order findings are listed in
@@ -117,8 +121,6 @@ def _handlers(app: App) -> list[tuple[str, str, Any, Retry, float | None, Any]]:
 def host_scope(app: App) -> str:
     """One line on where the app's processes may run (its broker's
     ``multi_host``), for the doctor and the dashboard."""
-    from .redact import mask_url
-
     broker = app.broker
     caps = broker.capabilities
     if caps.multi_host:
@@ -296,8 +298,6 @@ async def check_broker(app: App, timeout: float) -> list[Finding]:
     meant to run yet).  ``timeout`` bounds the whole check, so a broker that
     keeps reconnecting is a fault here rather than a hang."""
     import asyncio
-
-    from .errors import ConfigurationError, DumbwaiterError
 
     where = f"broker {app.url.split('://', 1)[0]}://"
     try:

@@ -29,7 +29,7 @@ from .message import EVENT, GROUP_PREFIX, Message, check_json, uuid7
 from .retry import Retry
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
 
 #: ``domain.action``: lower-case words (letters, digits, underscores) joined by dots
 TYPE_RULE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
@@ -109,7 +109,7 @@ class Subscription:
 
     def __init__(
         self,
-        app: App,
+        app: Runtime,
         event: type[Event],
         group: str,
         fn: Callable[..., Any],
@@ -210,7 +210,7 @@ def event_message_of(
 
 
 async def replay(
-    app: App,
+    app: Runtime,
     event_type: str,
     group: str,
     *,

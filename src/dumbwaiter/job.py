@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, Generic, cast
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from .errors import JobCancelled, JobFailed, JobNotFound, ResultNotKept, ResultTimeout
 from .state import FINAL_STATES, State
 from .typevars import T
 
 if TYPE_CHECKING:
-    from .app import App
-    from .brokers.base import JobInfo
+    from .brokers.base import Broker, JobInfo
+
+_V = TypeVar("_V")
+
+
+class Owner(Protocol):
+    """What a handle needs of its app (``App`` is one): the broker, and the
+    bridge that runs its coroutines from sync code."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    def _call(self, coro: Coroutine[Any, Any, _V]) -> _V: ...
 
 
 class Job(Generic[T]):
@@ -27,7 +39,7 @@ class Job(Generic[T]):
     #: raising ``JobNotFound`` (a handle made before its job is stored: the outbox's)
     _arrives_later = False
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Owner, id: str) -> None:
         self.app = app
         self.id = id
 

@@ -3,12 +3,12 @@
 A worker spends most of its time in the event loop itself: waking timers,
 reading sockets, switching between a few dozen jobs.  uvloop (libuv) does that
 work in C and keeps timers to within a fraction of a millisecond, where the
-default loop's epoll timeouts round up to whole milliseconds: fifty 10 ms
-sleeps on one loop take about 10.9 ms each on asyncio and 10.3 ms on uvloop
-(docs/benchmarks-redis.md).  So the commands use uvloop when it is installed
-(it is a dependency of the package where it builds: CPython on Linux and
-macOS), and ``--loop asyncio`` (or ``DUMBWAITER_LOOP=asyncio``) keeps the
-standard loop for whoever needs it (a debugger, a library that insists).
+default loop's epoll timeouts round up to whole milliseconds (measured in
+docs/benchmarks.md, "Figures behind the core's choices").  So the commands
+use uvloop when it is installed (it is a dependency of the package where it
+builds: CPython on Linux and macOS), and ``--loop asyncio`` (or
+``DUMBWAITER_LOOP=asyncio``) keeps the standard loop for whoever needs it (a
+debugger, a library that insists).
 
 Code that embeds a ``Worker`` in its own program chooses its own loop; nothing
 here changes the process-wide event loop policy.

@@ -69,8 +69,9 @@ def uuid7() -> str:
 
     Every enqueue makes one, so it is built cheaply: the millisecond's part
     of the text is formatted once per millisecond (``_prefix``), the rest (counter and
-    random bits) in one ``%x``: about 40 % fewer instructions than formatting
-    all 128 bits and slicing them.
+    random bits) in one ``%x``, far fewer instructions than formatting all 128
+    bits and slicing them (docs/benchmarks.md, "Figures behind the core's
+    choices").
     """
     global _last_ms, _seq, _prefix
     # random (reseeded from os.urandom at start and after fork) is enough: the
@@ -266,8 +267,8 @@ def encode_checked(msg: Message, limit: int | None) -> bytes:
     result in a buffer of at least 1 KiB (past pymalloc's 512 bytes, so
     glibc's ``malloc``) and shrinks it in place, so the envelopes a bulk
     enqueue holds until its batch is stored sit a memory page or more apart,
-    and touching each new page cost more than the encoding (10,000 kept:
-    4.9 us a message, with the copy 1.5, ``benchmarks/encode_cost.py``).  A
+    and touching each new page cost more than the encoding (docs/benchmarks.md,
+    "Kept envelopes").  A
     small copy is pymalloc's, packed with its neighbours, and orjson's
     buffer is freed at once, for the next envelope to reuse.
     """

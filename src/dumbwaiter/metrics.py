@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import keys
 from .errors import MissingDependency
 from .middleware import Middleware
+from .throughput import record_sample
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -287,19 +289,15 @@ SCHEDULER_SLACK = 90.0
 
 async def scheduler_health(broker: Broker, now: float) -> SchedulerHealth | None:
     """``SchedulerHealth`` from the schedules' state, or None where no schedule
-    (or no scheduler module) exists."""
-    try:
-        from .scheduler import STATE_PREFIX
-    except ImportError:  # a build without the scheduler: nothing to watch
-        return None
+    exists."""
     states: dict[str, dict[str, Any]] = {}
-    for key, raw in (await broker.kv_scan(STATE_PREFIX)).items():
+    for key, raw in (await broker.kv_scan(keys.SCHEDULE)).items():
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
         if isinstance(value, dict):
-            states[key[len(STATE_PREFIX) :]] = value
+            states[key[len(keys.SCHEDULE) :]] = value
     if not states:
         return None
     newest = max((_num(s.get("updated_at")) or 0.0) for s in states.values())
@@ -315,7 +313,7 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-WORKER_PREFIX = "worker:"  # the worker's announcement key (see worker.WORKER_KEY)
+WORKER_PREFIX = keys.WORKER
 
 
 async def live_workers(broker: Broker) -> list[dict[str, Any]]:
@@ -353,7 +351,7 @@ def split_prefetched(
     for w in workers:
         per_queue = w.get("prefetched")
         if not isinstance(per_queue, Mapping):
-            continue  # a worker of an older version announces no split
+            continue  # not a worker's announcement: nothing to split
         for queue, n in per_queue.items():
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 held[str(queue)] = held.get(str(queue), 0) + n
@@ -417,8 +415,6 @@ class StatsCache:
         snap = Snapshot(at=now, stats=tuple(stats), workers=tuple(workers), scheduler=scheduler)
         self.snapshot = snap
         try:
-            from .dashboard.throughput import record_sample
-
             await record_sample(self.broker, snap)
         except Exception:
             log.exception("could not record a throughput sample")

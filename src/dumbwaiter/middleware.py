@@ -8,12 +8,21 @@ that raises is logged and counted, never allowed to lose a message; only
 ``around_process`` change a job's outcome, exactly as if the task had raised
 them.
 
+Three lifecycle hooks are awaited, so a middleware may talk to the broker
+in them: ``after_success`` (before the job's ack: an error there fails the
+attempt), ``on_dead`` and ``on_cancelled`` (when the worker decides, before
+the outcome is stored), each written ``def`` or ``async def``.  The app's
+workflows and batches are middleware of this kind (``lifecycle``),
+registered by the App after the user's own: the worker knows nothing of
+them.
+
 Retries, leases and the dead-letter queue are core, not middleware: turning
 a middleware off can never make jobs disappear.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -55,13 +64,35 @@ class Middleware:
     def on_retry(self, ctx: Context, error: ErrorRecord, at: float) -> None:
         """A failed attempt will be tried again at ``at`` (epoch seconds)."""
 
-    def on_dead(self, ctx: Context | None, error: ErrorRecord) -> None:
+    def after_success(self, ctx: Context) -> Awaitable[None] | None:
+        """An attempt succeeded (its result is ``ctx.state["result"]``); run
+        (awaited, for an ``async def``) before the job is acked, innermost
+        middleware first.  An exception here fails the attempt (retried by
+        the task's policy), and a crash before the ack runs the job and this
+        hook again: make it idempotent.  The app's workflows enqueue their
+        next step here."""
+        return None
+
+    def on_dead(self, ctx: Context | None, error: ErrorRecord) -> Awaitable[None] | None:
         """A job went to the dead-letter queue (``ctx`` is None if its body did not decode).
 
         Also called by a worker's rescuer for a job whose worker died on its
         last attempt (a ``LeaseExpired`` error): then ``ctx`` is built by the
         rescuing worker around the job's stored message (task name, args,
-        kwargs, headers, attempt, every error ending with that one)."""
+        kwargs, headers, attempt, every error ending with that one).
+
+        Called when the worker decides, before the dead letter is written;
+        an ``async def on_dead`` is awaited there (the app's workflows and
+        batches record their dead steps and shards so).
+        """
+        return None
+
+    def on_cancelled(self, ctx: Context) -> Awaitable[None] | None:
+        """A job was stopped on request (``dumbwaiter.cancel``): one that ran
+        and ended on ``ctx.cancelled``, or one fetched and not started; run
+        (awaited, for an ``async def``) before the cancellation is stored.
+        ``ctx.message`` is the job's."""
+        return None
 
     def on_rescued(self, worker: Worker, count: int) -> None:
         """``worker``'s rescuer gave ``count`` expired jobs (of lost workers) back."""
@@ -88,6 +119,8 @@ _HOOKS = (
     "after_process",
     "on_retry",
     "on_dead",
+    "after_success",
+    "on_cancelled",
     "on_rescued",
     "on_workflow_run",
     "on_workflow_step",
@@ -96,19 +129,23 @@ _HOOKS = (
 )
 
 
-class Chain:
+class MiddlewareStack:
     """The app's middleware list, with each hook's overriders found once, so
-    the hot path skips hooks nobody uses."""
+    the hot path skips hooks nobody uses.
 
-    def __init__(self, middleware: Sequence[Middleware]) -> None:
+    ``middleware`` is the user's list; ``builtin`` the app's own (workflows,
+    batches), innermost: after every user middleware.  ``plus`` makes the
+    stack with more user middleware, the built-in ones still last."""
+
+    def __init__(
+        self, middleware: Sequence[Middleware], builtin: Sequence[Middleware] = ()
+    ) -> None:
         self.middleware = list(middleware)
+        self.builtin = tuple(builtin)
         self.errors = 0
+        every = [*self.middleware, *self.builtin]
         self._by_hook: dict[str, list[Middleware]] = {
-            hook: [
-                m
-                for m in self.middleware
-                if getattr(type(m), hook) is not getattr(Middleware, hook)
-            ]
+            hook: [m for m in every if getattr(type(m), hook) is not getattr(Middleware, hook)]
             for hook in _HOOKS
         }
         #: each hook's overriders in calling order (``after_*`` reversed), worked
@@ -121,6 +158,9 @@ class Chain:
         #: enqueue skips the hook plumbing altogether (``Task.enqueue``)
         self.enqueue_hooks = bool(self._by_hook["before_enqueue"] or self._by_hook["after_enqueue"])
 
+    def plus(self, *middleware: Middleware) -> MiddlewareStack:
+        return MiddlewareStack([*self.middleware, *middleware], self.builtin)
+
     def has(self, hook: str) -> bool:
         return bool(self._by_hook[hook])
 
@@ -129,18 +169,40 @@ class Chain:
         for m in self._ordered[hook]:
             try:
                 getattr(m, hook)(*args)
-            except JobControl:
-                if hook == "before_process":
-                    raise  # RetryLater / Reject from before_process decide the outcome
-                self.errors += 1
-                log.warning(
-                    "middleware %s.%s raised a job control exception, ignored",
-                    type(m).__name__,
-                    hook,
-                )
-            except Exception:
-                self.errors += 1
-                log.exception("middleware %s.%s failed", type(m).__name__, hook)
+            except Exception as exc:
+                self._failed(m, hook, exc)
+
+    async def acall(self, hook: str, *args: Any) -> None:
+        """``call`` for a hook that may be written ``async def`` (``on_dead``,
+        ``on_cancelled``): awaited where it is."""
+        for m in self._ordered[hook]:
+            try:
+                done = getattr(m, hook)(*args)
+                if done is not None and inspect.isawaitable(done):
+                    await done
+            except Exception as exc:
+                self._failed(m, hook, exc)
+
+    def _failed(self, m: Middleware, hook: str, exc: Exception) -> None:
+        if isinstance(exc, JobControl):
+            if hook == "before_process":
+                raise exc  # RetryLater / Reject from before_process decide the outcome
+            self.errors += 1
+            log.warning(
+                "middleware %s.%s raised a job control exception, ignored",
+                type(m).__name__,
+                hook,
+            )
+            return
+        self.errors += 1
+        log.error("middleware %s.%s failed", type(m).__name__, hook, exc_info=exc)
+
+    async def after_success(self, ctx: Context) -> None:
+        """Await every ``after_success``, innermost first; an exception fails the attempt."""
+        for m in self._ordered["after_success"]:
+            done = m.after_success(ctx)
+            if done is not None:  # an async def's coroutine
+                await done
 
     async def around(self, ctx: Context, innermost: CallNext) -> Any:
         """Run ``innermost`` wrapped by every ``around_process`` (first = outermost)."""

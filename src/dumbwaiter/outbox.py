@@ -38,7 +38,7 @@ from .sqldb import Sql, adapt, ensure_table, ensure_table_sync
 from .typevars import T
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
     from .task import Task
 
 #: the task's parameters and the job's result, for ``enqueue``'s checks
@@ -76,7 +76,7 @@ _INSERT = (
 class Outbox:
     """``app.outbox(conn)``: send within the transaction ``conn`` is in."""
 
-    def __init__(self, app: App, conn: Any) -> None:
+    def __init__(self, app: Runtime, conn: Any) -> None:
         self.app = app
         self.sql: Sql = adapt(conn)
         self._same_db: bool | None = None
@@ -86,11 +86,9 @@ class Outbox:
     def _task_message(
         self, task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Message:
-        from .task import SendOptions
-
         if getattr(task, "app", None) is not self.app:
             raise ConfigurationError(f"{task!r} is not a task of this app")
-        return task.message(args, kwargs, SendOptions())
+        return task.message(args, kwargs)
 
     # -- sync connections ------------------------------------------------------
 

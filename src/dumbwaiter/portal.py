@@ -49,8 +49,8 @@ class Portal:
         done callback releases, instead of a ``concurrent.futures.Future``
         chained to the task (its condition variable, state copying and
         callbacks on both threads).  A sync ``enqueue`` on a broker without a
-        sync producer (NATS, RabbitMQ) pays this once per call: about 40 % of
-        the hop's CPU (benchmarks/producer_cpu.py, ``enqueue portal``).
+        sync producer (NATS, RabbitMQ) pays this once per call (its share of
+        the hop's CPU: docs/benchmarks.md, "Figures behind the core's choices").
 
         The coroutine runs in a copy of the caller's context, as
         ``asyncio.to_thread`` runs a function: what the caller set there (a

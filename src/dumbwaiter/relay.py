@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from . import keys
 from .errors import ConfigurationError, MessageDecodeError
 from .message import Message, decode
 from .outbox import NOTIFY_CHANNEL, ensure_outbox_sync
@@ -33,7 +34,7 @@ from .redact import mask_url
 from .sqldb import Sql, adapt
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
     from .worker import Worker
 
 log = logging.getLogger("dumbwaiter.relay")
@@ -50,7 +51,7 @@ class Relay:
 
     def __init__(
         self,
-        app: App,
+        app: Runtime,
         source: str,
         *,
         batch: int = 1000,
@@ -72,7 +73,7 @@ class Relay:
             raise ConfigurationError(
                 f"outbox source {source!r}: use sqlite:///PATH or postgresql://..."
             )
-        self._lock = f"relay:{_identity(source)}"
+        self._lock = keys.RELAY_LOCK + _identity(source)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dumbwaiter-relay")
         self._conn: Any = None
         self._token: int | None = None

@@ -20,12 +20,13 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from . import keys
 from .errors import ConfigurationError, DumbwaiterError
 from .message import Message, encode_checked
 from .task import SendOptions, Task
 
 if TYPE_CHECKING:
-    from .app import App
+    from .ports import Runtime
 
 Policy = Literal["skip", "once", "all"]
 POLICIES: tuple[Policy, ...] = ("skip", "once", "all")
@@ -42,7 +43,7 @@ MAX_TICKS_PER_PASS = 1000
 COUNT_LIMIT = 10_000
 
 #: the key prefix of every tick's job
-KEY_PREFIX = "periodic:"
+KEY_PREFIX = keys.PERIODIC
 
 
 def tick_label(t: float) -> str:
@@ -364,7 +365,9 @@ class Schedule:
 
 
 def declare(
-    app: App,
+    app: Runtime,
+    schedules: dict[str, Schedule],
+    new_task: Callable[[Callable[..., Any]], Task[..., Any]],
     *,
     cron: str | None = None,
     every: timedelta | float | None = None,
@@ -378,7 +381,8 @@ def declare(
     task_options: Mapping[str, Any] | None = None,
 ) -> Callable[[Any], Task]:
     """``App.periodic``: check everything that can be checked now, and return the
-    decorator that registers the schedule (and the task, for a plain function)."""
+    decorator that registers the schedule in ``schedules`` (and, for a plain
+    function, the task ``new_task`` makes of it)."""
     interval, catch_up, grace_s = _check(cron, every, tz, missed, catch_up, grace, args, kwargs)
     if name is not None and (not isinstance(name, str) or not name):
         raise ConfigurationError(f"schedule name must be a non-empty string, got {name!r}")
@@ -394,9 +398,9 @@ def declare(
                 raise ConfigurationError(f"task {target.name} belongs to another App")
             task = target
         else:
-            task = app.task(**dict(task_options or {}))(target)
+            task = new_task(target)
         sname = name or task.name
-        if sname in app.schedules:
+        if sname in schedules:
             raise ConfigurationError(
                 f"two schedules are named {sname!r}; give the second one name= "
                 "(a task scheduled twice, with other arguments, needs one per schedule)"
@@ -416,7 +420,7 @@ def declare(
             encode_checked(schedule.message(0.0, 0.0, ""), app.max_message_size)
         except DumbwaiterError as exc:
             raise ConfigurationError(f"schedule {sname}: {exc}") from None
-        app.schedules[sname] = schedule
+        schedules[sname] = schedule
         return task
 
     if cron is not None:  # an invalid expression or zone fails at the decorator's call

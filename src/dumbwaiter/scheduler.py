@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from . import keys
 from .errors import ConfigurationError
 from .message import TASK, Message, uuid7
 from .schedule import Plan, Schedule, Timetable, tick_label
@@ -55,10 +56,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("dumbwaiter.scheduler")
 
 #: the leader lease's name in the broker's coordination part
-LOCK = "dumbwaiter:scheduler"
-STATE_PREFIX = "dumbwaiter:schedule:"
-PAUSED_PREFIX = "dumbwaiter:schedule-paused:"
-TRIGGER_PREFIX = "dumbwaiter:schedule-trigger:"
+LOCK = keys.SCHEDULER_LOCK
+STATE_PREFIX = keys.SCHEDULE
+PAUSED_PREFIX = keys.SCHEDULE_PAUSED
+TRIGGER_PREFIX = keys.SCHEDULE_TRIGGER
 
 #: seconds the leader lease lasts without a renewal
 DEFAULT_LEASE = 15.0

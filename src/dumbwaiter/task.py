@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from . import keys
 from .blocking import warn_if_loop_running
 from .brokers import deadline
 from .context import caused_headers, context_param, current_context
@@ -25,11 +26,11 @@ from .job import Job
 from .message import TASK, Message, check_json, uuid7, uuid7_many
 from .retry import Retry
 from .typevars import P, R
+from .workflow import Signature
 
 if TYPE_CHECKING:
-    from .app import App
     from .context import Context
-    from .workflow import Signature
+    from .ports import Runtime
 
 #: the decorated function's parameters and result (``TaskDecorator``), and the
 #: result of a job (``enqueue``'s self type: an async function's awaited value)
@@ -136,7 +137,7 @@ class Task(Generic[P, R]):
 
     def __init__(
         self,
-        app: App,
+        app: Runtime,
         fn: Callable[..., R],
         *,
         name: str,
@@ -177,14 +178,10 @@ class Task(Generic[P, R]):
     def s(self, *args: Any, **kwargs: Any) -> Signature:
         """A signature for workflows: this call, not made yet; in a chain it
         gets the previous step's result as its first argument."""
-        from .workflow import Signature
-
         return Signature(self, args, kwargs)
 
     def si(self, *args: P.args, **kwargs: P.kwargs) -> Signature:
         """An immutable signature: it does not receive the previous result."""
-        from .workflow import Signature
-
         return Signature(self, args, kwargs, immutable=True)
 
     def options(self, **kw: Any) -> BoundTask[P, R]:
@@ -231,10 +228,10 @@ class Task(Generic[P, R]):
 
     # A single enqueue is what a web request makes, so it goes straight to the
     # broker when nothing needs the general path: no flow control (``flow``),
-    # no enqueue hook (``Chain.enqueue_hooks``), no eager mode (``App.eager``).
+    # no enqueue hook (``MiddlewareStack.enqueue_hooks``), no eager mode (``App.eager``).
     # That skips the sender lookup, the hook checks and the lists
-    # ``App._send`` builds for a batch: about a sixth of the core's CPU per
-    # call (benchmarks/producer_cpu.py).
+    # ``App._send`` builds for a batch (what that saves per call:
+    # docs/benchmarks.md, "Figures behind the core's choices").
 
     # Every producer call opens its deadline (brokers/deadline.py) around
     # what it asks of the broker: ``timeout``, the call's own, else the
@@ -399,7 +396,7 @@ class Task(Generic[P, R]):
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        opts: SendOptions,
+        opts: SendOptions = _NO_OPTIONS,
         now: float | None = None,
     ) -> Message:
         """Check the arguments and build the envelope (raises at the caller)."""
@@ -449,8 +446,8 @@ class Task(Generic[P, R]):
                 raise InvalidArguments(f"limit_key of {self.name} failed: {exc!r}") from exc
         if f.unique is None and f.debounce is None:
             return
-        base = "debounce" if f.debounce is not None else "unique"
-        key = msg.key or f"{base}:{self.name}:{digest(arguments)}"
+        base = keys.DEBOUNCE if f.debounce is not None else keys.UNIQUE
+        key = msg.key or f"{base}{self.name}:{digest(arguments)}"
         if f.debounce is not None:
             msg.key, msg.eta = key, now + f.debounce
             msg.headers["unique"] = "queued"
@@ -553,7 +550,7 @@ class BoundTask(Generic[P, R]):
         return await self.task._aenqueue_many(msgs, self.opts.enqueue_timeout)
 
 
-def full_name(app: App, name: str) -> str:
+def full_name(app: Runtime, name: str) -> str:
     """The stored name a task name given by a person means.
 
     A name registered as it is (a task, or an event type with a handler)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import MissingDependency
 from .message import GROUP_PREFIX
 from .middleware import CallNext, Middleware
+from .version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
@@ -72,8 +73,6 @@ class TracingMiddleware(Middleware):
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         trace = _otel()
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        from . import __version__
 
         self._trace = trace
         self.tracer = trace.get_tracer("dumbwaiter", __version__, tracer_provider=tracer_provider)

@@ -33,10 +33,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import logs
-from .batch import shard_done
+from . import keys, logs
 from .cancel import CANCEL_PREFIX, Cancels
 from .context import Context, reset_current, set_current
 from .errors import (
@@ -49,15 +48,14 @@ from .errors import (
 )
 from .loop import loop_name
 from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
+from .ports import Runtime
 from .redact import mask_url
 from .retry import Reject, RetryLater
-from .workflow import advance, mark_dead
 
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from .app import App
-    from .brokers.base import DeadLetter, Delivery
+    from .brokers.base import Binding, DeadLetter, Delivery
     from .event import Subscription
     from .flow import Flow
     from .task import Task
@@ -67,6 +65,41 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dumbwaiter.worker")
 
+
+class Hooks(Protocol):
+    """The app's middleware as the worker runs it (``MiddlewareStack``)."""
+
+    @property
+    def enqueue_hooks(self) -> bool: ...
+
+    def has(self, hook: str) -> bool: ...
+
+    def call(self, hook: str, *args: Any) -> None: ...
+
+    async def around(self, ctx: Context, innermost: Callable[[], Awaitable[Any]]) -> Any: ...
+
+    async def acall(self, hook: str, *args: Any) -> None: ...
+
+    async def after_success(self, ctx: Context) -> None: ...
+
+
+class WorkerApp(Runtime, Protocol):
+    """The app as a worker sees it (``App`` is one): its registry's answers
+    (what runs a message, which queues and bindings) and its middleware."""
+
+    @property
+    def middleware(self) -> Hooks: ...
+
+    @property
+    def url(self) -> str: ...
+
+    def queues(self) -> list[str]: ...
+
+    def bindings(self) -> list[Binding]: ...
+
+    def handler(self, msg: Message) -> Task[..., Any] | Subscription | None: ...
+
+
 #: a side service: ``await service(worker)`` runs until cancelled
 Service = Callable[["Worker"], Awaitable[None]]
 
@@ -75,7 +108,7 @@ ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
 CANCEL = "cancel"
 
 #: kv key prefix under which live workers announce themselves (see Worker._announce)
-WORKER_KEY = "worker:"
+WORKER_KEY = keys.WORKER
 
 #: seconds of work a worker may hold beyond its free slots (see Worker._prefetch)
 PREFETCH_HORIZON = 0.05
@@ -127,7 +160,7 @@ class WorkerConfig:
 class Worker:
     def __init__(
         self,
-        app: App,
+        app: WorkerApp,
         config: WorkerConfig | None = None,
         *,
         services: Sequence[Service] = (),
@@ -164,6 +197,8 @@ class Worker:
         self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
         self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
+        #: the context of each job ``_dead`` decided dead, for ``on_dead``
+        self._dying: dict[str, Context | None] = {}
         self.started_at = time.time()
 
     # -- control ---------------------------------------------------------------
@@ -347,10 +382,9 @@ class Worker:
         job from the buffer before the fetch loop runs again (``_run_slot``),
         so a buffer of one wave (concurrency) is empty after a full wave and
         the next wave's jobs, which end while the refill is on its way,
-        find nothing (W4 on Redis: 149 of 2,000 jobs ended with the buffer
-        empty, in some 20 of the run's 45 waves, their slots idle for the
-        ~3 ms a 50-job claim takes inside the busy worker).  Twice the slots
-        keeps a wave in reserve.
+        find nothing and their slots idle for a claim's round trip (measured
+        on W4: docs/benchmarks.md, "W4: a freed slot starts at once").  Twice
+        the slots keeps a wave in reserve.
         """
         if self._job_time <= 0.0:
             return 0
@@ -372,9 +406,10 @@ class Worker:
         The next job starts in this task, right after the previous one is
         settled, without a turn of the loop: a new task per job would only
         start after every other callback already queued, and when a wave of
-        timers fires together (50 jobs that slept 10 ms), that is every other
-        job of the wave ending first (W4: 3-7% of the slots' time idle
-        between jobs, ~0.4 ms per refill).  Contextvars are as before: a
+        timers fires together (jobs that slept alike), that is every other
+        job of the wave ending first: slots idle between jobs (measured on
+        W4: docs/benchmarks.md, "W4: a freed slot starts at once").
+        Contextvars are as before: a
         task made here copied the ending job's context anyway.  The run is
         bounded by the buffer, which only a fetch (a turn of the loop) fills.
         """
@@ -472,7 +507,10 @@ class Worker:
         if held:
             self._buffer = deque(d for d in self._buffer if d.id not in asked)
             for d in held:
-                self._settler.add(self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL), d)
+                kind = self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL)
+                if kind == CANCEL:
+                    await self._cancelled(d, None)
+                self._settler.add(kind, d)
 
     async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
         done = await self.broker.cancel_running(ds)
@@ -524,15 +562,10 @@ class Worker:
                 n,
                 extra={"action": "rescue"},
             )
-        # a broker that still returns a plain int reports no dead letters
-        dead = getattr(rescued, "dead", ())
-        for dl in dead:
-            self._rescued_dead(dl)
-        steps = [dl.message for dl in dead if dl.message and "wf" in dl.message.headers]
-        if steps:
-            await mark_dead(self.app, steps)
+        for dl in rescued.dead:
+            await self._rescued_dead(dl)
 
-    def _rescued_dead(self, dl: DeadLetter) -> None:
+    async def _rescued_dead(self, dl: DeadLetter) -> None:
         """Report a job the broker dead-lettered for a lost lease (no worker
         settled it) as ``_dead`` reports the ones this worker dead-letters:
         ``on_dead`` (so the dead-letter metric and user middleware see it) and
@@ -552,7 +585,7 @@ class Worker:
                 errors=[dl.error],
             )
         ctx = Context(message=msg, app=self.app, worker_id=self.id)
-        self.app.middleware.call("on_dead", ctx, dl.error)
+        await self.app.middleware.acall("on_dead", ctx, dl.error)
         log.warning(
             "job %s (%s) dead-lettered after attempt %d of %d (its worker was lost): %s: %s",
             dl.id,
@@ -581,8 +614,10 @@ class Worker:
 
     async def _process(self, d: Delivery) -> None:
         started = time.monotonic()
+        ctx: Context | None = None
         try:
             kind = await self._execute(d)
+            ctx = self._cancels.contexts.get(d.id)  # the handler's, if it got that far
         except asyncio.CancelledError:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
@@ -593,8 +628,11 @@ class Worker:
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2
-        if kind == DEAD or kind == CANCEL:
-            await self._dead_batch_shard(d)
+        if d.id in self._dying:  # decided dead (and maybe cancelled since)
+            assert d.error is not None
+            await self.app.middleware.acall("on_dead", self._dying.pop(d.id), d.error)
+        if kind == CANCEL:
+            await self._cancelled(d, ctx)
         if kind != REQUEUE and not d.duplicate:
             # the line of a finished job: built only if it will be written
             level = logging.WARNING if kind == DEAD else logging.INFO
@@ -758,23 +796,24 @@ class Worker:
 
     async def _after_success(self, ctx: Context) -> None:
         """What a success sets off, before its ack (a crash in between runs the
-        job again, and each of these is idempotent): the next workflow step,
-        the batch's progress, and forgetting the job's checkpoint."""
-        headers = ctx.message.headers
-        if "wf" in headers:
-            await advance(self.app, ctx.message, ctx.state.get("result"))
-        if "batch" in headers:
-            await shard_done(self.app, ctx.message, ok=True)
+        job again, and each of these is idempotent): the ``after_success``
+        hooks (the next workflow step, the batch's progress), then
+        forgetting the job's checkpoint."""
+        mw = self.app.middleware
+        if mw.has("after_success"):
+            await mw.after_success(ctx)
         if ctx.state.get("checkpointed"):
-            await self.broker.kv_delete([f"ckpt:{ctx.message.id}"])
+            await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
 
-    async def _dead_batch_shard(self, d: Delivery) -> None:
-        if d.message is None or "batch" not in d.message.headers:
+    async def _cancelled(self, d: Delivery, ctx: Context | None) -> None:
+        """``on_cancelled`` for a job stopped on request (``ctx``: its handler's,
+        None for one fetched and not started)."""
+        mw = self.app.middleware
+        if d.message is None or not mw.has("on_cancelled"):
             return
-        try:
-            await shard_done(self.app, d.message, ok=False)
-        except Exception:
-            log.exception("could not record the dead shard %s in its batch", d.id)
+        if ctx is None:
+            ctx = Context(message=d.message, app=self.app, worker_id=self.id)
+        await mw.acall("on_cancelled", ctx)
 
     def _unknown(self, msg: Message) -> UnknownTask:
         if msg.kind == "task":
@@ -797,7 +836,7 @@ class Worker:
         assert d.message is not None
         base = f"{name}:{d.message.headers.get('limit_key', '')}"
         if flow.concurrency is not None:
-            slot = "conc:" + base
+            slot = keys.CONCURRENCY + base
             if not await self.broker.slot_acquire(slot, flow.concurrency, d.id, self.config.lease):
                 guess = self._task_time.get(name, 1.0)
                 d.retry_at = now + guess * random.uniform(1.0, 2.0)
@@ -806,7 +845,7 @@ class Worker:
         if flow.rate is not None:
             n, per = flow.rate
             at = time.time()
-            wait = await self.broker.rate_limit("rate:" + base, n, per, at)
+            wait = await self.broker.rate_limit(keys.RATE + base, n, per, at)
             if wait > 0:
                 if d.holds:
                     await self.broker.slot_release(d.holds)
@@ -848,7 +887,7 @@ class Worker:
 
     def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
         d.error = _record(exc, d, self.id)
-        self.app.middleware.call("on_dead", ctx, d.error)
+        self._dying[d.id] = ctx  # on_dead runs in _process, which awaits it
         # logged by _process: the message names its task even when no
         # handler ran (unknown task, arguments that no longer fit); only an
         # undecodable body has no name
@@ -888,7 +927,7 @@ def inbox_key(d: Delivery) -> str | None:
 def inbox_entry(queue: str, event_id: str) -> str:
     """The kv key that marks event ``event_id`` handled by the group of ``queue``
     (the dashboard's events page reads them too)."""
-    return f"inbox:{queue}:{event_id}"
+    return keys.inbox(queue, event_id)
 
 
 def _call_kw(
@@ -988,22 +1027,10 @@ class _Settler:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 w.counts[counter[kind]] += len(batch)
-                if kind == DEAD:
-                    await self._dead_steps(batch)
             if not any(self.pending.values()):
                 self.idle.set()
                 if self._closing:
                     return
-
-    async def _dead_steps(self, batch: list[Delivery]) -> None:
-        """Tell the waiters of the workflows whose steps are now dead letters."""
-        steps = [d.message for d in batch if d.message is not None and "wf" in d.message.headers]
-        if not steps:
-            return
-        try:
-            await mark_dead(self.worker.app, steps)
-        except Exception:  # a hint only: the waiter finds the dead step by itself
-            log.exception("could not tell %d dead workflow step(s) to their waiters", len(steps))
 
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,

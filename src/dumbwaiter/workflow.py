@@ -25,10 +25,14 @@ A workflow that cannot finish (a step dead, or cancelled) makes
 ``Workflow.result()`` raise ``WorkflowFailed`` naming the step.  The jobs'
 states are the truth: the waiter reads the states of the planned steps'
 jobs.  To learn of a death at once without reading them on every poll, the
-worker that dead-letters a step writes a hint (``wf:ID:dead``) after the dead
-letter is stored (``mark_dead``), read in the same ``kv_get`` as the result;
-the waiter then checks the states.  A step that died another way (cancelled,
-dead-lettered by an operator) is found by a full look every few seconds.
+worker that dead-letters a step writes a hint (``wf:ID:dead``) as it decides
+(``mark_dead``, from the ``on_dead`` hook), read in the same ``kv_get`` as
+the result; the dead letter is stored a moment later, so the waiter checks
+the states at each poll for ``HINT_WINDOW`` seconds after a new hint.  The
+hooks live in ``lifecycle.WorkflowSteps``, a middleware the App registers:
+the worker knows nothing of workflows.  A step that died another way
+(cancelled, dead-lettered by an operator) is found by a full look every few
+seconds.
 Replaying the step resumes the workflow, and a waiter sees it alive again.
 """
 
@@ -43,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import orjson
 
+from . import keys
 from .brokers import deadline
 from .errors import (
     ConfigurationError,
@@ -56,15 +61,20 @@ from .retry import Reject
 from .state import State
 
 if TYPE_CHECKING:
-    from .app import App
     from .brokers.base import JobInfo
-    from .task import Task
+    from .ports import Runtime, TaskRef
 
 #: results and workflow records stay this long in the broker (seconds)
 DEFAULT_RESULT_TTL = 86400.0
 #: seconds between a waiter's full looks at its steps' states (doubling up to
 #: the second figure); a worker's hint (``mark_dead``) makes it look at once
 FULL_LOOK_FIRST, FULL_LOOK_MAX = 1.0, 8.0
+#: seconds a waiter keeps looking at each poll after a new hint: the hint is
+#: written before its dead letter is stored
+HINT_WINDOW = 2.0
+
+#: every key of a workflow starts ``wf:ID``
+WF = keys.WORKFLOW
 
 Step = Union["Signature", "Group", "Chord"]
 
@@ -84,7 +94,7 @@ class Signature:
     """A task call not made yet: ``send.s(42)``; ``immutable`` steps (``si``)
     do not receive the previous step's result."""
 
-    task: Task
+    task: TaskRef
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     immutable: bool = False
@@ -176,7 +186,7 @@ class Chain:
             wf = uuid7()
             steps = [s.to_json() for s in self.steps]
             record = {"id": wf, "created_at": time.time(), "steps": _plan(wf, steps)}
-            await app.broker.kv_set({f"wf:{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
+            await app.broker.kv_set({f"{WF}{wf}": orjson.dumps(record)}, ttl=self.result_ttl)
             await start(app, wf, self.result_ttl, steps, 0, None, has_prev=False)
             return Workflow(app, wf)
         finally:
@@ -196,7 +206,7 @@ def chain(*steps: Step, result_ttl: float = DEFAULT_RESULT_TTL) -> Chain:
     return Chain(tuple(norm), result_ttl)
 
 
-def _app_of(step: Step) -> App:
+def _app_of(step: Step) -> Runtime:
     sig = (
         step
         if isinstance(step, Signature)
@@ -222,7 +232,7 @@ def _plan(wf: str, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def start(
-    app: App,
+    app: Runtime,
     wf: str,
     ttl: float,
     steps: list[dict[str, Any]],
@@ -247,7 +257,7 @@ async def start(
 
 
 def _message(
-    app: App,
+    app: Runtime,
     step: dict[str, Any],
     id: str,
     prev: Any,
@@ -257,21 +267,19 @@ def _message(
     task = app.tasks.get(step["t"])
     if task is None:
         raise ConfigurationError(f"workflow step {step['t']!r} is not a task of this app")
-    from .task import SendOptions
-
     args = ([prev] if has_prev and step["p"] else []) + list(step["a"])
-    msg = task.message(tuple(args), dict(step["k"]), SendOptions())
+    msg = task.message(tuple(args), dict(step["k"]))
     msg.id = id
     msg.headers["wf"] = meta
     msg.headers["correlation_id"] = meta["id"]  # the whole workflow shares one
     return msg
 
 
-async def _send(app: App, msgs: list[Message]) -> None:
+async def _send(app: Runtime, msgs: list[Message]) -> None:
     await app._send(msgs)
 
 
-async def advance(app: App, msg: Message, result: Any) -> None:
+async def advance(app: Runtime, msg: Message, result: Any) -> None:
     """After a workflow step succeeded (before its ack): record its result and
     enqueue what comes next.  Raises if the result cannot travel."""
     meta = msg.headers["wf"]
@@ -284,12 +292,12 @@ async def advance(app: App, msg: Message, result: Any) -> None:
     if chord_info is not None:
         await _member_done(app, wf, steps, i, ttl, chord_info, result)
         return
-    await app.broker.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(result)}, ttl=ttl)
+    await app.broker.kv_set({f"{WF}{wf}:r:{i}": orjson.dumps(result)}, ttl=ttl)
     await _next(app, wf, steps, i, ttl, result)
 
 
 async def _member_done(
-    app: App,
+    app: Runtime,
     wf: str,
     steps: list[dict[str, Any]],
     i: int,
@@ -299,17 +307,17 @@ async def _member_done(
 ) -> None:
     j, n = int(info["j"]), int(info["n"])
     b = app.broker
-    await b.kv_set({f"wf:{wf}:r:{i}.{j}": orjson.dumps(result)}, ttl=ttl)
-    if await b.kv_sadd(f"wf:{wf}:done:{i}", str(j), ttl=ttl) < n:
+    await b.kv_set({f"{WF}{wf}:r:{i}.{j}": orjson.dumps(result)}, ttl=ttl)
+    if await b.kv_sadd(f"{WF}{wf}:done:{i}", str(j), ttl=ttl) < n:
         return
     # the last member: collect the results in order and go on (idempotent:
     # a member that runs again re-enqueues the same derived id)
-    keys = [f"wf:{wf}:r:{i}.{k}" for k in range(n)]
+    keys = [f"{WF}{wf}:r:{i}.{k}" for k in range(n)]
     found = await b.kv_get(keys)
     results = [orjson.loads(found[k]) if k in found else None for k in keys]
     then = steps[i]["then"]
     if then is None:
-        await b.kv_set({f"wf:{wf}:r:{i}": orjson.dumps(results)}, ttl=ttl)
+        await b.kv_set({f"{WF}{wf}:r:{i}": orjson.dumps(results)}, ttl=ttl)
         await _next(app, wf, steps, i, ttl, results)
         return
     meta = {"id": wf, "steps": steps, "i": i, "ttl": ttl, "then": True}
@@ -318,15 +326,15 @@ async def _member_done(
 
 
 async def _next(
-    app: App, wf: str, steps: list[dict[str, Any]], i: int, ttl: float, result: Any
+    app: Runtime, wf: str, steps: list[dict[str, Any]], i: int, ttl: float, result: Any
 ) -> None:
     if i + 1 < len(steps):
         await start(app, wf, ttl, steps, i + 1, result, has_prev=True)
     else:
-        await app.broker.kv_set({f"wf:{wf}:result": orjson.dumps([result])}, ttl=ttl)
+        await app.broker.kv_set({f"{WF}{wf}:result": orjson.dumps([result])}, ttl=ttl)
 
 
-async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
+async def mark_dead(app: Runtime, msgs: Iterable[Message | None]) -> None:
     """After workflow steps were dead-lettered: leave their workflows' waiters
     a hint (``wf:ID:dead``) so ``result()`` fails at once, not at its next
     full look.  Only a hint: the waiter checks the step's state."""
@@ -338,7 +346,7 @@ async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
             continue
         hint = orjson.dumps({"job": m.id, "task": m.name, "at": now})
         ttl = float(meta.get("ttl") or DEFAULT_RESULT_TTL)
-        by_ttl.setdefault(ttl, {})[f"wf:{meta['id']}:dead"] = hint
+        by_ttl.setdefault(ttl, {})[f"{WF}{meta['id']}:dead"] = hint
     for ttl, items in by_ttl.items():
         await app.broker.kv_set(items, ttl=ttl)
 
@@ -346,7 +354,7 @@ async def mark_dead(app: App, msgs: Iterable[Message | None]) -> None:
 class Workflow:
     """The handle of a started workflow."""
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Runtime, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -367,7 +375,7 @@ class Workflow:
         unfinished steps (``running``, ``retrying``, ``ready``, ``scheduled``).
         Raises ``JobNotFound`` for a workflow not stored (never started, or
         expired after its ``result_ttl``)."""
-        if await self.app.broker.kv_get([f"wf:{self.id}:result"]):
+        if await self.app.broker.kv_get([f"{WF}{self.id}:result"]):
             return State.SUCCEEDED
         looked = await _look(self.app, self.id)
         if looked is None:
@@ -388,9 +396,10 @@ class Workflow:
         ``WorkflowFailed`` as soon as a step is dead or cancelled (the workflow
         cannot finish until it is replayed), ``ResultTimeout`` after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        keys = [f"wf:{self.id}:result", f"wf:{self.id}:dead"]
+        keys = [f"{WF}{self.id}:result", f"{WF}{self.id}:dead"]
         pause = 0.005
         hint: bytes | None = None
+        hinted_until = 0.0
         every = FULL_LOOK_FIRST
         next_look = time.monotonic() + every
         done: set[str] = set()  # step jobs seen succeeded: not read again
@@ -401,13 +410,16 @@ class Workflow:
             now = time.monotonic()
             new_hint = found.get(keys[1])
             late = deadline is not None and now >= deadline
-            if (new_hint is not None and new_hint != hint) or now >= next_look or late:
-                hint = new_hint
+            if new_hint is not None and new_hint != hint:
+                hint, hinted_until = new_hint, now + HINT_WINDOW
+            scheduled = now >= next_look or late
+            if scheduled or now < hinted_until:
                 failed = await self._failure(done)
                 if failed is not None:
                     raise failed
-                next_look = now + every
-                every = min(every * 2, FULL_LOOK_MAX)
+                if scheduled:
+                    next_look = now + every
+                    every = min(every * 2, FULL_LOOK_MAX)
             if late:
                 raise ResultTimeout(f"workflow {self.id} has not finished after {timeout} s")
             wait = pause if deadline is None else min(pause, max(deadline - now, 0))
@@ -455,11 +467,11 @@ def _failed(wf: str, step: dict[str, Any], info: JobInfo) -> WorkflowFailed:
 
 
 async def _look(
-    app: App, wf: str, skip: set[str] | frozenset[str] = frozenset()
+    app: Runtime, wf: str, skip: set[str] | frozenset[str] = frozenset()
 ) -> list[tuple[dict[str, Any], JobInfo | None]] | None:
     """Every planned step with its stored job (None: not enqueued yet, or in
     ``skip``); None if the workflow is not stored."""
-    raw = (await app.broker.kv_get([f"wf:{wf}"])).get(f"wf:{wf}")
+    raw = (await app.broker.kv_get([f"{WF}{wf}"])).get(f"{WF}{wf}")
     if raw is None:
         return None
     out: list[tuple[dict[str, Any], JobInfo | None]] = []
@@ -468,7 +480,7 @@ async def _look(
     return out
 
 
-async def steps_of(app: App, wf: str) -> list[dict[str, Any]]:
+async def steps_of(app: Runtime, wf: str) -> list[dict[str, Any]]:
     return [
         {**s, "state": "pending" if info is None else str(info.state)}
         for s, info in await _look(app, wf) or []

@@ -15,7 +15,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 import dumbwaiter as dw
+from dumbwaiter import worker as worker_module
 from dumbwaiter.brokers.base import QueueStats
 from dumbwaiter.metrics import queue_stats
 
@@ -30,8 +33,13 @@ async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float
 
 
 async def test_a_worker_shows_its_slots_running_and_its_buffer_prefetched(
-    make_app: Callable[..., dw.App],
+    make_app: Callable[..., dw.App], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the prefetch is sized by how long the jobs took (worker._prefetch): on
+    # a loaded machine even a no-op measures long enough to hold fewer than
+    # the cap, so a long horizon makes the cap (twice the concurrency) the
+    # size whatever the machine's load
+    monkeypatch.setattr(worker_module, "PREFETCH_HORIZON", 60.0)
     app = make_app()
     gate = asyncio.Event()
     quick_done: list[int] = []

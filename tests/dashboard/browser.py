@@ -61,7 +61,15 @@ def worker_thread(app: dw.App, **config: Any) -> Iterator[dw.Worker]:
     config.setdefault("heartbeat", 0.5)
     config.setdefault("lease", 5.0)
     w = dw.Worker(app, **config)
-    thread = threading.Thread(target=lambda: asyncio.run(w.run()), daemon=True)
+
+    async def run() -> None:
+        try:
+            await w.run()
+        finally:  # the worker leaves the pooled webhook client of its loop open
+            if "webhooks" in app.__dict__:
+                await app.webhooks.aclose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
     thread.start()
     try:
         yield w

@@ -30,9 +30,9 @@ T = TypeVar("T")
 
 async def seed(url: str, flag: Path) -> dict[str, str]:
     from dumbwaiter.alerts import AlertConfig, AlertService, DeadLetters, QueueDepth
-    from dumbwaiter.dashboard.throughput import PREFIX, minute_of
     from dumbwaiter.scheduler import Scheduler
     from dumbwaiter.testing import drain
+    from dumbwaiter.throughput import PREFIX, minute_of
     from tests.dashboard.dashapp import OrderPaid, create_app
 
     app = create_app()
@@ -161,11 +161,10 @@ def workflow_run(out: Path) -> None:
     """A checkout run (docs/durable-workflows.md's order flow) part way:
     steps done with their outputs, one failed (caught: the flow took another
     path), a sleep over, and now waiting for the customer's confirmation."""
-    from playwright.sync_api import sync_playwright
 
     import dumbwaiter as dw
     from dumbwaiter.durable.api import workflows
-    from tests.dashboard.browser import launch, serve, worker_thread
+    from tests.dashboard.browser import serve, worker_thread
     from tests.dashboard.wfapp import OrderConfirmed, charge_card, reserve
     from tests.dashboard.wfapp import create_app as create_wfapp
     from tests.waiting import wait_until
@@ -207,19 +206,48 @@ def workflow_run(out: Path) -> None:
     with worker_thread(worker_app), serve(with_checkout(create_wfapp(url))) as base:
         wait_until(lambda: run.status() == "waiting", "the run to wait for its confirmation")
         time.sleep(0.8)  # let the wait show on the time axis
-        with sync_playwright() as p:
-            browser = launch(p)
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(f"{base}/workflows/{run.id}")
-            page.wait_for_load_state("networkidle")
-            page.screenshot(path=str(out / "workflow-run.png"), full_page=True)
-            print(f"wrote {out / 'workflow-run'}.png")
-            browser.close()
+        shoot(f"{base}/workflows/{run.id}", out / "workflow-run.png")
     app.close()
 
 
+def shoot(url: str, png: Path) -> None:
+    """One full-page screenshot of ``url`` in a browser of its own."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.dashboard.browser import launch
+
+    with sync_playwright() as p:
+        browser = launch(p)
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page.goto(url)
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(png), full_page=True)
+        print(f"wrote {png}")
+        browser.close()
+
+
+def webhooks(out: Path) -> None:
+    """The endpoints page over real deliveries (tests/dashboard/hooksapp.py):
+    one healthy endpoint, one with a dead delivery, one disabled by a 410,
+    one whose breaker is open."""
+    from tests.dashboard.browser import serve
+    from tests.dashboard.hooksapp import create_app as create_hooksapp
+    from tests.dashboard.hooksapp import seed as seed_hooks
+    from tests.webhooks.receiver import Receiver
+    from tests.webhooks.receiver import serve as serve_receiver
+
+    tmp = Path(tempfile.mkdtemp(prefix="dw-shots-hooks-"))
+    url = f"sqlite:///{tmp}/hooks.db"
+    with serve_receiver(Receiver()) as receiver:
+        t = threading.Thread(target=lambda: asyncio.run(seed_hooks(url, receiver)))
+        t.start()
+        t.join()
+    with serve(create_hooksapp(url)) as base:
+        shoot(f"{base}/webhooks", out / "webhooks.png")
+
+
 #: screenshots with a broker of their own (``screenshots OUT_DIR NAME`` takes one alone)
-OWN_SEED = {"workflow-run": workflow_run}
+OWN_SEED = {"workflow-run": workflow_run, "webhooks": webhooks}
 
 
 if __name__ == "__main__":

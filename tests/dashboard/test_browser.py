@@ -19,6 +19,7 @@ from tests.conftest import require_service
 from tests.dashboard.browser import have_chromium, launch, serve, worker_thread
 from tests.dashboard.conftest import Seeded, in_thread
 from tests.dashboard.dashapp import create_app as create_dashapp
+from tests.waiting import wait_until
 
 TOKEN = "correct-horse-battery-staple"
 WAIT = 15_000  # ms: the longest any expectation waits for the page to change
@@ -237,3 +238,55 @@ def test_a_workflow_run_page_signalled_from_the_browser(
         expect(page.locator("#run-status")).to_have_text("succeeded")
         expect(page.locator("#result")).to_contain_text("confirmed by the browser")
         expect(page.locator('tr[data-step="confirmation"]')).to_contain_text("the browser")
+
+
+def test_the_webhooks_page_replays_an_endpoints_dead_deliveries(
+    tmp_path: Path, browser: Any
+) -> None:
+    """The endpoints page over real deliveries (tests/dashboard/hooksapp.py): a
+    disabled endpoint and an open breaker are shown as such; replaying an
+    endpoint's dead delivery from its page (confirmed in the dialog) gets it
+    to the receiver, with its webhook-id, by a real worker."""
+    from playwright.sync_api import expect
+
+    from tests.dashboard.hooksapp import create_app as create_hooksapp
+    from tests.dashboard.hooksapp import seed
+    from tests.webhooks.receiver import Receiver
+    from tests.webhooks.receiver import serve as serve_receiver
+
+    def delivered(app: Any) -> int:
+        [health] = app.webhooks.health("ep_flaky")
+        return int(health["delivered"])
+
+    rec = Receiver()
+    with serve_receiver(rec) as receiver:
+        hooks = in_thread(lambda: seed(f"sqlite:///{tmp_path}/hooks.db", receiver))
+        page = browser.new_page()
+        page.set_default_timeout(WAIT)
+        page.on("dialog", lambda dialog: dialog.accept())  # hx-confirm asks first
+        worker_app = create_hooksapp(hooks.url)
+        with serve(create_hooksapp(hooks.url)) as url, worker_thread(worker_app):
+            page.goto(url + "/")
+            page.locator("header nav").get_by_role("link", name="Webhooks").click()
+            expect(page).to_have_url(url + "/webhooks")
+            gone = page.locator('tr[data-endpoint="ep_gone"]')
+            expect(gone.locator('[data-col="state"]')).to_contain_text("disabled")
+            expect(gone.locator('[data-col="state"]')).to_contain_text("410 Gone")
+            down = page.locator('tr[data-endpoint="ep_down"]')
+            expect(down.locator('[data-col="breaker"]')).to_contain_text("open")
+            expect(down.locator('[data-col="failure-rate"]')).to_have_text("100.0 %")
+            flaky = page.locator('tr[data-endpoint="ep_flaky"]')
+            expect(flaky.locator('[data-col="dead"]')).to_have_text("1")
+            flaky.get_by_role("link", name="ep_flaky").click()
+            expect(page).to_have_url(url + "/webhooks/ep_flaky")
+            expect(page.locator("#dead-deliveries tr[data-id]")).to_have_count(1)
+            page.get_by_role("button", name="Replay all 1 dead").click()
+            expect(page.locator(".flash.ok")).to_have_text("replayed 1 dead delivery to ep_flaky")
+            # the worker delivers it: the receiver answers its second try with 200
+            wait_until(lambda: delivered(worker_app) == 1, "the replayed delivery", WAIT / 1000)
+            page.reload()
+            expect(page.locator("#endpoint-delivered")).to_have_text("1 in 1 h")
+            expect(page.locator("#dead-deliveries tr[data-id]")).to_have_count(0)
+        page.close()
+    [webhook_id] = hooks.sent["ep_flaky"]
+    assert [r.webhook_id for r in rec.on("/flaky/1")] == [webhook_id, webhook_id]

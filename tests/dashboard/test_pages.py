@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 import dumbwaiter as dw
 from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.dashboard import create_app
-from dumbwaiter.dashboard.throughput import PREFIX, minute_of
 from dumbwaiter.metrics import Snapshot
 from dumbwaiter.state import State
+from dumbwaiter.throughput import PREFIX, minute_of
 from tests.dashboard.conftest import LOOPBACK, Seeded, cell, csrf, ids_on
 from tests.dashboard.dashapp import create_app as create_dashapp
 
@@ -77,7 +77,7 @@ def test_throughput_chart_from_worker_samples(client: TestClient, seeded: Seeded
 
 
 def test_throughput_samples_are_written_once_per_minute(seeded: Seeded) -> None:
-    from dumbwaiter.dashboard.throughput import record_sample
+    from dumbwaiter.throughput import record_sample
 
     async def go(app: dw.App) -> list[bool]:
         worker = {"id": "w1", "counts": {"succeeded": 5}, "started_at": 1.0}

@@ -76,10 +76,15 @@ def test_events_example() -> None:
 
 
 def test_fastapi_example() -> None:
+    """The receipt goes through dumbwaiter.mail, the partner's webhook through
+    dumbwaiter.webhooks to a receiver that verifies its signature."""
     out = _run_example("fastapi")
-    assert "enqueued: ['receipt_job', 'webhook_job']" in out
-    assert "receipt for o-1 mailed to ann@example.com" in out and "analytics: o-1" in out
-    assert "webhook: partner told of o-1 (1299 cents)" in out
+    assert "enqueued: ['event', 'receipt_job']" in out and "analytics: o-1" in out
+    assert "mail: sent to ann@example.com" in out
+    assert "mail subject: Your order o-1 | Thank you! Order o-1: 12.99 EUR." in out
+    assert out.count("webhook received, signature verified: msg_") == 1, out
+    assert '"type":"order.created"' in out and '"total_cents":1299' in out
+    assert "endpoint: 1 delivered, breaker closed" in out
     assert "dashboard: 200 True" in out
 
 

@@ -53,11 +53,11 @@ BASES: dict[str, str] = {
 #: scheme -> the module that declares its options (``OPTIONS``)
 DECLARED: dict[str, str] = {
     "memory": "dumbwaiter.brokers.memory",
-    "sqlite": "dumbwaiter.brokers.sqlite.broker",
+    "sqlite": "dumbwaiter.brokers.sqlite.options",
     "redis": "dumbwaiter.brokers.redis.broker",
     "rediss": "dumbwaiter.brokers.redis.broker",
-    "postgresql": "dumbwaiter.brokers.postgres.connection",
-    "postgres": "dumbwaiter.brokers.postgres.connection",
+    "postgresql": "dumbwaiter.brokers.postgres.options",
+    "postgres": "dumbwaiter.brokers.postgres.options",
     "amqp": "dumbwaiter.brokers.rabbitmq.broker",
     "amqps": "dumbwaiter.brokers.rabbitmq.broker",
     "nats": "dumbwaiter.brokers.nats.names",
@@ -237,7 +237,7 @@ def test_every_option_passed_to_redis_py_is_one_its_connections_take() -> None:
 def test_libpq_parameters_are_checked_by_libpq_s_own_list() -> None:
     # the keys come from libpq (psycopg.pq.Conninfo.get_defaults), so this
     # libpq's parameters all pass and a misspelt one is refused
-    from dumbwaiter.brokers.postgres.connection import _libpq_keys
+    from dumbwaiter.brokers.postgres.options import _libpq_keys
 
     assert "target_session_attrs" in _libpq_keys()
     text = _refused(BASES["postgresql"] + "target_sesion_attrs=any")

@@ -486,31 +486,6 @@ async def test_live_workers_announce_themselves_in_the_broker(app: dw.App) -> No
     assert await app.broker.kv_scan(WORKER_KEY) == {}  # gone when it stops
 
 
-async def test_sqlite_counts_rows_of_a_database_made_before_its_counters(tmp_path: Any) -> None:
-    import sqlite3
-
-    from dumbwaiter.brokers.sqlite import SQLiteBroker
-    from dumbwaiter.message import TASK, Message, uuid7
-
-    url = f"sqlite:///{tmp_path}/old.db"
-    old = SQLiteBroker(url)
-    await old.enqueue([Message(id=uuid7(), kind=TASK, name="t", queue="q") for _ in range(3)])
-    await old.close()
-    conn = sqlite3.connect(f"{tmp_path}/old.db")  # as an older version left it
-    conn.executescript(
-        "DROP TRIGGER IF EXISTS dw_jobs_count_insert; DROP TRIGGER dw_jobs_count_delete;"
-        " DROP TRIGGER dw_jobs_count_update; DROP TABLE dw_counts;"
-        " DELETE FROM dw_meta WHERE k='counts';"
-    )
-    conn.close()
-    new = SQLiteBroker(url)
-    [s] = await new.stats()
-    assert s.ready == 3
-    await new.enqueue([Message(id=uuid7(), kind=TASK, name="t", queue="q")])
-    assert (await new.stats())[0].ready == 4
-    await new.close()
-
-
 async def test_a_job_the_rescuer_dead_letters_reaches_on_dead() -> None:
     """A worker that dies on a job's last attempt never calls ``on_dead``; the
     rescuer that dead-letters the job does, so the dead-letter metric and user

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -51,6 +52,7 @@ async def test_a_delivery_is_signed_lands_once_and_is_logged(
     [health] = await app.webhooks.ahealth(ep.id)
     assert (health["delivered"], health["failed"], health["dead"]) == (1, 0, 0)
     assert health["breaker"] == "closed" and "secret" not in health
+    assert health["breaker_probe_at"] is None
 
 
 async def test_retries_keep_the_webhook_id_and_sign_each_attempt_afresh(
@@ -92,6 +94,20 @@ async def test_out_of_attempts_is_dead_with_the_answer_and_replays_to_the_endpoi
     assert await app.webhooks.adead(other.id) == []
     [health] = await app.webhooks.ahealth(ep.id)
     assert (health["failed"], health["dead"], health["failure_rate"]) == (3, 1, 1.0)
+    # what an admin page shows of the dead delivery
+    [dead] = await app.webhooks.adead(ep.id)
+    view = app.webhooks.describe(dead)
+    assert view["webhook_id"] == sent.webhook_id and view["endpoint"] == ep.id
+    assert (view["event_type"], view["attempts"], view["state"]) == (
+        "hooktest.order_paid",
+        3,
+        "dead",
+    )
+    assert view["error"].startswith("DeliveryFailed: HTTP 500") and view["occurred_at"].endswith(
+        "Z"
+    )
+    with pytest.raises(ValueError, match="not a webhook delivery"):
+        app.webhooks.describe(replace(dead, message=replace(dead.message, name="other.task")))
 
     await app.webhooks.aupdate_endpoint(ep.id, url=base + "/ok")  # the partner fixed it
     assert await app.webhooks.areplay(ep.id) == 1
@@ -168,6 +184,8 @@ async def test_an_open_breaker_defers_deliveries_without_sending_or_using_attemp
     await drain(app, scheduled=False, concurrency=1)  # two failures: the breaker opens
     [health] = await app.webhooks.ahealth(ep.id)
     assert health["breaker"] == "open"
+    # the probe is due a cool-down after the breaker opened
+    assert health["breaker_probe_at"] == pytest.approx(health["breaker_opened_at"] + 0.5)
     await app.webhooks.aupdate_endpoint(ep.id, url=base + "/ok")  # the partner recovers
     await drain(app)
     assert len(rec.on("/fail")) == 2  # retries while open sent nothing
@@ -183,6 +201,31 @@ async def test_an_open_breaker_defers_deliveries_without_sending_or_using_attemp
         assert done is not None and done.state == State.SUCCEEDED
     [health] = await app.webhooks.ahealth(ep.id)
     assert health["breaker"] == "closed" and health["dead"] == 0
+
+
+async def test_a_probe_answered_with_a_4xx_closes_the_breaker(
+    make_app: Callable[..., dw.App], receiver: tuple[Receiver, str]
+) -> None:
+    """A partner that answers, even 429, is up: the deliveries waiting behind
+    the probe go at once instead of waiting out the probe's timeout (60 s,
+    longer than this drain may take)."""
+    rec, base = receiver
+    app = make_app(retry=dw.Retry.never(), breaker_threshold=2, breaker_cooldown=0.3)
+    ep = await app.webhooks.aadd_endpoint(base + "/fail")
+    for i in range(2):
+        await app.webhooks.asend(ep, "hooktest.order_paid", {"order_id": f"P{i}", "cents": 1})
+    await drain(app, concurrency=1)
+    [health] = await app.webhooks.ahealth(ep.id)
+    assert health["breaker"] == "open"
+    await app.webhooks.aupdate_endpoint(ep.id, url=base + "/throttle")  # up, but 429
+    later = [
+        await app.webhooks.asend(ep, "hooktest.order_paid", {"order_id": f"Q{i}", "cents": 1})
+        for i in range(2)
+    ]
+    await drain(app, concurrency=1, timeout=20)
+    assert {r.webhook_id for r in rec.on("/throttle")} == {s.webhook_id for s in later}
+    [health] = await app.webhooks.ahealth(ep.id)
+    assert health["breaker"] == "closed" and health["consecutive_failures"] == 0
 
 
 async def test_an_endpoints_concurrency_holds_across_the_workers_slots(

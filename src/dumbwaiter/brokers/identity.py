@@ -34,12 +34,13 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from .. import keys
 from ..errors import ConfigurationError
 from ..redact import mask_url
 from .base import Broker
 
 #: the kv key holding a store's id (no ttl; never rewritten once there)
-STORE_ID_KEY = "_dw:store-id"
+STORE_ID_KEY = keys.STORE_ID
 
 
 def state_dir() -> Path:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -50,6 +51,9 @@ class PerLoop(Generic[T]):
         self._by_loop: dict[asyncio.AbstractEventLoop, T] = {}
         self._last: tuple[asyncio.AbstractEventLoop, T] | None = None
         self._pid = os.getpid()
+        #: the slow path only: loops of several threads may make or drop
+        #: clients at once (the portal's, the worker's)
+        self._lock = threading.Lock()
 
     def get(self) -> T:
         """The running loop's client, made on first use."""
@@ -57,15 +61,16 @@ class PerLoop(Generic[T]):
         last = self._last
         if last is not None and last[0] is loop:
             return last[1]
-        if self._pid != os.getpid():
-            self._forget_parent()
-        client = self._by_loop.get(loop)
-        if client is None:
-            for old in [lp for lp in self._by_loop if lp.is_closed()]:
-                self._abandon(self._by_loop.pop(old))
-            client = self._by_loop[loop] = self._make(loop)
-        self._last = (loop, client)
-        return client
+        with self._lock:
+            if self._pid != os.getpid():
+                self._forget_parent()
+            client = self._by_loop.get(loop)
+            if client is None:
+                for old in [lp for lp in self._by_loop if lp.is_closed()]:
+                    self._abandon(self._by_loop.pop(old))
+                client = self._by_loop[loop] = self._make(loop)
+            self._last = (loop, client)
+            return client
 
     def current(self) -> T | None:
         """The running loop's client if it has one (nothing is made)."""
@@ -88,7 +93,8 @@ class PerLoop(Generic[T]):
             current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             current = None
-        clients, self._by_loop, self._last = self._by_loop, {}, None
+        with self._lock:
+            clients, self._by_loop, self._last = self._by_loop, {}, None
         elsewhere: list[asyncio.Future[None]] = []
         for loop, client in clients.items():
             if loop is current:

@@ -44,9 +44,11 @@ DB_FILES = ("jobs.db", "jobs.db-wal", "jobs.db-shm", "shop.db", "shop.db-wal", "
 def demo(orders: int, workers: int, directory: Path | None, keep: bool) -> None:
     """Run the demo: an order API enqueues work; workers retry, dead-letter, replay.
 
-    Everything runs on embedded SQLite in a fresh directory; the only network
-    traffic is to a local stand-in for a partner's webhook on 127.0.0.1.
-    Exits 0 only if every job was delivered.
+    Everything runs on embedded SQLite in a fresh directory: receipts are
+    mailed with dumbwaiter.mail into its mail/ folder, and the only network
+    traffic is the signed webhooks (dumbwaiter.webhooks) to a partner's
+    receiver the demo runs on 127.0.0.1.  Exits 0 only if every job was
+    delivered.
     """
     temporary = directory is None
     if directory is None:
@@ -63,7 +65,14 @@ def demo(orders: int, workers: int, directory: Path | None, keep: bool) -> None:
     os.environ["DUMBWAITER_DEMO_DIR"] = str(directory)
     from rich.console import Console
 
-    from ..demo.story import Options, run
+    from ..errors import MissingDependency
+
+    try:
+        from ..demo.story import Options, run
+    except MissingDependency as exc:  # the mail or webhooks extra is not installed
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise click.ClickException(str(exc)) from None
 
     code = 1
     try:

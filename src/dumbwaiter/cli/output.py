@@ -31,6 +31,7 @@ from rich.text import Text
 
 from ..brokers.base import JobInfo
 from ..message import ErrorRecord
+from ..text import duration as duration  # the CLI's tables and the alerts read alike
 
 #: width used when stdout is not a terminal, so piped tables do not wrap at 80
 #: columns and every row stays one greppable line
@@ -75,22 +76,6 @@ def took(seconds: float) -> str:
     if s < 1:
         return f"{s * 1000:.0f} ms"
     return duration(s)
-
-
-def duration(seconds: float) -> str:
-    """``0.4s``, ``3.2s``, ``42s``, ``4m10s``, ``2h05m``, ``3d04h``: precise where
-    it matters (a lag of seconds) and short where it does not (days)."""
-    s = max(0.0, seconds)
-    if s < 10:
-        return f"{s:.1f}s"
-    whole = int(s)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def timestamp(t: float | None) -> str:

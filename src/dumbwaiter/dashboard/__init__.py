@@ -23,8 +23,8 @@ __all__ = ["Auth", "create_app"]
 
 
 def create_app(app: App | str, *, auth: Auth | None = None, **options: Any) -> Starlette:
-    """The dashboard of ``app`` (an App, or a broker URL); see ``web.create_app``."""
-    from .web import create_app as create
+    """The dashboard of ``app`` (an App, or a broker URL); see ``asgi.create_app``."""
+    from .asgi import create_app as create
 
     return create(app, auth=auth, **options)
 

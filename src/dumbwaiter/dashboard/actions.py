@@ -67,7 +67,7 @@ def _who(request: Request) -> str:
     return f"dashboard@{request.client.host if request.client else '?'}"
 
 
-def _audit(request: Request, what: str, **extra: Any) -> None:
+def audit(request: Request, what: str, **extra: Any) -> None:
     log.info("%s by %s", what, _who(request), extra={"action": "dashboard_action", **extra})
 
 
@@ -78,7 +78,7 @@ async def queue_pause(request: Request, form: FormData) -> Response:
         return back(request, form, "/", err="no queue given")
     await state(request).broker.pause(queue)
     await state(request).cache.get(max_age=0)
-    _audit(request, f"paused queue {queue}")
+    audit(request, f"paused queue {queue}")
     return back(request, form, f"/queues/{queue}", msg=f"paused {queue}")
 
 
@@ -89,7 +89,7 @@ async def queue_resume(request: Request, form: FormData) -> Response:
         return back(request, form, "/", err="no queue given")
     await state(request).broker.resume(queue)
     await state(request).cache.get(max_age=0)
-    _audit(request, f"resumed queue {queue}")
+    audit(request, f"resumed queue {queue}")
     return back(request, form, f"/queues/{queue}", msg=f"resumed {queue}")
 
 
@@ -98,14 +98,14 @@ async def job_cancel(request: Request, form: FormData) -> Response:
     """Cancel jobs not started; ask the workers of running ones to stop them
     (``dumbwaiter.cancel``: the request is stored in the broker, the worker
     reads it at its heartbeat, the handler sees ``ctx.cancelled``)."""
-    ids = _ids(form)
+    ids = selected_ids(form)
     if not ids:
         return back(request, form, "/", err="no job selected")
     outcome = await request_cancel(state(request).broker, ids, _who(request))
     done = [i for i, o in outcome.items() if o == CANCELLED]
     asked = [i for i, o in outcome.items() if o == REQUESTED]
     refused = {i: o for i, o in outcome.items() if o not in (CANCELLED, REQUESTED)}
-    _audit(request, f"cancelled {len(done)} job(s), asked {len(asked)} to stop", ids=ids)
+    audit(request, f"cancelled {len(done)} job(s), asked {len(asked)} to stop", ids=ids)
     parts = []
     if done:
         parts.append(f"cancelled {len(done)} job(s)")
@@ -133,7 +133,7 @@ def _queue_selection(
         return queue, None, None, (), "no queue given"
     scope = str(form.get("scope") or "selected")
     if scope == "selected":
-        ids = _ids(form)
+        ids = selected_ids(form)
         if not ids:
             return queue, None, None, (), "select at least one job"
         return queue, JobFilter(queue=queue, ids=ids), None, ids, ""
@@ -183,7 +183,7 @@ async def queue_retry(request: Request, form: FormData) -> Response:
     if wanted in (None, State.DEAD):
         replayed = await broker.replay(dataclasses.replace(f, state=State.DEAD))
     await state(request).cache.get(max_age=0)
-    _audit(request, f"retried {replayed} dead and {moved} waiting job(s) of {queue}")
+    audit(request, f"retried {replayed} dead and {moved} waiting job(s) of {queue}")
     return back(
         request,
         form,
@@ -221,11 +221,11 @@ async def queue_delete(request: Request, form: FormData) -> Response:
         return back(request, form, f"/queues/{queue}", err="running jobs cannot be deleted")
     n = await state(request).broker.purge(dataclasses.replace(f, state=wanted))
     await state(request).cache.get(max_age=0)
-    _audit(request, f"deleted {n} job(s) of {queue}", filter=repr(f))
+    audit(request, f"deleted {n} job(s) of {queue}", filter=repr(f))
     return back(request, form, f"/queues/{queue}", msg=f"deleted {n} job{'s' if n != 1 else ''}")
 
 
-def _ids(form: FormData) -> tuple[str, ...]:
+def selected_ids(form: FormData) -> tuple[str, ...]:
     ids = [str(v).strip() for v in form.getlist("id") if str(v).strip()]
     return tuple(dict.fromkeys(ids))[:MAX_SELECTED]
 
@@ -235,7 +235,7 @@ def _dead_selection(request: Request, form: FormData) -> tuple[JobFilter | None,
     fields) or ``matching`` (the filter fields).  Returns (filter, error)."""
     scope = str(form.get("scope") or "selected")
     if scope == "selected":
-        ids = _ids(form)
+        ids = selected_ids(form)
         if not ids:
             return None, "select at least one dead letter"
         return JobFilter(state=State.DEAD, ids=ids), ""
@@ -258,7 +258,7 @@ async def dead_replay(request: Request, form: FormData) -> Response:
         return back(request, form, "/dead", err=error)
     n = await state(request).broker.replay(f)
     await state(request).cache.get(max_age=0)
-    _audit(request, f"replayed {n} dead letter(s)", filter=repr(f))
+    audit(request, f"replayed {n} dead letter(s)", filter=repr(f))
     return back(request, form, "/dead", msg=f"replayed {n} dead letter{'s' if n != 1 else ''}")
 
 
@@ -269,7 +269,7 @@ async def dead_purge(request: Request, form: FormData) -> Response:
         return back(request, form, "/dead", err=error)
     n = await state(request).broker.purge(f)
     await state(request).cache.get(max_age=0)
-    _audit(request, f"purged {n} dead letter(s)", filter=repr(f))
+    audit(request, f"purged {n} dead letter(s)", filter=repr(f))
     return back(request, form, "/dead", msg=f"purged {n} dead letter{'s' if n != 1 else ''}")
 
 
@@ -300,7 +300,7 @@ async def schedule(request: Request, form: FormData) -> Response:
         msg = f"triggered {full}: job {job_id}"
     else:
         return back(request, form, "/schedules", err=f"unknown action {verb!r}")
-    _audit(request, msg, schedule=full)
+    audit(request, msg, schedule=full)
     return back(request, form, "/schedules", msg=msg)
 
 
@@ -310,7 +310,7 @@ async def alerts_evaluate(request: Request, form: FormData) -> Response:
 
     dw = state(request)
     sent = await AlertService(dw.app, effective_config(dw.app), cache=dw.cache).evaluate()
-    _audit(request, "evaluated the alert rules")
+    audit(request, "evaluated the alert rules")
     return back(request, form, "/alerts", msg=f"evaluated: {len(sent)} notification(s) sent")
 
 
@@ -381,7 +381,7 @@ async def workflow_cancel(request: Request, form: FormData) -> Response:
                 )
         except WorkflowNotFound as exc:
             refused.append(str(exc))
-    _audit(request, f"cancelled {len(done)} workflow run(s)", runs=runs)
+    audit(request, f"cancelled {len(done)} workflow run(s)", runs=runs)
     msg = f"cancelled {', '.join(done)}" if done else ""
     return back(request, form, _run_page(runs), msg=msg, err=_short("; ".join(refused)))
 
@@ -402,7 +402,7 @@ async def workflow_retry(request: Request, form: FormData) -> Response:
             done.append(run)
         except (WorkflowNotFound, WorkflowStateError) as exc:
             refused.append(str(exc))
-    _audit(request, f"resumed {len(done)} workflow run(s)", runs=runs)
+    audit(request, f"resumed {len(done)} workflow run(s)", runs=runs)
     msg = f"resumed {', '.join(done)}" if done else ""
     return back(request, form, _run_page(runs), msg=msg, err=_short("; ".join(refused)))
 
@@ -425,5 +425,5 @@ async def workflow_signal(request: Request, form: FormData) -> Response:
         await runs_admin.signal(state(request).app, run, payload, step)
     except (WorkflowNotFound, WorkflowStateError) as exc:
         return back(request, form, _run_page(runs), err=_short(str(exc)))
-    _audit(request, f"signalled workflow run {run}", run=run, step=step)
+    audit(request, f"signalled workflow run {run}", run=run, step=step)
     return back(request, form, _run_page(runs), msg=f"signalled {run}")

@@ -1,9 +1,15 @@
-"""A partner's webhook endpoint, played by a tiny HTTP server on 127.0.0.1.
+"""A partner's webhook receiver, played by a tiny HTTP server on 127.0.0.1.
 
-It starts down (every call gets HTTP 503) and is healthy from ``fix()`` on.
-It counts what it received:
-refused calls, and accepted deliveries by job id (the ``Idempotency-Key``)
-and by order, so the demo can check that every order reached the partner.
+It does what the docs ask of a receiver: it checks each request with
+``dumbwaiter.webhooks.verify`` (signature and timestamp) before reading the
+body, and de-duplicates on ``webhook-id``.  It has two faults, as partners
+do: it starts down (every call gets HTTP 503 with ``Retry-After: 1``) until
+``come_back()``, and its catalog lacks the shop's newest product, so an
+order of it gets HTTP 422 until ``update_catalog()``.  The first trips the
+sender's circuit breaker; the second does not (the partner is up), so those
+deliveries use their attempts and die, to be replayed.  It counts what it
+received, so the demo can check that every order reached the partner,
+signed, and say how many arrived twice.
 """
 
 from __future__ import annotations
@@ -13,19 +19,32 @@ import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ..webhooks import WebhookVerificationError, verify
+
 PATH = "/webhooks/orders"
+#: the shop's newest product, missing from the partner's catalog at first
+NEW_PRODUCT = "gift-card"
 
 
 class PartnerServer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._up = False
-        #: calls answered with 503
-        self.refused = 0
-        #: accepted deliveries per job id; more than 1 means a duplicate delivery
-        self.by_job: Counter[str] = Counter()
+        self._catalog_updated = False
+        #: calls answered with 422 (a product the partner does not know yet)
+        self.unknown_product = 0
+        #: the endpoint's secret (``set_secret``, once the endpoint is registered)
+        self.secret = ""
+        #: calls answered with 503, per webhook-id
+        self.refused: Counter[str] = Counter()
+        #: verified deliveries per webhook-id; more than 1 means a duplicate delivery
+        self.by_webhook: Counter[str] = Counter()
+        #: requests whose signature or timestamp did not verify (answered 400)
+        self.bad_signatures = 0
         #: orders the partner has heard about
         self.orders: set[str] = set()
+        #: the first verified request (headers, body), for the demo to show
+        self.sample: tuple[dict[str, str], bytes] | None = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -51,10 +70,15 @@ class PartnerServer:
 
     # -- health ----------------------------------------------------------------
 
-    def fix(self) -> None:
-        """The partner is healthy from now on."""
+    def come_back(self) -> None:
+        """The partner's endpoint is up from now on."""
         with self._lock:
             self._up = True
+
+    def update_catalog(self) -> None:
+        """The partner knows every product from now on."""
+        with self._lock:
+            self._catalog_updated = True
 
     @property
     def up(self) -> bool:
@@ -64,40 +88,70 @@ class PartnerServer:
     @property
     def deliveries(self) -> int:
         with self._lock:
-            return sum(self.by_job.values())
+            return sum(self.by_webhook.values())
+
+    def refused_calls(self) -> int:
+        with self._lock:
+            return sum(self.refused.values())
+
+    def after_refusal(self) -> int:
+        """Webhooks delivered after the partner had refused them at least once."""
+        with self._lock:
+            return sum(1 for w in self.by_webhook if w in self.refused)
 
     # -- one call --------------------------------------------------------------
 
-    def handle(self, job_id: str, body: bytes) -> int:
+    def handle(self, headers: dict[str, str], body: bytes) -> int:
         """The status code for one call (and count it)."""
+        webhook_id = headers.get("webhook-id", "")
         with self._lock:
             if not self._up:
-                self.refused += 1
+                self.refused[webhook_id] += 1
                 return 503
         try:
-            order_id = str(json.loads(body)["order_id"])
+            verify(self.secret, headers, body)
+        except WebhookVerificationError:
+            with self._lock:
+                self.bad_signatures += 1
+            return 400
+        try:
+            data = json.loads(body)["data"]
+            order_id, product = str(data["order_id"]), str(data["product"])
         except (ValueError, KeyError, TypeError):
             return 400
         with self._lock:
-            self.by_job[job_id] += 1
+            if product == NEW_PRODUCT and not self._catalog_updated:
+                self.unknown_product += 1
+                return 422
+            self.by_webhook[webhook_id] += 1
             self.orders.add(order_id)
-        return 200
+            if self.sample is None:
+                self.sample = (headers, body)
+        return 204
 
 
 def _handler(partner: PartnerServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.0: one request per connection, closed after the answer.  (A
+        # keep-alive receiver would leave the worker's pooled connections open at
+        # its exit: the worker does not close the app's webhook client.)
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
             if self.path != PATH:
                 code = 404
             else:
-                code = partner.handle(self.headers.get("Idempotency-Key") or "", body)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                code = partner.handle(headers, body)
             self.send_response(code)
+            answer = b""
             if code == 503:
                 self.send_header("Retry-After", "1")
-            self.send_header("Content-Length", "0")
+            elif code == 422:
+                answer = b'{"error": "unknown product: ' + NEW_PRODUCT.encode() + b'"}'
+            self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # quiet: the demo reports counts instead

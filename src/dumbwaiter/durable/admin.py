@@ -31,10 +31,10 @@ from .store import (
 )
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .host import Host
 
 
-async def status(app: App, run: str) -> str:
+async def status(app: Host, run: str) -> str:
     rec = await store.load(app.broker, run)
     if rec is not None:
         return store.public_status(rec)
@@ -43,7 +43,7 @@ async def status(app: App, run: str) -> str:
     raise WorkflowNotFound(f"no workflow run {run} is stored (never started, or pruned)")
 
 
-async def first_job_pending(app: App, run: str) -> bool:
+async def first_job_pending(app: Host, run: str) -> bool:
     """Whether the run's first job is stored and has not ended: a run with no
     record yet is pending; one whose first job ended has had its record
     pruned (or its job was cancelled before it ran)."""
@@ -52,7 +52,7 @@ async def first_job_pending(app: App, run: str) -> bool:
 
 
 async def list_runs(
-    app: App,
+    app: Host,
     *,
     status: str | None = None,
     workflow: str | None = None,
@@ -77,7 +77,7 @@ def _short(rec: Record) -> str:
     return str(rec.get("workflow", "")).rsplit(".", 1)[-1]
 
 
-async def describe(app: App, run: str) -> dict[str, Any]:
+async def describe(app: Host, run: str) -> dict[str, Any]:
     """The run record plus its timeline: every recorded operation in order
     (name, kind, outcome, times, attempts, output or error), compensations,
     steps being retried and what the run waits for."""
@@ -153,7 +153,7 @@ def _timeline_entry(where: str, ck: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-async def cancel(app: App, run: str) -> bool:
+async def cancel(app: Host, run: str) -> bool:
     """Cancel a run that has not ended: no further step starts (a step running
     now finishes), its pending job is cancelled, a parent waiting for it
     sees it fail.  No compensation runs.  True if this call cancelled it."""
@@ -218,7 +218,7 @@ async def cancel(app: App, run: str) -> bool:
     return True
 
 
-async def retry_run(app: App, run: str) -> None:
+async def retry_run(app: Host, run: str) -> None:
     """Resume a failed run from the step that failed: that step's failure is
     forgotten (its attempts start again), the steps before it keep their
     checkpoints, and a new job replays the run.
@@ -282,7 +282,7 @@ async def retry_run(app: App, run: str) -> None:
     _event(app, new, "retried")
 
 
-async def signal(app: App, run: str, payload: dict[str, Any], step: str | None = None) -> None:
+async def signal(app: Host, run: str, payload: dict[str, Any], step: str | None = None) -> None:
     """Resolve the event wait ``run`` is parked at with ``payload``."""
     rec = await store.load(app.broker, run)
     if rec is None:
@@ -322,7 +322,7 @@ def _validate(event_type: str, payload: dict[str, Any]) -> None:
         raise WorkflowStateError(f"the payload is not a valid {event_type}: {exc}") from None
 
 
-async def _keep(app: App, run: str, ttl: float | None) -> None:
+async def _keep(app: Host, run: str, ttl: float | None) -> None:
     """Give every checkpoint of ``run`` this ttl (None: keep until the run ends)."""
     found = await app.broker.kv_scan(f"{CHECKPOINT}{run}:")
     if found:
@@ -336,7 +336,7 @@ async def _keep(app: App, run: str, ttl: float | None) -> None:
             await app.broker.kv_delete(stale)
 
 
-def _event(app: App, rec: Record, what: str) -> None:
+def _event(app: Host, rec: Record, what: str) -> None:
     mw = app.middleware
     if mw.has("on_workflow_run"):
         mw.call("on_workflow_run", str(rec.get("workflow")), str(rec.get("id")), what)

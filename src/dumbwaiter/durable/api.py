@@ -17,8 +17,6 @@ import inspect
 import time
 import weakref
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import (
     TYPE_CHECKING,
@@ -32,68 +30,20 @@ from typing import (
     overload,
 )
 
-from ..context import Context
 from ..errors import ConfigurationError, ResultTimeout
 from ..message import Message
 from ..retry import Retry
-from ..task import SendOptions, Task, _positional_shape
+from ..task import SendOptions, Task
 from ..typevars import P, R, T
 from . import admin, store
 from .errors import WorkflowCancelled, WorkflowFailed, WorkflowNotFound
-from .events import ROUTER_QUEUE, router_task
-from .jobs import SEGMENT_RETRY, task_name
-from .runner import run_segment
 from .store import CANCELLED, FAILED, FINAL, SUCCEEDED
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .host import Host
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
-
-#: the options ``@app.workflow(...)`` takes
-OPTIONS = frozenset({"name", "queue", "version", "retry", "step_timeout", "priority", "retention"})
-#: threads that run sync workflow functions and sync steps of async ones
-POOL_SIZE = 64
-
-_pools: weakref.WeakKeyDictionary[App, ThreadPoolExecutor] = weakref.WeakKeyDictionary()
-
-
-def _pool(app: App) -> ThreadPoolExecutor:
-    pool = _pools.get(app)
-    if pool is None:
-        pool = _pools[app] = ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="dumbwaiter-wf")
-    return pool
-
-
-class _SegmentTask(Task[..., Any]):
-    """The hidden task ``dw.wf:NAME`` whose jobs are a run's segments.
-
-    Its producer side checks a start's arguments against the *workflow*
-    function's signature (without ``ctx``); its worker side takes no
-    arguments from the message (only a run's first job carries the inputs,
-    which the runner keeps in the run record)."""
-
-    def __init__(self, app: App, wf: DurableWorkflow[Any, Any]) -> None:
-        async def segment(ctx: Context) -> None:
-            await run_segment(app, wf, ctx, _pool(app))
-
-        super().__init__(
-            app,
-            segment,
-            name=task_name(wf.name),
-            queue=wf.queue,
-            retry=SEGMENT_RETRY,
-            timeout=None,
-            priority=wf.priority,
-            keep_result=None,
-            options={},
-        )
-        self.signature = wf.signature
-        self._positional = _positional_shape(wf.signature)
-
-    def bind(self, msg: Message) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return (), {}
 
 
 class DurableWorkflow(Generic[P, R]):
@@ -104,9 +54,13 @@ class DurableWorkflow(Generic[P, R]):
     coroutine), so a type checker checks ``enqueue``'s arguments and knows
     what ``run.result()`` returns."""
 
+    #: the hidden task whose jobs are this workflow's run segments (set by
+    #: ``registry.register``, which knows the runner)
+    task: Task[..., Any]
+
     def __init__(
         self,
-        app: App,
+        app: Host,
         fn: Callable[..., R],
         *,
         name: str,
@@ -128,7 +82,6 @@ class DurableWorkflow(Generic[P, R]):
         self.retention = retention
         self.is_async = inspect.iscoroutinefunction(fn)
         self.signature = _without_ctx(fn, name)
-        self.task = _SegmentTask(app, self)
         self.__doc__ = fn.__doc__
         self.__name__ = getattr(fn, "__name__", name)
         self.__wrapped__ = fn
@@ -244,7 +197,7 @@ class WorkflowRun(Generic[T]):
 
     __slots__ = ("app", "id")
 
-    def __init__(self, app: App, id: str) -> None:
+    def __init__(self, app: Host, id: str) -> None:
         self.app = app
         self.id = id
 
@@ -348,70 +301,12 @@ class WorkflowDecorator(Protocol):
     def __call__(self, fn: Callable[Concatenate[Any, _P], _R], /) -> DurableWorkflow[_P, _R]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
-    name: str | None = None
-    queue: str | None = None
-    version: int = 1
-    retry: Retry | bool | None = None
-    step_timeout: float | timedelta | None = None
-    priority: int = 0
-    retention: float | timedelta | None = None
-
-
-def register(
-    app: App, fn: Callable[..., Any], options: dict[str, Any]
-) -> DurableWorkflow[Any, Any]:
-    unknown = set(options) - OPTIONS
-    if unknown:
-        raise ConfigurationError(
-            f"unknown workflow option(s) {sorted(unknown)}; known: {sorted(OPTIONS)}"
-        )
-    if not callable(fn):
-        raise ConfigurationError(f"@app.workflow needs a function, got {fn!r}")
-    o = _Options(**options)
-    from ..app import _default_name, _qualname, _timeout
-
-    name = o.name or _default_name(fn)
-    if not isinstance(o.version, int) or isinstance(o.version, bool) or o.version < 1:
-        raise ConfigurationError(
-            f"workflow {name}: version must be an integer >= 1, got {o.version!r}"
-        )
-    if not isinstance(o.priority, int) or isinstance(o.priority, bool):
-        raise ConfigurationError(f"workflow {name}: priority must be an integer")
-    wf: DurableWorkflow[Any, Any] = DurableWorkflow(
-        app,
-        fn,
-        name=name,
-        queue=o.queue or app.default_queue,
-        version=o.version,
-        retry=app._retry(o.retry, f"workflow {name}"),
-        step_timeout=_timeout(o.step_timeout) or app.timeout,
-        priority=o.priority,
-        retention=_timeout(o.retention) or store.DEFAULT_RETENTION,
-    )
-    existing = app.tasks.get(wf.task.name)
-    if existing is not None and _qualname(existing.fn) != _qualname(wf.task.fn):
-        raise ConfigurationError(f"a task is already named {wf.task.name!r}")
-    prior = workflows(app).get(name)
-    if prior is not None and _qualname(prior.fn) != _qualname(fn):
-        raise ConfigurationError(
-            f"two workflows are named {name!r} ({_qualname(prior.fn)} and {_qualname(fn)}); "
-            "give one of them name="
-        )
-    app.tasks[wf.task.name] = wf.task
-    workflows(app)[name] = wf
-    if app.broker.capabilities.events and ROUTER_QUEUE not in app.event_routes:
-        app.event_routes[ROUTER_QUEUE] = router_task(app)
-    return wf
-
-
-_registry: weakref.WeakKeyDictionary[App, dict[str, DurableWorkflow[Any, Any]]] = (
+_registry: weakref.WeakKeyDictionary[Host, dict[str, DurableWorkflow[Any, Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def workflows(app: App) -> dict[str, DurableWorkflow[Any, Any]]:
+def workflows(app: Host) -> dict[str, DurableWorkflow[Any, Any]]:
     """The durable workflows registered on ``app``, by name."""
     found = _registry.get(app)
     if found is None:

@@ -30,14 +30,14 @@ from ..brokers.base import Binding
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX, Message, check_json
 from ..retry import Retry
+from ..task import Task
 from . import store
 from .jobs import wake
 from .store import FINAL, SHAPE, WAITER
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..context import Context
-    from ..task import Task
+    from .host import Host
 
 log = logging.getLogger("dumbwaiter.durable")
 
@@ -81,7 +81,7 @@ def waiter_key(event_type: str, match: dict[str, Any], run: str, pos: int) -> st
     return f"{waiter_prefix(event_type, fields, [match[f] for f in fields])}{run}:{pos:06d}"
 
 
-async def ensure_binding(app: App, event_type: str) -> None:
+async def ensure_binding(app: Host, event_type: str) -> None:
     """Bind ``event_type`` to the router's queue (once per process and type)."""
     done: set[str] = app.__dict__.setdefault("_durable_bound", set())
     if event_type in done:
@@ -97,7 +97,7 @@ async def ensure_binding(app: App, event_type: str) -> None:
 
 
 async def register(
-    app: App,
+    app: Host,
     run: str,
     pos: int,
     name: str,
@@ -126,12 +126,12 @@ async def register(
     await app.broker.kv_set({waiter_key(event_type, match, run, pos): store.dumps(value)}, ttl=ttl)
 
 
-async def unregister(app: App, event_type: str, match: dict[str, Any], run: str, pos: int) -> None:
+async def unregister(app: Host, event_type: str, match: dict[str, Any], run: str, pos: int) -> None:
     await app.broker.kv_delete([waiter_key(event_type, match, run, pos)])
 
 
 async def resolve(
-    app: App, run: str, pos: int, name: str, value: dict[str, Any], source: str
+    app: Host, run: str, pos: int, name: str, value: dict[str, Any], source: str
 ) -> bool:
     """Write ``value`` (an event's payload, or a signal's) as the checkpoint of
     the wait at ``pos`` and wake the run.  False when the wait had already
@@ -148,7 +148,7 @@ async def resolve(
     return True
 
 
-async def deliver(app: App, msg: Message) -> int:
+async def deliver(app: Host, msg: Message) -> int:
     """The router: resume every run waiting for this event.  Returns how many."""
     payload = msg.payload if isinstance(msg.payload, dict) else {}
     event_type = msg.name
@@ -190,10 +190,9 @@ async def deliver(app: App, msg: Message) -> int:
     return resumed
 
 
-def router_task(app: App) -> Task[..., Any]:
+def router_task(app: Host) -> Task[..., Any]:
     """The handler of the router's queue, as the worker runs it: a task whose
     function reads the delivered event from its context."""
-    from ..task import Task
 
     async def route(ctx: Context) -> None:
         await deliver(app, ctx.message)

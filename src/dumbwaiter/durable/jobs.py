@@ -20,16 +20,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import keys
 from ..message import TASK, Message, uuid7
 from ..retry import Retry
 from . import store
 from .store import CANCELLED, FINAL, RUN_HEADER, RUNNING, SUCCEEDED, Record
 
 if TYPE_CHECKING:
-    from ..app import App
+    from .host import Host
 
 #: the hidden task of workflow NAME is ``dw.wf:NAME``
-TASK_PREFIX = "dw.wf:"
+TASK_PREFIX = keys.RUN_TASK
 
 #: attempts of one segment job, for what is not a step's failure: a worker
 #: killed under it (the lease runs out) or the broker failing mid-way.  Steps
@@ -71,12 +72,12 @@ def segment_message(
     )
 
 
-async def send(app: App, msgs: list[Message]) -> None:
+async def send(app: Host, msgs: list[Message]) -> None:
     """Enqueue through the app (its enqueue middleware sees them)."""
     await app._send(msgs)
 
 
-async def wake(app: App, run: str, pos: int) -> bool:
+async def wake(app: Host, run: str, pos: int) -> bool:
     """Resume ``run`` if it is parked at ``pos`` (its checkpoint there is
     written): hand the record to the wake job and enqueue that job.  True if
     the run was (or already had been) woken from ``pos``.
@@ -122,7 +123,7 @@ def run_of(msg: Message) -> str:
     return str(value) if value else msg.id
 
 
-async def notify_parent(app: App, rec: Record) -> None:
+async def notify_parent(app: Host, rec: Record) -> None:
     """Tell the parent run (if any) how this child ended: its checkpoint at the
     position that started the child, then a wake-up.  Idempotent."""
     parent = rec.get("parent")

@@ -36,12 +36,13 @@ from ..message import check_json, uuid7
 from ..retry import Reject, Retry, RetryLater
 from . import events, store
 from .errors import StepFailed, StepTimeout, WorkflowCodeChanged
+from .jobs import send
 from .store import FINAL, PARENT_HEADER, Record
 
 if TYPE_CHECKING:
-    from ..app import App
     from ..event import Event
     from .api import DurableWorkflow
+    from .host import Host
 
 T = TypeVar("T")
 
@@ -114,7 +115,7 @@ class Replay:
 
     def __init__(
         self,
-        app: App,
+        app: Host,
         wf: DurableWorkflow[Any, Any],
         rec: Record,
         job: str,
@@ -448,8 +449,6 @@ class Replay:
         parent = {"run": self.run, "pos": p, "name": name}
         msg = workflow.start_message(args, kwargs, run_id=child)
         msg.headers[PARENT_HEADER] = parent
-        from .jobs import send
-
         await send(self.app, [msg])
         raise Park(p, "child", name, None, {"run": child, "workflow": workflow.name})
 

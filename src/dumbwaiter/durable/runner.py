@@ -48,8 +48,8 @@ from .store import (
 )
 
 if TYPE_CHECKING:
-    from ..app import App
     from .api import DurableWorkflow
+    from .host import Host
 
 log = logging.getLogger("dumbwaiter.durable")
 
@@ -61,7 +61,7 @@ _STATUS_OF_PARK = {"sleep": SLEEPING, "version": SLEEPING, "event": WAITING, "ch
 
 
 async def run_segment(
-    app: App, wf: DurableWorkflow[Any, Any], ctx: Context, pool: Executor
+    app: Host, wf: DurableWorkflow[Any, Any], ctx: Context, pool: Executor
 ) -> None:
     msg = ctx.message
     run, job = run_of(msg), msg.id
@@ -79,7 +79,7 @@ async def run_segment(
         replay.stopped = True  # the job goes back; its thread must not go on
         raise
     except Park as park:
-        await _park(app, replay, park)
+        await _suspend(app, replay, park)
         return
     except Fenced:
         log.debug("segment %s of run %s stopped: the run is no longer its own", job, run)
@@ -94,7 +94,7 @@ async def run_segment(
 
 
 async def _open(
-    app: App, wf: DurableWorkflow[Any, Any], run: str, job: str, ctx: Context
+    app: Host, wf: DurableWorkflow[Any, Any], run: str, job: str, ctx: Context
 ) -> tuple[Record, dict[str, bytes], bool] | None:
     """The run's record (and the first checkpoints, read with it), or None when
     this segment has nothing to do."""
@@ -139,7 +139,7 @@ async def _open(
         return None
     version = int(rec.get("version") or 1)
     if version > wf.version:
-        await _park_plain(app, rec, job, "version", time.time() + VERSION_WAIT, version)
+        await _sleep_for_its_version(app, rec, job, "version", time.time() + VERSION_WAIT, version)
         return None
     return rec, found, False
 
@@ -159,7 +159,9 @@ async def _call(
     return await loop.run_in_executor(pool, cv.run, wf.fn, wctx, *args, **kwargs)
 
 
-async def _park(app: App, replay: Replay, park: Park) -> None:
+async def _suspend(app: Host, replay: Replay, park: Park) -> None:
+    """End the segment where the workflow waits (``park``): store where the run
+    waits and its status, and enqueue its wake-up job for a timed wait."""
     run, job = replay.run, replay.job
     nxt = uuid7() if park.until is not None else None
     if nxt is not None:
@@ -182,9 +184,11 @@ async def _park(app: App, replay: Replay, park: Park) -> None:
             await wake(app, run, park.pos)
 
 
-async def _park_plain(
-    app: App, rec: Record, job: str, kind: str, until: float, version: int
+async def _sleep_for_its_version(
+    app: Host, rec: Record, job: str, kind: str, until: float, version: int
 ) -> None:
+    """Put the run to sleep until ``until``: this worker runs another version
+    of the workflow's code, and a worker with ``version`` may take it then."""
     nxt = uuid7()
     await send(app, [resume_message(rec, nxt, eta=until)])
     waiting = {"kind": kind, "name": f"a worker with version {version}"}
@@ -198,7 +202,7 @@ async def _park_plain(
     await store.update(app.broker, str(rec["id"]), change)
 
 
-async def _complete(app: App, replay: Replay, value: Any) -> None:
+async def _complete(app: Host, replay: Replay, value: Any) -> None:
     try:
         check_json(value, f"the result of workflow {replay.wf.name}")
     except SerializationError as exc:
@@ -227,13 +231,13 @@ async def _complete(app: App, replay: Replay, value: Any) -> None:
     await notify_parent(app, rec)
 
 
-async def _fail(app: App, replay: Replay, exc: BaseException, *, compensate: bool) -> None:
+async def _fail(app: Host, replay: Replay, exc: BaseException, *, compensate: bool) -> None:
     comp_errors: list[dict[str, Any]] = []
     if compensate:
         try:
             comp_errors = await replay.compensate()
         except Park as park:
-            await _park(app, replay, park)
+            await _suspend(app, replay, park)
             return
         except Fenced:
             return
@@ -279,7 +283,7 @@ def _failure_text(rec: Record) -> str:
     return text
 
 
-async def _expire(app: App, replay: Replay) -> None:
+async def _expire(app: Host, replay: Replay) -> None:
     """Keep the finished run's checkpoints as long as its record; drop the
     bookkeeping of retries and waits."""
     items = {store.ck_key(replay.run, p): store.dumps(ck) for p, ck in replay.cache.items()}
@@ -290,7 +294,7 @@ async def _expire(app: App, replay: Replay) -> None:
         await app.broker.kv_delete(sorted(replay.cleanup))
 
 
-def _event(app: App, workflow: str, run: str, status: str) -> None:
+def _event(app: Host, workflow: str, run: str, status: str) -> None:
     mw = app.middleware
     if mw.has("on_workflow_run"):
         mw.call("on_workflow_run", workflow, run, status)

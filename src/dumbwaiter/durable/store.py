@@ -31,15 +31,16 @@ from typing import Any
 
 import orjson
 
+from .. import keys
 from ..brokers.base import Broker, KvWrite
 from ..workflow import derived_id
 
-RUN = "wfrun:"
-CHECKPOINT = "wfck:"
-TRIES = "wftry:"
-PENDING = "wfpend:"
-WAITER = "wfwait:"
-SHAPE = "wfshape:"
+RUN = keys.RUN
+CHECKPOINT = keys.RUN_CHECKPOINT
+TRIES = keys.RUN_TRIES
+PENDING = keys.RUN_PENDING
+WAITER = keys.RUN_WAITER
+SHAPE = keys.RUN_SHAPE
 
 #: header of a run's job: the run it works on (a run's first job has the
 #: run's id as its own id and may carry no header)

@@ -20,12 +20,13 @@ import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import keys
 from ..message import dumps, loads
 
 if TYPE_CHECKING:
     from ..brokers.base import Broker
 
-PREFIX = "mail:sent:"
+PREFIX = keys.MAIL_SENT
 #: how long a sent Message-ID is remembered (seconds): 30 days, longer than
 #: any retry schedule and the time a dead letter usually waits for replay
 DEFAULT_TTL = 30 * 86400.0

@@ -14,13 +14,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import keys
 from ..message import dumps, loads
 from .address import bare, check_address
 
 if TYPE_CHECKING:
     from ..brokers.base import Broker
 
-PREFIX = "mail:suppressed:"
+PREFIX = keys.MAIL_SUPPRESSED
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from .breaker import BreakerPolicy
     from .delivery import DeliveryFailed
     from .endpoints import Endpoint, EndpointDisabled, EndpointNotFound
-    from .service import SPEC_RETRY, SPEC_SCHEDULE, Sent, Settings, Webhooks
+    from .service import Sent, Webhooks
+    from .settings import SPEC_RETRY, SPEC_SCHEDULE, Settings
     from .ssrf import AddressPolicy, UnsafeTarget
 
 _LAZY = {
@@ -50,10 +51,10 @@ _LAZY = {
     "Endpoint": "endpoints",
     "EndpointDisabled": "endpoints",
     "EndpointNotFound": "endpoints",
-    "SPEC_RETRY": "service",
-    "SPEC_SCHEDULE": "service",
+    "SPEC_RETRY": "settings",
+    "SPEC_SCHEDULE": "settings",
     "Sent": "service",
-    "Settings": "service",
+    "Settings": "settings",
     "Webhooks": "service",
     "AddressPolicy": "ssrf",
     "UnsafeTarget": "ssrf",

@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .. import keys
+
 if TYPE_CHECKING:
     from ..brokers.base import Broker
 
-LOG = "webhooks:log:"
-STAT = "webhooks:stat:"
+LOG = keys.WEBHOOK_LOG
+STAT = keys.WEBHOOK_STAT
 #: the most of a response body an attempt keeps
 EXCERPT = 1024
 #: per-minute counters are kept this long (seconds)

@@ -25,7 +25,9 @@ from typing import Any
 
 import orjson
 
-PREFIX = "webhooks:breaker:"
+from .. import keys
+
+PREFIX = keys.WEBHOOK_BREAKER
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 

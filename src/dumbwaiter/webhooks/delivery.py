@@ -35,15 +35,15 @@ import logging
 import time
 import weakref
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httpx
 import orjson
 
-from .. import __version__
 from ..errors import DumbwaiterError
 from ..redact import mask_url
 from ..retry import Reject, RetryLater
+from ..version import __version__
 from . import breaker
 from .attempts import Attempt, AttemptLog, excerpt
 from .endpoints import Endpoint
@@ -55,7 +55,9 @@ if TYPE_CHECKING:
     from ..brokers.base import Broker
     from ..context import Context
     from ..message import Message
-    from .service import Settings, Webhooks
+    from ..ports import Runtime
+    from .endpoints import Registry
+    from .settings import Settings
 
 log = logging.getLogger("dumbwaiter.webhooks")
 
@@ -69,6 +71,32 @@ class DeliveryFailed(DumbwaiterError):
     """An attempt failed: a non-2xx answer, or no answer (the message says which)."""
 
 
+class Owner(Protocol):
+    """The ``app.webhooks`` a deliverer works for (``service.Webhooks``)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def deliverer(self) -> Deliverer: ...
+
+    def remember(self, ep: Endpoint) -> None: ...
+
+
+class _WithWebhooks(Protocol):
+    @property
+    def webhooks(self) -> Owner: ...
+
+
+def webhooks_of(app: Runtime) -> Owner:
+    """The app's ``webhooks``: a job's context knows its app as a ``Runtime``
+    only (the webhooks' own tasks run on an app that has them)."""
+    return cast("_WithWebhooks", app).webhooks
+
+
 async def deliver(
     endpoint_id: str,
     webhook_id: str,
@@ -78,7 +106,7 @@ async def deliver(
     ctx: Context,
 ) -> dict[str, Any]:
     """The delivery task: one attempt of one webhook (see the module's docstring)."""
-    hooks: Webhooks = ctx.app.webhooks
+    hooks = webhooks_of(ctx.app)
     return await hooks.deliverer.attempt(
         ctx, endpoint_id, webhook_id, event_type, data, occurred_at
     )
@@ -126,7 +154,7 @@ def iso(t: float) -> str:
 class Deliverer:
     """Runs attempts for one app's webhooks; holds one pooled client per event loop."""
 
-    def __init__(self, hooks: Webhooks) -> None:
+    def __init__(self, hooks: Owner) -> None:
         self.hooks = hooks
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
@@ -321,14 +349,16 @@ class Deliverer:
                 await log_.keep(ep.id, webhook_id, s.retention)
             return {"status": status, "endpoint": ep.id, "webhook_id": webhook_id}
         text = excerpt(answer)[:200]
+        # a 5xx counts against the breaker; a 3xx or 4xx comes from a partner
+        # that is up, so it resets the count, and a probe answered so closes
+        # the breaker (else it would stay half-open until the probe's timeout)
+        await self._record_breaker(broker, bkey, status < 500, seen)
         if status == 410:
             await record("gone")
             await self.hooks.registry.disable(ep.id, f"410 Gone at {iso(time.time())}")
             await self._dying(log_, ep.id, webhook_id)
             log.warning("webhook endpoint %s answered 410 Gone: disabled", ep.id)
             raise Reject(f"endpoint {ep.id} answered 410 Gone: it is now disabled")
-        if status >= 500:
-            await self._record_breaker(broker, bkey, False, seen)
         if after is not None and status in (429, 503):
             await record("throttled")
             await self._if_last(ctx, log_, ep.id, webhook_id)

@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from .. import keys
 from ..errors import ConfigurationError, DumbwaiterError
 from ..flow import parse_rate
-from ..message import uuid7
+from ..message import check_json, uuid7
 from ..redact import mask_url
 from .signing import check_secret, new_secret
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ..brokers.base import Broker, KvWrite
 
 #: kv key prefix of the registry
-PREFIX = "webhooks:ep:"
+PREFIX = keys.WEBHOOK_ENDPOINT
 _ID_RULE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 #: ``domain.action``, as ``dw.Event`` types are (event.TYPE_RULE, without importing pydantic)
 _TYPE_RULE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
@@ -204,8 +205,6 @@ def new_endpoint(
         )
     rate, conc = check_limits(rate_limit, concurrency, eid)
     if metadata is not None:
-        from ..message import check_json
-
         check_json(metadata, "endpoint metadata")
     return Endpoint(
         id=eid,

@@ -26,22 +26,23 @@ from __future__ import annotations
 import copy
 import re
 import time
-from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from ..brokers.base import DEFAULT_EVENT_RETENTION, JobFilter, JobInfo
+from ..brokers.base import JobFilter, JobInfo
 from ..errors import ConfigurationError
 from ..flow import Flow
 from ..job import Job
 from ..message import check_json, uuid7
 from ..retry import Retry
 from ..state import State
+from ..task import SendOptions
 from . import breaker
 from .attempts import Attempt, AttemptLog
 from .breaker import BreakerPolicy
-from .delivery import TASK_NAME, Deliverer, attempts_before, deliver, derived_id, iso
+from .delivery import TASK_NAME, Deliverer, attempts_before, deliver, derived_id, iso, webhooks_of
 from .endpoints import (
     Endpoint,
     EndpointDisabled,
@@ -51,49 +52,53 @@ from .endpoints import (
     check_url,
     new_endpoint,
 )
+from .settings import SPEC_RETRY as SPEC_RETRY
+from .settings import SPEC_SCHEDULE as SPEC_SCHEDULE
+from .settings import Settings
 from .signing import check_secret, new_secret
 from .ssrf import AddressPolicy
 
 if TYPE_CHECKING:
-    from ..app import App
+    from ..brokers.base import Broker
     from ..context import Context
-    from ..event import Event
+    from ..event import Event, Subscription
     from ..message import Message
     from ..task import Task
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
-#: the retry schedule of the Standard Webhooks specification: after the first
-#: try, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h (about 3 days)
-SPEC_SCHEDULE = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 50400.0, 72000.0, 86400.0)
-SPEC_RETRY = Retry(attempts=len(SPEC_SCHEDULE) + 1, backoff=SPEC_SCHEDULE, jitter=0.2)
+
+class Host(Protocol):
+    """The app as its webhooks see it (``App`` is one): the broker, and the
+    registry they add their delivery task and fan-out group to."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def tasks(self) -> dict[str, Task[..., Any]]: ...
+
+    @property
+    def task_resolvers(self) -> dict[str, Callable[[Message], Task[..., Any]]]: ...
+
+    def _register(self, fn: Callable[..., Any], options: dict[str, Any]) -> Task[..., Any]: ...
+
+    def subscribe(
+        self,
+        event: type[Event],
+        *,
+        group: str,
+        retry: Retry | bool | None = None,
+        timeout: float | timedelta | None = None,
+    ) -> Callable[[F], Subscription]: ...
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T: ...
+
+
 #: a caller's own ``webhook-id``: no '.' (the signed content is dot-separated) nor ':'
 _WEBHOOK_ID = re.compile(r"^[A-Za-z0-9_\-]{1,200}$")
 _HEADER = "webhook_limits"
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """``app.webhooks.configure(...)``: how deliveries are made."""
-
-    queue: str = "webhooks"
-    #: the subscriber group that fans forwarded events out to endpoints
-    group: str = "webhooks"
-    retry: Retry = SPEC_RETRY
-    #: seconds to wait for a receiver (read and write); connecting gets ``connect_timeout``
-    timeout: float = 15.0
-    connect_timeout: float = 5.0
-    #: let deliveries reach private, loopback, link-local... addresses (tests, intranets)
-    allow_private: bool = False
-    #: networks allowed though not public (``["10.20.0.0/16"]``)
-    allow: tuple[str, ...] = ()
-    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
-    #: how long a delivered webhook's job and attempt log are kept (seconds)
-    retention: float = DEFAULT_EVENT_RETENTION
-    #: concurrency of a new endpoint when ``add_endpoint`` gets none (None: unlimited)
-    default_concurrency: int | None = 10
-    #: connections one worker loop keeps open to one origin (scheme, host, port)
-    max_connections: int = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +113,7 @@ class Sent:
 class Webhooks:
     """``app.webhooks`` (see the module's docstring)."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: Host) -> None:
         self.app = app
         self.settings = Settings()
         self.registry = Registry(app.broker)
@@ -190,13 +195,16 @@ class Webhooks:
         if existing is not None:
             del self.app.tasks[TASK_NAME]  # replaced with the new settings
         self._variants.clear()
-        return self.app.task(
-            name=TASK_NAME,
-            queue=s.queue,
-            retry=s.retry,
-            timeout=max(60.0, 4 * s.timeout),
-            keep_result=s.retention,
-        )(deliver)
+        return self.app._register(
+            deliver,
+            {
+                "name": TASK_NAME,
+                "queue": s.queue,
+                "retry": s.retry,
+                "timeout": max(60.0, 4 * s.timeout),
+                "keep_result": s.retention,
+            },
+        )
 
     def forward(self, *events: type[Event]) -> None:
         """Deliver every published event of these classes to the endpoints that
@@ -253,8 +261,6 @@ class Webhooks:
         occurred_at: float,
         job_id: str | None,
     ) -> Message:
-        from ..task import SendOptions
-
         msg = self.task.message(
             (ep.id, webhook_id, event_type, data, iso(occurred_at)), {}, SendOptions.make()
         )
@@ -559,6 +565,28 @@ class Webhooks:
     def replay(self, endpoint_id: str, ids: Sequence[str] | None = None) -> int:
         return self._call(self.areplay(endpoint_id, ids))
 
+    def describe(self, info: JobInfo) -> dict[str, Any]:
+        """A delivery job as an admin view shows it: its endpoint, ``webhook-id``,
+        event type, when the event happened, the attempts it used (those of
+        the jobs it continues included), its state, when it last changed
+        (died, for a dead one) and its last error.  Raises ``ValueError`` for
+        a job that is not a delivery."""
+        m = info.message
+        if m.name != TASK_NAME or len(m.args) < 5:
+            raise ValueError(f"job {m.id} is not a webhook delivery ({m.name})")
+        last = m.errors[-1] if m.errors else None
+        return {
+            "job_id": m.id,
+            "endpoint": str(m.args[0]),
+            "webhook_id": str(m.args[1]),
+            "event_type": str(m.args[2]),
+            "occurred_at": str(m.args[4]),
+            "attempts": attempts_before(m) + m.attempt,
+            "state": info.state.value,
+            "updated_at": info.updated_at,
+            "error": f"{last.type.rsplit('.', 1)[-1]}: {last.message}" if last else "",
+        }
+
     async def ahealth(
         self, endpoint_id: str | None = None, minutes: int = 60
     ) -> list[dict[str, Any]]:
@@ -575,12 +603,19 @@ class Webhooks:
         for ep in eps:
             ok, fail = await self.log.counts(ep.id, minutes)
             b = breaker.load(states.get(breaker.key_of(ep.id)))
+            opened = b.get("opened_at")
             out.append(
                 {
                     **ep.to_dict(),
                     "breaker": b.get("state", breaker.CLOSED),
                     "consecutive_failures": int(b.get("failures", 0)),
-                    "breaker_opened_at": b.get("opened_at"),
+                    "breaker_opened_at": opened,
+                    # when an open breaker lets its next probe through
+                    "breaker_probe_at": (
+                        float(opened) + float(b.get("cooldown", self.settings.breaker.cooldown))
+                        if b.get("state") == breaker.OPEN and opened is not None
+                        else None
+                    ),
                     "delivered": ok,
                     "failed": fail,
                     "failure_rate": (fail / (ok + fail)) if ok + fail else 0.0,
@@ -603,7 +638,7 @@ class Webhooks:
 
 async def _fan_out(event: Event, ctx: Context) -> int:
     """The ``webhooks`` group's handler (``Webhooks.fan_out``)."""
-    return await ctx.app.webhooks.fan_out(event, ctx)
+    return await cast("Webhooks", webhooks_of(ctx.app)).fan_out(event, ctx)
 
 
 def _endpoint_of(info: JobInfo) -> str:

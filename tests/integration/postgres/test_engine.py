@@ -12,7 +12,7 @@ import pytest
 
 from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.broker import COPY_MIN, MAINTENANCE_LOCK
-from dumbwaiter.brokers.postgres.connection import parse_url
+from dumbwaiter.brokers.postgres.options import parse_url
 from dumbwaiter.errors import BrokerError, InvalidURL, PayloadTooLarge
 from dumbwaiter.message import Message, encode
 from dumbwaiter.state import State

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 from dumbwaiter.brokers.base import Binding, JobFilter
 from dumbwaiter.brokers.postgres import PostgresBroker, migrations
-from dumbwaiter.brokers.postgres.admin import _where
-from dumbwaiter.brokers.postgres.core import COPY_MIN
+from dumbwaiter.brokers.postgres.broker import COPY_MIN
 from dumbwaiter.brokers.postgres.migrations import migration_sql
+from dumbwaiter.brokers.sql.filters import POSTGRES, where
 from dumbwaiter.cli import main
 from dumbwaiter.errors import ConfigurationError
 from dumbwaiter.message import EVENT, Message, encode, uuid7
@@ -41,10 +41,10 @@ async def _keys(broker: PostgresBroker, key: str) -> list[str]:
 
 def _plan(prefix: str, f: JobFilter, suffix: str = "") -> str:
     """The plan of an admin statement (``prefix`` + the filter's conditions)."""
-    where, params = _where(f)
+    conds, params = where(f, POSTGRES)
     with psycopg.connect(server.SERVER, autocommit=True) as conn, conn.transaction():
         conn.execute(b"SET LOCAL enable_seqscan = off")  # a small table: judge the indexes
-        rows = conn.execute(("EXPLAIN " + prefix + where + suffix).encode(), params).fetchall()
+        rows = conn.execute(("EXPLAIN " + prefix + conds + suffix).encode(), params).fetchall()
     return "\n".join(r[0] for r in rows)
 
 

@@ -1,20 +1,18 @@
-"""Search by key on SQLite is an index probe, on new and upgraded databases.
+"""Search by key on SQLite is an index probe.
 
 ``dw_jobs.msg_key`` holds every job's ``Message.key`` (schema version 2).
-Every path that stores a job fills it; a database made by schema version 1
-gets it filled from the bodies of its jobs when a newer broker opens it,
-broken bodies included, and the search then finds the old jobs.
+Every path that stores a job fills it; a database made by a pre-release
+(schema version 1, without it) is refused with what to do, and so is one
+made by a newer dumbwaiter.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from dumbwaiter.brokers import from_url
@@ -143,83 +141,25 @@ async def test_every_enqueue_path_stores_the_key(tmp_path: Path) -> None:
         await broker.close()
 
 
-async def test_a_version_1_database_is_upgraded_and_its_jobs_found(tmp_path: Path) -> None:
-    """Jobs stored by the old schema: a key's holder, a holder whose key a newer
-    job freed (key NULL, the key only in its body), an event delivery, a job
-    without a key, and bodies that are not JSON or carry a key that is not a
-    string.  The upgrade fills msg_key from the bodies; nothing fails."""
+async def test_a_pre_release_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """A file of schema version 1 (a pre-release's tables, without msg_key) is
+    refused with what to do, on open and on the outbox's fast path alike, and
+    nothing in it changes: its workers can still finish its jobs."""
     path = tmp_path / "v1.db"
-    holder, freed, newer, delivery, plain = (uuid7() for _ in range(5))
-    broken, odd = uuid7(), uuid7()
-    _v1_database(
-        path,
-        [
-            (holder, "t.job", "task", "ready", "held-1", _body(holder, "held-1")),
-            (freed, "t.job", "task", "succeeded", None, _body(freed, "weekly")),
-            (newer, "t.job", "task", "ready", "weekly", _body(newer, "weekly")),
-            (
-                delivery,
-                "o.paid",
-                "event",
-                "ready",
-                None,
-                _body(delivery, "o-1", kind=EVENT, payload={}),
-            ),
-            (plain, "t.job", "task", "ready", None, _body(plain, None, kwargs={"key": "weekly"})),
-            (broken, "t.job", "task", "dead", None, b'not json "key" at all'),
-            (odd, "t.job", "task", "dead", None, orjson.dumps({"id": odd, "key": 7})),
-        ],
-    )
-    broker = _broker(path)
-    try:
-        assert await _keys(broker, "weekly") == sorted([freed, newer], reverse=True)
-        assert await _keys(broker, "held-1") == [holder]
-        assert await _keys(broker, "o-1") == [delivery]
-        assert await _keys(broker, "7") == []
-        # the old jobs keep working: the freed key's new holder still holds it
-        again = msg(key="weekly")
-        assert await broker.enqueue([again]) == [newer]
-        listing = _plans(broker, lambda: broker._list(JobFilter(key="weekly"), None, 5))
-        assert all("USING INDEX dw_jobs_msg_key" in p for p in listing), listing
-    finally:
-        await broker.close()
-    c = sqlite3.connect(path)
-    assert c.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()[0] == 2
-    assert SCHEMA_VERSION == 2
-    c.close()
-
-
-def test_the_outbox_fast_path_upgrades_a_version_1_database_in_its_transaction(
-    tmp_path: Path,
-) -> None:
-    """The first thing a broker does with an old file may be an outbox write in
-    the application's transaction: the upgrade runs there, and rolls back with it."""
-    path = tmp_path / "v1-outbox.db"
-    freed = uuid7()
-    _v1_database(path, [(freed, "t.job", "task", "succeeded", None, _body(freed, "nightly"))])
+    held = uuid7()
+    _v1_database(path, [(held, "t.job", "task", "ready", "held-1", _body(held, "held-1"))])
+    b = _broker(path)
+    with pytest.raises(ConfigurationError, match=r"pre-release.*delete the file"):
+        await b.open()
+    await b.close()
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE users (id INTEGER)")
-    with pytest.raises(RuntimeError), conn:
-        conn.execute("INSERT INTO users VALUES (1)")  # the application's transaction begins
+    with pytest.raises(ConfigurationError, match="pre-release"), conn:
         _broker(path).enqueue_with_sync(adapt(conn), [msg(key="x")])
-        raise RuntimeError("the request failed")
     cols = {r[1] for r in conn.execute("PRAGMA table_info(dw_jobs)")}
-    assert "msg_key" not in cols  # rolled back with the application's transaction
-    later = msg(key="outbox-2")
-    broker = _broker(path)
-    with conn:
-        conn.execute("INSERT INTO users VALUES (2)")
-        broker.enqueue_with_sync(adapt(conn), [later])
+    assert "msg_key" not in cols
+    assert conn.execute("SELECT v FROM dw_meta WHERE k='schema_version'").fetchone()[0] == 1
+    assert conn.execute("SELECT id FROM dw_jobs").fetchall() == [(held,)]
     conn.close()
-
-    async def check() -> None:
-        try:
-            assert await _keys(broker, "nightly") == [freed]
-            assert await _keys(broker, "outbox-2") == [later.id]
-        finally:
-            await broker.close()
-
-    asyncio.run(check())
 
 
 async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dumbwaiter.brokers.sqlite import broker as sqlite_broker
+from dumbwaiter.brokers.sqlite import connection as sqlite_connection
 from dumbwaiter.brokers.sqlite.broker import SQLiteBroker
 
 
@@ -49,7 +49,7 @@ async def test_kv_add_takes_over_an_expired_entry_and_keeps_a_live_one(tmp_path:
 async def test_quick_writes_have_the_broker_thread_checkpoint_the_wal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_broker, "QUICK_CHECKPOINT", 55)
+    monkeypatch.setattr(sqlite_connection, "QUICK_CHECKPOINT", 55)
     b = SQLiteBroker(f"sqlite:///{tmp_path}/q.db")
     await b.open()
     try:

@@ -1,63 +1,26 @@
-"""The PostgreSQL broker's admin, coordination and key-value parts.
+"""The PostgreSQL broker's admin calls: stats, listings, replay, purge, cancel.
 
-Admin calls read and change ``dw_jobs`` for the CLI and the dashboard; they
-use the durable pool (their changes are flushed before they return).  Locks
-are rows of ``dw_locks`` whose fencing tokens come from the sequence
-``dw_fence``; ``INSERT ... ON CONFLICT DO UPDATE ... WHERE`` takes a free or
-expired lock (or renews our own) in one atomic statement.
+They read and change ``dw_jobs`` for the CLI and the dashboard, on the
+durable pool (their changes are flushed before they return).  A filter's
+conditions come from the builder both SQL engines share (sql/filters.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import secrets
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 
-from ...errors import BrokerError
-from ...state import State
-from ..base import (
-    JobFilter,
-    JobInfo,
-    KvWrite,
-    Page,
-    QueueStats,
-    kv_write,
-    normalize_error_type,
-    stats_rows,
-)
-from ..sqlrows import info_row
-from .core import PostgresCore
-from .rows import is_uuid
-
-T = TypeVar("T")
-
-#: times a ``kv_update`` runs again after a plain writer (``kv_set``,
-#: ``kv_add``...) created one of its absent keys meanwhile, or a deadlock with
-#: one, before it gives up: such a meeting is rare, and a few retries settle it
-KV_UPDATE_ATTEMPTS = 50
+from ..base import JobFilter, JobInfo, Page, QueueStats, stats_rows
+from ..sql.filters import POSTGRES, where
+from ..sql.rows import info_row, is_uuid, jobs_page
+from .connection import PostgresConnection
 
 
-class _Conflict(Exception):
-    """A plain writer created a key a ``kv_update`` read as absent."""
-
-
-def _lock_id(text: str) -> int:
-    """A signed 32-bit hash: one half of a two-key advisory lock."""
-    return int.from_bytes(
-        hashlib.blake2b(text.encode(), digest_size=4).digest(), "big", signed=True
-    )
-
-
-class PostgresAdmin(PostgresCore):
-    """Admin, coordination and the key-value store."""
-
-    # -- admin -----------------------------------------------------------
+class PostgresAdmin(PostgresConnection):
+    """Admin: what the CLI and the dashboard read and change."""
 
     async def stats(self) -> list[QueueStats]:
         async def run(c: psycopg.AsyncConnection[Any]) -> list[QueueStats]:
@@ -76,19 +39,18 @@ class PostgresAdmin(PostgresCore):
     async def list_jobs(
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
-        where, params = _where(filter)
+        conds, params = where(filter, POSTGRES)
         if cursor is not None:
-            where += " AND id < %s::uuid"
+            conds += " AND id < %s::uuid"
             params.append(cursor)
-        query = (self.q.list_prefix + where + self.q.list_suffix).encode()
+        query = (self.q.list_prefix + conds + self.q.list_suffix).encode()
         params.append(limit + 1)
 
         async def run(c: psycopg.AsyncConnection[Any]) -> list[Any]:
             return await (await c.execute(query, params)).fetchall()
 
         rows = await self._run(run)
-        items = [info_row(r) for r in rows[:limit]]
-        return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+        return jobs_page(rows, limit)
 
     async def get(self, id: str) -> JobInfo | None:
         try:
@@ -103,8 +65,8 @@ class PostgresAdmin(PostgresCore):
         return None if row is None else info_row(row)
 
     async def replay(self, filter: JobFilter) -> int:
-        where, params = _where(filter)
-        query = (self.q.replay_prefix + where + self.q.replay_suffix).encode()
+        conds, params = where(filter, POSTGRES)
+        query = (self.q.replay_prefix + conds + self.q.replay_suffix).encode()
         params = [*params, self.q.channel]
         query = query.replace(b"%(channel)s", b"%s")
 
@@ -115,8 +77,8 @@ class PostgresAdmin(PostgresCore):
         return await self._run(run)
 
     async def purge(self, filter: JobFilter) -> int:
-        where, params = _where(filter)
-        query = (self.q.purge_prefix + where).encode()
+        conds, params = where(filter, POSTGRES)
+        query = (self.q.purge_prefix + conds).encode()
 
         async def run(c: psycopg.AsyncConnection[Any]) -> int:
             return (await c.execute(query, params)).rowcount
@@ -158,223 +120,6 @@ class PostgresAdmin(PostgresCore):
         await self._run(lambda c: c.execute(self.q.set_paused, params))
         self._known_queues.add(queue)
 
-    # -- coordination ------------------------------------------------------
-
-    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
-        params = {"name": name, "owner": owner, "ttl": ttl}
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> int | None:
-            row = await (await c.execute(self.q.acquire, params)).fetchone()
-            return None if row is None else int(row[0])
-
-        return await self._run(run)
-
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
-        params = {"name": name, "owner": owner, "token": token, "ttl": ttl}
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
-            return (await c.execute(self.q.renew, params)).rowcount == 1
-
-        return await self._run(run)
-
-    async def release(self, name: str, owner: str, token: int) -> None:
-        params = {"name": name, "owner": owner, "token": token}
-        await self._run(lambda c: c.execute(self.q.release, params))
-
-    # -- key-value ---------------------------------------------------------------
-
-    async def kv_get(self, keys: Sequence[str]) -> dict[str, bytes]:
-        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
-            cur = await c.execute(self.q.kv_get, (list(keys),))
-            return {k: bytes(v) for k, v in await cur.fetchall()}
-
-        return await self._run(run)
-
-    async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
-        if not items:
-            return
-        # rows locked in key order, as kv_update locks them: the two never deadlock
-        keys = sorted(items)
-        params = {"keys": keys, "values": [bytes(items[k]) for k in keys], "ttl": ttl}
-        await self._run(lambda c: c.execute(self.q.kv_set, params))
-
-    async def kv_update(
-        self,
-        keys: Sequence[str],
-        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
-    ) -> T:
-        """One transaction: an advisory lock per key, the rows read ``FOR
-        UPDATE``, ``decide``, the writes, commit.
-
-        The advisory locks (``pg_advisory_xact_lock(schema, hash(key))``,
-        taken in sorted order, so two updates never wait for each other in a
-        cycle) serialize updates that share a key, absent keys included; the
-        row locks hold off plain writers (``kv_set``, ``kv_incr``,
-        ``kv_delete``) of the keys that exist.  A plain writer that creates a
-        key read as absent meanwhile makes the transaction roll back and run
-        again (as does a deadlock with one).  Not retried after a lost
-        connection: the commit may have happened (as ``kv_incr``).  A write's
-        ttl is counted from the server's ``now()``, as ``kv_set``'s."""
-        keys = list(dict.fromkeys(keys))
-        ns = _lock_id(f"dumbwaiter.kv:{self.schema}")
-        locks = sorted({_lock_id(k) for k in keys})
-        wanted = set(keys)
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> T:
-            async with c.transaction():
-                if locks:
-                    await c.execute(self.q.kv_lock, (ns, locks))
-                cur = await c.execute(self.q.kv_read_locked, (keys,))
-                rows = await cur.fetchall()
-                writes, out = decide({k: bytes(v) for k, v, live in rows if live})
-                if writes:
-                    ordered = sorted(writes)  # rows locked in one order, as kv_set does
-                    present = {k for k, _, _ in rows}
-                    split = [kv_write(writes[k]) for k in ordered]
-                    params = {
-                        "keys": ordered,
-                        "values": [data for data, _ in split],
-                        "ttls": [ttl for _, ttl in split],
-                        "fresh": [k for k in ordered if k in wanted and k not in present],
-                    }
-                    cur = await c.execute(self.q.kv_write_locked, params)
-                    if cur.rowcount != len(ordered):
-                        raise _Conflict
-            return out
-
-        delay = 0.001
-        for _ in range(KV_UPDATE_ATTEMPTS):
-            try:
-                return await self._run(run, retry=False)
-            except (_Conflict, pg_errors.DeadlockDetected):
-                await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
-                delay = min(delay * 2, 0.05)
-        raise BrokerError(
-            f"postgres kv_update: the keys kept changing under {KV_UPDATE_ATTEMPTS} attempts"
-            f" (first keys: {keys[:3]!r}); gave up"
-        )
-
-    async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
-        params = {"key": key, "value": bytes(value), "ttl": ttl}
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
-            return (await (await c.execute(self.q.kv_add, params)).fetchone()) is not None
-
-        return await self._run(run)
-
-    async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
-        params = {"key": key, "amount": amount, "ttl": ttl}
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> int:
-            row = await (await c.execute(self.q.kv_incr, params)).fetchone()
-            assert row is not None
-            return int(row[0])
-
-        # not idempotent: a retry after a lost reply could count twice
-        return await self._run(run, retry=False)
-
-    async def kv_delete(self, keys: Sequence[str]) -> int:
-        async def run(c: psycopg.AsyncConnection[Any]) -> int:
-            row = await (await c.execute(self.q.kv_delete, (list(keys),))).fetchone()
-            return int(row[0]) if row else 0
-
-        return await self._run(run)
-
-    async def kv_scan(self, prefix: str) -> dict[str, bytes]:
-        async def run(c: psycopg.AsyncConnection[Any]) -> dict[str, bytes]:
-            cur = await c.execute(self.q.kv_scan, (prefix,))
-            return {k: bytes(v) for k, v in await cur.fetchall()}
-
-        return await self._run(run)
-
-    # -- flow control ------------------------------------------------------------
-    #
-    # rate_limit and slot_acquire are one call each of a function (migration
-    # 0003) that locks the key's row, then reads and writes under that lock.
-    # Neither is idempotent, so neither is retried after a lost connection:
-    # the worker treats the error like any other and the job runs again later.
-
-    async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
-        await self._read_clock()
-        params = (key, rate, per, self.clock.to_server(at))
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> float:
-            row = await (await c.execute(self.q.rate_take, params)).fetchone()
-            assert row is not None
-            return float(row[0])
-
-        return await self._run(run, retry=False)
-
-    async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
-        params = (key, limit, holder, ttl)
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> bool:
-            row = await (await c.execute(self.q.slot_acquire, params)).fetchone()
-            return bool(row and row[0])
-
-        # idempotent for one holder: a second take of a held slot only extends it
-        return await self._run(run)
-
-    async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
-        if holds:
-            params = {"keys": [k for k, _ in holds], "holders": [h for _, h in holds], "ttl": ttl}
-            await self._run(lambda c: c.execute(self.q.slot_extend, params))
-
-    async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:
-        if holds:
-            params = {"keys": [k for k, _ in holds], "holders": [h for _, h in holds]}
-            await self._run(lambda c: c.execute(self.q.slot_release, params))
-
-
-# -- helpers ---------------------------------------------------------------------
-
-
-def _key_clause(key: str, params: list[Any]) -> str:
-    """Exact ``Message.key == key`` over every stored job (``JobFilter.key``):
-    two index probes (migration 0006).  A job that holds its key has it in
-    ``key`` (unique index ``dw_jobs_key``); every other job with a key (a
-    holder a newer unique job freed, an event delivery) has ``key`` NULL and
-    its message key in ``msg_key``, which ``dw_jobs_msg_key`` indexes for
-    exactly those rows, so a keyed job pays no second index entry at enqueue."""
-    params += [key, key]
-    return "(key = %s OR (msg_key = %s AND key IS NULL))"
-
-
-def _where(f: JobFilter) -> tuple[str, list[Any]]:
-    """SQL conditions (positional ``%s`` parameters) for an admin filter."""
-    clauses = ["true"]
-    params: list[Any] = []
-    if f.queue is not None:
-        clauses.append("queue = %s")
-        params.append(f.queue)
-    if f.name is not None:
-        clauses.append("name = %s")
-        params.append(f.name)
-    if f.state is not None:
-        if f.state is State.RETRYING:
-            clauses.append("state = 'scheduled' AND attempt > 0")
-        elif f.state is State.SCHEDULED:
-            clauses.append("state = 'scheduled' AND attempt = 0")
-        else:
-            clauses.append("state = %s")
-            params.append(str(f.state))
-    if f.ids is not None:
-        clauses.append("id = ANY(%s::uuid[])")
-        params.append([i for i in f.ids if is_uuid(i)])
-    if f.key is not None:
-        clauses.append(_key_clause(f.key, params))
-    if f.since is not None:
-        clauses.append("updated_at >= to_timestamp(%s)")
-        params.append(f.since)
-    if f.until is not None:
-        clauses.append("updated_at <= to_timestamp(%s)")
-        params.append(f.until)
-    if f.error_type is not None:
-        wanted = normalize_error_type(f.error_type)
-        clauses.append("(last_error_type = %s OR right(last_error_type, %s) = %s)")
-        params += [wanted, len(wanted) + 1, "." + wanted]
-    return " AND ".join(clauses), params
-
 
 def _stats(queues: list[Any], counts: list[Any], lags: list[Any]) -> list[QueueStats]:
     """Rows of ``dw_queues``, of the counts (queue, state, n; a retrying job
@@ -388,6 +133,3 @@ def _stats(queues: list[Any], counts: list[Any], lags: list[Any]) -> list[QueueS
     for queue, age in lags:
         table.setdefault(queue, {})["lag"] = float(age)
     return stats_rows(table, paused)
-
-
-__all__ = ["PostgresAdmin"]

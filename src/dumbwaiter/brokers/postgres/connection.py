@@ -1,46 +1,53 @@
-"""Connections of the PostgreSQL broker: URL options, pools, the LISTEN connection.
+"""The PostgreSQL broker's connections, which every part of it shares.
 
 * The **sync** pool (``psycopg_pool.ConnectionPool``) serves ``enqueue_sync``:
   sync producers in any thread borrow a connection without an event-loop hop.
-* The **async** side keeps one small pool per event loop.  A psycopg
-  ``AsyncConnection`` belongs to the loop that opened it, and one broker
-  object is used from several loops: the worker's, the App's portal thread
-  (``job.status()`` from sync code), and a fresh loop per ``asyncio.run`` in
-  the CLI and in tests.  ``psycopg_pool.AsyncConnectionPool`` runs its own
-  tasks on one loop and cannot be closed once that loop has ended, so each
-  loop gets a ``LoopPool`` (a few lines: idle connections and a semaphore),
-  and the pool of a loop that has ended is closed without it (libpq's
-  ``finish`` is synchronous).
-* One ``LISTEN`` connection per loop wakes idle fetches; it reconnects with
-  backoff, and while it is down, fetches poll.
+* The **async** side keeps one ``LoopState`` per event loop, through the
+  shared ``PerLoop`` registry (perloop.py): two small pools (pool.py) and a
+  ``LISTEN`` connection that wakes idle fetches (listen.py; while it is down,
+  fetches poll).  One broker object is used from several loops: the
+  worker's, the App's portal thread (``job.status()`` from sync code), and a
+  fresh loop per ``asyncio.run`` in the CLI and in tests.
+* The schema version is checked on the first connection (and the pending
+  migrations applied with ``?migrate=auto``); ``migrate`` applies them.
 
-A connection whose socket turns readable while it sits idle was closed by the
-server (a restart, ``pg_terminate_backend``, an idle timeout): it is dropped
-at checkout instead of failing the next statement.
+``PostgresConnection`` holds this and the URL's options; the parts of the
+broker (enqueue.py, transport.py, admin.py, coordination.py) are mixins on
+it, and broker.py puts them together.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import math
+import os
 import re
-import select
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlencode, urlsplit
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
-from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import PoolTimeout
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ...errors import InvalidURL
-from ...redact import mask_url
-from .. import urlopts
+from ...errors import BrokerError
+from .. import deadline, failure
+from ..base import Broker, Delivery
+from ..clock import ServerClock
+from ..perloop import PerLoop
+from . import migrations
+from .listen import Listener
+from .options import Options, parse_url
+from .pool import LoopPool, check_sync, finish, recording
+from .queries import Queries
 
-log = logging.getLogger("dumbwaiter.postgres")
+#: the server's wall clock now (``now()`` is the transaction's start)
+SERVER_TIME = b"SELECT extract(epoch FROM clock_timestamp())::float8"
+
+T = TypeVar("T")
 
 #: the server's reason for refusing a connection, in libpq's message
 _FATAL = re.compile(r"FATAL:\s+(.+)")
@@ -48,155 +55,365 @@ _FATAL = re.compile(r"FATAL:\s+(.+)")
 _AUTH = ("password authentication failed", "no pg_hba.conf entry", "permission denied")
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    """What a ``postgresql://`` URL says beyond where the server is."""
+class LoopState:
+    """The async connections of one event loop.
 
-    conninfo: str
-    schema: str = "public"
-    #: connections the sync producers' pool keeps open (and opens at start)
-    pool_min: int = 1
-    #: most connections per event loop
-    pool_max: int = 10
-    #: most connections of the sync producer pool
-    sync_pool_max: int = 10
-    #: "auto": apply pending migrations on connect (development, tests)
-    migrate: str = "check"
-    #: seconds a finished job (succeeded or cancelled) is kept
-    retention: float = 3600.0
-    #: seconds between prunes by the maintenance leader
-    prune_interval: float = 10.0
-    #: statements are prepared on the server after this many runs (None: never;
-    #: PgBouncer before 1.21 in transaction mode needs never)
-    prepare_threshold: int | None = 5
-    #: seconds between polls of an idle fetch while LISTEN is down
-    poll_interval: float = 0.5
-    #: synchronous_commit of a worker's own transitions (claims, outcomes,
-    #: heartbeats): "off" trades a rerun after a server crash for a disk flush
-    #: per batch; "on" (or "local", "remote_apply"...) flushes each
-    worker_sync_commit: str = "off"
-    #: seconds an enqueue keeps retrying while the server is unreachable, when
-    #: no producer call's deadline (``App(enqueue_timeout=)``) says otherwise
-    reconnect: float = 15.0
+    ``pool`` serves enqueues, admin, locks and the key-value store: every
+    commit is flushed to disk before it returns.  ``work`` serves a worker's
+    own transitions (claim, ack, retry, dead, requeue, heartbeat, rescue,
+    prune) with ``synchronous_commit`` as the URL's ``worker_sync_commit``
+    (``off`` by default): the server's crash can then undo the last few
+    hundred milliseconds of them, which only makes those jobs run again
+    (their claim or outcome is rolled back, the job never disappears), and it
+    saves a disk flush per batch.  The SQLite broker makes the same trade.
+    """
 
-
-def _prepare(text: str) -> int | None:
-    if text.lower() in ("", "none", "off"):
-        return None
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        pool: LoopPool,
+        work: LoopPool,
+        listener: Listener,
+    ):
+        self.loop = loop
+        self.pool = pool
+        self.work = work
+        self.listener = listener
+        #: claims whose fetch was cancelled mid-flight, being given back
+        self.giving_back: set[asyncio.Task[None]] = set()
+        #: acks waiting to travel with the next claim (transport.py: ack, _claim)
+        self.riders: list[Ride] = []
+        #: claims started on this loop that have not yet sent their first statement
+        self.boarding = 0
+        #: the last idle-capable claim of this loop found jobs: the worker is
+        #: busy, so its next fetch claims plainly first (transport.py: fetch)
+        self.busy = False
 
 
-def _libpq_keys() -> frozenset[str]:
-    """Every connection parameter this libpq knows (``sslmode``, ``options``...)."""
-    return frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults())
+class Ride:
+    """A batch of acks travelling with a claim: one statement settles the
+    worker's finished jobs and claims its next ones (a round trip and a send
+    fewer per batch).  ``done`` is True once acked, False if no claim took it
+    (the ack then goes alone)."""
+
+    __slots__ = ("done", "ds")
+
+    def __init__(self, ds: Sequence[Delivery], done: asyncio.Future[bool]) -> None:
+        self.ds = ds
+        self.done = done
 
 
-SCHEMA = urlopts.text(
-    "schema",
-    "public",
-    "the schema holding dumbwaiter's tables",
-    pattern=r".{1,50}",
-    accepts="a schema name of 1 to 50 characters",
-)
-MIGRATE = urlopts.choice("migrate", "check", ("check", "auto"), "apply pending migrations?")
-RETENTION = urlopts.seconds("retention", 3600.0, "seconds a finished job is kept")
-PRUNE_INTERVAL = urlopts.seconds("prune_interval", 10.0, "seconds between prunes", positive=True)
-POOL_MAX = urlopts.integer("pool_max", 10, "most connections per event loop and pool", low=2)
-POOL_MIN = urlopts.integer("pool_min", 1, "connections the sync pool keeps open")
-SYNC_POOL_MAX = urlopts.integer("sync_pool_max", 10, "most connections of the sync pool", low=1)
-PREPARE_THRESHOLD: urlopts.Option[int | None] = urlopts.custom(
-    "prepare_threshold",
-    5,
-    "runs before a statement is prepared on the server",
-    _prepare,
-    "a whole number of 0 or more, or none",
-)
-POLL_INTERVAL = urlopts.seconds(
-    "poll_interval", 0.5, "seconds between polls while LISTEN is down", positive=True
-)
-WORKER_SYNC_COMMIT = urlopts.choice(
-    "worker_sync_commit",
-    "off",
-    ("off", "local", "remote_write", "on", "remote_apply"),
-    "synchronous_commit of a worker's own transitions",
-)
-RECONNECT = urlopts.seconds(
-    "reconnect", 15.0, "seconds an enqueue keeps retrying while the server is unreachable"
-)
-#: ours, then the libpq parameters checked here before libpq sees them (any
-#: other libpq parameter passes unchecked: libpq's parser knows them)
-OPTIONS = urlopts.Table(
-    "PostgreSQL",
-    [
-        SCHEMA,
-        MIGRATE,
-        RETENTION,
-        PRUNE_INTERVAL,
-        POOL_MAX,
-        POOL_MIN,
-        SYNC_POOL_MAX,
-        PREPARE_THRESHOLD,
-        POLL_INTERVAL,
-        WORKER_SYNC_COMMIT,
-        RECONNECT,
-        urlopts.text(
-            "application_name", "dumbwaiter", "name in pg_stat_activity", passthrough=True
-        ),
-        urlopts.choice(
-            "sslmode",
-            "prefer",
-            ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-            "TLS to the server",
-            passthrough=True,
-        ),
-        urlopts.integer("connect_timeout", 0, "seconds to connect (0: no limit)", passthrough=True),
-    ],
-    client="libpq",
-    other_keys=_libpq_keys,
-    others="any other libpq connection parameter (target_session_attrs, sslrootcert...)",
-    host_required=False,  # no host: libpq's Unix socket
-    several=True,
-)
+class PostgresConnection(Broker):
+    """What the parts of the PostgreSQL broker share (see the module docstring)."""
 
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = (psycopg.Error,)
 
-def parse_url(url: str) -> Options:
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise InvalidURL(f"not a PostgreSQL URL: {mask_url(url)!r}")
-    ours = OPTIONS.parse(url)
-    rest = list(ours.client)
-    if "application_name" not in ours.given:
-        rest.append(("application_name", "dumbwaiter"))
-    # written out, not with urlunsplit, which drops the "//" of a URL without
-    # a host (``postgresql:///db``: libpq's Unix socket)
-    conninfo = f"postgresql://{parts.netloc}{parts.path}?{urlencode(rest)}"
-    try:  # libpq's own parser: the URI's syntax, and the keys only it knows
-        conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError as exc:
-        raise InvalidURL(f"PostgreSQL URL {mask_url(url)!r}: {str(exc).strip()}") from None
-    opts = Options(
-        conninfo=conninfo,
-        schema=ours[SCHEMA],
-        pool_min=ours[POOL_MIN],
-        pool_max=ours[POOL_MAX],
-        sync_pool_max=ours[SYNC_POOL_MAX],
-        migrate=ours[MIGRATE],
-        retention=ours[RETENTION],
-        prune_interval=ours[PRUNE_INTERVAL],
-        prepare_threshold=ours[PREPARE_THRESHOLD],
-        poll_interval=ours[POLL_INTERVAL],
-        worker_sync_commit=ours[WORKER_SYNC_COMMIT],
-        reconnect=ours[RECONNECT],
-    )
-    if opts.pool_min > opts.sync_pool_max:
-        raise InvalidURL(
-            f"PostgreSQL URL {mask_url(url)!r}: pool_min ({opts.pool_min}) is more than "
-            f"sync_pool_max ({opts.sync_pool_max})"
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.opts: Options = parse_url(url)
+        self.schema = self.opts.schema
+        self.retention = self.opts.retention
+        self.q = Queries(self.schema)
+        self._lock = threading.Lock()
+        self._loops: PerLoop[LoopState] = PerLoop(self._new_loop, _close_loop, _abandon_loop)
+        self._sync_pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._pid = os.getpid()
+        self._schema_ok = False
+        self._known_queues: set[str] = set()
+        #: queue -> monotonic time until which single enqueues skip the
+        #: handoff (the last offer found no free waiter; see enqueue._statement)
+        self._no_waiter: dict[str, float] = {}
+        #: this broker's name as a candidate maintenance leader
+        self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
+        self._next_prune = 0.0
+        self._prune_behind = False
+        #: the server's clock: leases compare on ``now()`` in SQL, and the run
+        #: times a host gives (an eta, a retry's) are moved onto it
+        self.clock = ServerClock()
+        #: why the sync pool's last connect failed (None: it succeeded)
+        self._pool_error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"<PostgresBroker schema={self.schema!r}>"
+
+    def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
+        """psycopg's ``exc`` as the ``BrokerError`` it means: the server refusing
+        the URL (an unknown role or database, a wrong password: for good), the
+        server out of reach (for now; a pool timeout says why the pool could
+        not connect), or a failed statement."""
+        cause = exc
+        if isinstance(exc, PoolTimeout) and self._pool_error is not None:
+            cause = self._pool_error
+        refused = refusal(cause)
+        if refused is not None:
+            return failure.refused(self.url, refused[0], auth=refused[1])
+        if unreachable(cause):
+            return failure.unavailable(self.url, cause, waited)
+        return failure.failed(self.url, exc)
+
+    # -- connections -------------------------------------------------------
+
+    def _conn_kwargs(self) -> dict[str, Any]:
+        return {"autocommit": True, "prepare_threshold": self.opts.prepare_threshold}
+
+    def _connect_timeout(self) -> dict[str, Any]:
+        """A producer call's connect waits no longer than its deadline (libpq
+        counts whole seconds, 2 at least); other connects take psycopg's."""
+        until = deadline.current()
+        if until is None:
+            return {}
+        return {"connect_timeout": max(2, math.ceil(until - time.monotonic()))}
+
+    async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
+        conn = await psycopg.AsyncConnection.connect(
+            self.opts.conninfo, **self._conn_kwargs(), **self._connect_timeout()
         )
-    return opts
+        if not self._schema_ok:
+            try:
+                await self._acheck_schema(conn)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
+
+    async def _aconnect_work(self) -> psycopg.AsyncConnection[Any]:
+        conn = await self._aconnect()
+        if self.opts.worker_sync_commit != "on":
+            try:
+                await conn.execute(
+                    sql.SQL("SET synchronous_commit = {}").format(
+                        sql.Literal(self.opts.worker_sync_commit)
+                    )
+                )
+            except BaseException:  # cancelled (a stopping worker) or failed: not leaked
+                finish(conn)
+                raise
+        return conn
+
+    async def _acheck_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._judge_schema(await migrations.aapplied_versions(conn, self.schema))
+        if not self._schema_ok:  # migrate=auto and behind
+            await asyncio.to_thread(self.migrate)
+            self._schema_ok = True
+
+    def _check_schema_sync(self, conn: psycopg.Connection[Any]) -> None:
+        self._judge_schema(migrations.applied_versions(conn, self.schema))
+        if not self._schema_ok:
+            self.migrate()
+            self._schema_ok = True
+
+    def _judge_schema(self, applied: set[int]) -> None:
+        if migrations.unknown(applied):
+            raise migrations.too_new(self.schema, applied)
+        if not migrations.pending(applied):
+            self._schema_ok = True
+        elif self.opts.migrate != "auto":
+            raise migrations.too_old(self.schema, applied)
+
+    def migrate(self, dry_run: bool = False) -> list[migrations.Migration]:
+        """Apply the pending migrations in one transaction; return them.
+
+        Concurrent migrators of the same schema wait for each other (an
+        advisory lock), so many workers started with ``?migrate=auto`` at once
+        apply each migration once."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn, conn.transaction():
+            conn.execute(migrations.lock_query(self.schema))
+            applied = migrations.applied_versions(conn, self.schema)
+            if migrations.unknown(applied):
+                raise migrations.too_new(self.schema, applied)
+            pending = migrations.pending(applied)
+            if dry_run:
+                return pending
+            for m in pending:
+                conn.execute(migrations.prelude(self.schema))
+                conn.execute(m.sql.encode())
+        self._schema_ok = True
+        return pending
+
+    def schema_version(self) -> int:
+        """The version recorded in the database (0: no dumbwaiter tables)."""
+        with psycopg.connect(self.opts.conninfo, autocommit=True) as conn:
+            return migrations.current_version(conn, self.schema)
+
+    def _state(self) -> LoopState:
+        """This event loop's connections, made on first use."""
+        return self._loops.get()
+
+    def _new_loop(self, loop: asyncio.AbstractEventLoop) -> LoopState:
+        listener = Listener(self.q.channel, self._aconnect)
+        st = LoopState(
+            loop,
+            LoopPool(self._aconnect, self.opts.pool_max),
+            LoopPool(self._aconnect_work, self.opts.pool_max),
+            listener,
+        )
+        listener.give_back = lambda ds: self._give_back(st, ds)
+        return st
+
+    def _give_back(self, st: LoopState, ds: list[Delivery]) -> None:
+        """Requeue ``ds`` (uncharged) in the background; ``close`` waits for it."""
+        back = st.loop.create_task(self.requeue(ds))
+        st.giving_back.add(back)
+        back.add_done_callback(st.giving_back.discard)
+
+    async def _settle(self) -> None:
+        """Before this loop's connections close: what the transport still
+        holds for nobody (transport.py: handed jobs) goes back."""
+
+    def _after_fork(self) -> None:
+        """A forked child must not use (or close) its parent's sync pool (the
+        loops' connections: ``PerLoop`` forgets them)."""
+        if os.getpid() != self._pid:
+            self._pid = os.getpid()
+            self._sync_pool = None
+
+    async def _run(
+        self,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]],
+        *,
+        retry: bool = True,
+        work: bool = False,
+    ) -> T:
+        """``fn`` on a pooled connection (of the worker pool if ``work``).  If
+        the connection turns out dead (the server restarted, or ended our
+        session), an idempotent ``fn`` is run once more on a fresh one."""
+        st = self._state()
+        pool = st.work if work else st.pool
+        try:
+            async with pool.connection() as conn:
+                return await fn(conn)
+        except psycopg.OperationalError:
+            if not retry:
+                raise
+        async with pool.connection() as conn:
+            return await fn(conn)
+
+    async def _read_clock(self) -> None:
+        """Read the server's clock when due (``clock.py``)."""
+        await self.clock.sync(self._server_time)
+
+    async def server_time(self) -> float | None:
+        return await self._server_time()
+
+    async def _server_time(self) -> float:
+        async def read(c: psycopg.AsyncConnection[Any]) -> float:
+            row = await (await c.execute(SERVER_TIME)).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        return await self._run(read)
+
+    def _read_clock_blocking(self) -> None:
+        def read() -> float:
+            with self._sync().connection() as c:
+                row = c.execute(SERVER_TIME).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        self.clock.sync_blocking(read)
+
+    def _sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool = self._sync_pool
+        if pool is not None and os.getpid() == self._pid:
+            return pool
+        with self._lock:
+            self._after_fork()
+            if self._sync_pool is None:
+                self._reach_sync()
+                pool = ConnectionPool(
+                    self.opts.conninfo,
+                    connection_class=recording(self._pool_connected),
+                    min_size=self.opts.pool_min,
+                    max_size=self.opts.sync_pool_max,
+                    kwargs=self._conn_kwargs(),
+                    check=check_sync,
+                    # a server that stays down fails the call after this long
+                    timeout=self.opts.reconnect,
+                    open=False,
+                    name=f"dumbwaiter-{self.schema}",
+                )
+                pool.open(wait=False)
+                self._sync_pool = pool
+            return self._sync_pool
+
+    def _pool_connected(self, exc: BaseException | None) -> None:
+        self._pool_error = exc
+
+    def _reach_sync(self) -> None:
+        """Connect once in the caller's thread before the sync pool exists
+        (the pool connects in its own threads, where a refusal would only be
+        logged): a server that refuses the URL fails the first call at once
+        with its reason; one that is away is tried again until the deadline."""
+        backoff: deadline.Backoff | None = None
+        while True:
+            timeout = max(2, math.ceil(deadline.remaining(self.opts.reconnect)))
+            try:
+                with psycopg.connect(
+                    self.opts.conninfo, **self._conn_kwargs(), connect_timeout=timeout
+                ) as conn:
+                    if not self._schema_ok:
+                        self._check_schema_sync(conn)
+                return
+            except psycopg.OperationalError as exc:
+                backoff = backoff or deadline.Backoff(self.opts.reconnect)
+                pause = None if refusal(exc) else backoff.pause()
+                if pause is None:
+                    raise self.failure(exc, backoff.waited) from exc
+                time.sleep(pause)
+
+    @contextlib.contextmanager
+    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
+        """A sync producer's connection from the pool, waited for no longer
+        than the producer's deadline (or the URL's ``reconnect``)."""
+        timeout = max(0.001, deadline.remaining(self.opts.reconnect))
+        with self._sync().connection(timeout=timeout) as conn:
+            yield conn
+
+    def open_sync(self) -> None:
+        """Open the sync producers' pool now and check the schema (an app's
+        start-up), so that the first ``enqueue`` does not pay for connecting."""
+        with self.borrow() as conn:
+            if not self._schema_ok:
+                self._check_schema_sync(conn)
+
+    # -- open, close ---------------------------------------------
+
+    async def open(self) -> None:
+        self._state()
+        await self._run(_noop)
+
+    async def close(self) -> None:
+        await self._settle()
+        with self._lock:
+            pool, self._sync_pool = self._sync_pool, None
+        # each loop's connections close on their own loop (perloop.py)
+        await self._loops.close()
+        if pool is not None:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pool.close()
+            else:
+                await asyncio.to_thread(pool.close)
+
+
+async def _noop(conn: psycopg.AsyncConnection[Any]) -> None:
+    return None
+
+
+async def _close_loop(st: LoopState) -> None:
+    """Close one loop's connections, on that loop."""
+    await st.listener.close()
+    await asyncio.gather(*st.giving_back, return_exceptions=True)
+    await st.pool.close()
+    await st.work.close()
+
+
+def _abandon_loop(st: LoopState) -> None:
+    """Let go of the connections of a loop that cannot run them any more."""
+    st.listener.abandon()
+    st.pool.abandon()
+    st.work.abandon()
 
 
 def refusal(exc: BaseException) -> tuple[str, bool] | None:
@@ -239,112 +456,3 @@ def unreachable(exc: BaseException) -> bool:
         return False
     state = exc.sqlstate
     return state is None or state.startswith(("08", "57P")) or state == "53300"
-
-
-def recording(report: Callable[[BaseException | None], None]) -> type[psycopg.Connection[Any]]:
-    """A connection class (for ``ConnectionPool(connection_class=)``) that
-    reports how each connect went to ``report`` (its error, or None): the
-    pool connects in its own threads, and a caller that times out waiting
-    for it would otherwise learn only "couldn't get a connection", not why."""
-
-    class Recording(psycopg.Connection[Any]):
-        @classmethod
-        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
-            try:
-                conn = super().connect(conninfo, **kwargs)
-            except psycopg.Error as exc:
-                report(exc)
-                raise
-            report(None)
-            return conn
-
-    return Recording
-
-
-def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """True if an idle connection cannot be used: closed, broken, or its socket
-    is readable (the server said goodbye, or closed it, while we were idle)."""
-    if conn.closed or conn.broken:
-        return True
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-        return True
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
-
-def check_sync(conn: psycopg.Connection[Any]) -> None:
-    """``check`` callback of the sync pool: cheap, no round trip.  A dead
-    connection is closed here, so the pool discards it and opens another
-    (unclosed, the pool would take it back as it is and hand it out again)."""
-    if looks_closed(conn):
-        _finish(conn)
-        raise psycopg.OperationalError("connection closed by the server while idle")
-
-
-class LoopPool:
-    """Connections of one event loop, at most ``size`` of them at once."""
-
-    def __init__(self, connect: Callable[[], Any], size: int) -> None:
-        self._connect = connect
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._sem = asyncio.Semaphore(size)
-        self._closed = False
-
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        async with self._sem:
-            conn = None
-            while self._idle:
-                candidate = self._idle.pop()
-                if looks_closed(candidate):
-                    await _aclose(candidate)
-                    continue
-                conn = candidate
-                break
-            if conn is None:
-                conn = await self._connect()
-            try:
-                yield conn
-            finally:
-                self._give_back(conn)
-
-    def _give_back(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        reusable = (
-            not self._closed
-            and not conn.closed
-            and not conn.broken
-            and conn.info.transaction_status == pq.TransactionStatus.IDLE
-        )
-        if reusable:
-            self._idle.append(conn)
-        else:  # mid-query (cancelled), broken, or pool closed: never reuse
-            _finish(conn)
-
-    async def close(self) -> None:
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await _aclose(conn)
-
-    def abandon(self) -> None:
-        """Close without the loop (it has ended): libpq's finish is synchronous."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            _finish(conn)
-
-
-async def _aclose(conn: psycopg.AsyncConnection[Any]) -> None:
-    try:
-        await conn.close()
-    except Exception:  # closing a dead connection may complain; it is closed either way
-        _finish(conn)
-
-
-def _finish(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
-    """Close a connection without awaiting anything (safe from any loop or none)."""
-    with contextlib.suppress(Exception):
-        conn.pgconn.finish()

@@ -190,7 +190,7 @@ class Listener:
             w.event.set()
         else:
             self.keep([d])
-            w.event.set()  # a withdrawal may wait for it (broker._withdraw)
+            w.event.set()  # a withdrawal may wait for it (transport._withdraw)
 
     async def _run(self) -> None:
         backoff = 0.05

@@ -30,7 +30,7 @@ _TAKE = (
     " lease_until = now() + make_interval(secs => %(lease)s), worker = %(worker)s,"
     " updated_at = now()"
 )
-#: columns of ``JobInfo`` (see broker._info)
+#: columns of ``JobInfo`` (read by sql/rows.py's ``info_row``)
 INFO_COLS = (
     "id::text, queue, state, attempt, body, errors::text, date_part('epoch', run_at),"
     " date_part('epoch', updated_at), worker, date_part('epoch', lease_until), result, replays"
@@ -160,8 +160,9 @@ class Queries:
             )
 
         # A claim may carry the worker's last finished batch (see
-        # broker._Rides): one statement acks it and claims the next.  The ack
-        # touches running rows and the claim ready ones, so the two never meet.
+        # transport._ack_with_claim): one statement acks it and claims the
+        # next.  The ack touches running rows and the claim ready ones, so the
+        # two never meet.
         _settled = "lease_until = NULL, token = NULL, updated_at = now()"
         _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
 
@@ -200,7 +201,7 @@ class Queries:
         self.ack_claim_many = q("WITH " + acked + claim_many)
 
         # The claim of a fetch that will wait (migration 0005, see
-        # broker.fetch).  Besides claiming, one statement:
+        # transport.py's fetch).  Besides claiming, one statement:
         # * settles the waits this process registered before (``mine``):
         #   a row it can lock was handed nothing and is deleted (``gone``);
         #   a row no longer in this snapshot was taken by a producer, whose
@@ -378,7 +379,7 @@ class Queries:
             " ON CONFLICT (name) DO UPDATE SET paused = excluded.paused RETURNING name)"
             " SELECT pg_notify(%(channel)s, name) FROM u WHERE NOT %(paused)s"
         )
-        # list_jobs / replay / purge add a WHERE clause built by broker._where
+        # list_jobs / replay / purge add a WHERE clause built by sql/filters.py
         self.list_prefix = f"SELECT {INFO_COLS} FROM {jobs} WHERE "
         # The table's uuid, qualified: a bare "id" here names the output column
         # id::text, whose order no index gives (every match would be sorted).

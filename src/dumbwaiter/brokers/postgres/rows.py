@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import struct
-import uuid
 from typing import Any
 
 import orjson
 import psycopg
 
 from ..base import Delivery
-from ..sqlrows import delivery_row
+from ..sql.rows import delivery_row
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 ROW_FIELDS = (
@@ -48,8 +47,8 @@ class CopyRows:
     than by psycopg's ``write_row``.
 
     Why: psycopg formats each row through a few Python calls and a dumper per
-    field (~2 µs a job in a profile of a 10,000-job ``enqueue_many``, as much
-    as building the job's message).  Of the nine columns only the id, the
+    field, as costly as building the job's message (docs/benchmarks-postgres.md,
+    "COPY rows built as bytes").  Of the nine columns only the id, the
     keys and the body vary within a batch: the queue, name, kind, priority and
     max_attempts of a row are formatted once per distinct combination and
     reused, so a row is a few byte strings joined.  A priority or max_attempts outside int4
@@ -128,14 +127,6 @@ def merge_ids(
     """The ids of a COPY batch whose scheduled rows were inserted apart."""
     by_row = {id(r): i for r, i in zip(later, held, strict=True)}
     return [by_row.get(id(r), r[0]) for r in kept]
-
-
-def is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return True
 
 
 def handed(payload: str) -> tuple[int, Delivery | None]:

@@ -1,10 +1,9 @@
--- dumbwaiter SQLite schema, version 2 (version 1 had no dw_jobs.msg_key).
+-- dumbwaiter SQLite schema, version 2 (schema.py refuses any other).
 -- One table of jobs; each state the worker polls has a small partial index,
 -- so the rows a fetch looks at stay few however many finished jobs are kept.
 --
 -- Every statement is safe to run again: the broker runs this file whenever it
--- opens a database, in one transaction, after adding the columns an older
--- version's dw_jobs lacks (ALTER TABLE has no IF NOT EXISTS; see broker.py).
+-- opens a database, in one transaction.
 
 CREATE TABLE IF NOT EXISTS dw_jobs (
     id              TEXT PRIMARY KEY,          -- UUIDv7, time-ordered
@@ -128,38 +127,11 @@ CREATE TABLE IF NOT EXISTS dw_meta (
 );
 
 INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('schema_version', 2);
-UPDATE dw_meta SET v = 2 WHERE k = 'schema_version' AND v < 2;
 INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('fence', 0);
 
--- A database made before dw_counts existed: count its rows once, in the same
--- transaction that created the triggers.
-INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('counts', 0);
-INSERT INTO dw_counts (queue, state, n)
-SELECT queue, CASE WHEN state = 'scheduled' AND attempt > 0 THEN 'retrying' ELSE state END,
-       count(*)
-FROM dw_jobs WHERE (SELECT v FROM dw_meta WHERE k = 'counts') = 0
-GROUP BY 1, 2
-ON CONFLICT (queue, state) DO UPDATE SET n = excluded.n;
-UPDATE dw_meta SET v = 1 WHERE k = 'counts';
 
 -- Search by key (JobFilter.key): msg_key is the job's Message.key, written at
 -- enqueue for tasks and event deliveries alike and never freed (unlike key,
 -- which a newer unique job takes over), so a key search is one probe of this
 -- index, in id order.  Partial: most jobs have no key and cost it nothing.
--- A database made before msg_key existed: its jobs' keys are copied from
--- their bodies once, in the transaction that added the column, before the
--- index is built.  A body that is not JSON, or has no string key, is left
--- NULL.  Once done, the flag makes the LIMIT 0, so later opens do not read
--- the table (a WHERE on the flag alone would: 150 ms at 1,000,000 jobs).
-INSERT OR IGNORE INTO dw_meta (k, v) VALUES ('msg_keys', 0);
-UPDATE dw_jobs SET msg_key = json_extract(CAST(body AS TEXT), '$.key')
-WHERE rowid IN (
-    SELECT rowid FROM dw_jobs
-    WHERE msg_key IS NULL
-      AND instr(body, CAST('"key"' AS BLOB)) > 0
-      AND CASE WHEN json_valid(CAST(body AS TEXT))
-               THEN json_type(CAST(body AS TEXT), '$.key') END = 'text'
-    LIMIT (SELECT CASE WHEN v = 0 THEN -1 ELSE 0 END FROM dw_meta WHERE k = 'msg_keys')
-);
-UPDATE dw_meta SET v = 1 WHERE k = 'msg_keys';
 CREATE INDEX IF NOT EXISTS dw_jobs_msg_key ON dw_jobs (msg_key, id) WHERE msg_key IS NOT NULL;

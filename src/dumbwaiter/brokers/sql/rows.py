@@ -11,16 +11,17 @@ it), a listing shows what the row itself says.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from ..errors import MessageDecodeError
-from ..message import ErrorRecord, Message
-from ..message import from_dict as message_from_dict
-from ..state import State
-from .base import Delivery, JobInfo
+from ...errors import MessageDecodeError
+from ...message import ErrorRecord, Message, decode
+from ...message import from_dict as message_from_dict
+from ...state import State
+from ..base import Delivery, JobInfo, Page
 
 
 def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
@@ -116,3 +117,27 @@ def info_row(row: Sequence[Any]) -> JobInfo:
 def err_json(d: Delivery) -> str | None:
     """A delivery's error record as the JSON text its row stores."""
     return None if d.error is None else orjson.dumps(d.error.to_dict()).decode()
+
+
+def is_uuid(value: str) -> bool:
+    """Whether ``value`` is a job id as the engines store them (a malformed
+    one matches no job, rather than failing a statement)."""
+    try:
+        uuid.UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def jobs_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
+    """A listing's page from the first ``limit + 1`` matching rows (the one
+    more says that another page follows, after the last id shown)."""
+    items = [info_row(r) for r in rows[:limit]]
+    return Page(items=items, cursor=items[-1].message.id if len(rows) > limit else None)
+
+
+def events_page(rows: Sequence[Sequence[Any]], limit: int) -> tuple[list[Message], str | None]:
+    """A page of the event log from the first ``limit + 1`` (id, body) rows,
+    with the cursor of the next page (None: this is the last)."""
+    page = [decode(bytes(body)) for _, body in rows[:limit]]
+    return page, (page[-1].id if len(rows) > limit else None)

@@ -1,0 +1,1 @@
+"""What the SQL engines (SQLite, PostgreSQL) share: rows and filters."""
