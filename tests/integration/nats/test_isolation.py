@@ -1,0 +1,109 @@
+"""The broker's private hooks stay on its own client: a user's nats-py client
+in the same process, made after an App on nats:// has enqueued and fetched
+(both hooks used), has nats-py's own parser and works as without dumbwaiter
+(brokers/hooks.py, docs/benchmarks.md "Private hooks").
+
+The check runs in a fresh interpreter, so it sees nats-py as it was before
+dumbwaiter was imported at all."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.integration.nats.server import SERVER
+
+SCRIPT = r"""
+import asyncio
+import sys
+
+import nats
+import nats.aio.client
+import nats.aio.subscription
+import nats.protocol.parser
+
+
+def snapshot():
+    owners = {
+        "nats": nats,
+        "nats.aio.client": nats.aio.client,
+        "nats.protocol.parser": nats.protocol.parser,
+        "Client": nats.aio.client.Client,
+        "Parser": nats.protocol.parser.Parser,
+        "Subscription": nats.aio.subscription.Subscription,
+    }
+    return {label: dict(vars(owner)) for label, owner in owners.items()}
+
+
+def changed(before, after):
+    return sorted(
+        f"{label}.{name}"
+        for label in before
+        for name in set(before[label]) | set(after[label])
+        if before[label].get(name) is not after[label].get(name)
+    )
+
+
+before = snapshot()
+import dumbwaiter as dw  # noqa: E402
+
+
+async def own_client(server, subject):
+    nc = await nats.connect(server)
+    try:
+        assert type(nc._ps) is nats.protocol.parser.Parser
+        assert [n for n in vars(nc) if callable(getattr(type(nc), n, None))] == []
+        got = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg):
+            got.set_result((msg.subject, msg.data, msg.headers))
+
+        await nc.subscribe(subject + ".events", cb=on_msg)
+
+        async def responder(msg):
+            await msg.respond(msg.data.upper())
+
+        await nc.subscribe(subject + ".service", cb=responder)
+        await nc.publish(subject + ".events", b"mine", headers={"K": "v"})
+        assert await asyncio.wait_for(got, 30) == (subject + ".events", b"mine", {"K": "v"})
+        reply = await nc.request(subject + ".service", b"ping", timeout=30)
+        assert reply.data == b"PING"
+    finally:
+        await nc.close()
+
+
+async def main(url, server, subject):
+    app = dw.App(url)
+
+    @app.task(name="isolation.noop")
+    async def noop(i: int) -> None:
+        pass
+
+    job = await noop.aenqueue(1)
+    got = await app.broker.fetch(["default"], 1, 30.0, 10.0)
+    assert [d.id for d in got] == [job.id], got
+    wire = app.broker._links[asyncio.get_running_loop()].wire
+    assert wire.parser_hook and wire.send_hook  # the hooks were on
+    touched = changed(before, snapshot())
+    assert touched == [], touched
+    await own_client(server, subject)
+    await app.aclose()
+    print("ok")
+
+
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+def test_a_users_own_client_is_nats_pys_beside_the_broker(shared_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DUMBWAITER_HOOKS_OFF"}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, shared_url, SERVER, f"dwiso{os.getpid()}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"

@@ -1,0 +1,126 @@
+"""The broker's private hooks stay on its own connections: a user's aiormq or
+aio-pika connection in the same process, made after an App on amqp:// has
+enqueued and fetched (both hooks used), is aiormq's own and works as without
+dumbwaiter (brokers/hooks.py, docs/benchmarks.md "Private hooks").
+
+The check runs in a fresh interpreter, so it sees aiormq and pamqp as they
+were before dumbwaiter was imported at all."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.rabbitmq import server
+
+SCRIPT = r"""
+import asyncio
+import sys
+
+import aio_pika
+import aiormq
+import aiormq.channel
+import aiormq.connection
+import pamqp.frame
+
+
+def snapshot():
+    owners = {
+        "aiormq": aiormq,
+        "aiormq.connection": aiormq.connection,
+        "aiormq.channel": aiormq.channel,
+        "pamqp.frame": pamqp.frame,
+        "Connection": aiormq.connection.Connection,
+        "Channel": aiormq.channel.Channel,
+        "FrameReceiver": aiormq.connection.FrameReceiver,
+    }
+    return {label: dict(vars(owner)) for label, owner in owners.items()}
+
+
+def changed(before, after):
+    return sorted(
+        f"{label}.{name}"
+        for label in before
+        for name in set(before[label]) | set(after[label])
+        if before[label].get(name) is not after[label].get(name)
+    )
+
+
+before = snapshot()
+import dumbwaiter as dw  # noqa: E402
+
+
+async def own_connections(base):
+    # aio-pika: publish with confirms, consume through a callback
+    conn = await aio_pika.connect(base)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        raw = await ch.get_underlay_channel()
+        assert [n for n in vars(raw) if callable(getattr(type(raw), n, None))] == []
+        assert type(raw.frames) is asyncio.Queue
+        q = await ch.declare_queue(exclusive=True)
+        got = asyncio.get_running_loop().create_future()
+
+        async def on_message(m):
+            async with m.process():
+                got.set_result((m.body, m.headers, m.message_id))
+
+        await q.consume(on_message)
+        msg = aio_pika.Message(b"mine", headers={"k": "v", "n": 7}, message_id="m1")
+        await ch.default_exchange.publish(msg, routing_key=q.name)
+        assert await asyncio.wait_for(got, 30) == (b"mine", {"k": "v", "n": 7}, "m1")
+    finally:
+        await conn.close()
+    # aiormq: basic_publish with confirms, basic_get
+    conn = await aiormq.connect(base)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        assert [n for n in vars(ch) if callable(getattr(type(ch), n, None))] == []
+        ok = await ch.queue_declare(exclusive=True)
+        props = aiormq.spec.Basic.Properties(headers={"x": "y"}, message_id="m2")
+        r = await ch.basic_publish(b"also mine", routing_key=ok.queue, properties=props)
+        assert isinstance(r, aiormq.spec.Basic.Ack)
+        m = await ch.basic_get(ok.queue, no_ack=True)
+        assert (m.body, m.header.properties.headers, m.header.properties.message_id) == (
+            b"also mine", {"x": "y"}, "m2")
+    finally:
+        await conn.close()
+
+
+async def main(url, base):
+    app = dw.App(url)
+
+    @app.task(name="isolation.noop")
+    async def noop(i: int) -> None:
+        pass
+
+    job = await noop.aenqueue(1)
+    got = await app.broker.fetch(["default"], 1, 30.0, 10.0)
+    assert [d.id for d in got] == [job.id], got
+    link = app.broker._links[asyncio.get_running_loop()]
+    assert link.fast_publish and link.inline  # the hooks were on
+    touched = changed(before, snapshot())
+    assert touched == [], touched
+    await own_connections(base)
+    await app.aclose()
+    print("ok")
+
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_a_users_own_connections_are_aiormqs_beside_the_broker(tmp_path: Path) -> None:
+    url = server.rabbitmq_url(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "DUMBWAITER_HOOKS_OFF"}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, url, server.amqp_base()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"
