@@ -8,11 +8,17 @@ dumbwaiter was imported at all."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 
-from tests.integration.nats.server import SERVER
+import pytest
+
+from dumbwaiter.brokers import hooks
+from dumbwaiter.brokers.nats.wire import Wire, header, headers
+from tests.conftest import require_service
+from tests.integration.nats.server import SERVER, _check
 
 SCRIPT = r"""
 import asyncio
@@ -107,3 +113,51 @@ def test_a_users_own_client_is_nats_pys_beside_the_broker(shared_url: str) -> No
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
+
+
+async def _seen_through(
+    monkeypatch: pytest.MonkeyPatch, off: str, subject: str
+) -> tuple[bool, list[tuple[bytes, bytes, bytes | None, bytes]], int]:
+    """What a handler gets for a publish with headers and one without, with
+    ``DUMBWAITER_HOOKS_OFF=off``; and the status of a request nobody answers."""
+    monkeypatch.setenv(hooks.ENV, off)
+    wire = Wire([SERVER], {}, timeout=10.0)
+    await wire.connect(10.0)
+    try:
+        got: list[tuple[bytes, bytes, bytes | None, bytes]] = []
+        done = asyncio.Event()
+
+        def on_msg(s: bytes, r: bytes, h: bytes | None, d: bytes) -> None:
+            got.append((s, r, h, d))
+            if len(got) == 2:
+                done.set()
+
+        await wire.subscribe(subject + ".*", on_msg)
+        hdr = headers((b"Dw-Id", b"x1"), (b"Nats-Msg-Id", "m-1"))
+        wire.publish(subject.encode() + b".a", b"with headers", hdr, reply=b"back.here")
+        wire.publish(subject.encode() + b".b", b"")
+        await wire.flush()
+        await asyncio.wait_for(done.wait(), 10)
+        nobody = await wire.call(subject.encode() + b"-nobody", b"?")
+        return wire.parser_hook and wire.send_hook, got, nobody.status
+    finally:
+        await wire.close()
+
+
+async def test_the_public_path_hands_handlers_what_the_hooks_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hooks off (``DUMBWAITER_HOOKS_OFF=1``), nats-py's public subscribe
+    callbacks and publish carry the same subject, reply, header block and
+    payload to a handler, and the server's inline status (503: no
+    responders) still reads as ``Reply.status``."""
+    require_service("NATS", *_check())
+    subject = f"dwisowire{os.getpid()}"
+    hooked, with_hooks, status = await _seen_through(monkeypatch, "", subject)
+    public, without, public_status = await _seen_through(monkeypatch, "1", subject)
+    assert hooked and not public
+    assert with_hooks == without
+    assert with_hooks[0][:2] == (subject.encode() + b".a", b"back.here")
+    assert header(with_hooks[0][2], b"Dw-Id") == b"x1"
+    assert with_hooks[1] == (subject.encode() + b".b", b"", None, b"")
+    assert status == public_status == 503

@@ -6,10 +6,8 @@ again afterwards.  Its per-message path is slow for a job queue, though:
 every received message passes a regular expression, an ``async`` call, a
 header dictionary, a ``Msg`` object, an ``asyncio.Queue`` and a task switch,
 and the receive buffer is shifted after each message; ``js.publish`` adds a
-timer and a JSON dataclass per call.  Measured on the benchmark machine
-(2 vCPUs): 3,000 ``js.publish`` round trips/s one at a time and 12,000
-pipelined, against 9,500 and 80,000 for the same JetStream publishes through
-the path below.
+timer and a JSON dataclass per call (docs/benchmarks.md, "Private hooks", has
+what the path below saves).
 
 So ``Wire`` plugs two things into the nats-py client it creates (its own
 instance; nats-py's classes and modules are left alone, and so are other
