@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import rabbitmq_drain as drain
+from benchmarks.nats_enqueue import _delete
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.nats.names import stream_names
 
 SERVER = os.environ.get("DW_DRAIN_NATS", "nats://127.0.0.1:4222")
 PREFIX = "dwdrainnats"
@@ -33,24 +33,8 @@ app = dw.App(f"{SERVER}?prefix={PREFIX}")
 app.task(name="noop")(drain.noop.fn)
 
 
-async def _delete() -> None:
-    import nats
-    from nats.js.errors import NotFoundError
-
-    nc = await nats.connect(SERVER)
-    js = nc.jetstream()
-    try:
-        for s in stream_names(PREFIX):
-            try:
-                await js.delete_stream(s)
-            except NotFoundError:
-                pass
-    finally:
-        await nc.close()
-
-
 def _reset() -> None:
-    asyncio.run(_delete())
+    asyncio.run(_delete(SERVER, [PREFIX]))
     drain.DONE.unlink(missing_ok=True)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,6 +17,7 @@ from dumbwaiter.brokers import hooks
 from dumbwaiter.brokers.nats.wire import Wire, header, headers
 from tests.conftest import require_service
 from tests.integration.nats.server import SERVER, _check
+from tests.integration.untouched import run_fresh
 
 SCRIPT = r"""
 import asyncio
@@ -30,8 +29,7 @@ import nats.aio.subscription
 import nats.protocol.parser
 
 
-def snapshot():
-    owners = {
+OWNERS = {
         "nats": nats,
         "nats.aio.client": nats.aio.client,
         "nats.protocol.parser": nats.protocol.parser,
@@ -39,20 +37,9 @@ def snapshot():
         "Parser": nats.protocol.parser.Parser,
         "Subscription": nats.aio.subscription.Subscription,
     }
-    return {label: dict(vars(owner)) for label, owner in owners.items()}
 
 
-def changed(before, after):
-    return sorted(
-        f"{label}.{name}"
-        for label in before
-        for name in set(before[label]) | set(after[label])
-        if before[label].get(name) is not after[label].get(name)
-    )
-
-
-before = snapshot()
-import dumbwaiter as dw  # noqa: E402
+before = snapshot(OWNERS)
 
 
 async def own_client(server, subject):
@@ -80,18 +67,10 @@ async def own_client(server, subject):
 
 
 async def main(url, server, subject):
-    app = dw.App(url)
-
-    @app.task(name="isolation.noop")
-    async def noop(i: int) -> None:
-        pass
-
-    job = await noop.aenqueue(1)
-    got = await app.broker.fetch(["default"], 1, 30.0, 10.0)
-    assert [d.id for d in got] == [job.id], got
+    app = await one_job(url)
     wire = app.broker._links[asyncio.get_running_loop()].wire
     assert wire.parser_hook and wire.send_hook  # the hooks were on
-    touched = changed(before, snapshot())
+    touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched
     await own_client(server, subject)
     await app.aclose()
@@ -103,16 +82,7 @@ asyncio.run(main(*sys.argv[1:4]))
 
 
 def test_a_users_own_client_is_nats_pys_beside_the_broker(shared_url: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "DUMBWAITER_HOOKS_OFF"}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, shared_url, SERVER, f"dwiso{os.getpid()}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok"
+    run_fresh(SCRIPT, shared_url, SERVER, f"dwiso{os.getpid()}")
 
 
 async def _seen_through(

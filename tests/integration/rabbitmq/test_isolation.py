@@ -8,12 +8,10 @@ were before dumbwaiter was imported at all."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.integration.rabbitmq import server
+from tests.integration.untouched import run_fresh
 
 SCRIPT = r"""
 import asyncio
@@ -26,8 +24,7 @@ import aiormq.connection
 import pamqp.frame
 
 
-def snapshot():
-    owners = {
+OWNERS = {
         "aiormq": aiormq,
         "aiormq.connection": aiormq.connection,
         "aiormq.channel": aiormq.channel,
@@ -36,20 +33,9 @@ def snapshot():
         "Channel": aiormq.channel.Channel,
         "FrameReceiver": aiormq.connection.FrameReceiver,
     }
-    return {label: dict(vars(owner)) for label, owner in owners.items()}
 
 
-def changed(before, after):
-    return sorted(
-        f"{label}.{name}"
-        for label in before
-        for name in set(before[label]) | set(after[label])
-        if before[label].get(name) is not after[label].get(name)
-    )
-
-
-before = snapshot()
-import dumbwaiter as dw  # noqa: E402
+before = snapshot(OWNERS)
 
 
 async def own_connections(base):
@@ -90,18 +76,10 @@ async def own_connections(base):
 
 
 async def main(url, base):
-    app = dw.App(url)
-
-    @app.task(name="isolation.noop")
-    async def noop(i: int) -> None:
-        pass
-
-    job = await noop.aenqueue(1)
-    got = await app.broker.fetch(["default"], 1, 30.0, 10.0)
-    assert [d.id for d in got] == [job.id], got
+    app = await one_job(url)
     link = app.broker._links[asyncio.get_running_loop()]
     assert link.fast_publish and link.inline  # the hooks were on
-    touched = changed(before, snapshot())
+    touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched
     await own_connections(base)
     await app.aclose()
@@ -114,13 +92,4 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 def test_a_users_own_connections_are_aiormqs_beside_the_broker(tmp_path: Path) -> None:
     url = server.rabbitmq_url(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "DUMBWAITER_HOOKS_OFF"}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, url, server.amqp_base()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok"
+    run_fresh(SCRIPT, url, server.amqp_base())
