@@ -23,7 +23,7 @@ from ..errors import ConfigurationError
 ENV = "DUMBWAITER_HOOKS_OFF"
 
 #: every hook, by engine (docs/benchmarks.md says what each buys)
-NAMES = frozenset({"publish", "inline", "parser", "send"})
+NAMES = frozenset({"publish", "inline", "direct", "parser", "send"})
 
 
 def on(name: str) -> bool:

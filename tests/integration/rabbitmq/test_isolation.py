@@ -78,7 +78,7 @@ async def own_connections(base):
 async def main(url, base):
     app = await one_job(url)
     link = app.broker._links[asyncio.get_running_loop()]
-    assert link.fast_publish and link.inline  # the hooks were on
+    assert link.fast_publish and link.inline and link.direct  # the hooks were on
     touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched
     await own_connections(base)

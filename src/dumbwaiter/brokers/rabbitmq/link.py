@@ -27,7 +27,7 @@ from pamqp import commands as spec
 
 from ...errors import BrokerError, BrokerUnavailable
 from .. import deadline, failure, hooks
-from . import outgoing
+from . import direct, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -150,10 +150,12 @@ class Link:
         #: records (``RabbitMQBroker._ride``)
         self.riders: list[Any] = []
         #: the private hooks this connection uses (``ensure`` decides, from
-        #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, and consumers
-        #: called inline (``_hand_over_inline``)
+        #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
+        #: inline (``_hand_over_inline``), deliveries assembled in the
+        #: consumer channel's frame queue (``direct.py``, with ``inline``)
         self.fast_publish = False
         self.inline = False
+        self.direct = False
         #: (exchange, routing key) of copies this connection published
         #: after declaring their queue: the next one needs no declare
         self.targets: set[tuple[str, str]] = set()
@@ -176,6 +178,7 @@ class Link:
                 return
             await self.drop()
             inline, fast_publish = _INLINE and hooks.on("inline"), hooks.on("publish")
+            direct_on = inline and _DIRECT and hooks.on("direct")
             try:
                 # a producer's connect waits no longer than its deadline
                 async with asyncio.timeout(deadline.remaining(CONNECT_TIMEOUT)):
@@ -189,6 +192,7 @@ class Link:
             self.inline, self.fast_publish = inline, fast_publish
             if inline:
                 _hand_over_inline(cons)
+            self.direct = direct_on and direct.install(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
@@ -266,7 +270,7 @@ class Link:
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
         tag = str(ok.consumer_tag)
         if self.inline:
-            _inline_consumer(ch, tag, on_message)
+            _inline_consumer(ch, tag, direct.mark(on_message) if self.direct else on_message)
         self.consumers[lane_queue] = tag
         self.lanes[lane_queue] = (queue, lane)
 
@@ -494,3 +498,5 @@ def _inline_ok() -> bool:
 
 #: whether this aiormq calls consumers the way ``_hand_over_inline`` expects
 _INLINE = _inline_ok()
+#: whether its channels read frames from a queue ``direct.py`` can assemble in
+_DIRECT = _INLINE and direct.ok()
