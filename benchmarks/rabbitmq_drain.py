@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,7 +68,7 @@ async def noop(i: int) -> None:
 async def _reset() -> None:
     import aiormq
 
-    from dumbwaiter.brokers.rabbitmq import topology
+    from dumbwaiter.brokers.rabbitmq import announce, topology
 
     names = topology.Names(PREFIX, f"{PREFIX}.delay")
     conn = await aiormq.connect(AMQP)
@@ -81,6 +82,9 @@ async def _reset() -> None:
             await ch.queue_delete(q)
         for x in [names.dlx, names.events, *(names.level(n) for n in range(-1, topology.LEVELS))]:
             await ch.exchange_delete(x)
+        # the state store is new each time: forget the old one's identity
+        await ch.queue_delete(announce.name(PREFIX))
+        await ch.exchange_delete(announce.name(PREFIX))
     finally:
         await conn.close()
 
@@ -125,14 +129,25 @@ def _lines() -> int:
         return 0
 
 
-def one(n: int, concurrency: int, profile: str | None, gil: bool = False) -> dict[str, float]:
-    _reset_all()
-    asyncio.run(_fill(n))
+def one(
+    n: int,
+    concurrency: int,
+    profile: str | None,
+    gil: bool = False,
+    app_ref: str = "benchmarks.rabbitmq_drain:app",
+    reset: Callable[[], None] | None = None,
+    fill: Callable[[int], Awaitable[None]] | None = None,
+) -> dict[str, float]:
+    """One drain of ``n`` jobs by a worker on ``app_ref`` (RabbitMQ's by
+    default; ``benchmarks/nats_drain.py`` passes its own app, ``reset`` and
+    ``fill``)."""
+    (reset or _reset_all)()
+    asyncio.run((fill or _fill)(n))
     here = Path(__file__).resolve().parent.parent
     # this checkout's sources first (a snapshot of another commit measures that one)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here / "src"), str(here)]))
     cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app"]
-    cmd += ["benchmarks.rabbitmq_drain:app", "-q", "default", "-c", str(concurrency)]
+    cmd += [app_ref, "-q", "default", "-c", str(concurrency)]
     cmd += ["--log-level", "WARNING"]
     worker = subprocess.Popen(cmd, env=env, cwd=here)
     spy = None

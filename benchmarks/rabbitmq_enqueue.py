@@ -36,6 +36,7 @@ import aiormq
 from pamqp import commands as spec
 
 import dumbwaiter as dw
+from dumbwaiter.brokers.rabbitmq import announce
 from dumbwaiter.brokers.rabbitmq import topology as topo
 from dumbwaiter.brokers.rabbitmq.link import Link
 
@@ -103,6 +104,9 @@ async def delete_topology(ch: aiormq.abc.AbstractChannel, broker: Any) -> None:
         await ch.queue_delete(names.level_queue(lvl))
         await ch.exchange_delete(names.level(lvl))
     await ch.exchange_delete(names.level(-1))
+    # the state store is new each run: forget the old one's identity
+    await ch.queue_delete(announce.name(names.prefix))
+    await ch.exchange_delete(announce.name(names.prefix))
 
 
 async def main(n: int, reps: int, profile: str | None = None) -> None:

@@ -6,9 +6,8 @@ apart) with the worker's steps stamped by wrapping functions from outside
 (nothing in ``src`` is changed):
 
 * ``read``: the connection's first bytes after the producer's call;
-* ``cut``: our frame reader cutting them into frames;
-* ``ondeliv``: the delivery assembled: by aiormq's channel handling the
-  ``Basic.Deliver``, or, with ``direct.py``, by the channel's frame queue;
+* ``ondeliv``: the delivery assembled, by aiormq's channel handling the
+  ``Basic.Deliver``;
 * ``deliv``: the link's consumer making the copy (``Raw``);
 * ``woke`` / ``watch1``: the fetch awake, past ``_watch``;
 * ``admit0`` / ``admit1``: the admission (one ``kv_update`` of the state
@@ -55,7 +54,7 @@ async def noop(i: int) -> None:
     started(i)
 
 
-STEPS: tuple[str, ...] = ("read", "cut", "ondeliv", "deliv", "woke", "watch1", "admit0")
+STEPS: tuple[str, ...] = ("read", "ondeliv", "deliv", "woke", "watch1", "admit0")
 STEPS += ("admit1", "fetched", "start")
 SPANS = tuple(itertools.pairwise(STEPS[:-1]))
 
@@ -65,7 +64,6 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
     import aiormq
 
     from dumbwaiter.brokers.rabbitmq import broker as B
-    from dumbwaiter.brokers.rabbitmq import frames as F
     from dumbwaiter.brokers.rabbitmq import link as L
     from dumbwaiter.brokers.sqlite import broker as S
 
@@ -102,7 +100,6 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
         setattr(owner, name, wrapped)
 
     stamp_sync(asyncio.StreamReader, "feed_data", "read")
-    stamp_sync(F.FrameReceiver, "_cut", "cut")
     stamp_sync(L.Raw, "__init__", "deliv")
     on_deliver = aiormq.Channel._on_deliver_frame
 
@@ -111,10 +108,6 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
         return await on_deliver(self, *a)
 
     setattr(aiormq.Channel, "_on_deliver_frame", _on_deliver)  # noqa: B010
-    # since direct.py, a delivery skips the channel's queue and that handler
-    from dumbwaiter.brokers.rabbitmq import direct as D
-
-    stamp_sync(D._Frames, "_hand", "ondeliv")
     for name, before, after in (("_watch", "woke", "watch1"), ("_admit", "admit0", "admit1")):
         f = getattr(B.RabbitMQBroker, name)
 

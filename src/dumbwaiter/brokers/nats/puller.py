@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .wire import Reply, Unavailable, Wire, pub_cmd
+from .wire import Reply, Unavailable, Wire
 
 #: seconds a delivered message may wait in the stash before it is handed back
 GRACE = 0.25
@@ -137,7 +137,7 @@ class Puller:
         else:
             body = b'{"batch":%d,"expires":%d}' % (batch, max(int(expires * _NS_PER_S), 1_000_000))
             inbox, waits = self.inbox_wait, self.polls
-        self.wire.send(pub_cmd(self.path, body, inbox))
+        self.wire.publish(self.path, body, reply=inbox)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waits.append(_Wait(fut, batch))
         return fut

@@ -39,7 +39,6 @@ from .wire import (
     header,
     headers,
     pub_ack,
-    pub_cmd,
 )
 
 _NS_PER_S = 1_000_000_000
@@ -317,7 +316,7 @@ class Store:
                 batch = min(512, total - before)
                 fut: asyncio.Future[None] = loop.create_future()
                 waiting.append((before + batch, fut))
-                self.wire.send(pub_cmd(path, b'{"batch":%d,"no_wait":true}' % batch, inbox))
+                self.wire.publish(path, b'{"batch":%d,"no_wait":true}' % batch, reply=inbox)
                 await self.wire.flush()
                 await asyncio.wait_for(fut, self.wire.timeout)
                 if len(out) == before:

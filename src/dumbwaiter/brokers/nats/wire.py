@@ -6,22 +6,29 @@ again afterwards.  Its per-message path is slow for a job queue, though:
 every received message passes a regular expression, an ``async`` call, a
 header dictionary, a ``Msg`` object, an ``asyncio.Queue`` and a task switch,
 and the receive buffer is shifted after each message; ``js.publish`` adds a
-timer and a JSON dataclass per call.  Measured on the benchmark machine
-(2 vCPUs): 3,000 ``js.publish`` round trips/s one at a time and 12,000
-pipelined, against 9,500 and 80,000 for the same JetStream publishes through
-the path below.
+timer and a JSON dataclass per call (docs/benchmarks.md, "Private hooks", has
+what the path below saves).
 
-So ``Wire`` plugs two things into nats-py's client:
+So ``Wire`` plugs two things into the nats-py client it creates (its own
+instance; nats-py's classes and modules are left alone, and so are other
+clients of the process):
 
-* a protocol parser (``_Parser``) that takes over ``Client._ps``: it walks
+* the ``parser`` hook: a protocol parser (``_Parser``) that takes over that
+  client's ``_ps``: it walks
   each read buffer once and calls a plain function for the subscriptions
   registered here (``subscribe``), with the raw subject, reply, header block
   and payload; every other subscription (the JetStream management calls made
   through nats-py's own API) still goes to nats-py's ``_process_msg``;
-* publishing by appending protocol commands to the client's own pending
-  buffer (``send``) and waking its flusher once per batch (``flush``), so a
-  batch of a thousand publishes is a few socket writes and keeps its order
-  with everything else the client sends.
+* the ``send`` hook: publishing by appending protocol commands to the
+  client's own pending buffer (``publish``, ``request``, ``batch``) and
+  writing them once per batch (``flush``), so a batch of a thousand
+  publishes is a few socket writes and keeps its order with everything else
+  the client sends.
+
+Either hook can be turned off (``DUMBWAITER_HOOKS_OFF``, brokers/hooks.py),
+and both are off on a nats-py that lacks what they use: the messages then go
+through nats-py's public ``subscribe`` callbacks and ``publish``, with the
+same handlers and the same results.
 
 Requests share one wildcard inbox subscription: a reply names its request by
 the last token of its subject.  While the connection is down, ``request``
@@ -30,9 +37,10 @@ for later: a caller that gave up must not have its write replayed behind its
 back after the reconnect.  Outstanding requests fail with ``Unavailable`` when
 the connection drops and with ``BrokerError`` after ``timeout`` seconds.
 
-These hooks use nats-py internals (``Client._ps``, ``_pending``,
-``_flush_pending``, ``_process_msg``, ``_process_ping`` and friends), checked
-once at connect; the extra pins the 2.x series (tested with 2.16).  nats-py
+The hooks use nats-py internals of that one client (``_ps``, ``_pending``,
+``_transport``, ``_process_msg``, ``_process_ping`` and friends), checked at
+connect; the ``nats`` extra pins the minor releases they are tested with
+(``.ci/clients.sh`` runs the suites against the oldest and the newest).  nats-py
 is imported with this module, not at the first connect, so an app without
 the extra fails at ``App()`` with ``MissingDependency`` like every broker.
 """
@@ -47,12 +55,12 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import nats
 import orjson
 from nats.aio.client import Client
 from nats.errors import ProtocolError
 
 from ...errors import BrokerAuthError, BrokerError, BrokerUnavailable
+from .. import hooks
 
 log = logging.getLogger("dumbwaiter.nats")
 
@@ -62,9 +70,10 @@ Handler = Callable[[bytes, bytes, "bytes | None", bytes], None]
 #: bytes waiting in the socket's buffer above which ``flush`` waits for it to drain
 _HIGH_WATER = 4 * 1024 * 1024
 
-_REQUIRED = (
-    "_ps", "_pending", "_pending_data_size", "_flush_pending", "_process_msg", "_transport",
-)  # fmt: skip
+#: what each hook uses of the client (both check that it is there)
+_PARSER_USES = ("_ps", "_process_msg", "_process_ping", "_process_pong", "_process_err",
+                "_process_info")  # fmt: skip
+_SEND_USES = ("_pending", "_pending_data_size", "_transport")
 
 
 class Unavailable(BrokerUnavailable):
@@ -207,6 +216,39 @@ def headers(*pairs: tuple[bytes, bytes | str | int | float]) -> bytes:
     return b"".join(out)
 
 
+def header_dict(hdr: bytes | None) -> dict[str, str] | None:
+    """A raw header block as the dictionary nats-py's ``publish`` takes."""
+    if not hdr:
+        return None
+    out: dict[str, str] = {}
+    for line in hdr.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep:
+            out[name.decode()] = value.strip().decode()
+    return out
+
+
+def header_block(parsed: dict[str, str] | None) -> bytes | None:
+    """nats-py's parsed headers of a received message as the raw block the
+    handlers read (``header``, ``Reply.status``): an inline status (``Status``,
+    ``Description``) on the first line, as the server wrote it."""
+    if not parsed:
+        return None
+    first = b"NATS/1.0"
+    status = parsed.get("Status")
+    if status:
+        first += b" " + status.encode()
+        desc = parsed.get("Description")
+        if desc:
+            first += b" " + desc.encode()
+    pairs = [(k.encode(), v) for k, v in parsed.items() if k not in ("Status", "Description")]
+    out = [first, b"\r\n"]
+    for k, v in pairs:
+        out += (k, b": ", v.encode(), b"\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
 def pub_cmd(subject: bytes, data: bytes, reply: bytes = b"", hdr: bytes | None = None) -> bytes:
     """The protocol command publishing ``data`` (with an optional header block)."""
     if hdr is None:
@@ -311,6 +353,10 @@ async def _abandon(attempt: asyncio.Future[Any], nc: Any) -> None:
         await asyncio.wait_for(nc.close(), 5.0)
 
 
+def _has(nc: Any, names: tuple[str, ...]) -> bool:
+    return all(hasattr(nc, name) for name in names)
+
+
 class Wire:
     """A nats-py client with the fast path described in the module doc."""
 
@@ -344,6 +390,16 @@ class Wire:
         self.last_error: BaseException | None = None
         self._write_soon = False
         self._wrote_this_turn = False
+        #: the hooks this connection uses (``connect`` decides)
+        self.parser_hook = False
+        self.send_hook = False
+        #: without the send hook: (subject, payload, reply, headers) for
+        #: nats-py's ``publish``, in order, and the task publishing them
+        self._out: list[tuple[str, bytes, str, dict[str, str] | None]] = []
+        self._publisher: asyncio.Task[None] | None = None
+        #: our subscriptions by sid (ours without the parser hook)
+        self._subs: dict[int, Any] = {}
+        self._sids = 0
 
     # -- connection ---------------------------------------------------------------
 
@@ -373,14 +429,10 @@ class Wire:
                 self._on_reconnect()
 
         nc: Any = Client()
-        missing = [a for a in _REQUIRED if not hasattr(nc, a)]
-        if missing:
-            raise BrokerError(
-                f"this nats-py ({getattr(nats, '__version__', '?')}) lacks {missing}; "
-                "dumbwaiter's NATS broker is tested with nats-py 2.16 "
-                "(pip install 'nats-py>=2.7,<3')"
-            )
-        nc._ps = _Parser(nc, self._fast)
+        self.parser_hook = hooks.on("parser") and _has(nc, _PARSER_USES)
+        self.send_hook = hooks.on("send") and _has(nc, _SEND_USES)
+        if self.parser_hook:  # this client's parser only (the module doc)
+            nc._ps = _Parser(nc, self._fast)
         self.nc = nc
         attempt = asyncio.ensure_future(
             nc.connect(
@@ -418,6 +470,10 @@ class Wire:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._publisher is not None:
+            self._publisher.cancel()
+            self._publisher = None
+        self._out.clear()
         self._fail_all(Unavailable("the broker was closed"))
         if self.nc is not None and not self.nc.is_closed:
             try:
@@ -475,16 +531,24 @@ class Wire:
 
     # -- sending -------------------------------------------------------------------
 
-    def send(self, cmd: bytes) -> None:
-        """Queue one protocol command (sent by the next ``flush``)."""
-        self.check()
-        nc = self.nc
-        nc._pending.append(cmd)
-        nc._pending_data_size += len(cmd)
+    def _queue(self, subject: bytes, data: bytes, reply: bytes, hdr: bytes | None) -> None:
+        """Queue one publish for the next ``flush``: its protocol command in
+        the client's buffer (the send hook), or for nats-py's ``publish``."""
+        if self.send_hook:
+            cmd = pub_cmd(subject, data, reply, hdr)
+            nc = self.nc
+            nc._pending.append(cmd)
+            nc._pending_data_size += len(cmd)
+        else:
+            self._out.append((subject.decode(), data, reply.decode(), header_dict(hdr)))
 
-    def publish(self, subject: bytes, data: bytes, hdr: bytes | None = None) -> None:
-        """Queue a publish that wants no reply (acks to JetStream, ...)."""
-        self.send(pub_cmd(subject, data, b"", hdr))
+    def publish(
+        self, subject: bytes, data: bytes, hdr: bytes | None = None, reply: bytes = b""
+    ) -> None:
+        """Queue a publish (sent by the next ``flush``): acks to JetStream,
+        pull requests whose answers go to ``reply``, ..."""
+        self.check()
+        self._queue(subject, data, reply, hdr)
 
     async def flush(self) -> None:
         """Write everything queued to the socket: the first flush of an event
@@ -498,6 +562,9 @@ class Wire:
         both write in queue order.  Backpressure stays nats-py's: this waits
         while the socket's buffer is over its high-water mark."""
         nc = self.nc
+        if not self.send_hook:
+            await self._publish_out()
+            return
         if nc is None or not nc._pending_data_size:
             return
         if not self._wrote_this_turn:
@@ -516,6 +583,10 @@ class Wire:
     def write_now(self) -> None:
         """``flush`` for code that cannot await: the same rules, no backpressure wait."""
         nc = self.nc
+        if not self.send_hook:
+            if self._out and (self._publisher is None or self._publisher.done()):
+                self._publisher = asyncio.get_running_loop().create_task(self._publish_out())
+            return
         if nc is None or not nc._pending_data_size:
             return
         if not self._wrote_this_turn:
@@ -528,6 +599,21 @@ class Wire:
 
     def _turn_over(self) -> None:
         self._wrote_this_turn = False
+
+    async def _publish_out(self) -> None:
+        """Without the send hook: everything queued, in order, through
+        nats-py's ``publish`` (which wakes its flusher task).  A publish that
+        fails (the connection broke, nats-py's buffer is full while it
+        reconnects) is dropped, as a write into a broken socket is: its
+        request times out."""
+        nc = self.nc
+        while self._out and nc is not None:
+            out, self._out = self._out, []
+            for subject, data, reply, headers in out:
+                try:
+                    await nc.publish(subject, data, reply=reply, headers=headers)
+                except Exception:
+                    log.debug("nats: publish to %s failed", subject, exc_info=True)
 
     def _write(self) -> None:
         self._write_soon = False  # (also when called at once: a scheduled one finds nothing)
@@ -553,10 +639,7 @@ class Wire:
         token = b"%x" % self._next
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[token] = (fut, time.monotonic() + (timeout or self.timeout))
-        nc = self.nc
-        cmd = pub_cmd(subject, data, self._prefix + token, hdr)
-        nc._pending.append(cmd)
-        nc._pending_data_size += len(cmd)
+        self._queue(subject, data, self._prefix + token, hdr)
         return fut
 
     async def call(
@@ -577,20 +660,15 @@ class Wire:
             return b
         deadline = time.monotonic() + self.timeout
         prefix = self._prefix
-        nc = self.nc
-        pending = nc._pending
-        size = 0
         slots = self._slots
         n = self._next
+        queue = self._queue
         for i, (subject, data, hdr) in enumerate(items):
             n += 1
             token = b"%x" % n
             slots[token] = (b, i)
-            cmd = pub_cmd(subject, data, prefix + token, hdr)
-            pending.append(cmd)
-            size += len(cmd)
+            queue(subject, data, prefix + token, hdr)
         self._next = n
-        nc._pending_data_size += size
         self._batches[b] = deadline
         return b
 
@@ -634,15 +712,31 @@ class Wire:
         return sid
 
     async def _subscribe(self, subject: str, handler: Handler) -> int:
-        async def never(_msg: Any) -> None:  # the parser hands our messages to ``handler``
-            return None
+        if self.parser_hook:
 
-        sub = await self.nc.subscribe(subject, cb=never)
-        return int(sub._id)
+            async def never(_msg: Any) -> None:  # the parser hands our messages to ``handler``
+                return None
+
+            sub = await self.nc.subscribe(subject, cb=never)
+            sid = int(sub._id)  # the number the parser sees in MSG lines
+        else:
+
+            async def adapt(msg: Any) -> None:  # nats-py's Msg, as the hook would hand it
+                try:
+                    hdr = header_block(msg.headers)
+                    handler(msg.subject.encode(), msg.reply.encode(), hdr, msg.data)
+                except Exception:
+                    log.exception("nats: handler of %s failed", subject)
+
+            sub = await self.nc.subscribe(subject, cb=adapt)
+            self._sids += 1
+            sid = self._sids
+        self._subs[sid] = sub
+        return sid
 
     async def unsubscribe(self, sid: int) -> None:
         self._fast.pop(sid, None)
-        sub = self.nc._subs.get(sid) if self.nc is not None else None
+        sub = self._subs.pop(sid, None)
         if sub is not None:
             try:
                 await sub.unsubscribe()

@@ -921,38 +921,14 @@ class RabbitMQBroker(StateDelegation):
         )
         key = self.keys.job + m.id
         copy = self._copy(m, 0, due, raw, enq)
-        link = self._links.get(asyncio.get_running_loop())
-        sent = None if link is None else link.start_one(copy)
-        if link is None or sent is None:
-            # written while RabbitMQ (a quorum queue: its log's commit)
-            # confirms the copy, so it normally commits long before the
-            # copy is handed out
-            add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
-            try:
-                await self._send([copy], True)
-            except BaseException as exc:
-                return await self._unsent(m, key, add, exc)
-            await add
-            return m.id
-        # The usual call: the copy's frames are on the socket already
-        # (``Link.start_one``), and the record is written while RabbitMQ
-        # confirms them, here, without a task (on SQLite, on this thread).
-        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        # written while RabbitMQ (a quorum queue: its log's commit) confirms
+        # the copy, so it normally commits long before the copy is handed out
+        add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
         try:
-            written.set_result(await self.state.kv_add(key, rec.dump()))
+            await self._send([copy], True)
         except BaseException as exc:
-            written.set_exception(exc)
-            if not isinstance(exc, Exception):  # cancelled: the outcome is unknown
-                return await self._unsent(m, key, written, exc)
-        try:
-            try:
-                await link.confirm_one(sent)
-            except SEND_ERRORS as exc:  # again, on a new connection if need be
-                log.debug("rabbitmq publish failed (%r); sending again", exc)
-                await self._send([copy], True)
-        except BaseException as exc:
-            return await self._unsent(m, key, written, exc)
-        await written  # raises if the record could not be written (see above)
+            return await self._unsent(m, key, add, exc)
+        await add  # raises if the record could not be written
         return m.id
 
     async def _unsent(

@@ -1,15 +1,18 @@
-"""Deliveries handed to the link's consumers as their last frame is read.
+"""The ``direct`` hook: deliveries handed to the link's consumers as their
+last frame is read.
 
 aiormq passes every frame of a channel through the channel's ``frames``
 queue: the connection's reader task puts the three frames of a delivery
 (``Basic.Deliver``, content header, body) there, and the channel's reader
 task, woken on the loop's next turn, takes them out again, assembles the
 message and hands it to the consumer.  For a worker that waits for one job
-(W3) that hand-over is a loop turn and ~100 us of the pickup (between
-``cut`` and ``ondeliv`` in ``benchmarks/rabbitmq_w3_steps.py``), and for a
-worker draining a backlog it is three queue puts and gets a message.
+(W3) that hand-over is a loop turn of the pickup, and for a worker draining
+a backlog it is three queue puts and gets a message (docs/benchmarks.md,
+"Private hooks", has what it costs).
 
-``install`` gives the consumer channel's queue a ``put_nowait`` that
+``install`` gives the link's own consumer channel's queue (that one object,
+re-classed; aiormq's classes and every other channel are left alone) a
+``put_nowait`` that
 assembles a delivery itself and calls the consumer at once, in the reader's
 turn, when three things hold:
 

@@ -13,7 +13,6 @@ messages back), which the ``unacked`` set also guards against double acks
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import logging
 import os
@@ -27,8 +26,8 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from pamqp import commands as spec
 
 from ...errors import BrokerError, BrokerUnavailable
-from .. import deadline, failure
-from . import direct, frames, outgoing
+from .. import deadline, failure, hooks
+from . import direct, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -150,9 +149,13 @@ class Link:
         #: acks waiting for this loop's next admission to write their
         #: records (``RabbitMQBroker._ride``)
         self.riders: list[Any] = []
-        #: the connection's stream, for frames that may skip aiormq's
-        #: writer task (``outgoing.start``); None where aiormq hides it
-        self.writer: asyncio.StreamWriter | None = None
+        #: the private hooks this connection uses (``ensure`` decides, from
+        #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
+        #: inline (``_hand_over_inline``), deliveries assembled in the
+        #: consumer channel's frame queue (``direct.py``, with ``inline``)
+        self.fast_publish = False
+        self.inline = False
+        self.direct = False
         #: (exchange, routing key) of copies this connection published
         #: after declaring their queue: the next one needs no declare
         self.targets: set[tuple[str, str]] = set()
@@ -174,25 +177,23 @@ class Link:
             if self.ok():
                 return
             await self.drop()
-            factory = _Recording(self.url)
+            inline, fast_publish = _INLINE and hooks.on("inline"), hooks.on("publish")
+            direct_on = inline and _DIRECT and hooks.on("direct")
             try:
                 # a producer's connect waits no longer than its deadline
                 async with asyncio.timeout(deadline.remaining(CONNECT_TIMEOUT)):
                     conn = await aiormq.connect(
-                        self.url,
-                        client_properties={"connection_name": self.name},
-                        **({"transport_factory": factory} if _FACTORIES and factory.inner else {}),
+                        self.url, client_properties={"connection_name": self.name}
                     )
                     pub = await conn.channel(publisher_confirms=True)
                     cons = await conn.channel(publisher_confirms=False)
             except AMQP_ERRORS as exc:
                 raise failure_of(self.url, exc) from exc
-            if _INLINE:
+            self.inline, self.fast_publish = inline, fast_publish
+            if inline:
                 _hand_over_inline(cons)
-                if _DIRECT:
-                    direct.install(cons)
+            self.direct = direct_on and direct.install(cons)
             self.conn, self.pub, self.cons = conn, pub, cons
-            self.writer = factory.writer
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
 
@@ -203,7 +204,6 @@ class Link:
         """Forget the connection (its unacked messages go back to their queues)."""
         conn = self.conn
         self.conn = self.pub = self.cons = None
-        self.writer = None
         self.targets.clear()
         self.buffer.clear()
         self.waiting.clear()
@@ -269,8 +269,8 @@ class Link:
 
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
         tag = str(ok.consumer_tag)
-        if _INLINE:
-            _inline_consumer(ch, tag, on_message)
+        if self.inline:
+            _inline_consumer(ch, tag, direct.mark(on_message) if self.direct else on_message)
         self.consumers[lane_queue] = tag
         self.lanes[lane_queue] = (queue, lane)
 
@@ -351,24 +351,6 @@ class Link:
                 self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
 
-    def start_one(
-        self, item: tuple[str, str, bytes, spec.Basic.Properties]
-    ) -> asyncio.Future[Any] | None:
-        """Send one copy to a target this connection published to before,
-        at once (``outgoing.start``): its pending confirmation, for
-        ``confirm_one``; None when it must go through ``publish``."""
-        ex, rk, body, props = item
-        if (ex, rk) not in self.targets or not self.ok():
-            return None
-        return outgoing.start(cast(aiormq.Channel, self.pub), self.writer, ex, rk, body, props)
-
-    async def confirm_one(self, confirmation: asyncio.Future[Any]) -> None:
-        """Wait for a ``start_one`` copy's confirm, as ``publish`` does."""
-        async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
-            r = await outgoing.confirmed(cast(aiormq.Channel, self.pub), confirmation)
-        if not isinstance(r, spec.Basic.Ack):
-            raise BrokerError(f"rabbitmq refused a message: {r!r}")
-
     async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
         """Publish and wait for every confirm (pipelined: one round trip)."""
         if not items:
@@ -378,7 +360,7 @@ class Link:
         if len(items) == 1:  # the usual enqueue: no task and gather around it
             ex, rk, body, props = items[0]
             async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
-                r = await outgoing.publish(ch, ex, rk, body, props)
+                r = await self._publish_one(ch, ex, rk, body, props)
             if not isinstance(r, spec.Basic.Ack):
                 raise BrokerError(f"rabbitmq refused a message: {r!r}")
             return
@@ -393,20 +375,27 @@ class Link:
                 if not isinstance(r, spec.Basic.Ack):
                     raise BrokerError(f"rabbitmq refused a message: {r!r}")
 
-    @staticmethod
+    async def _publish_one(
+        self, ch: aiormq.Channel, ex: str, rk: str, body: bytes, props: spec.Basic.Properties
+    ) -> Any:
+        """One confirmed publish: its confirmation frame."""
+        if self.fast_publish:
+            return await outgoing.publish(ch, ex, rk, body, props)
+        # wait=False: queue the frames without waiting for them to reach
+        # the socket; the confirm is what is awaited
+        return await ch.basic_publish(
+            body, exchange=ex, routing_key=rk, properties=props, wait=False
+        )
+
     async def _publish(
-        ch: aiormq.Channel, items: list[tuple[str, str, bytes, spec.Basic.Properties]]
+        self, ch: aiormq.Channel, items: list[tuple[str, str, bytes, spec.Basic.Properties]]
     ) -> list[Any]:
-        together = await outgoing.publish_many(ch, items)
-        if together is not None:
-            return together
+        if self.fast_publish:
+            together = await outgoing.publish_many(ch, items)
+            if together is not None:
+                return together
         return await asyncio.gather(
-            *(
-                # wait=False: queue the frames without waiting for each to
-                # reach the socket; the confirms are what is awaited
-                outgoing.publish(ch, ex, rk, body, props)
-                for ex, rk, body, props in items
-            ),
+            *(self._publish_one(ch, ex, rk, body, props) for ex, rk, body, props in items),
             return_exceptions=True,
         )
 
@@ -469,12 +458,14 @@ _HANDED = _Handed()
 
 
 def _hand_over_inline(ch: AbstractChannel) -> None:
-    """Let consumer callbacks run inline, without a task per delivery.
+    """The ``inline`` hook: let consumer callbacks of the link's own consumer
+    channel ``ch`` run inline, without a task per delivery (aiormq's classes
+    and other channels are left alone).
 
     aiormq wraps a consumer in a coroutine and runs it, for every message,
     as a task with three done callbacks (``Channel._on_deliver_frame``:
-    ``self.create_task(consumer(message))``, ~5 us of the event loop's time
-    a message).  The link's callback only appends the message to the
+    ``self.create_task(consumer(message))``), a real share of the event
+    loop's time a message.  The link's callback only appends the message to the
     buffer: ``_inline_consumer`` puts it unwrapped in the channel's
     consumers, so it runs at once and returns ``_HANDED``, which this
     channel's ``create_task`` passes through; anything else still becomes a
@@ -492,7 +483,7 @@ def _inline_consumer(ch: AbstractChannel, tag: str, on_message: Any) -> None:
     """Put ``on_message`` in place of aiormq's coroutine wrapper of it."""
     consumers = getattr(ch, "consumers", None)
     if isinstance(consumers, dict) and tag in consumers:
-        consumers[tag] = direct.mark(on_message) if _DIRECT else on_message
+        consumers[tag] = on_message
 
 
 def _inline_ok() -> bool:
@@ -505,43 +496,7 @@ def _inline_ok() -> bool:
     return code is not None and {"create_task", "consumers"} <= set(code.co_names)
 
 
-# aiormq 7.x: the connection's transport comes from a factory one may pass
-_conn_module: Any = aiormq.connection
-_Factory: Any = getattr(_conn_module, "TransportFactory", object)
-
-
-class _Recording(_Factory):  # type: ignore[misc]
-    """aiormq's own transport factory for the URL's scheme, keeping the
-    stream writer it made (the link's ``writer``); on an aiormq without
-    factories it is never passed (``_FACTORIES``) and records nothing."""
-
-    def __init__(self, url: str) -> None:
-        kind = "TLSTransportFactory" if url.startswith("amqps:") else "TCPTransportFactory"
-        made = getattr(_conn_module, kind, None)
-        self.inner: Any = made() if made is not None else None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def create(self, url: Any, **kwargs: Any) -> tuple[Any, Any]:
-        reader, writer = await self.inner.create(url, **kwargs)
-        if isinstance(writer, asyncio.StreamWriter):
-            self.writer = writer
-        return reader, writer
-
-
-def _factories_ok() -> bool:
-    """Whether this aiormq takes a ``transport_factory`` (7.x does) and has
-    the factories ``_Recording`` wraps."""
-    if _Factory is object or _Recording("amqp:").inner is None:
-        return False
-    try:
-        return "transport_factory" in inspect.signature(aiormq.Connection.__init__).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-_FACTORIES = _factories_ok()
+#: whether this aiormq calls consumers the way ``_hand_over_inline`` expects
 _INLINE = _inline_ok()
-#: deliveries reach the unwrapped consumers without the channel's queue (``direct.py``)
+#: whether its channels read frames from a queue ``direct.py`` can assemble in
 _DIRECT = _INLINE and direct.ok()
-#: aiormq's connections read whole chunks of frames (``frames.py``)
-FAST_FRAMES = frames.install()

@@ -1,17 +1,24 @@
-"""A cheaper confirmed publish for aiormq: the frames built as bytes.
+"""The ``publish`` hook: a cheaper confirmed publish on our own aiormq channel.
 
 aiormq's ``Channel.basic_publish`` builds a ``Basic.Publish``, a
 ``ContentHeader`` and body frames, and pamqp marshals each by walking its
-fields by type name (~50-100 us a message here, a sixth of a one-at-a-time
-enqueue's event-loop CPU).  dumbwaiter's copies carry few properties (content
-type, delivery mode, message id, a small table of strings and integers), so
-``frames`` writes those bytes directly, and ``publish`` hands them to the
-channel with aiormq's own bookkeeping (its lock, delivery tag, pending
-confirmation, message-id index and its rollback when the frames never left),
-then waits for the confirm as ``basic_publish(wait=False)`` does.  Anything
-else (another property, a value of another type, a name too long, a channel
-without confirms, an aiormq whose channel looks different) goes through
-``basic_publish`` as before, so the errors stay aiormq's.
+fields by type name, a large share of a one-at-a-time enqueue's event-loop
+CPU (docs/benchmarks.md, "Private hooks").  dumbwaiter's copies carry few
+properties (content type, delivery mode, message id, a small table of
+strings and integers), so ``frames`` writes those bytes directly, and
+``publish`` hands them to the channel with aiormq's own bookkeeping (its
+lock, delivery tag, pending confirmation, message-id index and its rollback
+when the frames never left), then waits for the confirm as
+``basic_publish(wait=False)`` does.  Anything else (another property, a
+value of another type, a name too long, a channel without confirms, an
+aiormq whose channel looks different) goes through ``basic_publish`` as
+before, so the errors stay aiormq's.
+
+It reads and writes that bookkeeping on a channel the link opened, never on
+aiormq's classes: other aiormq or aio-pika connections of the process are
+untouched.  The link uses it only while the hook is on
+(``DUMBWAITER_HOOKS_OFF``, brokers/hooks.py); off, every publish is
+``basic_publish``.
 """
 
 from __future__ import annotations
@@ -138,63 +145,6 @@ def _looks_right(ch: Any) -> bool:
             "_raise_on_channel_close",
         )
     )
-
-
-def start(
-    ch: aiormq.Channel,
-    writer: asyncio.StreamWriter | None,
-    exchange: str,
-    routing_key: str,
-    body: bytes,
-    props: _P,
-) -> asyncio.Future[Any] | None:
-    """Send a confirmed publish now, without a turn of the event loop: its
-    pending confirmation (await it with ``confirmed``), or None when it
-    cannot go this way (the caller uses ``publish``).
-
-    The frames go straight to the connection's ``writer`` when nothing is
-    queued for aiormq's writer task (which would otherwise take them in the
-    loop's next turn, ~10 us later and a task switch): RabbitMQ numbers a
-    channel's publishes in the order they arrive, so they may only overtake
-    an empty queue, and only while no one holds the channel's lock (aiormq's
-    own publish takes its delivery tag under it, then queues its frames).
-    Otherwise into the queue, as ``publish`` does.  No await: nothing can
-    come in between the tag and the frames."""
-    # the lock under aiormq's ``Channel.lock`` (a context manager around it)
-    lock = getattr(ch, "_Channel__lock", None)
-    if (
-        not ch.publisher_confirms
-        or not props.message_id
-        or not isinstance(lock, asyncio.Lock)
-        or lock.locked()
-        or ch.is_closed
-        or not _looks_right(ch)
-        or ch.write_queue.full()
-    ):
-        return None
-    try:
-        payload = frames(ch.number, ch.max_content_size, exchange, routing_key, body, props)
-    except Unfit:
-        return None
-    message_id = props.message_id
-    ch.delivery_tag += 1
-    tag = ch.delivery_tag
-    confirmation: asyncio.Future[Any] = ch.create_future()
-    ch.confirmations[tag] = confirmation
-    ch.message_id_delivery_tag[message_id] = tag
-    if writer is not None and ch.write_queue.empty() and not writer.is_closing():
-        writer.write(payload)
-    else:
-        ch.write_queue.put_nowait(ChannelFrame(payload=payload, should_close=False))
-    confirmation.add_done_callback(_forgetter(ch, message_id, tag))
-    return confirmation
-
-
-async def confirmed(ch: aiormq.Channel, confirmation: asyncio.Future[Any]) -> Any:
-    """The confirmation frame of a publish ``start`` sent; a channel that
-    closes meanwhile raises its own error, as aiormq's publish does."""
-    async with ch._raise_on_channel_close():
-        return await confirmation
 
 
 async def publish(
