@@ -159,10 +159,10 @@ async def test_what_a_dead_producer_staged_is_deleted(redis_server: RedisServer)
     assert isinstance(broker, RedisBroker)
     try:
         chunk = next(bulk.encode([msg() for _ in range(10)], None))
-        link = broker._link()
+        link = broker.conn.links.get()
         await link.script(
-            broker._lua.enqueue,
-            broker._keys,
+            broker.lua.enqueue,
+            broker.conn.keys.scripts,
             [repr(time.time()), b"stage1", "call-1", repr(time.time() - 1), *chunk.args],
         )
         assert [k for k in _keys(redis_server) if b":job:" in k]
@@ -187,19 +187,21 @@ STAGED = 20
 async def _stage(broker: RedisBroker, call: str, ms: list[Message]) -> None:
     """Store ``ms`` as the first chunk of bulk enqueue ``call`` (not committed)."""
     chunk = next(bulk.encode(ms, None))
-    await broker._link().script(
-        broker._lua.enqueue,
-        broker._keys,
+    await broker.conn.links.get().script(
+        broker.lua.enqueue,
+        broker.conn.keys.scripts,
         [repr(time.time()), b"stage1", call, repr(time.time() + bulk.STAGE_TTL), *chunk.args],
     )
 
 
 async def _commit(broker: RedisBroker, call: str) -> None:
-    await broker._link().script(broker._lua.commit, broker._keys, [repr(time.time()), call])
+    await broker.conn.links.get().script(
+        broker.lua.commit, broker.conn.keys.scripts, [repr(time.time()), call]
+    )
 
 
 async def _unstage(broker: RedisBroker, call: str) -> None:
-    await broker._link().script(broker._lua.unstage, broker._keys, [call])
+    await broker.conn.links.get().script(broker.lua.unstage, broker.conn.keys.scripts, [call])
 
 
 def _zcard(server: RedisServer, key: str) -> int:
@@ -481,9 +483,9 @@ async def test_jobs_staged_before_the_staged_state_are_deleted_when_their_call_e
         ready = [msg(args=[i]) for i in range(STAGED)]
         sched = [msg(args=[i], eta=later) for i in range(STAGED)]
         chunk = next(bulk.encode(ready + sched, None))
-        await broker._link().script(
-            broker._lua.enqueue,
-            broker._keys,
+        await broker.conn.links.get().script(
+            broker.lua.enqueue,
+            broker.conn.keys.scripts,
             [repr(time.time()), b"stage1", "call-old", repr(time.time() - 1), *chunk.args],
         )
         client = _client(redis_server)
@@ -559,7 +561,9 @@ async def test_a_commit_hands_the_first_staged_jobs_to_an_idle_worker(
         await waiter._claim(["default"], 10, 30.0, "w-idle", "w9", time.time() + 30)
         ms = [msg(args=[i]) for i in range(N)]
         await producer.enqueue(iter(ms))
-        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        [raw] = await producer.conn.links.get().call(
+            b"LRANGE", producer.conn.keys.inbox("w9"), 0, -1
+        )
         handed = [job[0] for job in json.loads(raw)]
         assert handed == [m.id for m in ms[:10]]
         for m in ms[:10]:
@@ -602,9 +606,9 @@ async def _stage_all(broker: RedisBroker, call: str, ms: list[Message]) -> None:
     """Stage every chunk of ``ms`` as bulk enqueue ``call`` (not committed)."""
     for i, chunk in enumerate(bulk.encode(ms, None)):
         first = i == 0
-        await broker._link().script(
-            broker._lua.enqueue,
-            broker._keys,
+        await broker.conn.links.get().script(
+            broker.lua.enqueue,
+            broker.conn.keys.scripts,
             [
                 repr(time.time()),
                 b"stage1" if first else b"stage",
@@ -652,7 +656,9 @@ async def test_a_small_batch_hands_its_first_jobs_to_an_idle_worker(
         await waiter._claim(["default"], 3, 30.0, "w-idle", "w9", time.time() + 30)
         ms = [msg(args=[i]) for i in range(8)]
         assert await producer.enqueue(iter(ms)) == [m.id for m in ms]
-        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        [raw] = await producer.conn.links.get().call(
+            b"LRANGE", producer.conn.keys.inbox("w9"), 0, -1
+        )
         handed = json.loads(raw)
         assert [job[0] for job in handed] == [m.id for m in ms[:3]]
         assert [decode(job[3]).args for job in handed] == [[0], [1], [2]]
