@@ -45,7 +45,7 @@ async def until_fetch_waits(broker: Broker, queue: str = "default") -> None:
 
 
 async def _memory_waits(broker: Any, queue: str) -> bool:
-    return bool(broker._s.waiters)
+    return bool(broker.store.waiters)
 
 
 async def _sqlite_waits(broker: Any, queue: str) -> bool:

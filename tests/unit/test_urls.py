@@ -52,7 +52,7 @@ BASES: dict[str, str] = {
 
 #: scheme -> the module that declares its options (``OPTIONS``)
 DECLARED: dict[str, str] = {
-    "memory": "dumbwaiter.brokers.memory",
+    "memory": "dumbwaiter.brokers.memory.broker",
     "sqlite": "dumbwaiter.brokers.sqlite.broker",
     "redis": "dumbwaiter.brokers.redis.broker",
     "rediss": "dumbwaiter.brokers.redis.broker",
