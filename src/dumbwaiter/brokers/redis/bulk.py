@@ -22,28 +22,35 @@ for long on one encoding pass before anything reaches the server.  So:
   is never stored twice (same id, same key).
 
 The steps are written once, as a plan (a generator of I/O requests: send a
-command, read a reply, sleep, drop the connection) that
-``connection.drive`` runs on a sync or an asyncio link.  The usual single
+command, read a reply, sleep, drop the connection) that ``drive`` runs on a
+sync or an asyncio link (``events.publish`` is a plan too).  The usual single
 job skips the plan: its one script call is made directly, and only a failed
-call continues as a plan (``Enqueue.after``), which retries it.
+call continues as a plan (``Enqueue.after_failure``), which retries it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
 from ..deadline import Backoff
-from .connection import TRANSIENT, Arg, Connection, Plan, Request, checked
-from .lua import Script, Scripts
+from .connection import TRANSIENT, Arg, AsyncLink, Connection, SyncLink, checked
+from .lua import Script
 
 log = logging.getLogger("dumbwaiter.redis")
+T = TypeVar("T")
+
+#: what a plan asks its driver for: ("send", command), ("read",), ("reset",)
+#: (drop the connection, take another), ("sleep", seconds); the reply (or
+#: None) is sent back in
+Request = tuple[Any, ...]
+Plan = Generator[Request, Any, T]
 
 #: jobs per enqueue script call
 CHUNK = 1000
@@ -123,7 +130,7 @@ class _SourceFailed(Exception):
         self.exc = exc
 
 
-def _take(chunks: Iterator[Chunk]) -> Chunk | None:
+def _next_chunk(chunks: Iterator[Chunk]) -> Chunk | None:
     try:
         return next(chunks)
     except StopIteration:
@@ -199,7 +206,7 @@ class Enqueue:
 
     def plan(self) -> Plan[list[str]]:
         try:
-            first = _take(self.source)
+            first = _next_chunk(self.source)
         except _SourceFailed as failed:  # nothing was sent
             raise failed.exc from None
         if first is not None:
@@ -228,7 +235,7 @@ class Enqueue:
             yield ("reset",)
         # the staged way failed (connection lost, script flushed, MOVED...):
         # encode the rest, then undo and send it all the plain way, retrying
-        while (chunk := _take(self.source)) is not None:
+        while (chunk := _next_chunk(self.source)) is not None:
             self.chunks.append(chunk)
         return (yield from self._plain(call))
 
@@ -255,7 +262,7 @@ class Enqueue:
         loaded = 0
         while True:
             if i == len(self.chunks):
-                chunk = _take(self.source)
+                chunk = _next_chunk(self.source)
                 if chunk is None:
                     break
                 self.chunks.append(chunk)
@@ -318,13 +325,13 @@ class Enqueue:
         except (RedisError, OSError) as exc:
             log.warning("could not undo a failed bulk enqueue now (%s); it expires by itself", exc)
 
-    def after(self, exc: BaseException) -> Plan[list[str]]:
+    def after_failure(self, exc: BaseException) -> Plan[list[str]]:
         """The plan of a single-job call that failed with ``exc`` (one of
         ``TRANSIENT``): wait as after any failed try, then go on as the
         plain way."""
         backoff = Backoff(self.conn.reconnect)
         yield ("sleep", self.conn.pause_or_raise(backoff, exc, "enqueue"))
-        while (chunk := _take(self.source)) is not None:
+        while (chunk := _next_chunk(self.source)) is not None:
             self.chunks.append(chunk)
         return (yield from self._plain(None, backoff))
 
@@ -370,12 +377,72 @@ class Enqueue:
                 raise self.conn.failure(exc, "enqueue") from exc
 
 
-def one(lua: Scripts, m: Message, limit: int | None) -> tuple[Script, list[Arg]]:
-    """The script call that stores one job: ``enqueue_one.lua`` for a job
-    without a key (the usual ``task.enqueue``), ``enqueue.lua`` otherwise."""
+# -- the driver ----------------------------------------------------------------
+
+
+async def drive(link: AsyncLink | SyncLink, plan: Plan[T]) -> T:
+    """Run ``plan`` on one of ``link``'s connections.  An I/O error is thrown
+    into the plan at the request that failed (the connection is dropped)."""
+    conn = await link.checkout()
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                req = plan.send(value) if error is None else plan.throw(error)
+            except StopIteration as stop:
+                link.checkin(conn)
+                result: T = stop.value
+                return result
+            value = error = None
+            op = req[0]
+            try:
+                if op == "send":
+                    await link.send(conn, req[1])
+                elif op == "read":
+                    value = await link.read(conn)
+                elif op == "reset":
+                    await link.discard(conn)
+                    conn = await link.checkout()
+                elif op == "sleep":
+                    await link.sleep(req[1])
+            except (RedisError, OSError) as exc:
+                await link.discard(conn)  # its state is unknown: never reuse it
+                link.target.unreachable(exc)
+                conn = await link.checkout()
+                error = exc
+    except BaseException:
+        await link.discard(conn)
+        raise
+    finally:
+        plan.close()
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``drive`` on a ``SyncLink`` to its end in this thread: its steps
+    never suspend, so one ``send`` finishes the coroutine."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("a SyncLink step suspended: only a SyncLink may be driven by run_sync")
+
+
+def single(
+    conn: Connection, msgs: Iterable[Message], limit: int | None
+) -> tuple[Message, Script, list[Arg]] | None:
+    """For the usual ``task.enqueue`` (a list of one job, no ``wait_replicas``
+    to confirm): the job and the one script call that stores it,
+    ``enqueue_one.lua`` for a job without a key, ``enqueue.lua`` otherwise.
+    None for anything else, which takes a plan."""
+    if type(msgs) is not list or len(msgs) != 1 or conn.wait_replicas:
+        return None
+    m: Message = msgs[0]
     if m.key is not None and m.kind == TASK:
         [chunk] = encode([m], limit)
-        return lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
+        return m, conn.lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
     body = encode_checked(m, limit)
     now = time.time()
     snow = repr(now)
@@ -385,7 +452,7 @@ def one(lua: Scripts, m: Message, limit: int | None) -> tuple[Script, list[Arg]]
     else:
         sched, ra = b"0", snow
     args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
-    return lua.enqueue_one, args
+    return m, conn.lua.enqueue_one, args
 
 
-__all__ = ["CHUNK", "Enqueue", "encode", "ids_of", "one"]
+__all__ = ["CHUNK", "Enqueue", "Plan", "drive", "encode", "ids_of", "run_sync", "single"]

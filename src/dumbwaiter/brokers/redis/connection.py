@@ -20,10 +20,10 @@ new one.  A connection blocked in ``BLPOP`` is simply checked out, so other
 calls use other connections meanwhile.
 
 Multi-step exchanges (a bulk enqueue's pipeline, a publish) are written
-once, as generators of I/O requests (``Plan``), and ``drive`` runs them on
-either link: a ``SyncLink``'s steps are coroutines that never suspend, so
-``run_sync`` finishes the same driver in the caller's thread, with no event
-loop.
+once, as generators of I/O requests, and ``bulk.drive`` runs them on either
+link: a ``SyncLink``'s steps are coroutines that never suspend, so
+``bulk.run_sync`` finishes the same driver in the caller's thread, with no
+event loop.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Coroutine, Generator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from redis import connection as sync_connection
 from redis.asyncio import connection as async_connection
@@ -64,7 +64,6 @@ from ..perloop import PerLoop
 from .lua import Script, scripts
 
 log = logging.getLogger("dumbwaiter.redis")
-T = TypeVar("T")
 
 _NOT_ENOUGH: Any
 try:  # what redis-py's hiredis reader answers while a reply is incomplete
@@ -269,7 +268,7 @@ class AsyncLink:
         except NoScriptError:
             return await self.call(*_eval(script, keys, args))
 
-    # -- one connection, driven step by step (see ``drive``) --------------------
+    # -- one connection, driven step by step (see ``bulk.drive``) ---------------
 
     async def checkout(self) -> Any:
         if self.generation != self.target.generation:
@@ -334,9 +333,9 @@ class SyncLink:
     """Connections for sync callers, any thread; list pop/append are atomic.
 
     ``call`` and ``script`` block in the caller's thread.  The steps
-    ``drive`` uses (``checkout``... ``sleep``) are coroutines with the
+    ``bulk.drive`` uses (``checkout``... ``sleep``) are coroutines with the
     ``AsyncLink``'s names that block instead of suspending, so one driver
-    serves both links (``run_sync``)."""
+    serves both links (``bulk.run_sync``)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -352,7 +351,7 @@ class SyncLink:
                 self.target.moved(exc.host, exc.port)
         return self._call(args)
 
-    def _take(self) -> Any:
+    def _free_or_new(self) -> Any:
         if self.pid != os.getpid() or self.generation != self.target.generation:
             # after a fork the parent's sockets are not ours to use (redis-py
             # does not shut them down from a child); after MOVED they point
@@ -366,7 +365,7 @@ class SyncLink:
             return self.target.new_sync()
 
     def _call(self, args: tuple[Arg, ...]) -> Any:
-        conn = self._take()
+        conn = self._free_or_new()
         try:
             reply = _roundtrip(conn, _pack(conn, args))
         except ResponseError:
@@ -386,10 +385,10 @@ class SyncLink:
         except NoScriptError:
             return self.call(*_eval(script, keys, args))
 
-    # -- one connection, driven step by step (see ``drive``) --------------------
+    # -- one connection, driven step by step (see ``bulk.drive``) ---------------
 
     async def checkout(self) -> Any:
-        return self._take()
+        return self._free_or_new()
 
     def checkin(self, conn: Any) -> None:
         self.free.append(conn)
@@ -537,67 +536,8 @@ class Connection:
         self.sync.close()
 
 
-# -- plans: multi-step exchanges on one connection -----------------------------
-
-#: what a plan asks its driver for: ("send", command), ("read",), ("reset",)
-#: (drop the connection, take another), ("sleep", seconds); the reply (or
-#: None) is sent back in
-Request = tuple[Any, ...]
-Plan = Generator[Request, Any, T]
-
-
 def checked(reply: Any) -> Any:
     """A reply ``read`` returned, with an error reply raised."""
     if isinstance(reply, BaseException):
         raise reply
     return reply
-
-
-async def drive(link: AsyncLink | SyncLink, plan: Plan[T]) -> T:
-    """Run ``plan`` on one of ``link``'s connections.  An I/O error is thrown
-    into the plan at the request that failed (the connection is dropped)."""
-    conn = await link.checkout()
-    value: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                req = plan.send(value) if error is None else plan.throw(error)
-            except StopIteration as stop:
-                link.checkin(conn)
-                result: T = stop.value
-                return result
-            value = error = None
-            op = req[0]
-            try:
-                if op == "send":
-                    await link.send(conn, req[1])
-                elif op == "read":
-                    value = await link.read(conn)
-                elif op == "reset":
-                    await link.discard(conn)
-                    conn = await link.checkout()
-                elif op == "sleep":
-                    await link.sleep(req[1])
-            except (RedisError, OSError) as exc:
-                await link.discard(conn)  # its state is unknown: never reuse it
-                link.target.unreachable(exc)
-                conn = await link.checkout()
-                error = exc
-    except BaseException:
-        await link.discard(conn)
-        raise
-    finally:
-        plan.close()
-
-
-def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``drive`` on a ``SyncLink`` to its end in this thread: its steps
-    never suspend, so one ``send`` finishes the coroutine."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    coro.close()
-    raise RuntimeError("a SyncLink step suspended: only a SyncLink may be driven by run_sync")

@@ -29,7 +29,8 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
 from ..deadline import Backoff
-from .connection import TRANSIENT, Arg, Connection, Plan, checked
+from .bulk import Plan
+from .connection import TRANSIENT, Arg, Connection, checked
 
 #: events per publish script call (each call holds the server for its events only)
 PUBLISH_CHUNK = 1000
@@ -67,7 +68,7 @@ def chunks(msgs: Iterable[Message], limit: int | None) -> list[list[Arg]]:
 
 def publish(conn: Connection, chunks: list[list[Arg]]) -> Plan[int]:
     """Send each chunk (and ``WAIT`` after it with ``wait_replicas``) on one
-    connection, as ``connection.drive`` runs it; retried with backoff while
+    connection, as ``bulk.drive`` runs it; retried with backoff while
     the server is unreachable, which is safe: an event already in the log is
     skipped.  Returns the deliveries made."""
     total = 0

@@ -33,7 +33,8 @@ from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
 from ..base import Binding, Broker, DeadLetter, Delivery, Rescued
 from . import bulk, events
-from .connection import TRANSIENT, Arg, Connection, drive, run_sync
+from .bulk import drive, run_sync
+from .connection import TRANSIENT, Arg, Connection
 from .lua import Scripts
 
 log = logging.getLogger("dumbwaiter.redis")
@@ -90,35 +91,35 @@ class Transport(Broker):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         conn = self.conn
-        if type(msgs) is list and len(msgs) == 1 and not conn.wait_replicas:
-            # the usual ``task.enqueue``: one script call, no plan to drive
-            m = msgs[0]
-            script, args = bulk.one(conn.lua, m, self.max_message_size)
-            try:
-                reply = await conn.links.get().script(script, conn.keys.scripts, args)
-            except TRANSIENT as exc:
-                plan = bulk.Enqueue(conn, msgs, self.max_message_size).after(exc)
-                return await drive(conn.links.get(), plan)
-            except RedisError as exc:
-                raise conn.failure(exc, "enqueue") from exc
-            return bulk.ids_of(reply, [m.id])
-        plan = bulk.Enqueue(conn, msgs, self.max_message_size).plan()
-        return await drive(conn.links.get(), plan)
+        one = bulk.single(conn, msgs, self.max_message_size)
+        if one is None:
+            plan = bulk.Enqueue(conn, msgs, self.max_message_size).plan()
+            return await drive(conn.links.get(), plan)
+        m, script, args = one  # one script call, no plan to drive
+        try:
+            reply = await conn.links.get().script(script, conn.keys.scripts, args)
+        except TRANSIENT as exc:
+            plan = bulk.Enqueue(conn, [m], self.max_message_size).after_failure(exc)
+            return await drive(conn.links.get(), plan)
+        except RedisError as exc:
+            raise conn.failure(exc, "enqueue") from exc
+        return bulk.ids_of(reply, [m.id])
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         conn = self.conn
-        if type(msgs) is list and len(msgs) == 1 and not conn.wait_replicas:
-            m = msgs[0]
-            script, args = bulk.one(conn.lua, m, self.max_message_size)
-            try:
-                reply = conn.sync.script(script, conn.keys.scripts, args)
-            except TRANSIENT as exc:
-                plan = bulk.Enqueue(conn, msgs, self.max_message_size).after(exc)
-                return run_sync(drive(conn.sync, plan))
-            except RedisError as exc:
-                raise conn.failure(exc, "enqueue") from exc
-            return bulk.ids_of(reply, [m.id])
-        return run_sync(drive(conn.sync, bulk.Enqueue(conn, msgs, self.max_message_size).plan()))
+        one = bulk.single(conn, msgs, self.max_message_size)
+        if one is None:
+            plan = bulk.Enqueue(conn, msgs, self.max_message_size).plan()
+            return run_sync(drive(conn.sync, plan))
+        m, script, args = one
+        try:
+            reply = conn.sync.script(script, conn.keys.scripts, args)
+        except TRANSIENT as exc:
+            plan = bulk.Enqueue(conn, [m], self.max_message_size).after_failure(exc)
+            return run_sync(drive(conn.sync, plan))
+        except RedisError as exc:
+            raise conn.failure(exc, "enqueue") from exc
+        return bulk.ids_of(reply, [m.id])
 
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
