@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ...state import CANCELLABLE_STATES, State
+from ...state import State
 from ..base import Broker, JobFilter, JobInfo, Page, QueueStats, stats_rows
 from .store import Row, Store
 
@@ -78,10 +78,7 @@ class Admin(Broker):
         now = time.time()
         out: list[str] = []
         with self.store.lock:
-            for id_ in ids:
-                row = self.store.rows.get(id_)
-                if row is None or row.info().state not in CANCELLABLE_STATES:
-                    continue
+            for id_, row in self.store.cancellable(ids):
                 row.state = State.CANCELLED
                 row.gen += 1
                 row.updated_at = now
@@ -93,10 +90,7 @@ class Admin(Broker):
         now = time.time()
         out: list[str] = []
         with self.store.lock:
-            for id_ in ids:
-                row = self.store.rows.get(id_)
-                if row is None or row.info().state not in CANCELLABLE_STATES:
-                    continue
+            for id_, row in self.store.cancellable(ids):
                 row.run_at = at
                 row.updated_at = now
                 if at > now:

@@ -13,10 +13,11 @@ import asyncio
 import heapq
 import itertools
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ...message import Message
-from ...state import State
+from ...state import CANCELLABLE_STATES, State
 from ..base import Binding, Delivery, JobInfo
 
 
@@ -120,6 +121,21 @@ class Store:
         if row is None or row.state is not State.RUNNING or row.token != d.token:
             return None
         return row
+
+    def settling(self, ds: Sequence[Delivery]) -> Iterator[tuple[Delivery, Row]]:
+        """Each of ``ds`` whose lease still holds, with its job; the others
+        are passed by (the seam ignores an outcome from a lost lease)."""
+        for d in ds:
+            row = self.held(d)
+            if row is not None:
+                yield d, row
+
+    def cancellable(self, ids: Sequence[str]) -> Iterator[tuple[str, Row]]:
+        """Each of ``ids`` whose job is waiting (``CANCELLABLE_STATES``)."""
+        for id_ in ids:
+            row = self.rows.get(id_)
+            if row is not None and row.info().state in CANCELLABLE_STATES:
+                yield id_, row
 
     def forget(self, id_: str, row: Row) -> None:
         """Delete a job, and its unique key if it still holds it."""

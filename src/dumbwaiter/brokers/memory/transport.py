@@ -201,7 +201,7 @@ class Transport(Broker):
     async def ack(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
         with self.store.lock:
-            for d in ds:
+            for d in ds:  # not settling(): no generator on the hot path
                 row = self.store.held(d)
                 if row is None:
                     continue
@@ -215,10 +215,7 @@ class Transport(Broker):
         now = time.time()
         with self.store.lock:
             woke = False
-            for d in ds:
-                row = self.store.held(d)
-                if row is None:
-                    continue
+            for d, row in self.store.settling(ds):
                 if d.error is not None:
                     row.msg.errors.append(d.error)
                 row.updated_at = now
@@ -234,10 +231,7 @@ class Transport(Broker):
     async def dead(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
         with self.store.lock:
-            for d in ds:
-                row = self.store.held(d)
-                if row is None:
-                    continue
+            for d, row in self.store.settling(ds):
                 if d.error is not None:
                     row.msg.errors.append(d.error)
                 row.state = State.DEAD
@@ -246,10 +240,7 @@ class Transport(Broker):
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
         with self.store.lock:
-            for d in ds:
-                row = self.store.held(d)
-                if row is None:
-                    continue
+            for d, row in self.store.settling(ds):
                 row.msg.attempt = max(0, row.msg.attempt - 1)
                 row.updated_at = now
                 if d.retry_at > now:
