@@ -1,4 +1,4 @@
-"""The sync link's own round trip (client.py ``_roundtrip``): straight on the
+"""The sync link's own round trip (connection.py ``_roundtrip``): straight on the
 socket and hiredis reader, with redis-py's errors and connection rules."""
 
 from __future__ import annotations
