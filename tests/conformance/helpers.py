@@ -45,7 +45,7 @@ async def until_fetch_waits(broker: Broker, queue: str = "default") -> None:
 
 
 async def _memory_waits(broker: Any, queue: str) -> bool:
-    return bool(broker._s.waiters)
+    return bool(broker.store.waiters)
 
 
 async def _sqlite_waits(broker: Any, queue: str) -> bool:
@@ -53,7 +53,7 @@ async def _sqlite_waits(broker: Any, queue: str) -> bool:
 
 
 async def _redis_waits(broker: Any, queue: str) -> bool:
-    return bool(await broker._link().call(b"ZCARD", f"{broker.prefix}:waiters:{queue}"))
+    return bool(await broker.conn.links.get().call(b"ZCARD", broker.conn.keys.waiters(queue)))
 
 
 async def _postgres_waits(broker: Any, queue: str) -> bool:

@@ -51,7 +51,7 @@ async def _postgres(app: dw.App, job: str) -> None:
 
 async def _redis(app: dw.App, job: str) -> None:
     broker: Any = app.broker
-    await broker._link().call(b"HSET", f"{broker.prefix}:job:{job}", b"body", BODY)
+    await broker.conn.links.get().call(b"HSET", broker.conn.keys.job(job), b"body", BODY)
 
 
 async def _rabbitmq(app: dw.App, job: str) -> None:

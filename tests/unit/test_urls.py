@@ -52,7 +52,7 @@ BASES: dict[str, str] = {
 
 #: scheme -> the module that declares its options (``OPTIONS``)
 DECLARED: dict[str, str] = {
-    "memory": "dumbwaiter.brokers.memory",
+    "memory": "dumbwaiter.brokers.memory.broker",
     "sqlite": "dumbwaiter.brokers.sqlite.options",
     "redis": "dumbwaiter.brokers.redis.broker",
     "rediss": "dumbwaiter.brokers.redis.broker",
@@ -194,7 +194,7 @@ def test_options_for_the_client_library_still_reach_it() -> None:
     r = dw.App(
         BASES["rediss"] + "prefix=p&ssl_ca_certs=/etc/ca.pem&ssl_check_hostname=off&client_name=w"
     ).broker
-    kwargs = r._target.sync_kwargs  # type: ignore[attr-defined]
+    kwargs = r.conn.target.sync_kwargs  # type: ignore[attr-defined]
     assert kwargs["ssl_ca_certs"] == "/etc/ca.pem" and kwargs["ssl_check_hostname"] is False
     assert kwargs["client_name"] == "w" and "prefix" not in kwargs
 

@@ -119,3 +119,32 @@ def test_sigkill_mid_delivery_every_webhook_lands_with_its_id(broker: str, tmp_p
     twice = {w for w, n in times.items() if n > 1}
     assert twice <= {webhook_of[j] for j in held}  # only deliveries in flight at the kill
     app.close()
+
+
+@pytest.mark.parametrize("broker", CROSS_PROCESS[:1])
+def test_a_worker_that_sent_webhooks_stops_cleanly(broker: str, tmp_path: Path) -> None:
+    """SIGTERM after deliveries to a keep-alive receiver: the worker closes
+    its pooled HTTP client on its own loop and exits 0, even with every
+    warning an error (an unclosed socket, a transport closed under a
+    finished loop)."""
+    url = BROKERS[broker](tmp_path)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "DW_CRASH_URL": url, "PYTHONPATH": path, "PYTHONWARNINGS": "error"}
+    cmd = [
+        sys.executable, "-m", "dumbwaiter", "worker", "--app", "tests.webhooks.crashhooks:app",
+        "-c", "4", "--log-level", "WARNING",
+    ]  # fmt: skip
+    rec = Receiver()
+    with serve(rec) as base:
+        app = dw.App(url)
+        app.webhooks.configure(**SETTINGS)
+        ep = app.webhooks.add_endpoint(base + "/ok")
+        sent = [app.webhooks.send(ep, "crash.hooked", {"i": i}) for i in range(5)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        with _killed_on_failure(proc):
+            for s in sent:
+                s.job.result(timeout=60)  # raises unless delivered
+            assert len(rec.requests) >= 5
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    app.close()

@@ -147,14 +147,14 @@ def worker(
         services.append(relay_service(relay_source))
     services += _observability(app, metrics_port, alerts)
     w = Worker(app, config, services=services)
-    serve(_serve(w), loop)
+    serve(_serve(w, app), loop)
     # A timed-out sync job's thread may still run; it must not hold the exit.
     if any(t.name.startswith("dumbwaiter-job") and t.is_alive() for t in threading.enumerate()):
         logging.shutdown()
         os._exit(0)
 
 
-async def _serve(w: Worker) -> None:
+async def _serve(w: Worker, app: App) -> None:
     loop = asyncio.get_running_loop()
     signals = {"n": 0}
 
@@ -169,7 +169,14 @@ async def _serve(w: Worker) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    await w.run()
+    try:
+        await w.run()
+    finally:
+        # the webhook deliveries' pooled HTTP client, if this worker sent
+        # any: closed on the loop that opened it, not left to the exit (a
+        # keep-alive receiver's socket then closes under a finished loop)
+        if "webhooks" in app.__dict__:
+            await app.webhooks.aclose()
 
 
 def _observability(app: App, metrics_port: int | None, alerts: bool | None) -> list[Service]:

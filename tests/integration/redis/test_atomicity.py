@@ -153,7 +153,7 @@ async def test_an_update_that_never_settles_raises_broker_error(
     """Every round meets another writer: after ``KV_UPDATE_ATTEMPTS`` rounds
     the update gives up with a ``BrokerError`` naming the keys, having
     written nothing."""
-    from dumbwaiter.brokers.redis import broker as module
+    from dumbwaiter.brokers.redis import coordination as module
 
     monkeypatch.setattr(module, "KV_UPDATE_ATTEMPTS", 3)
     b, other = await _brokers(shared_url, 2)

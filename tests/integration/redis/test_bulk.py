@@ -159,10 +159,10 @@ async def test_what_a_dead_producer_staged_is_deleted(redis_server: RedisServer)
     assert isinstance(broker, RedisBroker)
     try:
         chunk = next(bulk.encode([msg() for _ in range(10)], None))
-        link = broker._link()
+        link = broker.conn.links.get()
         await link.script(
-            broker._lua.enqueue,
-            broker._keys,
+            broker.lua.enqueue,
+            broker.conn.keys.scripts,
             [repr(time.time()), b"stage1", "call-1", repr(time.time() - 1), *chunk.args],
         )
         assert [k for k in _keys(redis_server) if b":job:" in k]
@@ -187,19 +187,21 @@ STAGED = 20
 async def _stage(broker: RedisBroker, call: str, ms: list[Message]) -> None:
     """Store ``ms`` as the first chunk of bulk enqueue ``call`` (not committed)."""
     chunk = next(bulk.encode(ms, None))
-    await broker._link().script(
-        broker._lua.enqueue,
-        broker._keys,
+    await broker.conn.links.get().script(
+        broker.lua.enqueue,
+        broker.conn.keys.scripts,
         [repr(time.time()), b"stage1", call, repr(time.time() + bulk.STAGE_TTL), *chunk.args],
     )
 
 
 async def _commit(broker: RedisBroker, call: str) -> None:
-    await broker._link().script(broker._lua.commit, broker._keys, [repr(time.time()), call])
+    await broker.conn.links.get().script(
+        broker.lua.commit, broker.conn.keys.scripts, [repr(time.time()), call]
+    )
 
 
 async def _unstage(broker: RedisBroker, call: str) -> None:
-    await broker._link().script(broker._lua.unstage, broker._keys, [call])
+    await broker.conn.links.get().script(broker.lua.unstage, broker.conn.keys.scripts, [call])
 
 
 def _zcard(server: RedisServer, key: str) -> int:
@@ -467,50 +469,6 @@ async def test_a_bulk_enqueue_of_jobs_another_bulk_enqueue_staged_enqueues_them(
 # -- what a producer that died left staged --
 
 
-async def test_jobs_staged_before_the_staged_state_are_deleted_when_their_call_expires(
-    redis_server: RedisServer,
-) -> None:
-    """Before the ``staged`` state, a staged job was stored ``ready`` (or
-    ``scheduled``) in no set.  A producer that died then left such jobs; the
-    rescuer deletes them when their call expires, and keeps a job of the
-    call that was published meanwhile (a reschedule gave it its entry)."""
-    broker = from_url(redis_server.url())
-    assert isinstance(broker, RedisBroker)
-    try:
-        later = time.time() + 3600
-        ready = [msg(args=[i]) for i in range(STAGED)]
-        sched = [msg(args=[i], eta=later) for i in range(STAGED)]
-        chunk = next(bulk.encode(ready + sched, None))
-        await broker._link().script(
-            broker._lua.enqueue,
-            broker._keys,
-            [repr(time.time()), b"stage1", "call-old", repr(time.time() - 1), *chunk.args],
-        )
-        client = _client(redis_server)
-        try:  # as the old enqueue.lua stored them
-            for m in ready:
-                client.hset(f"{{dw:t}}:job:{m.id}", "st", "ready")
-            for m in sched:
-                client.hset(f"{{dw:t}}:job:{m.id}", "st", "scheduled")
-            # the old reschedule to now published one of them: a ready entry
-            kept = ready[7]
-            ra = client.hget(f"{{dw:t}}:job:{kept.id}", "ra")
-            assert ra is not None
-            member = f"{int(float(ra) * 1_000_000):016d}{kept.id}"
-            client.zadd("{dw:t}:ready:default", {member: 0})
-        finally:
-            client.close()
-        await broker.rescue()
-        assert [k for k in _keys(redis_server) if b":job:" in k] == [
-            f"{{dw:t}}:job:{kept.id}".encode()
-        ]
-        assert not [k for k in _keys(redis_server) if b":stage" in k]
-        assert _zcard(redis_server, "ids") == 1
-        assert [d.id for d in await fetch_all(broker)] == [kept.id]
-    finally:
-        await broker.close()
-
-
 # The ready jobs of a staged chunk have their ready-set members written as
 # they are staged, in a set of the call's own (`stage:<call>:r:<queue>`),
 # which the commit moves into the queue's ready set whole (see publish_staged
@@ -559,7 +517,9 @@ async def test_a_commit_hands_the_first_staged_jobs_to_an_idle_worker(
         await waiter._claim(["default"], 10, 30.0, "w-idle", "w9", time.time() + 30)
         ms = [msg(args=[i]) for i in range(N)]
         await producer.enqueue(iter(ms))
-        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        [raw] = await producer.conn.links.get().call(
+            b"LRANGE", producer.conn.keys.inbox("w9"), 0, -1
+        )
         handed = [job[0] for job in json.loads(raw)]
         assert handed == [m.id for m in ms[:10]]
         for m in ms[:10]:
@@ -574,37 +534,13 @@ async def test_a_commit_hands_the_first_staged_jobs_to_an_idle_worker(
         await producer.close()
 
 
-async def test_a_commit_rebuilds_staged_members_that_are_gone(redis_server: RedisServer) -> None:
-    """The member set lives a day without its commit (an older version's undo
-    leaves it behind): a commit later than that still publishes every job
-    once, from the stage list."""
-    broker = from_url(redis_server.url())
-    assert isinstance(broker, RedisBroker)
-    try:
-        ms = [msg(args=[i]) for i in range(STAGED)]
-        await _stage(broker, "call-late", ms)
-        client = _client(redis_server)
-        try:
-            key = "{dw:t}:stage:call-late:r:default"
-            assert 0 < client.ttl(key) <= 86400
-            client.delete(key)
-        finally:
-            client.close()
-        await _commit(broker, "call-late")
-        got = [d.message.id for d in await fetch_all(broker) if d.message]
-        assert got == [m.id for m in ms]
-        assert not [k for k in _keys(redis_server) if b":stage" in k]
-    finally:
-        await broker.close()
-
-
 async def _stage_all(broker: RedisBroker, call: str, ms: list[Message]) -> None:
     """Stage every chunk of ``ms`` as bulk enqueue ``call`` (not committed)."""
     for i, chunk in enumerate(bulk.encode(ms, None)):
         first = i == 0
-        await broker._link().script(
-            broker._lua.enqueue,
-            broker._keys,
+        await broker.conn.links.get().script(
+            broker.lua.enqueue,
+            broker.conn.keys.scripts,
             [
                 repr(time.time()),
                 b"stage1" if first else b"stage",
@@ -652,7 +588,9 @@ async def test_a_small_batch_hands_its_first_jobs_to_an_idle_worker(
         await waiter._claim(["default"], 3, 30.0, "w-idle", "w9", time.time() + 30)
         ms = [msg(args=[i]) for i in range(8)]
         assert await producer.enqueue(iter(ms)) == [m.id for m in ms]
-        [raw] = await producer._link().call(b"LRANGE", f"{producer.prefix}:in:w9", 0, -1)
+        [raw] = await producer.conn.links.get().call(
+            b"LRANGE", producer.conn.keys.inbox("w9"), 0, -1
+        )
         handed = json.loads(raw)
         assert [job[0] for job in handed] == [m.id for m in ms[:3]]
         assert [decode(job[3]).args for job in handed] == [[0], [1], [2]]

@@ -1,4 +1,4 @@
-"""The sync link's own round trip (client.py ``_roundtrip``): straight on the
+"""The sync link's own round trip (connection.py ``_roundtrip``): straight on the
 socket and hiredis reader, with redis-py's errors and connection rules."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dumbwaiter.brokers.redis import RedisBroker
 def test_error_reply_keeps_the_connection(shared_url: str) -> None:
     broker = from_url(shared_url)
     assert isinstance(broker, RedisBroker)
-    link = broker._sync_link()
+    link = broker.conn.sync
     try:
         assert link.call(b"PING") == b"PONG"
         [conn] = link.free
@@ -32,7 +32,7 @@ def test_error_reply_keeps_the_connection(shared_url: str) -> None:
 def test_connection_killed_by_the_server_is_dropped(shared_url: str) -> None:
     broker = from_url(shared_url)
     assert isinstance(broker, RedisBroker)
-    link = broker._sync_link()
+    link = broker.conn.sync
     admin = redis.Redis.from_url(shared_url.split("?")[0])
     try:
         link.call(b"CLIENT", b"SETNAME", b"dw-roundtrip-test")

@@ -65,8 +65,8 @@ async def test_paused_queue_keeps_its_waiter(shared_url: str) -> None:
             info = await producer.get(m.id)
             assert info is not None and info.state is State.READY
         await producer.resume("default")
-        inbox = f"{producer.prefix}:in:w3"
-        assert await producer._link().call(b"LRANGE", inbox, 0, -1) == [b"w"]
+        inbox = producer.conn.keys.inbox("w3")
+        assert await producer.conn.links.get().call(b"LRANGE", inbox, 0, -1) == [b"w"]
     finally:
         await waiter.close()
         await producer.close()

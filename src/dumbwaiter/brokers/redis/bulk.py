@@ -21,45 +21,42 @@ for long on one encoding pass before anything reaches the server.  So:
   for ``reconnect`` seconds, see ``deadline.py``).  Resending is safe: a job
   is never stored twice (same id, same key).
 
-The steps are written once, as generators that yield I/O requests (send a
-command, read a reply, sleep, drop the connection) and get the results back;
-``drive_sync`` and ``drive_async`` run them on a sync or an asyncio
-connection.  An I/O error is thrown into the generator at the request that
-failed.
+The steps are written once, as a plan (a generator of I/O requests: send a
+command, read a reply, sleep, drop the connection) that ``drive`` runs on a
+sync or an asyncio link (``events.publish`` is a plan too).  The usual single
+job skips the plan: its one script call is made directly, and only a failed
+call continues as a plan (``Enqueue.after_failure``), which retries it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-from redis.exceptions import MovedError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import MovedError, NoScriptError, RedisError
 
-from ...errors import BrokerError
 from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
 from ..clock import ServerClock
 from ..deadline import Backoff
-from .client import PERMANENT, TRANSIENT, Arg, AsyncLink, SyncLink
+from .connection import TRANSIENT, Arg, AsyncLink, Connection, SyncLink, checked
 from .lua import Script
 
-if TYPE_CHECKING:
-    from .broker import RedisBroker
-
 log = logging.getLogger("dumbwaiter.redis")
+T = TypeVar("T")
+
+#: what a plan asks its driver for: ("send", command), ("read",), ("reset",)
+#: (drop the connection, take another), ("sleep", seconds); the reply (or
+#: None) is sent back in
+Request = tuple[Any, ...]
+Plan = Generator[Request, Any, T]
 
 #: jobs per enqueue script call
 CHUNK = 1000
 #: seconds a producer may take between staging a bulk enqueue and committing
 #: it; after that the rescuer deletes what it staged (the producer died)
 STAGE_TTL = 600.0
-
-#: what a step asks its driver for; the reply (or None) is sent back in
-Request = tuple[Any, ...]
-Plan = Generator[Request, Any, list[str]]
 
 
 @dataclass(slots=True)
@@ -76,7 +73,7 @@ class Chunk:
     more: bool = False
 
 
-#: a clock never read from a server: this host's (``encode`` without a broker)
+#: a clock never read from a server: this host's (``encode`` without a connection)
 HOST_CLOCK = ServerClock()
 
 
@@ -140,7 +137,7 @@ class _SourceFailed(Exception):
         self.exc = exc
 
 
-def _take(chunks: Iterator[Chunk]) -> Chunk | None:
+def _next_chunk(chunks: Iterator[Chunk]) -> Chunk | None:
     try:
         return next(chunks)
     except StopIteration:
@@ -149,7 +146,7 @@ def _take(chunks: Iterator[Chunk]) -> Chunk | None:
         raise _SourceFailed(exc) from exc
 
 
-def _ids(reply: Any, sent: list[str]) -> list[str]:
+def ids_of(reply: Any, sent: list[str]) -> list[str]:
     """The ids of the jobs ``sent`` in one enqueue script call: their own,
     except where the reply names the job that holds the same key
     (position, id pairs; see enqueue.lua)."""
@@ -195,26 +192,29 @@ def _regroup(chunk: Chunk, positions: set[int]) -> list[Arg]:
 class Enqueue:
     """One enqueue call's steps (see the module docstring)."""
 
-    def __init__(self, broker: RedisBroker, msgs: Iterable[Message]) -> None:
-        self.b = broker
-        self.source = encode(msgs, broker.max_message_size, broker.clock)
+    def __init__(self, conn: Connection, msgs: Iterable[Message], limit: int | None) -> None:
+        self.conn = conn
+        self.lua = conn.lua
+        self.tag = conn.keys.tag
+        self.source = encode(msgs, limit, conn.clock)
         self.chunks: list[Chunk] = []
         #: replies the server still owes on the connection (staged way)
         self.unread = 0
 
     def _cmd(self, chunk: Chunk, mode: bytes = b"", call: str = "") -> tuple[Arg, ...]:
-        s = self.b._lua.enqueue
-        deadline = repr(self.b.clock.now() + STAGE_TTL) if mode == b"stage1" else ""
-        return (b"EVALSHA", s.sha, 1, self.b.prefix, repr(self.b.clock.now()), mode, call, deadline,
+        s = self.lua.enqueue
+        now = self.conn.clock.now()
+        deadline = repr(now + STAGE_TTL) if mode == b"stage1" else ""
+        return (b"EVALSHA", s.sha, 1, self.tag, repr(now), mode, call, deadline,
                 *chunk.args)  # fmt: skip
 
     def _script(self, name: str, *args: Arg) -> tuple[Arg, ...]:
-        s = getattr(self.b._lua, name)
-        return (b"EVALSHA", s.sha, 1, self.b.prefix, *args)
+        s = getattr(self.lua, name)
+        return (b"EVALSHA", s.sha, 1, self.tag, *args)
 
-    def plan(self) -> Plan:
+    def plan(self) -> Plan[list[str]]:
         try:
-            first = _take(self.source)
+            first = _next_chunk(self.source)
         except _SourceFailed as failed:  # nothing was sent
             raise failed.exc from None
         if first is not None:
@@ -243,7 +243,7 @@ class Enqueue:
             yield ("reset",)
         # the staged way failed (connection lost, script flushed, MOVED...):
         # encode the rest, then undo and send it all the plain way, retrying
-        while (chunk := _take(self.source)) is not None:
+        while (chunk := _next_chunk(self.source)) is not None:
             self.chunks.append(chunk)
         return (yield from self._plain(call))
 
@@ -254,23 +254,23 @@ class Enqueue:
     def _read(self) -> Generator[Request, Any, Any]:
         reply = yield ("read",)
         self.unread -= 1
-        return _checked(reply)
+        return checked(reply)
 
-    def _staged(self, call: str) -> Plan:
+    def _staged(self, call: str) -> Plan[list[str]]:
         """Stage chunks as they are encoded (one reply outstanding at most),
         then commit, then send the keyed chunks."""
         replies: dict[int, Any] = {}
         sent: list[int] = []
         # make sure the server knows the scripts: then NOSCRIPT cannot cut
         # the stream short (unless they are flushed meanwhile: the plain way)
-        scripts = (self.b._lua.enqueue, self.b._lua.commit, self.b._lua.unstage)
+        scripts = (self.lua.enqueue, self.lua.commit, self.lua.unstage)
         for s in scripts:
             yield from self._send((b"SCRIPT", b"LOAD", s.source))
         i = 0
         loaded = 0
         while True:
             if i == len(self.chunks):
-                chunk = _take(self.source)
+                chunk = _next_chunk(self.source)
                 if chunk is None:
                     break
                 self.chunks.append(chunk)
@@ -291,7 +291,7 @@ class Enqueue:
             replies[sent[len(replies)]] = yield from self._read()
         return (yield from self._commit(call, sent, replies))
 
-    def _commit(self, call: str, sent: list[int], replies: dict[int, Any]) -> Plan:
+    def _commit(self, call: str, sent: list[int], replies: dict[int, Any]) -> Plan[list[str]]:
         """Publish what ``call`` staged (chunks ``sent``, whose ``replies``
         are read), then send the keyed chunks; the ids of the batch."""
         keyed = [k for k, c in enumerate(self.chunks) if c.keyed]
@@ -303,34 +303,24 @@ class Enqueue:
             for k in sent
             for a in _regroup(self.chunks[k], _staged_elsewhere(replies[k], self.chunks[k]))
         ]
-        yield ("send", self._script("commit", repr(self.b.clock.now()), call))
+        yield ("send", self._script("commit", repr(self.conn.clock.now()), call))
         if again:
             yield ("send", self._cmd(Chunk(again, False, [])))
         for k in keyed:
             yield ("send", self._cmd(self.chunks[k]))
-        if self.b.wait_replicas:
-            yield ("send", self._wait())
-        _checked((yield ("read",)))
+        if self.conn.wait_replicas:
+            yield ("send", self.conn.wait())
+        checked((yield ("read",)))
         if again:
-            _checked((yield ("read",)))  # names nothing: no key in a staged chunk
+            checked((yield ("read",)))  # names nothing: no key in a staged chunk
         for k in keyed:
-            replies[k] = _checked((yield ("read",)))
-        if self.b.wait_replicas:
+            replies[k] = checked((yield ("read",)))
+        if self.conn.wait_replicas:
             self._confirmed((yield ("read",)))
-        return [i for k, c in enumerate(self.chunks) for i in _ids(replies[k], c.ids)]
-
-    def _wait(self) -> tuple[Arg, ...]:
-        return (b"WAIT", self.b.wait_replicas, int(self.b.wait_timeout * 1000))
+        return [i for k, c in enumerate(self.chunks) for i in ids_of(replies[k], c.ids)]
 
     def _confirmed(self, reply: Any) -> None:
-        """Replicas that acknowledged this connection's writes (``WAIT``)."""
-        got = int(_checked(reply))
-        if got < self.b.wait_replicas:
-            raise BrokerError(
-                f"redis enqueue: stored on the primary, but only {got} of "
-                f"{self.b.wait_replicas} replicas confirmed it within {self.b.wait_timeout} s "
-                "(enqueueing the same jobs again is safe)"
-            )
+        self.conn.confirmed(reply, "enqueue", "enqueueing the same jobs")
 
     def _undo(self, call: str) -> Generator[Request, Any, None]:
         """Delete what ``call`` staged; if the server is gone, the rescuer
@@ -338,157 +328,69 @@ class Enqueue:
         try:
             yield ("send", self._script("unstage", call))
             if isinstance((yield ("read",)), NoScriptError):
-                yield ("send", (b"EVAL", self.b._lua.unstage.source, 1, self.b.prefix, call))
+                yield ("send", (b"EVAL", self.lua.unstage.source, 1, self.tag, call))
                 yield ("read",)
         except (RedisError, OSError) as exc:
             log.warning("could not undo a failed bulk enqueue now (%s); it expires by itself", exc)
 
-    def _plain(self, staged: str | None) -> Plan:
+    def after_failure(self, exc: BaseException) -> Plan[list[str]]:
+        """The plan of a single-job call that failed with ``exc`` (one of
+        ``TRANSIENT``): wait as after any failed try, then go on as the
+        plain way."""
+        backoff = Backoff(self.conn.reconnect)
+        yield ("sleep", self.conn.pause_or_raise(backoff, exc, "enqueue"))
+        while (chunk := _next_chunk(self.source)) is not None:
+            self.chunks.append(chunk)
+        return (yield from self._plain(None, backoff))
+
+    def _plain(self, staged: str | None, backoff: Backoff | None = None) -> Plan[list[str]]:
         """Every chunk in one pipeline (after undoing ``staged``), retried
         with backoff while the server is unreachable or restarting."""
-        backoff = Backoff(self.b.reconnect)
+        backoff = backoff or Backoff(self.conn.reconnect)
         while True:
             try:
                 cmds = [self._cmd(c) for c in self.chunks]
                 if staged is not None:
                     cmds.insert(0, self._script("unstage", staged))
-                if self.b.wait_replicas:
-                    cmds.append(self._wait())
+                if self.conn.wait_replicas:
+                    cmds.append(self.conn.wait())
                 for cmd in cmds:
                     yield ("send", cmd)
                 replies = []
                 for _ in cmds:
                     replies.append((yield ("read",)))
-                waited = replies.pop() if self.b.wait_replicas else None
+                waited = replies.pop() if self.conn.wait_replicas else None
                 redirect = next((r for r in replies if isinstance(r, MovedError)), None)
                 if redirect is not None:
-                    self.b._target.moved(redirect.host, redirect.port)
+                    self.conn.target.moved(redirect.host, redirect.port)
                     yield ("reset",)
                     continue
                 if any(isinstance(r, NoScriptError) for r in replies):
-                    for s in (self.b._lua.enqueue, self.b._lua.unstage):
+                    for s in (self.lua.enqueue, self.lua.unstage):
                         yield ("send", (b"SCRIPT", b"LOAD", s.source))
-                        _checked((yield ("read",)))
+                        checked((yield ("read",)))
                     continue  # everything again: resending is safe
                 if staged is not None:
-                    _checked(replies.pop(0))
-                ids = [i for r, c in zip(replies, self.chunks, strict=True) for i in _ids(r, c.ids)]
+                    checked(replies.pop(0))
+                ids = [
+                    i for r, c in zip(replies, self.chunks, strict=True) for i in ids_of(r, c.ids)
+                ]
                 if waited is not None:
                     self._confirmed(waited)
                 return ids
             except TRANSIENT as exc:
                 yield ("reset",)
-                yield ("sleep", pause_or_raise(self.b, backoff, exc, "enqueue"))
+                yield ("sleep", self.conn.pause_or_raise(backoff, exc, "enqueue"))
             except RedisError as exc:
-                raise self.b.failure(exc, "enqueue") from exc
+                raise self.conn.failure(exc, "enqueue") from exc
 
 
-def _one(broker: RedisBroker, m: Message) -> tuple[Script, list[Arg]]:
-    """The script call that stores one job: ``enqueue_one.lua`` for a job
-    without a key (the usual ``task.enqueue``), ``enqueue.lua`` otherwise."""
-    if m.key is not None and m.kind == TASK:
-        [chunk] = encode([m], broker.max_message_size, broker.clock)
-        return broker._lua.enqueue, [repr(broker.clock.now()), b"", "", "", *chunk.args]
-    body = encode_checked(m, broker.max_message_size)
-    now = broker.clock.now()
-    snow = repr(now)
-    eta = None if m.eta is None else broker.clock.to_server(m.eta)
-    if eta is not None and eta > now:
-        sched, ra = b"1", repr(eta)
-    else:
-        sched, ra = b"0", snow
-    args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
-    return broker._lua.enqueue_one, args
+# -- the driver ----------------------------------------------------------------
 
 
-def enqueue_one_sync(broker: RedisBroker, link: SyncLink, m: Message) -> str:
-    """The usual ``task.enqueue``: one job, one script call, no pipeline to
-    drive; retried with backoff like the rest."""
-    script, args = _one(broker, m)
-    keys = broker._keys
-    backoff: Backoff | None = None  # made at the first failure: none on the usual call
-    while True:
-        try:
-            return _ids(link.script(script, keys, args), [m.id])[0]
-        except TRANSIENT as exc:
-            backoff = backoff or Backoff(broker.reconnect)
-            time.sleep(pause_or_raise(broker, backoff, exc, "enqueue"))
-        except RedisError as exc:
-            raise broker.failure(exc, "enqueue") from exc
-
-
-async def enqueue_one_async(broker: RedisBroker, link: AsyncLink, m: Message) -> str:
-    """``enqueue_one_sync`` for async callers."""
-    script, args = _one(broker, m)
-    keys = broker._keys
-    backoff: Backoff | None = None
-    while True:
-        try:
-            return _ids(await link.script(script, keys, args), [m.id])[0]
-        except TRANSIENT as exc:
-            backoff = backoff or Backoff(broker.reconnect)
-            await asyncio.sleep(pause_or_raise(broker, backoff, exc, "enqueue"))
-        except RedisError as exc:
-            raise broker.failure(exc, "enqueue") from exc
-
-
-def pause_or_raise(broker: RedisBroker, backoff: Backoff, exc: BaseException, what: str) -> float:
-    """After a ``TRANSIENT`` error: how long to wait before trying ``what``
-    again; or raise, when the server refused the credentials (``PERMANENT``:
-    no retry mends that) or the deadline passed (``BrokerUnavailable``,
-    naming the server and ``exc``)."""
-    pause = None if isinstance(exc, PERMANENT) else backoff.pause()
-    if pause is None:
-        raise broker.failure(exc, what, backoff.waited) from exc
-    log.warning("redis %s failed (%s); trying again in %.2f s", what, exc, pause)
-    return pause
-
-
-def _checked(reply: Any) -> Any:
-    if isinstance(reply, BaseException):
-        raise reply
-    return reply
-
-
-def drive_sync(link: SyncLink, plan: Plan) -> list[str]:
-    """Run ``plan`` on one of ``link``'s connections, in this thread."""
-    conn = link.checkout()
-    value: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                req = plan.send(value) if error is None else plan.throw(error)
-            except StopIteration as stop:
-                link.checkin(conn)
-                result: list[str] = stop.value
-                return result
-            value = error = None
-            op = req[0]
-            try:
-                if op == "send":
-                    link.send(conn, req[1])
-                elif op == "read":
-                    value = link.read(conn)
-                elif op == "reset":
-                    link.discard(conn)
-                    conn = link.checkout()
-                elif op == "sleep":
-                    time.sleep(req[1])
-            except (RedisError, OSError) as exc:
-                link.discard(conn)  # its state is unknown: never reuse it
-                link.target.unreachable(exc)
-                conn = link.checkout()
-                error = exc
-    except BaseException:
-        link.discard(conn)
-        raise
-    finally:
-        plan.close()
-
-
-async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
-    """Run ``plan`` on one of ``link``'s connections, on this event loop."""
+async def drive(link: AsyncLink | SyncLink, plan: Plan[T]) -> T:
+    """Run ``plan`` on one of ``link``'s connections.  An I/O error is thrown
+    into the plan at the request that failed (the connection is dropped)."""
     conn = await link.checkout()
     value: Any = None
     error: BaseException | None = None
@@ -498,7 +400,7 @@ async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
                 req = plan.send(value) if error is None else plan.throw(error)
             except StopIteration as stop:
                 link.checkin(conn)
-                result: list[str] = stop.value
+                result: T = stop.value
                 return result
             value = error = None
             op = req[0]
@@ -511,9 +413,9 @@ async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
                     await link.discard(conn)
                     conn = await link.checkout()
                 elif op == "sleep":
-                    await asyncio.sleep(req[1])
+                    await link.sleep(req[1])
             except (RedisError, OSError) as exc:
-                await link.discard(conn)
+                await link.discard(conn)  # its state is unknown: never reuse it
                 link.target.unreachable(exc)
                 conn = await link.checkout()
                 error = exc
@@ -524,4 +426,41 @@ async def drive_async(link: AsyncLink, plan: Plan) -> list[str]:
         plan.close()
 
 
-__all__ = ["CHUNK", "Enqueue", "ResponseError", "drive_async", "drive_sync", "encode"]
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``drive`` on a ``SyncLink`` to its end in this thread: its steps
+    never suspend, so one ``send`` finishes the coroutine."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise RuntimeError("a SyncLink step suspended: only a SyncLink may be driven by run_sync")
+
+
+def single(
+    conn: Connection, msgs: Iterable[Message], limit: int | None
+) -> tuple[Message, Script, list[Arg]] | None:
+    """For the usual ``task.enqueue`` (a list of one job, no ``wait_replicas``
+    to confirm): the job and the one script call that stores it,
+    ``enqueue_one.lua`` for a job without a key, ``enqueue.lua`` otherwise.
+    None for anything else, which takes a plan."""
+    if type(msgs) is not list or len(msgs) != 1 or conn.wait_replicas:
+        return None
+    m: Message = msgs[0]
+    if m.key is not None and m.kind == TASK:
+        [chunk] = encode([m], limit, conn.clock)
+        return m, conn.lua.enqueue, [repr(conn.clock.now()), b"", "", "", *chunk.args]
+    body = encode_checked(m, limit)
+    now = conn.clock.now()
+    snow = repr(now)
+    eta = None if m.eta is None else conn.clock.to_server(m.eta)
+    if eta is not None and eta > now:
+        sched, ra = b"1", repr(eta)
+    else:
+        sched, ra = b"0", snow
+    args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
+    return m, conn.lua.enqueue_one, args
+
+
+__all__ = ["CHUNK", "Enqueue", "Plan", "drive", "encode", "ids_of", "run_sync", "single"]

@@ -18,25 +18,18 @@ the same entry.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
-from ...errors import BrokerError
 from ...message import Message, encode_checked
 from ...message import from_dict as message_from_dict
 from ..deadline import Backoff
-from . import bulk
-from .client import TRANSIENT, Arg
-
-if TYPE_CHECKING:
-    from .broker import RedisBroker
-
-log = logging.getLogger("dumbwaiter.redis")
+from .bulk import Plan
+from .connection import TRANSIENT, Arg, Connection, checked
 
 #: events per publish script call (each call holds the server for its events only)
 PUBLISH_CHUNK = 1000
@@ -55,10 +48,9 @@ def _entry(m: Message, limit: int | None) -> tuple[Arg, ...]:
     return (m.id, m.name, eta, m.priority, m.max_attempts, orjson.dumps(d).decode())
 
 
-def chunks(broker: RedisBroker, msgs: Iterable[Message]) -> list[list[Arg]]:
+def chunks(msgs: Iterable[Message], limit: int | None) -> list[list[Arg]]:
     """The argument lists of the publish calls (every event encoded and
     size-checked before anything is sent)."""
-    limit = broker.max_message_size
     out: list[list[Arg]] = []
     args: list[Arg] = []
     n = 0
@@ -73,56 +65,41 @@ def chunks(broker: RedisBroker, msgs: Iterable[Message]) -> list[list[Arg]]:
     return out
 
 
-def _plan(broker: RedisBroker, chunks: list[list[Arg]]) -> bulk.Plan:
+def publish(conn: Connection, chunks: list[list[Arg]]) -> Plan[int]:
     """Send each chunk (and ``WAIT`` after it with ``wait_replicas``) on one
-    connection, as ``bulk.drive_*`` runs it; retried with backoff while the
-    server is unreachable, which is safe: an event already in the log is
-    skipped.  Yields the deliveries made, as the one item of the result."""
+    connection, as ``bulk.drive`` runs it; retried with backoff while
+    the server is unreachable, which is safe: an event already in the log is
+    skipped.  Returns the deliveries made."""
     total = 0
-    lua = broker._lua.publish
+    lua = conn.lua.publish
     for args in chunks:
-        backoff = Backoff(broker.reconnect)
+        backoff = Backoff(conn.reconnect)
         while True:
             try:
-                now = repr(broker.clock.now())
-                yield ("send", (b"EVALSHA", lua.sha, 1, broker.prefix, now, *args))
-                if broker.wait_replicas:
-                    yield ("send", (b"WAIT", broker.wait_replicas, int(broker.wait_timeout * 1000)))
+                now = repr(conn.clock.now())
+                yield ("send", (b"EVALSHA", lua.sha, 1, conn.keys.tag, now, *args))
+                if conn.wait_replicas:
+                    yield ("send", conn.wait())
                 reply = yield ("read",)
-                waited = (yield ("read",)) if broker.wait_replicas else None
+                waited = (yield ("read",)) if conn.wait_replicas else None
                 if isinstance(reply, MovedError):
-                    broker._target.moved(reply.host, reply.port)
+                    conn.target.moved(reply.host, reply.port)
                     yield ("reset",)
                     continue
                 if isinstance(reply, NoScriptError):
                     yield ("send", (b"SCRIPT", b"LOAD", lua.source))
-                    bulk._checked((yield ("read",)))
+                    checked((yield ("read",)))
                     continue
-                total += int(bulk._checked(reply))
+                total += int(checked(reply))
                 if waited is not None:
-                    got = int(bulk._checked(waited))
-                    if got < broker.wait_replicas:
-                        raise BrokerError(
-                            f"redis publish: stored on the primary, but only {got} of "
-                            f"{broker.wait_replicas} replicas confirmed it within "
-                            f"{broker.wait_timeout} s (publishing the same events again is safe)"
-                        )
+                    conn.confirmed(waited, "publish", "publishing the same events")
                 break
             except TRANSIENT as exc:
                 yield ("reset",)
-                yield ("sleep", bulk.pause_or_raise(broker, backoff, exc, "publish"))
+                yield ("sleep", conn.pause_or_raise(backoff, exc, "publish"))
             except RedisError as exc:
-                raise broker.failure(exc, "publish") from exc
-    return [str(total)]
-
-
-async def publish_async(broker: RedisBroker, msgs: Iterable[Message]) -> int:
-    plan = _plan(broker, chunks(broker, msgs))
-    return int((await bulk.drive_async(broker._link(), plan))[0])
-
-
-def publish_sync(broker: RedisBroker, msgs: Iterable[Message]) -> int:
-    return int(bulk.drive_sync(broker._sync_link(), _plan(broker, chunks(broker, msgs)))[0])
+                raise conn.failure(exc, "publish") from exc
+    return total
 
 
 def list_args(

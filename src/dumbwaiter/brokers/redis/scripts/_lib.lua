@@ -101,10 +101,6 @@ end
 local function staged_members(call, q)
   return P .. ':stage:' .. call .. ':r:' .. q
 end
--- seconds such a set lives without a commit or an undo (a day: far beyond a
--- bulk enqueue's deadline; only a set an older version's undo left behind
--- lives that long)
-local STAGED_MEMBERS_TTL = 86400
 -- the biggest ready set a staging call adds a set of members to, to be
 -- merged whole at the commit (see publish_staged)
 local MOVE_WHOLE = 1000
@@ -199,22 +195,6 @@ local function claim_staged()
   end
 end
 
--- Before the `staged` state, a staged job was stored `ready` or `scheduled`
--- but put in no set until the commit.  A producer that died then (its call
--- expires and the rescuer unstages it after this version is deployed) left
--- such jobs: a job of the call that never ran (no attempt) and is in no set
--- of its state was never published, and is deleted like a staged one.  One
--- an admin operation published meanwhile (a reschedule gave it its entry)
--- or a plain enqueue claimed is in its set, or has run: it stays.
-local function unpublished(id, st, q, ra)
-  if st == 'ready' then
-    return not redis.call('ZSCORE', P .. ':ready:' .. q, member(ra, id))
-  elseif st == 'scheduled' then
-    return not redis.call('ZSCORE', P .. ':sched:' .. q, id)
-  end
-  return false
-end
-
 local function unstage(call)
   local sk = P .. ':stage:' .. call
   local items = redis.call('LRANGE', sk, 0, -1)
@@ -224,9 +204,8 @@ local function unstage(call)
     for j = i + 5, i + 4 + n do
       local id = items[j]
       local jk = jkey(id)
-      local v = redis.call('HMGET', jk, 'st', 'k', 'q', 'ra', 'a')
-      local old = not v[5] and v[3] and v[4] and unpublished(id, v[1], v[3], v[4])
-      if v[1] == 'staged' or old then
+      local v = redis.call('HMGET', jk, 'st', 'k')
+      if v[1] == 'staged' then
         forget(jk, id, v[2]) -- in no set, no counter: only its traces to delete
       end
     end

@@ -17,7 +17,7 @@ local items = redis.call('LRANGE', sk, 0, -1)
 -- at each job's state, as when one is gone
 local dirty = redis.call('HDEL', P .. ':stagedirty', call) == 1
 -- queues with ready jobs staged (kind 'R'), in order, and their member sets
-local queues, sets, rebuild = {}, {}, {}
+local queues, sets = {}, {}
 local i = 1
 while i <= #items do
   local q, kind, pr, ra, n = items[i], items[i + 1], items[i + 2], items[i + 3],
@@ -30,16 +30,13 @@ while i <= #items do
       zk = staged_members(call, q)
       sets[q] = zk
       queues[#queues + 1] = q
-      -- a set that expired (or an older undo's leftover: never) is rebuilt
-      -- from the list, group by group, below
-      rebuild[q] = redis.call('EXISTS', zk) == 0
     end
     -- mark each job ready.  Unless the call is dirty, a listed job still
     -- stored is still staged (nothing but this script, unstage and a claim
     -- changes that state, and a claim marks the call dirty), so one HSET per
     -- job is the whole look: it answers 1 (a new field) only for a job that
     -- is gone, whose new hash is deleted at once
-    local still, gone = {}, {}
+    local gone = {}
     for j = first, first + n - 1 do
       local id = items[j]
       local jk = jkey(id)
@@ -57,19 +54,9 @@ while i <= #items do
       end
       if not keep then
         gone[#gone + 1] = id
-      elseif rebuild[q] then
-        still[#still + 1] = id
       end
     end
-    if #still > 0 then
-      local members = {}
-      local score = ready_score(pr)
-      for k, id in ipairs(still) do
-        members[2 * k - 1] = score
-        members[2 * k] = member(ra, id)
-      end
-      redis.call('ZADD', zk, unpack(members))
-    elseif #gone > 0 and not rebuild[q] then
+    if #gone > 0 then
       -- a plain enqueue took these over (or they are gone): not ours to publish
       local drop = {}
       for k, id in ipairs(gone) do

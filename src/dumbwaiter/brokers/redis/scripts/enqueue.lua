@@ -175,10 +175,6 @@ while n <= #ARGV do
       end
       local zk = staged_members(call, q)
       redis.call('ZADD', zk, unpack(members))
-      -- a producer of an older version unstages without deleting this set
-      -- (a rescuer of that version, when this producer died): it goes by
-      -- itself; a commit that finds it gone rebuilds it
-      redis.call('EXPIRE', zk, STAGED_MEMBERS_TTL)
     end
   elseif nfresh > 0 then
     offer(q, pr, ra, fresh, bodies, now)

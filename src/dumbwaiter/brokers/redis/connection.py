@@ -1,14 +1,16 @@
 """Connections to Redis: redis-py's connection objects (hiredis parser, TLS,
-AUTH, SELECT), driven directly.
+AUTH, SELECT), driven directly, and the ``Connection`` every other part of
+the broker talks through.
 
 The broker makes few kinds of calls, nearly all ``EVALSHA``, and each one
-matters on the hot path, so it skips redis-py's client and pool layers (about
-a third of a call's cost here) and keeps its own free lists:
+matters on the hot path, so it skips redis-py's client and pool layers
+(docs/benchmarks-redis.md has their cost) and keeps its own free lists:
 
 * ``AsyncLink``: the connections of one event loop.  A connection belongs to
   the loop that opened it, and the same broker is used from several (a
   worker's loop, the portal thread that runs ``job.status()``, a test's
-  ``asyncio.run``), so the broker keeps one link per loop.
+  ``asyncio.run``), so ``Connection.links`` keeps one link per loop, through
+  the ``PerLoop`` registry every engine shares.
 * ``SyncLink``: connections for sync producers, shared by their threads,
   with no event loop and no thread hop; dropped after a fork.
 
@@ -16,6 +18,12 @@ A call takes a free connection (or opens one), sends, reads, and puts it
 back.  A failed connection is closed and not reused; the next call opens a
 new one.  A connection blocked in ``BLPOP`` is simply checked out, so other
 calls use other connections meanwhile.
+
+Multi-step exchanges (a bulk enqueue's pipeline, a publish) are written
+once, as generators of I/O requests, and ``bulk.drive`` runs them on either
+link: a ``SyncLink``'s steps are coroutines that never suspend, so
+``bulk.run_sync`` finishes the same driver in the caller's thread, with no
+event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +49,7 @@ from redis.exceptions import (
     NoPermissionError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -46,7 +57,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 
-from .lua import Script
+from ...errors import BrokerError
+from .. import failure as failures
+from ..clock import ServerClock
+from ..deadline import Backoff
+from ..perloop import PerLoop
+from .lua import Script, scripts
+
+log = logging.getLogger("dumbwaiter.redis")
 
 _NOT_ENOUGH: Any
 try:  # what redis-py's hiredis reader answers while a reply is incomplete
@@ -112,9 +130,9 @@ class Target:
         # redis-py's sync connection is untyped: Any keeps mypy --strict quiet
         self.sync_class: Any = skw.pop("connection_class", sync_connection.Connection)
         # Async connections get no socket timeout of their own: redis-py would
-        # wrap every send in ``asyncio.wait_for`` (a task per call, a third
-        # of a call's cost).  Reads get ``read_timeout`` instead, which costs
-        # one timer.
+        # wrap every send in ``asyncio.wait_for``, a task per call
+        # (docs/benchmarks-redis.md has its cost).  Reads get
+        # ``read_timeout`` instead, which costs one timer.
         self.read_timeout = socket_timeout
         self.async_kwargs = {**common, **akw, "socket_timeout": None}
         self.sync_kwargs = {**common, **skw}
@@ -163,8 +181,8 @@ def _roundtrip(conn: Any, packed: list[bytes]) -> Any:
 
     A sync enqueue is one round trip, so what wraps the two syscalls counts:
     a connected connection with redis-py's hiredis parser is driven straight
-    on its socket and reader (redis-py's own layers around them are about a
-    third of the call's Python time); any other (not yet connected, or
+    on its socket and reader, skipping redis-py's own layers around them
+    (docs/benchmarks-redis.md has their cost); any other (not yet connected, or
     without hiredis) goes through redis-py.  The errors are redis-py's: error
     replies raise as its ``ResponseError`` subclasses (``NoScriptError``,
     ``MovedError``...), a lost or timed-out socket as its ``ConnectionError`` /
@@ -251,7 +269,7 @@ class AsyncLink:
         except NoScriptError:
             return await self.call(*_eval(script, keys, args))
 
-    # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
+    # -- one connection, driven step by step (see ``bulk.drive``) ---------------
 
     async def checkout(self) -> Any:
         if self.generation != self.target.generation:
@@ -276,6 +294,9 @@ class AsyncLink:
             return await conn.read_response(disable_decoding=True, timeout=self.target.read_timeout)
         except ResponseError as exc:
             return exc
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def aclose(self) -> None:
         conns, self.free = self.free, []
@@ -310,7 +331,12 @@ def _close_on_dead_loop(conn: async_connection.AbstractConnection) -> None:
 
 
 class SyncLink:
-    """Connections for sync callers, any thread; list pop/append are atomic."""
+    """Connections for sync callers, any thread; list pop/append are atomic.
+
+    ``call`` and ``script`` block in the caller's thread.  The steps
+    ``bulk.drive`` uses (``checkout``... ``sleep``) are coroutines with the
+    ``AsyncLink``'s names that block instead of suspending, so one driver
+    serves both links (``bulk.run_sync``)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -326,7 +352,7 @@ class SyncLink:
                 self.target.moved(exc.host, exc.port)
         return self._call(args)
 
-    def _call(self, args: tuple[Arg, ...]) -> Any:
+    def _free_or_new(self) -> Any:
         if self.pid != os.getpid() or self.generation != self.target.generation:
             # after a fork the parent's sockets are not ours to use (redis-py
             # does not shut them down from a child); after MOVED they point
@@ -335,9 +361,12 @@ class SyncLink:
             self.pid = os.getpid()
             self.generation = self.target.generation
         try:
-            conn = self.free.pop()
+            return self.free.pop()
         except IndexError:
-            conn = self.target.new_sync()
+            return self.target.new_sync()
+
+    def _call(self, args: tuple[Arg, ...]) -> Any:
+        conn = self._free_or_new()
         try:
             reply = _roundtrip(conn, _pack(conn, args))
         except ResponseError:
@@ -357,33 +386,29 @@ class SyncLink:
         except NoScriptError:
             return self.call(*_eval(script, keys, args))
 
-    # -- one connection, driven step by step (bulk enqueue, see bulk.py) --------
+    # -- one connection, driven step by step (see ``bulk.drive``) ---------------
 
-    def checkout(self) -> Any:
-        if self.pid != os.getpid() or self.generation != self.target.generation:
-            self.free = []
-            self.pid = os.getpid()
-            self.generation = self.target.generation
-        try:
-            return self.free.pop()
-        except IndexError:
-            return self.target.new_sync()
+    async def checkout(self) -> Any:
+        return self._free_or_new()
 
     def checkin(self, conn: Any) -> None:
         self.free.append(conn)
 
-    def discard(self, conn: Any) -> None:
+    async def discard(self, conn: Any) -> None:
         with contextlib.suppress(Exception):
             conn.disconnect()
 
-    def send(self, conn: Any, cmd: tuple[Arg, ...]) -> None:
+    async def send(self, conn: Any, cmd: tuple[Arg, ...]) -> None:
         conn.send_packed_command(_pack(conn, cmd), check_health=False)
 
-    def read(self, conn: Any) -> Any:
+    async def read(self, conn: Any) -> Any:
         try:
             return conn.read_response(disable_decoding=True)
         except ResponseError as exc:
             return exc
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 - blocks by design: see the class docstring
 
     def close(self) -> None:
         conns, self.free = self.free, []
@@ -392,3 +417,159 @@ class SyncLink:
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.disconnect()
+
+
+class Keys:
+    """The names of an app's keys, as the Python side uses them.
+
+    Every key of an app starts with its hash tag ``{dw:NAME}`` (so a Redis
+    Cluster keeps them in one slot, and multi-key scripts are legal there).
+    The scripts get the tag as ``KEYS[1]`` and name the rest from it
+    (``scripts/_core.lua``); the few keys Python reads or writes itself are
+    named here, so the naming can change in one place."""
+
+    def __init__(self, name: str) -> None:
+        #: the hash tag every key of this app starts with
+        self.tag = f"{{dw:{name}}}"
+        #: ``KEYS`` of every script call
+        self.scripts: tuple[Arg, ...] = (self.tag,)
+
+    def job(self, id: str) -> str:
+        """The hash of one job's fields."""
+        return f"{self.tag}:job:{id}"
+
+    def inbox(self, waiter: str) -> str:
+        """An idle fetch's inbox (``BLPOP``)."""
+        return f"{self.tag}:in:{waiter}"
+
+    def waiters(self, queue: str) -> str:
+        """The idle fetches registered for ``queue``."""
+        return f"{self.tag}:waiters:{queue}"
+
+
+def failure(
+    url: str, exc: BaseException, what: str = "", waited: float | None = None
+) -> BrokerError:
+    """``exc`` (redis-py's, or a socket's) as the ``BrokerError`` it means:
+    refused credentials or a missing database number (for good), an
+    unreachable or restarting server (for now), anything else."""
+    if isinstance(exc, PERMANENT):
+        return failures.refused(url, exc, auth=True)
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        return failures.refused(url, exc)
+    if isinstance(exc, TRANSIENT):
+        return failures.unavailable(url, exc, waited)
+    return failures.failed(url, exc, f"redis {what}" if what else "redis")
+
+
+class Connection:
+    """One broker's way to its server: where (``target``), the app's keys,
+    the scripts, one ``AsyncLink`` per event loop and the ``SyncLink``, and
+    how writes are confirmed and retried (``reconnect``, ``wait_replicas``,
+    ``wait_timeout``: the broker's URL options)."""
+
+    def __init__(
+        self,
+        url: str,
+        target: Target,
+        name: str,
+        *,
+        reconnect: float,
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> None:
+        #: the broker's URL, for error messages (masked where shown)
+        self.url = url
+        self.target = target
+        self.keys = Keys(name)
+        self.lua = scripts()
+        self.links: PerLoop[AsyncLink] = PerLoop(
+            lambda loop: AsyncLink(target, loop), AsyncLink.aclose, AsyncLink.abandon
+        )
+        self.sync = SyncLink(target)
+        #: seconds an enqueue keeps trying while the server is unreachable
+        self.reconnect = reconnect
+        #: an enqueue returns only once this many replicas have its writes
+        #: (``WAIT``), or fails after ``wait_timeout`` seconds
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
+        #: the server's clock (``TIME``), which every time written here is on
+        self.clock = ServerClock()
+
+    def failure(
+        self, exc: BaseException, what: str = "", waited: float | None = None
+    ) -> BrokerError:
+        return failure(self.url, exc, what, waited)
+
+    async def now(self) -> float:
+        """The server's time (``clock.py``): leases, expiries and run times
+        compare on it, whatever this host's wall clock says."""
+        await self.clock.sync(self.server_time)
+        return self.clock.now()
+
+    async def read_clock(self) -> None:
+        """Read the server's clock when due, for the parts that stamp times
+        without awaiting (bulk.py, events.py)."""
+        await self.clock.sync(self.server_time)
+
+    def read_clock_sync(self) -> None:
+        """``read_clock`` for sync producers, on the ``SyncLink``."""
+        self.clock.sync_blocking(self.server_time_sync)
+
+    async def server_time(self) -> float:
+        try:
+            sec, usec = await self.links.get().call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
+
+    def server_time_sync(self) -> float:
+        try:
+            sec, usec = self.sync.call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
+
+    async def run(self, script: Script, args: Sequence[Arg]) -> Any:
+        """One script call on this loop's link; redis-py's errors as ``BrokerError``."""
+        try:
+            return await self.links.get().script(script, self.keys.scripts, args)
+        except RedisError as exc:
+            raise self.failure(exc, script.name) from exc
+
+    def pause_or_raise(self, backoff: Backoff, exc: BaseException, what: str) -> float:
+        """After a ``TRANSIENT`` error: how long to wait before trying
+        ``what`` again; or raise, when the server refused the credentials
+        (``PERMANENT``: no retry mends that) or the deadline passed
+        (``BrokerUnavailable``, naming the server and ``exc``)."""
+        pause = None if isinstance(exc, PERMANENT) else backoff.pause()
+        if pause is None:
+            raise self.failure(exc, what, backoff.waited) from exc
+        log.warning("redis %s failed (%s); trying again in %.2f s", what, exc, pause)
+        return pause
+
+    def wait(self) -> tuple[Arg, ...]:
+        """The ``WAIT`` command that follows writes with ``wait_replicas``."""
+        return (b"WAIT", self.wait_replicas, int(self.wait_timeout * 1000))
+
+    def confirmed(self, reply: Any, what: str, again: str) -> None:
+        """Replicas that acknowledged this connection's writes (``WAIT``'s
+        reply): fewer than ``wait_replicas`` is an error."""
+        got = int(checked(reply))
+        if got < self.wait_replicas:
+            raise BrokerError(
+                f"redis {what}: stored on the primary, but only {got} of "
+                f"{self.wait_replicas} replicas confirmed it within {self.wait_timeout} s "
+                f"({again} again is safe)"
+            )
+
+    async def close(self) -> None:
+        await self.links.close()
+        self.sync.close()
+
+
+def checked(reply: Any) -> Any:
+    """A reply ``read`` returned, with an error reply raised."""
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
