@@ -122,7 +122,9 @@ async def list_events(
     for rec_time, value in await read_topic(b, topic, since):
         if until is not None and rec_time > until:
             continue
-        if since is not None and rec_time < since:
+        # Kafka keeps milliseconds: a record of the same millisecond as
+        # ``since`` may have been written after it
+        if since is not None and rec_time + 0.001 <= since:
             continue
         try:
             m = decode(value)

@@ -71,14 +71,14 @@ OPTIONS = urlopts.Table(
         SESSION_TIMEOUT,
         urlopts.choice(
             "security_protocol",
-            "PLAINTEXT",
+            "plaintext",
             ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl"),
             "how to reach the cluster",
             passthrough=True,
         ),
         urlopts.choice(
             "sasl_mechanism",
-            "PLAIN",
+            "plain",
             ("plain", "scram-sha-256", "scram-sha-512"),
             "SASL mechanism (user and password from the URL)",
             passthrough=True,
