@@ -73,7 +73,7 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     **STATE_STORES,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats", "kafka"]
 
 _EVERY_ENGINE = frozenset(
     {"native_delay", "priorities", "blocking_fetch", "results", "events", "limits"}
@@ -99,8 +99,10 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "rabbitmq+postgres": _HOSTS,
     "nats": _HOSTS,
     # no priorities: Kafka hands a partition out in order (a worker orders
-    # only what it has read); the rest on its Redis state store
-    "kafka": _HOSTS - {"priorities"},
+    # only what it has read); ordered keys: a key's events are in one
+    # partition, and a group runs them one at a time (a key lock in the
+    # state store); the rest on its Redis state store
+    "kafka": (_HOSTS - {"priorities"}) | {"ordered_keys"},
 }
 
 

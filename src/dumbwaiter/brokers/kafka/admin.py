@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -119,12 +119,10 @@ async def list_events(
     times), oldest first by id, read back from the type's topic."""
     topic = b.names.event_topic(event_type)
     found: list[Message] = []
-    for rec_time, value in await read_topic(b, topic, since):
+    for rec_time, value in await read_topic(b, topic):
         if until is not None and rec_time > until:
             continue
-        # Kafka keeps milliseconds: a record of the same millisecond as
-        # ``since`` may have been written after it
-        if since is not None and rec_time + 0.001 <= since:
+        if since is not None and rec_time < since:
             continue
         try:
             m = decode(value)
@@ -138,12 +136,15 @@ async def list_events(
     return page, (page[-1].id if len(found) > limit else None)
 
 
-async def read_topic(
-    b: KafkaBroker, topic: str, since: float | None = None
-) -> list[tuple[float, bytes]]:
+async def read_topic(b: KafkaBroker, topic: str) -> list[tuple[float, bytes]]:
     """Every record of ``topic`` (its time, its value), read without a group
-    from each partition's first offset to its end as of now."""
-    consumer = AIOKafkaConsumer(**b.config, enable_auto_commit=False, fetch_max_wait_ms=50)
+    from each partition's first offset until the reads come back empty.
+
+    Not up to the end offsets: tansu 0.6 answers a ListOffsets after a
+    batched produce with the batch's first offset, not one past its last."""
+    consumer = AIOKafkaConsumer(
+        **b.config, enable_auto_commit=False, fetch_max_wait_ms=50, auto_offset_reset="earliest"
+    )
     await consumer.start()
     try:
         await consumer.topics()  # the cluster's metadata (this consumer follows no topic)
@@ -152,24 +153,35 @@ async def read_topic(
             return []
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        await consumer.seek_to_beginning(*tps)
-        out: list[tuple[float, bytes]] = []
-        left = {tp for tp in tps if ends[tp] > 0}
         for tp in tps:
-            if tp in left and await consumer.position(tp) >= ends[tp]:
-                left.discard(tp)
-        while left:
-            got = await consumer.getmany(*left, timeout_ms=200)
-            for tp, recs in got.items():
-                for rec in recs:
-                    if rec.offset < ends[tp]:
-                        out.append((rec.timestamp / 1000.0, rec.value or b""))
-                    if rec.offset + 1 >= ends[tp]:
-                        left.discard(tp)
+            consumer.seek(tp, 0)  # before the first kept: reset to the earliest
+        out: list[tuple[float, bytes]] = []
+        empty = 0
+        while empty < EMPTY_READS:
+            got = await consumer.getmany(timeout_ms=READ_MS)
+            empty = 0 if got else empty + 1
+            for recs in got.values():
+                out += [(_published(rec), rec.value or b"") for rec in recs]
         return out
     finally:
         await consumer.stop()
+
+
+def _published(rec: Any) -> float:
+    """When an event was published: its ``dw-at`` header (microseconds), else
+    the record's own time (milliseconds: Kafka's precision)."""
+    for k, v in rec.headers or ():
+        if k == "dw-at":
+            try:
+                return float(bytes(v))
+            except ValueError:
+                break
+    return float(rec.timestamp) / 1000.0
+
+
+#: a topic is read to its end once this many reads of ``READ_MS`` found nothing
+EMPTY_READS = 2
+READ_MS = 150
 
 
 # -- consumer lag --------------------------------------------------------------------------

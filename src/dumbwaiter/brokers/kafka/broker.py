@@ -51,6 +51,10 @@ from .transport import JOIN_WAIT, Reader
 
 log = logging.getLogger("dumbwaiter.kafka")
 
+#: copies a fetch judges beyond its limit: events held back behind an earlier
+#: one of their key must not keep the next keys' from being looked at
+LOOK_PAST = 64
+
 #: the client library's failures the seam turns into ``BrokerError``
 KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
 
@@ -63,6 +67,7 @@ class KafkaBroker(StateDelegation):
         priorities=False,
         blocking_fetch=True,
         events=True,
+        ordered_keys=True,
         limits=True,
         multi_process=True,
         max_message_size=1_000_000,
@@ -151,7 +156,7 @@ class KafkaBroker(StateDelegation):
         await self.link().create_topics([(t, n, self.replication, cfg) for t in new])
         self._topics.update(new)
 
-    async def _event_topic(self, event_type: str) -> str:
+    async def event_topic(self, event_type: str) -> str:
         topic = self.names.event_topic(event_type)
         if topic not in self._topics:
             ms = str(round(self.event_retention * 1000))
@@ -167,7 +172,7 @@ class KafkaBroker(StateDelegation):
         await self.ensure_topics(self.names.queue_topic(q) for q in qs)
         items = {self.names.queue + q: b"1" for q in qs}
         for b in bindings:
-            await self._event_topic(b.pattern)
+            await self.event_topic(b.pattern)
             items[f"{self.names.binding}{b.queue}\x1f{b.pattern}"] = str(b.max_attempts).encode()
         if items:
             await self.state.kv_set(items)
@@ -286,6 +291,18 @@ class KafkaBroker(StateDelegation):
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
     ) -> list[Delivery]:
         link = self.link()
+        async with link.fetching:
+            return await self._fetch(link, queues, limit, lease, wait, worker)
+
+    async def _fetch(
+        self,
+        link: Link,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        wait: float,
+        worker: str,
+    ) -> list[Delivery]:
         await self.state.open()  # the admission, before anything is read
         paused = await self.state.kv_get([self.names.paused + q for q in queues])
         live = [q for q in queues if self.names.paused + q not in paused]
@@ -300,7 +317,7 @@ class KafkaBroker(StateDelegation):
             bound = await self.bindings()
             for q in groups:
                 types = {b.pattern for b in bound if b.queue == q}
-                topics = frozenset([await self._event_topic(t) for t in types])
+                topics = frozenset([await self.event_topic(t) for t in types])
                 reader = self._reader(link, self.names.group_of(q))
                 await reader.follow(topics)
                 readers.append((reader, q))
@@ -315,9 +332,18 @@ class KafkaBroker(StateDelegation):
             first = False
             for reader, group_queue in readers:
                 while len(out) < limit and reader.buffer:
-                    copies = reader.take(limit - len(out))
-                    out += await jobs.judge(self, copies, group_queue, lease, worker)
-                    reader.done(copies)
+                    copies = reader.take(limit - len(out) + LOOK_PAST)
+                    got, waiting = await jobs.judge(
+                        self, copies, group_queue, lease, worker, limit - len(out)
+                    )
+                    for d, c in got:
+                        reader.hold(d.id, c.tp)
+                        link.held[d.id] = reader
+                    out += [d for d, _ in got]
+                    reader.give_back(waiting)
+                    reader.done([c for c in copies if c not in waiting])
+                    if not got:
+                        break  # what is left waits for a key's earlier event
                 await reader.commit()
             if out or time.monotonic() >= deadline:
                 return out
@@ -334,18 +360,32 @@ class KafkaBroker(StateDelegation):
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
         await jobs.settle(self, ds, jobs.acked)
+        self._let_go(ds)
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
         await jobs.settle(self, ds, jobs.retried)
+        self._let_go(ds)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
         await jobs.settle(self, ds, jobs.died)
+        self._let_go(ds)
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         await jobs.settle(self, ds, jobs.requeued)
+        self._let_go(ds)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
-        return await jobs.extend(self, ds, lease)
+        lost = await jobs.extend(self, ds, lease)
+        self._let_go(lost)
+        return lost
+
+    def _let_go(self, ds: Sequence[Delivery]) -> None:
+        """These jobs no longer keep their partitions busy here (``assign.py``)."""
+        for _, link in self._links.items():
+            for d in ds:
+                reader = link.held.pop(d.id, None)
+                if reader is not None:
+                    reader.let_go(d.id)
 
     async def rescue(self) -> Rescued:
         return await jobs.rescue(self)

@@ -37,6 +37,11 @@ class Link:
         self.readers: dict[str, Any] = {}
         #: the delay relay of this loop (``delay.Relay``), once a fetch started it
         self.relay: Any = None
+        #: job id -> the reader whose copy it was leased from, until settled
+        self.held: dict[str, Any] = {}
+        #: one fetch at a time reads through this loop's consumers (two
+        #: workers of one app share them: a consumer reads for one caller)
+        self.fetching = asyncio.Lock()
 
     async def producer(self, max_request_size: int) -> AIOKafkaProducer:
         if self._producer is None:

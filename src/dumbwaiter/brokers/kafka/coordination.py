@@ -68,11 +68,17 @@ def state_store(state_url: str | None, kafka_url: str, single_host: bool) -> Bro
 async def claim(link: Link, topic: str, replication: int, ours: Identity, where: str) -> None:
     """Announce ``ours`` on ``topic`` (or agree with the first announcement);
     raise ``StateStoreConflict`` when the first is another store."""
-    await link.create_topics(
-        [(topic, 1, replication, {"retention.ms": "-1", "cleanup.policy": "delete"})]
-    )
-    producer = await link.producer(1024 * 1024)
-    await producer.send_and_wait(topic, ours.dump(), key=ours.key.encode(), partition=0)
+    # clients of its own, closed here: a process that only reads the admin's
+    # view (``asyncio.run`` per call) must not leave clients on a closed loop
+    once = Link(link.config, link.loop)
+    try:
+        await once.create_topics(
+            [(topic, 1, replication, {"retention.ms": "-1", "cleanup.policy": "delete"})]
+        )
+        producer = await once.producer(1024 * 1024)
+        await producer.send_and_wait(topic, ours.dump(), key=ours.key.encode(), partition=0)
+    finally:
+        await once.close()
     first = await _first(link.config, topic)
     if first is None:
         raise BrokerError(f"kafka: {where}: the state-store announcement could not be read")

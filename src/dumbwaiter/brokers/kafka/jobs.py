@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
-from ...message import TASK, Message, encode
-from ...state import CANCELLABLE_STATES, State
+from ...message import GROUP_PREFIX, TASK, Message, encode
+from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
 from .transport import Copy
@@ -47,18 +47,18 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     now = time.time()
     ids: list[str] = []
     fresh: list[Message] = []
-    taken_keys: list[str] = []
+    taken_keys: dict[str, str] = {}
     seen: set[str] = set()
     for m in msgs:
         if m.id in seen:
             ids.append(m.id)
             continue
         if m.key is not None and m.kind == TASK:
-            holder = await _key_holder(b, m, now)
+            holder = taken_keys.get(m.key) or await _key_holder(b, m, now)
             if holder is not None:
                 ids.append(holder)
                 continue
-            taken_keys.append(m.key)
+            taken_keys[m.key] = m.id
         seen.add(m.id)
         fresh.append(m)
         ids.append(m.id)
@@ -153,8 +153,11 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
             count += 1
             if due > now:  # through a delay tier, to the group's own queue topic
                 out += b.copy_of(dm, 0, due, now)
-        topic = await b._event_topic(e.name)
-        out.append((topic, (e.key or e.id).encode(), encode(e), [("dw-id", e.id.encode())]))
+        topic = await b.event_topic(e.name)
+        headers = [("dw-id", e.id.encode()), ("dw-at", f"{now:.6f}".encode())]
+        if e.key is not None:
+            headers.append(("dw-k", e.key.encode()))
+        out.append((topic, (e.key or e.id).encode(), encode(e), headers))
     if records:
         await b.state.kv_set(records)
     await b.send(out)
@@ -165,71 +168,110 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
 
 
 async def judge(
-    b: KafkaBroker, copies: Sequence[Copy], group_queue: str | None, lease: float, worker: str
-) -> list[Delivery]:
-    """Lease the jobs whose copies are current (see ``records.py``); drop the
-    rest.  ``group_queue``: the copies are events read by that group."""
+    b: KafkaBroker,
+    copies: Sequence[Copy],
+    group_queue: str | None,
+    lease: float,
+    worker: str,
+    limit: int,
+) -> tuple[list[tuple[Delivery, Copy]], list[Copy]]:
+    """Lease up to ``limit`` jobs whose copies are current (see
+    ``records.py``) and drop the stale copies.  ``group_queue``: the copies
+    are events read by that group, where one key's deliveries run one at a
+    time, in order (``capabilities.ordered_keys``): a copy whose key's
+    earlier delivery is not settled waits.  Returns the deliveries (with
+    the copy each was leased from) and the copies that wait (not judged:
+    read again by the next fetch)."""
     n = b.names
     now = time.time()
-    wanted: list[tuple[Copy, str, int]] = []
-    for c in copies:
-        cid = c.header("dw-id")
-        if cid is None:
-            continue  # not a copy of ours: nothing to run
-        if group_queue is not None:
-            cid, ver = delivery_id(cid, group_queue), 0
-        else:
-            try:
-                ver = int(c.header("dw-v") or 0)
-            except ValueError:
-                continue
-        wanted.append((c, cid, ver))
+    wanted = _parsed(b, copies, group_queue)
     if not wanted:
-        return []
-    keys = sorted({n.job + cid for _, cid, _ in wanted})
+        return [], []
+    keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
     early: list[Record] = []
 
-    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Record]]:
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], tuple[list[Record], list[Copy]]]:
         writes: dict[str, KvWrite] = {}
         taken: list[Record] = []
+        waiting: list[Copy] = []
         early.clear()
         done: set[str] = set()
-        for _, cid, ver in wanted:
+        held: set[str] = set()  # keys whose earlier copy was taken or waits
+        for c, cid, ver, lock in wanted:
+            if lock is not None and lock in held:
+                waiting.append(c)
+                continue
+            if len(taken) >= limit:
+                waiting.append(c)
+                continue
             key = n.job + cid
             raw = got.get(key)
             if raw is None or cid in done:
                 continue
             rec = Record.load(raw)
+            if lock is not None:
+                holder = got.get(lock, SETTLED)
+                if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+                    held.add(lock)
+                    waiting.append(c)
+                    continue
             if rec.ver != ver or rec.state not in WAITING:
+                if lock is not None and rec.state not in FINAL_STATES:
+                    held.add(lock)  # still to run (retried, running): the key's next waits
                 continue
             done.add(cid)
             if rec.run_at > now + EARLY:
                 early.append(rec)  # ahead of its time: back to a delay tier
                 continue
-            rec.state = State.RUNNING
-            rec.msg.attempt += 1
-            rec.token += 1
-            rec.lease_until = now + lease
-            rec.worker = worker
-            rec.updated_at = now
+            rec.lease(now + lease, worker, now)
             writes[key] = rec.dump()
             writes[n.lease + cid] = f"{rec.lease_until:.6f}".encode()
+            if lock is not None:
+                writes[lock] = (cid.encode(), b.event_retention)
+                held.add(lock)
             taken.append(rec)
-        return writes, taken
+        return writes, (taken, waiting)
 
-    taken = await b.state.kv_update(keys, decide)
+    taken, waiting = await b.state.kv_update(keys, decide)
     if early:
         await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
+    read_from = {cid: c for c, cid, _, _ in wanted}
     return [
-        Delivery(
-            id=r.msg.id,
-            message=r.msg,
-            token=r.token,
-            lease_until=r.lease_until,
-            queue=r.msg.queue,
+        (
+            Delivery(
+                id=r.msg.id,
+                message=r.msg,
+                token=r.token,
+                lease_until=r.lease_until,
+                queue=r.msg.queue,
+            ),
+            read_from[r.msg.id],
         )
         for r in taken
-    ]
+    ], waiting
+
+
+def _parsed(
+    b: KafkaBroker, copies: Sequence[Copy], group_queue: str | None
+) -> list[tuple[Copy, str, int, str | None]]:
+    """(copy, job id, version, key lock) of each copy of ours."""
+    out = []
+    for c in copies:
+        cid = c.header("dw-id")
+        if cid is None:
+            continue  # not a copy of ours: nothing to run
+        lock = None
+        if group_queue is not None:
+            cid, ver = delivery_id(cid, group_queue), 0
+            key = c.header("dw-k")
+            lock = None if key is None else b.names.keylock_of(group_queue, key)
+        else:
+            try:
+                ver = int(c.header("dw-v") or 0)
+            except ValueError:
+                continue
+        out.append((c, cid, ver, lock))
+    return out
 
 
 # -- outcomes ------------------------------------------------------------------------------
@@ -280,7 +322,8 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
         return
     n = b.names
     now = time.time()
-    keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds})
+    locks = [lk for d in ds if d.message is not None and (lk := lock_of(b, d.message))]
+    keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds} | set(locks))
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool, bool]]]:
         writes: dict[str, KvWrite] = {}
@@ -295,6 +338,7 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
             ttl, again, dead = change(b, rec, d, now)
             writes[n.job + d.id] = (rec.dump(), ttl)
             writes[n.lease + d.id] = (SETTLED, SETTLED_TTL)
+            release(b, rec, got, writes)
             out.append((rec, again, dead))
         return writes, out
 
@@ -371,6 +415,7 @@ async def rescue(b: KafkaBroker) -> Rescued:
             rec.msg.errors.append(lease_error(rec, now))
             if rec.msg.attempt >= rec.msg.max_attempts:
                 rec.state, rec.updated_at, rec.ver = State.DEAD, now, rec.ver + 1
+                release(b, rec, got, writes)
                 out.append((rec, True))
             else:
                 rec.wait_until(now, now)
@@ -420,10 +465,13 @@ async def change_waiting(
                 continue
             ttl, again = change(rec, now)
             writes[n.job + i] = (rec.dump(), ttl)
+            release(b, rec, got, writes)
             out.append((rec, again))
         return writes, out
 
-    changed = await b.state.kv_update([n.job + i for i in dict.fromkeys(ids)], decide)
+    unique = list(dict.fromkeys(ids))
+    keys = [n.job + i for i in unique] + await locks_of(b, unique)
+    changed = await b.state.kv_update(keys, decide)
     await b.send(
         [c for rec, again in changed if again for c in b.copy_of(rec.msg, rec.ver, rec.run_at, now)]
     )
@@ -444,3 +492,33 @@ async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]
         return None, True
 
     return await change_waiting(b, ids, change)
+
+
+# -- ordered keys ----------------------------------------------------------------------------
+
+
+def lock_of(b: KafkaBroker, msg: Message) -> str | None:
+    """The key lock of an event delivery with a key (None for anything else)."""
+    if msg.key is None or not msg.queue.startswith(GROUP_PREFIX):
+        return None
+    return b.names.keylock_of(msg.queue, msg.key)
+
+
+def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
+    """Free the key of a delivery that reached a final state, if it holds it
+    (read in ``got``: the caller's update read the lock)."""
+    lock = lock_of(b, rec.msg)
+    if lock is not None and rec.state in FINAL_STATES and got.get(lock) == rec.msg.id.encode():
+        writes[lock] = (SETTLED, SETTLED_TTL)
+
+
+async def locks_of(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+    """The key locks the records of ``ids`` may hold (read first, so that an
+    update that may settle them reads their locks too)."""
+    got = await b.state.kv_get([b.names.job + i for i in ids])
+    out = []
+    for raw in got.values():
+        lock = lock_of(b, Record.load(raw).msg)
+        if lock is not None:
+            out.append(lock)
+    return out

@@ -46,6 +46,11 @@ class Names:
         self.binding = base + "bind:"
         self.event = base + "event:"
         self.etype = base + "etype:"
+        self.keylock = base + "keylock:"
+
+    def keylock_of(self, queue: str, key: str) -> str:
+        """The entry naming the delivery of ``key`` a group ``queue`` runs now."""
+        return f"{self.keylock}{queue}\x1f{key}"
 
     def _topic(self, kind: str, name: str) -> str:
         topic = f"{self.prefix}.{kind}.{safe(name)}"

@@ -110,6 +110,15 @@ class Record:
     def held_by(self, token: int) -> bool:
         return self.state is State.RUNNING and self.token == token
 
+    def lease(self, until: float, worker: str, now: float) -> None:
+        """Running under a new lease: the next attempt, a new fencing token."""
+        self.state = State.RUNNING
+        self.msg.attempt += 1
+        self.token += 1
+        self.lease_until = until
+        self.worker = worker
+        self.updated_at = now
+
     def wait_until(self, at: float, now: float) -> None:
         """Waiting again for a new copy, due at ``at`` (now if past)."""
         self.ver += 1

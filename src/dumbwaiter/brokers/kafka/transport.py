@@ -33,6 +33,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
+from .assign import BusyFirstAssignor
+
 log = logging.getLogger("dumbwaiter.kafka")
 
 #: seconds a fetch waits for its consumer to join its group (once, and again
@@ -44,7 +46,7 @@ CATCH_UP_READ = 0.05
 CATCH_UP_MAX = 5.0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Copy:
     """One record read from a partition, not judged yet."""
 
@@ -108,20 +110,39 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            partition_assignment_strategy=(BusyFirstAssignor.for_reader(self.holdings),),
         )
         self.topics: frozenset[str] = frozenset()
         self.trackers: dict[TopicPartition, Tracker] = {}
         self.buffer: list[Copy] = []
+        #: partitions whose leased jobs run here, by job id (``assign.py``)
+        self.busy: dict[str, TopicPartition] = {}
+        #: what a rebalance took away (told at the join that follows it)
+        self.was_held: set[TopicPartition] = set()
         self.joined = asyncio.Event()
         self._started = False
         #: a fetch is waiting on this reader (tests look: ``until_fetch_waits``)
         self.waiting = False
+
+    # -- what the assignor is told ---------------------------------------------------
+
+    def holdings(self) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+        held = {(tp.topic, tp.partition) for tp in [*self.trackers, *self.was_held]}
+        busy = {(tp.topic, tp.partition) for tp in self.busy.values()}
+        return held, busy
+
+    def hold(self, job: str, tp: TopicPartition) -> None:
+        self.busy[job] = tp
+
+    def let_go(self, job: str) -> None:
+        self.busy.pop(job, None)
 
     # -- the rebalance listener -------------------------------------------------------
 
     async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
         self.joined.clear()
         gone = set(revoked)
+        self.was_held = gone
         try:
             await self.commit(gone)
         except KafkaError as exc:  # the next owner judges those copies again
@@ -131,6 +152,7 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             self.trackers.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self.was_held = set()
         for tp in assigned:
             self.trackers.setdefault(tp, Tracker())
         self.joined.set()
@@ -182,29 +204,16 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         return True
 
     async def catch_up(self) -> None:
-        """Read every record written before now to the partitions held: a
-        fetch must find a job whose enqueue returned before it started."""
-        held = list(self.consumer.assignment())
-        if not held:
+        """Read what was written before now to the partitions held: a fetch
+        must find a job whose enqueue returned before it started.  Reads
+        until one comes back empty, not up to the end offsets: tansu 0.6
+        answers a ListOffsets after a batched produce with the batch's first
+        offset, not one past its last."""
+        if not self.consumer.assignment():
             return
-        ends = await self.consumer.end_offsets(held)
         stop = time.monotonic() + CATCH_UP_MAX
-        while time.monotonic() < stop:
-            behind = False
-            for tp in held:
-                tracker = self.trackers.get(tp)
-                if tracker is None:
-                    continue
-                if tracker.end < ends[tp]:
-                    try:
-                        pos = await self.consumer.position(tp)
-                    except IllegalStateError:
-                        continue
-                    if pos < ends[tp]:
-                        behind = True
-            if not behind:
-                return
-            await self.pull(CATCH_UP_READ)
+        while time.monotonic() < stop and await self.pull(CATCH_UP_READ):
+            pass
 
     def take(self, n: int) -> list[Copy]:
         """The ``n`` copies to judge first: higher priority, then older."""
@@ -271,4 +280,4 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.commit()
             except KafkaError as exc:
                 log.debug("kafka %s: commit at close failed: %r", self.group, exc)
-            await self.consumer.stop()
+        await self.consumer.stop()  # also one never started: it holds a client
