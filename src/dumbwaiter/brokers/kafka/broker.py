@@ -83,6 +83,10 @@ class KafkaBroker(StateDelegation):
         self.partitions = opts[o.PARTITIONS]
         self.replication = opts[o.REPLICATION]
         self.retention = opts[o.RETENTION]
+        #: seconds a due job waits before its copy is written again (``jobs.reconcile``)
+        self.stranded = opts[o.STRANDED]
+        #: when this process may next look for stranded jobs (``time.monotonic()``)
+        self.reconcile_at = 0.0
         self.settings: dict[str, Any] = {
             "fetch_max_wait_ms": round(opts[o.FETCH_WAIT] * 1000),
             "session_timeout_ms": round(opts[o.SESSION_TIMEOUT] * 1000),
@@ -156,6 +160,12 @@ class KafkaBroker(StateDelegation):
         await self.link().create_topics([(t, n, self.replication, cfg) for t in new])
         self._topics.update(new)
 
+    async def ensure_queues(self, queues: Iterable[str]) -> None:
+        """A queue's topic and its dead-letter topic (made with it: a worker
+        that buries a job must not wait for a topic to be made first)."""
+        n = self.names
+        await self.ensure_topics(t for q in queues for t in (n.queue_topic(q), n.dlq_topic(q)))
+
     async def event_topic(self, event_type: str) -> str:
         topic = self.names.event_topic(event_type)
         if topic not in self._topics:
@@ -169,7 +179,7 @@ class KafkaBroker(StateDelegation):
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
         qs = {*queues, *(b.queue for b in bindings)}
-        await self.ensure_topics(self.names.queue_topic(q) for q in qs)
+        await self.ensure_queues(qs)
         items = {self.names.queue + q: b"1" for q in qs}
         for b in bindings:
             await self.event_topic(b.pattern)
@@ -306,7 +316,7 @@ class KafkaBroker(StateDelegation):
         await self.state.open()  # the admission, before anything is read
         paused = await self.state.kv_get([self.names.paused + q for q in queues])
         live = [q for q in queues if self.names.paused + q not in paused]
-        await self.ensure_topics(self.names.queue_topic(q) for q in queues)
+        await self.ensure_queues(queues)
         await self._start_relay(link)
         readers: list[tuple[Reader, str | None]] = []
         jobs_reader = self._reader(link, self.names.jobs_group)
@@ -388,7 +398,9 @@ class KafkaBroker(StateDelegation):
                     reader.let_go(d.id)
 
     async def rescue(self) -> Rescued:
-        return await jobs.rescue(self)
+        rescued = await jobs.rescue(self)
+        await jobs.reconcile(self)
+        return rescued
 
     # -- admin ------------------------------------------------------------------------
 

@@ -437,6 +437,43 @@ async def rescue(b: KafkaBroker) -> Rescued:
     return Rescued(len(changed), dead)
 
 
+async def reconcile(b: KafkaBroker) -> int:
+    """Write a new copy of each job due for ``stranded`` seconds and not
+    taken: its copy was lost (a producer that died between the record and
+    the copy, a cluster that lost acknowledged records: tansu keeps nothing
+    over a restart).  One process of the app at a time (a lock), each at
+    most every ``stranded / 2`` seconds (at most once a minute): it reads
+    every record.  A copy still on its way is made stale by the new one and
+    dropped when read."""
+    now_m = time.monotonic()
+    if now_m < b.reconcile_at:
+        return 0
+    b.reconcile_at = now_m + min(60.0, b.stranded / 2)
+    n = b.names
+    token = await b.state.acquire(n.reconciler, b.instance, 60.0)
+    if token is None:
+        return 0
+    try:
+        now = time.time()
+        old = now - b.stranded
+        ids = [
+            r.msg.id
+            for r in map(Record.load, (await b.state.kv_scan(n.job)).values())
+            if r.state in WAITING and r.run_at < old
+        ]
+
+        def change(rec: Record, now: float) -> tuple[float | None, bool]:
+            if rec.run_at >= old:
+                return None, False  # changed since the scan: its copy is new
+            rec.wait_until(now, now)
+            return None, True
+
+        moved = await change_waiting(b, ids, change)
+        return len(moved)
+    finally:
+        await b.state.release(n.reconciler, b.instance, token)
+
+
 # -- admin changes -------------------------------------------------------------------------
 
 

@@ -47,6 +47,8 @@ class Names:
         self.event = base + "event:"
         self.etype = base + "etype:"
         self.keylock = base + "keylock:"
+        #: the lock of the process that looks for stranded jobs
+        self.reconciler = base + "reconciler"
 
     def keylock_of(self, queue: str, key: str) -> str:
         """The entry naming the delivery of ``key`` a group ``queue`` runs now."""

@@ -52,6 +52,12 @@ FETCH_WAIT = urlopts.seconds(
     "seconds the cluster holds an empty fetch (fetch.max.wait.ms)",
     positive=True,
 )
+STRANDED = urlopts.seconds(
+    "stranded",
+    600.0,
+    "seconds a due job may wait before its copy is written again (a lost copy)",
+    positive=True,
+)
 SESSION_TIMEOUT = urlopts.seconds(
     "session_timeout",
     10.0,
@@ -69,6 +75,7 @@ OPTIONS = urlopts.Table(
         SINGLE_HOST,
         FETCH_WAIT,
         SESSION_TIMEOUT,
+        STRANDED,
         urlopts.choice(
             "security_protocol",
             "plaintext",
