@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import orjson
@@ -113,7 +114,7 @@ async def test_a_dead_letter_carries_its_error_history_in_headers() -> None:
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         deadline = time.monotonic() + 20
-        found = []
+        found: list[Any] = []
         while not found and time.monotonic() < deadline:
             for recs in (await consumer.getmany(timeout_ms=200)).values():
                 found += recs
