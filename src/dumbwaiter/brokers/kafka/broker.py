@@ -107,6 +107,8 @@ class KafkaBroker(StateDelegation):
         self._links: PerLoop[Link] = PerLoop(lambda loop: Link(self.config, loop), _close, abandon)
         self._claimed = False
         self._topics: set[str] = set()
+        #: queues this process has written to the admin's list
+        self.known_queues: set[str] = set()
         self.instance = secrets.token_hex(6)
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
-from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of
+from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
 from .transport import Copy
 
@@ -77,10 +77,17 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
             new.append(m)
         return writes, new
 
-    new = await b.state.kv_update([n.job + m.id for m in fresh], decide)
-    if new:
-        queues = {n.queue + m.queue: b"1" for m in new}
-        await b.state.kv_set(queues)
+    if len(fresh) == 1:  # the usual producer call: one add, no read
+        m = fresh[0]
+        writes, maybe = decide({})
+        added = await b.state.kv_add(n.job + m.id, bytes(kv_write(writes[n.job + m.id])[0]))
+        new = maybe if added else []
+    else:
+        new = await b.state.kv_update([n.job + m.id for m in fresh], decide)
+    unknown = {m.queue for m in new} - b.known_queues
+    if unknown:  # the admin's list of queues
+        await b.state.kv_set({n.queue + q: b"1" for q in unknown})
+        b.known_queues |= unknown
     out = [c for m in new for c in b.copy_of(m, 0, max(m.eta or 0.0, now), now)]
     try:
         await b.send(out)

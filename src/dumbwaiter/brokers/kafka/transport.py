@@ -40,7 +40,7 @@ log = logging.getLogger("dumbwaiter.kafka")
 #: seconds a fetch waits for its consumer to join its group (once, and again
 #: while a rebalance runs), whatever its own ``wait``
 JOIN_WAIT = 30.0
-#: seconds one read of a catch-up waits for records it knows are there
+#: seconds one read of a catch-up waits beyond the server's fetch wait
 CATCH_UP_READ = 0.05
 #: seconds a catch-up goes on at most (a fetch must return)
 CATCH_UP_MAX = 5.0
@@ -104,6 +104,7 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def __init__(self, group: str, config: dict[str, Any], settings: dict[str, Any]) -> None:
         self.group = group
+        self.fetch_wait = settings.get("fetch_max_wait_ms", 500) / 1000.0
         self.consumer = AIOKafkaConsumer(
             **config,
             **settings,
@@ -212,7 +213,9 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         if not self.consumer.assignment():
             return
         stop = time.monotonic() + CATCH_UP_MAX
-        while time.monotonic() < stop and await self.pull(CATCH_UP_READ):
+        # longer than the server holds a fetch: a fetch it holds answers by then
+        read = self.fetch_wait + CATCH_UP_READ
+        while time.monotonic() < stop and await self.pull(read):
             pass
 
     def take(self, n: int) -> list[Copy]:
