@@ -14,6 +14,11 @@ store of another engine (``state=URL``): ``rabbitmq`` uses a SQLite file,
 prefix and a PostgreSQL schema of the test's own, so the conformance suite
 (``CONFORMANCE``) runs that part on every state store a deployment would use.
 
+Kafka (``kafka``) needs a state store every host shares: its rows use a
+Redis prefix of the test's own, on the ``tansu`` server the test process
+starts (``tests/integration/kafka/server.py``; ``DW_TEST_KAFKA`` names a
+real cluster instead).
+
 ``CAPABILITIES`` says which capabilities each broker must report.  A test
 that needs one asks ``require_capability``: where the broker lacks it, the
 test is skipped locally, and in CI it fails if the broker is listed with it

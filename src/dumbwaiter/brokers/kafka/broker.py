@@ -109,6 +109,8 @@ class KafkaBroker(StateDelegation):
         self._topics: set[str] = set()
         #: queues this process has written to the admin's list
         self.known_queues: set[str] = set()
+        #: copies written in the background (``send_soon``)
+        self._sending: set[asyncio.Future[None]] = set()
         self.instance = secrets.token_hex(6)
 
     def __repr__(self) -> str:
@@ -145,6 +147,10 @@ class KafkaBroker(StateDelegation):
         await self.link().producer(self._request_size())
 
     async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours = {t for t in self._sending if t.get_loop() is loop}
+        if ours:
+            await asyncio.wait(ours, timeout=5.0)
         await self._links.close()
         await self._store.close()
 
@@ -252,6 +258,20 @@ class KafkaBroker(StateDelegation):
         ]
         await asyncio.gather(*futures)
 
+    def send_soon(self, items: _Out) -> None:
+        """``send`` in a task of its own, for copies nobody waits for (the
+        DLQ topic's view of a job the record already says is dead)."""
+        if not items:
+            return
+        task = asyncio.ensure_future(self.send(items))
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Future[None]) -> None:
+        self._sending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("kafka: a dead letter's copy was not written: %r", task.exception())
+
     # -- enqueue and publish -------------------------------------------------------------
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
@@ -316,6 +336,7 @@ class KafkaBroker(StateDelegation):
         worker: str,
     ) -> list[Delivery]:
         await self.state.open()  # the admission, before anything is read
+        await link.arm()
         paused = await self.state.kv_get([self.names.paused + q for q in queues])
         live = [q for q in queues if self.names.paused + q not in paused]
         await self.ensure_queues(queues)
@@ -400,9 +421,10 @@ class KafkaBroker(StateDelegation):
                     reader.let_go(d.id)
 
     async def rescue(self) -> Rescued:
-        rescued = await jobs.rescue(self)
+        # the reconcile first: what ``rescue`` buries is reported the moment
+        # it is stored (a caller may stop the worker as soon as it sees it)
         await jobs.reconcile(self)
-        return rescued
+        return await jobs.rescue(self)
 
     # -- admin ------------------------------------------------------------------------
 

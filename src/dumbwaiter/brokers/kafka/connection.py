@@ -5,13 +5,19 @@ reads through (one per consumer group) and the delay relay.
 aiokafka's clients start with an await, and ``PerLoop`` makes a client
 without one, so a ``Link`` is made empty and starts each client on first
 use, under a lock.
+
+A loop that ends without the broker being closed (``asyncio.run`` of a
+sync caller's drain) would leave the clients' sockets open on a closed
+loop.  So a ``Link`` that started a client keeps an async generator
+suspended on its loop (``arm``): ``asyncio.run`` closes a loop's async
+generators before it closes the loop, and this one closes the clients.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -42,9 +48,18 @@ class Link:
         #: one fetch at a time reads through this loop's consumers (two
         #: workers of one app share them: a consumer reads for one caller)
         self.fetching = asyncio.Lock()
+        self.closed = False
+        self._keeper: AsyncGenerator[None, None] | None = None
+
+    async def arm(self) -> None:
+        """Close the clients when the loop's async generators are shut down."""
+        if self._keeper is None:
+            self._keeper = _keep(self)
+            await self._keeper.__anext__()
 
     async def producer(self, max_request_size: int) -> AIOKafkaProducer:
         if self._producer is None:
+            await self.arm()
             async with self._lock:
                 if self._producer is None:
                     p = AIOKafkaProducer(
@@ -60,6 +75,7 @@ class Link:
 
     async def admin(self) -> AIOKafkaAdminClient:
         if self._admin is None:
+            await self.arm()
             async with self._lock:
                 if self._admin is None:
                     conf = {k: v for k, v in self.config.items() if k in _ADMIN_KEYS}
@@ -86,6 +102,9 @@ class Link:
                 raise for_code(code)(f"create topic {name}: {err[2] if len(err) > 2 else ''}")
 
     async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         stops: list[Callable[[], Awaitable[None]]] = []
         if self.relay is not None:
             stops.append(self.relay.stop)
@@ -100,6 +119,19 @@ class Link:
                 await stop()
             except Exception as exc:  # closing: nothing more to do with it
                 log.debug("kafka: closing a client failed: %r", exc)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.aclose()
+
+
+async def _keep(link: Link) -> AsyncGenerator[None, None]:
+    """Suspended on the link's loop until the loop shuts its async
+    generators down (or the link closes): then it closes the link."""
+    try:
+        yield
+    finally:
+        link._keeper = None
+        await link.close()
 
 
 #: the settings an admin client accepts (it takes no producer or consumer ones)

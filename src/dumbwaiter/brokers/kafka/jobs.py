@@ -432,15 +432,19 @@ async def rescue(b: KafkaBroker) -> Rescued:
 
     changed = await b.state.kv_update(keys, decide)
     out = []
+    buried = []
     dead = []
     for rec, is_dead in changed:
         if is_dead:
-            out += b.dead_copy(rec.msg)
+            buried += b.dead_copy(rec.msg)
             err = rec.msg.errors[-1]
             dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, rec.msg))
         else:
             out += b.copy_of(rec.msg, rec.ver, now, now)
     await b.send(out)
+    # the dead letters are stored (their records): reported now, while their
+    # copies for people reading the DLQ topic are on their way
+    b.send_soon(buried)
     return Rescued(len(changed), dead)
 
 
