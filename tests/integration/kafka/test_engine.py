@@ -3,6 +3,7 @@ store's rules and announcement, offset leases, dead letters' headers."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,8 @@ from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.kafka import KafkaBroker
 from dumbwaiter.brokers.kafka.admin import lag
 from tests.conformance.conftest import msg
-from tests.conformance.helpers import error
-from tests.integration.kafka.server import bootstrap, new_prefix, url
+from tests.conformance.helpers import error, until_fetch_waits
+from tests.integration.kafka.server import bootstrap, needs_apache_kafka, new_prefix, url
 from tests.integration.redis.server import new_prefix as redis_prefix
 from tests.integration.redis.server import url as redis_url
 
@@ -128,3 +129,23 @@ async def test_a_dead_letter_carries_its_error_history_in_headers() -> None:
         {"attempt": 1, "type": "builtins.KeyError", "message": "no such key"}
     ]
     assert orjson.loads(rec.value)["id"] == m.id
+
+
+@needs_apache_kafka("wake a waiting fetch when a record arrives")
+async def test_a_waiting_fetch_wakes_on_enqueue_without_polling() -> None:
+    """``capabilities.blocking_fetch``: with the cluster holding an empty
+    fetch for a minute (``fetch_wait=60``), a job enqueued meanwhile still
+    reaches the waiting fetch at once: the cluster answers when data comes."""
+    u = _kafka(new_prefix(), fetch_wait="60")
+    consumer, producer = from_url(u), from_url(u)
+    try:
+        await consumer.fetch(["default"], 1, 30.0, 0)  # joined its group
+        fetching = asyncio.create_task(consumer.fetch(["default"], 10, 30.0, 120.0))
+        await until_fetch_waits(consumer)
+        m = msg()
+        await producer.enqueue([m])
+        ds = await asyncio.wait_for(fetching, 10)
+        assert [d.id for d in ds] == [m.id]
+    finally:
+        await consumer.close()
+        await producer.close()
