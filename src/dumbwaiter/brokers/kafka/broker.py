@@ -211,6 +211,9 @@ class KafkaBroker(StateDelegation):
             ("dw-id", msg.id.encode()),
             ("dw-v", str(ver).encode()),
             ("dw-p", str(msg.priority).encode()),
+            # when it is ready, in microseconds: the order a worker takes
+            # what it has read in (Kafka's own times are milliseconds)
+            ("dw-t", f"{max(run_at, now):.6f}".encode()),
         ]
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()

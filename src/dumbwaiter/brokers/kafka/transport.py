@@ -62,6 +62,14 @@ class Copy:
         return None if value is None else value.decode(errors="replace")
 
     @property
+    def ready_at(self) -> float:
+        """When it became ready (``dw-t``, microseconds), else the record's time."""
+        try:
+            return float(self.header("dw-t") or self.header("dw-at") or self.timestamp)
+        except ValueError:
+            return self.timestamp
+
+    @property
     def priority(self) -> int:
         try:
             return int(self.header("dw-p") or 0)
@@ -220,7 +228,7 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def take(self, n: int) -> list[Copy]:
         """The ``n`` copies to judge first: higher priority, then older."""
-        self.buffer.sort(key=lambda c: (-c.priority, c.timestamp, c.offset))
+        self.buffer.sort(key=lambda c: (-c.priority, c.ready_at, c.offset))
         out, self.buffer = self.buffer[:n], self.buffer[n:]
         return out
 
