@@ -131,8 +131,17 @@ async def _keep(link: Link) -> AsyncGenerator[None, None]:
         yield
     finally:
         link._keeper = None
-        await link.close()
+        # bounded: the loop's tasks (aiokafka's own among them) may have been
+        # cancelled already, and a client waiting on one of them would wait
+        # for ever; the loop closes after this either way
+        try:
+            await asyncio.wait_for(link.close(), KEEPER_CLOSE)
+        except TimeoutError:
+            log.debug("kafka: clients of an ending loop did not close in time")
 
+
+#: seconds an ending loop gives its clients to close (``_keep``)
+KEEPER_CLOSE = 2.0
 
 #: the settings an admin client accepts (it takes no producer or consumer ones)
 _ADMIN_KEYS = frozenset(
