@@ -14,6 +14,11 @@ store of another engine (``state=URL``): ``rabbitmq`` uses a SQLite file,
 prefix and a PostgreSQL schema of the test's own, so the conformance suite
 (``CONFORMANCE``) runs that part on every state store a deployment would use.
 
+Kafka (``kafka``) needs a state store every host shares: its rows use a
+Redis prefix of the test's own, on the ``tansu`` server the test process
+starts (``tests/integration/kafka/server.py``; ``DW_TEST_KAFKA`` names a
+real cluster instead).
+
 ``CAPABILITIES`` says which capabilities each broker must report.  A test
 that needs one asks ``require_capability``: where the broker lacks it, the
 test is skipped locally, and in CI it fails if the broker is listed with it
@@ -30,6 +35,7 @@ import pytest
 
 from dumbwaiter.brokers.base import Capabilities
 from tests.conftest import IN_CI
+from tests.integration.kafka.server import kafka_url
 from tests.integration.nats.server import nats_url
 from tests.integration.postgres.server import postgres_url
 from tests.integration.rabbitmq.server import rabbitmq_url
@@ -68,10 +74,11 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "redis": redis_url,
     "rabbitmq": rabbitmq_url,
     "nats": nats_url,
+    "kafka": kafka_url,
     **STATE_STORES,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]
+CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats", "kafka"]
 
 _EVERY_ENGINE = frozenset(
     {"native_delay", "priorities", "blocking_fetch", "results", "events", "limits"}
@@ -96,6 +103,11 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "rabbitmq+redis": _HOSTS,
     "rabbitmq+postgres": _HOSTS,
     "nats": _HOSTS,
+    # no priorities: Kafka hands a partition out in order (a worker orders
+    # only what it has read); ordered keys: a key's events are in one
+    # partition, and a group runs them one at a time (a key lock in the
+    # state store); the rest on its Redis state store
+    "kafka": (_HOSTS - {"priorities"}) | {"ordered_keys"},
 }
 
 

@@ -87,6 +87,10 @@ async def _nats_waits(broker: Any, queue: str) -> bool:
     )
 
 
+async def _kafka_waits(broker: Any, queue: str) -> bool:
+    return any(r.waiting for _, link in broker._links.items() for r in link.readers.values())
+
+
 _WAITING: dict[str, Callable[[Any, str], Awaitable[bool]]] = {
     "MemoryBroker": _memory_waits,
     "SQLiteBroker": _sqlite_waits,
@@ -94,6 +98,7 @@ _WAITING: dict[str, Callable[[Any, str], Awaitable[bool]]] = {
     "PostgresBroker": _postgres_waits,
     "RabbitMQBroker": _rabbitmq_waits,
     "NatsBroker": _nats_waits,
+    "KafkaBroker": _kafka_waits,
 }
 
 

@@ -188,8 +188,8 @@ async def test_async_enqueue(app: dw.App) -> None:
 
 
 def test_invalid_url_names_the_scheme_and_the_supported_ones() -> None:
-    with pytest.raises(dw.InvalidURL, match=r"'kafka'.*memory://.*sqlite://"):
-        dw.App("kafka://localhost:9092")
+    with pytest.raises(dw.InvalidURL, match=r"'pulsar'.*kafka://.*memory://.*sqlite://"):
+        dw.App("pulsar://localhost:6650")
     with pytest.raises(dw.InvalidURL, match="no scheme"):
         dw.App("jobs.db")
     with pytest.raises(dw.InvalidURL, match="names no database file"):

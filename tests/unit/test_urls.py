@@ -48,6 +48,7 @@ BASES: dict[str, str] = {
     "amqp": f"amqp://app:{SECRET}@127.0.0.1:5672/%2F?state=memory%3A%2F%2Furls&",
     "amqps": f"amqps://app:{SECRET}@127.0.0.1:5671/%2F?state=memory%3A%2F%2Furls&",
     "nats": f"nats://app:{SECRET}@127.0.0.1:4222?",
+    "kafka": f"kafka://app:{SECRET}@127.0.0.1:9092?state=redis%3A%2F%2F127.0.0.1%2F0&",
 }
 
 #: scheme -> the module that declares its options (``OPTIONS``)
@@ -61,6 +62,7 @@ DECLARED: dict[str, str] = {
     "amqp": "dumbwaiter.brokers.rabbitmq.broker",
     "amqps": "dumbwaiter.brokers.rabbitmq.broker",
     "nats": "dumbwaiter.brokers.nats.names",
+    "kafka": "dumbwaiter.brokers.kafka.options",
 }
 
 
@@ -100,6 +102,7 @@ TYPOS = [
     ("amqp", "prefx=x", "prefix"),
     ("amqps", "heartbaet=5", "heartbeat"),
     ("nats", "ack_wiat=5", "ack_wait"),
+    ("kafka", "partitons=6", "partitions"),
 ]
 
 
@@ -152,6 +155,7 @@ BAD_HOSTS = [
     ("amqps", f"amqps://app:{SECRET}@/", "names no host"),
     ("nats", f"nats://app:{SECRET}@h1:4222,,h2", "empty host"),
     ("nats", f"nats://app:{SECRET}@h1:4222,h2:0", "port '0'"),
+    ("kafka", f"kafka://app:{SECRET}@k1:9092,k2:99999?state=redis%3A%2F%2Fr", "port '99999'"),
 ]
 
 
@@ -164,7 +168,7 @@ def test_a_bad_host_or_port_fails_at_app(scheme: str, url: str, says: str) -> No
 
 
 def test_an_unknown_scheme_or_no_scheme_is_refused_without_the_password() -> None:
-    assert "'kafka'" in _refused(f"kafka://app:{SECRET}@127.0.0.1:9092")
+    assert "'pulsar'" in _refused(f"pulsar://app:{SECRET}@127.0.0.1:6650")
     assert "no scheme" in _refused(f"app:{SECRET}@127.0.0.1")
 
 
@@ -254,6 +258,7 @@ EXTRAS = [
     ("amqp://127.0.0.1/", ["aiormq"], "rabbitmq"),
     ("amqps://127.0.0.1/", ["pamqp"], "rabbitmq"),
     ("nats://127.0.0.1:4222", ["nats"], "nats"),
+    ("kafka://127.0.0.1:9092?state=redis%3A%2F%2F127.0.0.1%2F0", ["aiokafka"], "kafka"),
 ]
 
 
@@ -294,6 +299,7 @@ SHOWN = [
     f"amqp://app:{SECRET}@127.0.0.1:5672/%2F?state=redis%3A%2F%2Fst%3A{SECRET}%40127.0.0.1%2F0",
     f"amqps://app:{SECRET}@127.0.0.1:5671/%2F?state=memory%3A%2F%2Fx",
     f"nats://app:{SECRET}@127.0.0.1:4222?token={SECRET}",
+    f"kafka://app:{SECRET}@127.0.0.1:9092?state=redis%3A%2F%2Fst%3A{SECRET}%40127.0.0.1%2F0",
 ]
 
 
@@ -329,6 +335,7 @@ PAGES = {
     "postgres.md": "postgresql",
     "rabbitmq.md": "amqp",
     "nats.md": "nats",
+    "kafka.md": "kafka",
 }
 
 

@@ -36,6 +36,7 @@ REGISTRY: dict[str, tuple[str, str, str | None]] = {
     "nats": ("dumbwaiter.brokers.nats", "NatsBroker", "nats"),
     "amqp": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
     "amqps": ("dumbwaiter.brokers.rabbitmq", "RabbitMQBroker", "rabbitmq"),
+    "kafka": ("dumbwaiter.brokers.kafka", "KafkaBroker", "kafka"),
 }
 
 DEFAULT_URL = "sqlite:///dumbwaiter.db"

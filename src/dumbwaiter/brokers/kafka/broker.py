@@ -1,0 +1,467 @@
+"""``kafka://HOST:PORT[,HOST2...]?state=URL&prefix=P``: Kafka carries the jobs.
+
+One topic per queue (``P.q.QUEUE``, ``partitions=`` fixed when it is made),
+the message key choosing the partition (the job's ``key``, else its id); one
+topic per event type (``P.ev.TYPE``) read by one consumer group per
+subscriber group; a dead-letter topic per queue (``P.dlq.QUEUE``) carrying
+the error history in headers; delay tiers for ``eta`` and retries
+(``delay.py``).  Offsets are leased per partition (``transport.py``); the
+jobs' records, unique keys, limits, the scheduler's lease, results and the
+admin's view live in the state store (``coordination.py``, ``records.py``).
+See docs/kafka.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from ...errors import BrokerError
+from ...message import GROUP_PREFIX, Message, encode, encode_checked
+from .. import failure, identity
+from ..base import (
+    Binding,
+    Broker,
+    Capabilities,
+    Delivery,
+    JobFilter,
+    JobInfo,
+    Page,
+    QueueStats,
+    Rescued,
+    StateDelegation,
+)
+from ..gate import Gate
+from ..perloop import PerLoop
+from . import admin, coordination, jobs
+from . import options as o
+from .connection import Link, abandon
+from .delay import Relay, tier_headers
+from .names import TIERS, Names, tier_for
+from .records import Record
+from .transport import JOIN_WAIT, Reader
+
+log = logging.getLogger("dumbwaiter.kafka")
+
+#: copies a fetch judges beyond its limit: events held back behind an earlier
+#: one of their key must not keep the next keys' from being looked at
+LOOK_PAST = 64
+
+#: the client library's failures the seam turns into ``BrokerError``
+KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
+
+_Out = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
+
+
+class KafkaBroker(StateDelegation):
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        native_delay=True,
+        priorities=False,
+        blocking_fetch=True,
+        events=True,
+        ordered_keys=True,
+        limits=True,
+        multi_process=True,
+        max_message_size=1_000_000,
+    )
+    schemes: ClassVar[tuple[str, ...]] = ("kafka",)
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = KAFKA_ERRORS
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        opts = o.parse(url)
+        self.config = o.client_config(url, opts)
+        self.names = Names(opts[o.PREFIX] or o.PREFIX.default)
+        self.partitions = opts[o.PARTITIONS]
+        self.replication = opts[o.REPLICATION]
+        self.retention = opts[o.RETENTION]
+        #: seconds a due job waits before its copy is written again (``jobs.reconcile``)
+        self.stranded = opts[o.STRANDED]
+        #: when this process may next look for stranded jobs (``time.monotonic()``)
+        self.reconcile_at = 0.0
+        self.settings: dict[str, Any] = {
+            "fetch_max_wait_ms": round(opts[o.FETCH_WAIT] * 1000),
+            "session_timeout_ms": round(opts[o.SESSION_TIMEOUT] * 1000),
+            "heartbeat_interval_ms": max(100, round(opts[o.SESSION_TIMEOUT] * 1000 / 10)),
+        }
+        single_host = opts[o.SINGLE_HOST]
+        store = coordination.state_store(opts[o.STATE], url, single_host)
+        self.state_url = store.url
+        self._store = store
+        self._gate = Gate(store, self._admit)
+        self.state: Broker = self._gate
+        caps = replace(
+            type(self).capabilities,
+            limits=type(store).capabilities.limits,
+            multi_host=type(store).capabilities.multi_host and not single_host,
+        )
+        setattr(self, "capabilities", caps)  # noqa: B010 (a per-instance ClassVar)
+        self._links: PerLoop[Link] = PerLoop(lambda loop: Link(self.config, loop), _close, abandon)
+        self._claimed = False
+        self._topics: set[str] = set()
+        #: queues this process has written to the admin's list
+        self.known_queues: set[str] = set()
+        #: copies written in the background (``send_soon``)
+        self._sending: set[asyncio.Future[None]] = set()
+        self.instance = secrets.token_hex(6)
+
+    def __repr__(self) -> str:
+        return f"<KafkaBroker {self.names.prefix} state={self._store!r}>"
+
+    def failure(self, exc: BaseException) -> BrokerError:
+        if isinstance(exc, (KafkaConnectionError, OSError)):
+            return failure.unavailable(self.url, exc)
+        return failure.failed(self.url, exc)
+
+    @property
+    def where(self) -> str:
+        return f"the Kafka app {failure.server_name(self.url)} prefix {self.names.prefix!r}"
+
+    # -- connections and the state store's admission ------------------------------
+
+    def link(self) -> Link:
+        return self._links.get()
+
+    async def _admit(self) -> None:
+        """The gate's check: the cluster agrees our state store is the app's."""
+        if self._claimed:
+            return
+        ours = await identity.identity_of(self._store)
+        await coordination.claim(self.link(), self.names.state, self.replication, ours, self.where)
+        self._claimed = True
+        self.state = self._store
+
+    async def forget_state_identity(self) -> bool:
+        return await coordination.forget(self.link(), self.names.state)
+
+    async def open(self) -> None:
+        await self.state.open()
+        await self.link().producer(self._request_size())
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours = {t for t in self._sending if t.get_loop() is loop}
+        if ours:
+            await asyncio.wait(ours, timeout=5.0)
+        await self._links.close()
+        await self._store.close()
+
+    def _request_size(self) -> int:
+        return max(1024 * 1024, (self.max_message_size or 0) + 64 * 1024)
+
+    # -- topics ------------------------------------------------------------------------
+
+    async def ensure_topics(self, topics: Iterable[str], partitions: int | None = None) -> None:
+        new = [t for t in topics if t not in self._topics]
+        if not new:
+            return
+        n = self.partitions if partitions is None else partitions
+        cfg: dict[str, str] = {}
+        await self.link().create_topics([(t, n, self.replication, cfg) for t in new])
+        self._topics.update(new)
+
+    async def ensure_queues(self, queues: Iterable[str]) -> None:
+        """A queue's topic and its dead-letter topic (made with it: a worker
+        that buries a job must not wait for a topic to be made first)."""
+        n = self.names
+        await self.ensure_topics(t for q in queues for t in (n.queue_topic(q), n.dlq_topic(q)))
+
+    async def event_topic(self, event_type: str) -> str:
+        topic = self.names.event_topic(event_type)
+        if topic not in self._topics:
+            ms = str(round(self.event_retention * 1000))
+            await self.link().create_topics(
+                [(topic, self.partitions, self.replication, {"retention.ms": ms})]
+            )
+            self._topics.add(topic)
+            await self.state.kv_set({self.names.etype + event_type: b"1"})
+        return topic
+
+    async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
+        qs = {*queues, *(b.queue for b in bindings)}
+        await self.ensure_queues(qs)
+        items = {self.names.queue + q: b"1" for q in qs}
+        for b in bindings:
+            await self.event_topic(b.pattern)
+            items[f"{self.names.binding}{b.queue}\x1f{b.pattern}"] = str(b.max_attempts).encode()
+        if items:
+            await self.state.kv_set(items)
+
+    async def bindings(self) -> list[Binding]:
+        out = []
+        for k, v in (await self.state.kv_scan(self.names.binding)).items():
+            queue, pattern = k[len(self.names.binding) :].split("\x1f", 1)
+            out.append(Binding(pattern, queue, int(v)))
+        return out
+
+    # -- sending copies ----------------------------------------------------------------
+
+    def copy_of(self, msg: Message, ver: int, run_at: float, now: float) -> _Out:
+        """The copy of a job at version ``ver``: to its queue's topic, or to a
+        delay tier when ``run_at`` is ahead."""
+        headers = [
+            ("dw-id", msg.id.encode()),
+            ("dw-v", str(ver).encode()),
+            ("dw-p", str(msg.priority).encode()),
+            # when it is ready, in microseconds: the order a worker takes
+            # what it has read in (Kafka's own times are milliseconds)
+            ("dw-t", f"{max(run_at, now):.6f}".encode()),
+        ]
+        topic = self.names.queue_topic(msg.queue)
+        key = (msg.key or msg.id).encode()
+        if run_at > now:
+            tier = self.names.tier_topic(tier_for(run_at - now))
+            return [(tier, key, encode(msg), tier_headers(headers, topic, run_at))]
+        return [(topic, key, encode(msg), headers)]
+
+    def dead_copy(self, msg: Message) -> _Out:
+        """A dead letter for the DLQ topic: the envelope, the error history in headers."""
+        import orjson
+
+        errs = msg.errors
+        headers = [
+            ("dw-id", msg.id.encode()),
+            ("x-dw-attempts", str(msg.attempt).encode()),
+            (
+                "x-dw-errors",
+                orjson.dumps(
+                    [
+                        {"attempt": e.attempt, "type": e.type, "message": e.message[:500]}
+                        for e in errs[-20:]
+                    ]
+                ),
+            ),
+        ]
+        if errs:
+            headers.append(("x-dw-error-type", errs[-1].type.encode()))
+            headers.append(("x-dw-error-message", errs[-1].message[:1000].encode()))
+        return [(self.names.dlq_topic(msg.queue), msg.id.encode(), encode(msg), headers)]
+
+    async def send(self, items: _Out) -> None:
+        """Write copies and wait until the cluster acknowledged every one (acks=all)."""
+        if not items:
+            return
+        topics = {t for t, *_ in items}
+        tiers = {self.names.tier_topic(i) for i in range(len(TIERS))}
+        await self.ensure_topics(t for t in topics if t not in tiers)
+        if topics & tiers:
+            await self.ensure_topics(tiers, 1)
+        producer = await self.link().producer(self._request_size())
+        futures = [
+            await producer.send(topic, value, key=key, headers=headers)
+            for topic, key, value, headers in items
+        ]
+        await asyncio.gather(*futures)
+
+    def send_soon(self, items: _Out) -> None:
+        """``send`` in a task of its own, for copies nobody waits for (the
+        DLQ topic's view of a job the record already says is dead)."""
+        if not items:
+            return
+        task = asyncio.ensure_future(self.send(items))
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Future[None]) -> None:
+        self._sending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("kafka: a dead letter's copy was not written: %r", task.exception())
+
+    # -- enqueue and publish -------------------------------------------------------------
+
+    async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
+        if not batch:
+            return []
+        return await jobs.enqueue(self, [m for m, _ in batch])
+
+    async def publish(self, msgs: Iterable[Message]) -> int:
+        batch = [m for m in msgs if encode_checked(m, self.max_message_size) is not None]
+        if not batch:
+            return 0
+        return await jobs.publish(self, batch)
+
+    async def list_events(
+        self,
+        event_type: str,
+        since: float | None = None,
+        until: float | None = None,
+        cursor: str | None = None,
+        limit: int = 500,
+    ) -> tuple[list[Message], str | None]:
+        return await admin.list_events(self, event_type, since, until, cursor, limit)
+
+    # -- fetch ---------------------------------------------------------------------------
+
+    def _reader(self, link: Link, group: str) -> Reader:
+        reader = link.readers.get(group)
+        if reader is None:
+            reader = link.readers[group] = Reader(group, self.config, self.settings)
+        return reader
+
+    async def _start_relay(self, link: Link) -> None:
+        if link.relay is not None:
+            return
+        await self.ensure_topics((self.names.tier_topic(i) for i in range(len(TIERS))), 1)
+        consumer = AIOKafkaConsumer(
+            **self.config,
+            **self.settings,
+            group_id=self.names.relay_group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        producer = await link.producer(self._request_size())
+        link.relay = Relay(consumer, producer, self.names.tier_topic)
+        link.relay.start()
+
+    async def fetch(
+        self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
+    ) -> list[Delivery]:
+        link = self.link()
+        async with link.fetching:
+            return await self._fetch(link, queues, limit, lease, wait, worker)
+
+    async def _fetch(
+        self,
+        link: Link,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        wait: float,
+        worker: str,
+    ) -> list[Delivery]:
+        await self.state.open()  # the admission, before anything is read
+        await link.arm()
+        paused = await self.state.kv_get([self.names.paused + q for q in queues])
+        live = [q for q in queues if self.names.paused + q not in paused]
+        await self.ensure_queues(queues)
+        await self._start_relay(link)
+        readers: list[tuple[Reader, str | None]] = []
+        jobs_reader = self._reader(link, self.names.jobs_group)
+        await jobs_reader.follow(frozenset(self.names.queue_topic(q) for q in live))
+        readers.append((jobs_reader, None))
+        groups = [q for q in live if q.startswith(GROUP_PREFIX)]
+        if groups:
+            bound = await self.bindings()
+            for q in groups:
+                types = {b.pattern for b in bound if b.queue == q}
+                topics = frozenset([await self.event_topic(t) for t in types])
+                reader = self._reader(link, self.names.group_of(q))
+                await reader.follow(topics)
+                readers.append((reader, q))
+        now_m = time.monotonic()
+        deadline, join_by = now_m + wait, now_m + max(wait, JOIN_WAIT)
+        out: list[Delivery] = []
+        first = True
+        while True:
+            for reader, _ in readers:
+                if reader.topics and await reader.ensure_joined(join_by) and first:
+                    await reader.catch_up()
+            first = False
+            for reader, group_queue in readers:
+                while len(out) < limit and reader.buffer:
+                    copies = reader.take(limit - len(out) + LOOK_PAST)
+                    got, waiting = await jobs.judge(
+                        self, copies, group_queue, lease, worker, limit - len(out)
+                    )
+                    for d, c in got:
+                        reader.hold(d.id, c.tp)
+                        link.held[d.id] = reader
+                    out += [d for d, _ in got]
+                    reader.give_back(waiting)
+                    reader.done([c for c in copies if c not in waiting])
+                    if not got:
+                        break  # what is left waits for a key's earlier event
+                await reader.commit()
+            if out or time.monotonic() >= deadline:
+                return out
+            left = deadline - time.monotonic()
+            per = left if len(readers) == 1 else min(left, 0.1)
+            for reader, _ in readers:
+                reader.waiting = True
+                try:
+                    await reader.pull(per)
+                finally:
+                    reader.waiting = False
+
+    # -- outcomes ---------------------------------------------------------------------
+
+    async def ack(self, ds: Sequence[Delivery]) -> None:
+        await jobs.settle(self, ds, jobs.acked)
+        self._let_go(ds)
+
+    async def retry(self, ds: Sequence[Delivery]) -> None:
+        await jobs.settle(self, ds, jobs.retried)
+        self._let_go(ds)
+
+    async def dead(self, ds: Sequence[Delivery]) -> None:
+        await jobs.settle(self, ds, jobs.died)
+        self._let_go(ds)
+
+    async def requeue(self, ds: Sequence[Delivery]) -> None:
+        await jobs.settle(self, ds, jobs.requeued)
+        self._let_go(ds)
+
+    async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+        lost = await jobs.extend(self, ds, lease)
+        self._let_go(lost)
+        return lost
+
+    def _let_go(self, ds: Sequence[Delivery]) -> None:
+        """These jobs no longer keep their partitions busy here (``assign.py``)."""
+        for _, link in self._links.items():
+            for d in ds:
+                reader = link.held.pop(d.id, None)
+                if reader is not None:
+                    reader.let_go(d.id)
+
+    async def rescue(self) -> Rescued:
+        # the reconcile first: what ``rescue`` buries is reported the moment
+        # it is stored (a caller may stop the worker as soon as it sees it)
+        await jobs.reconcile(self)
+        return await jobs.rescue(self)
+
+    # -- admin ------------------------------------------------------------------------
+
+    async def stats(self) -> list[QueueStats]:
+        return await admin.stats(self)
+
+    async def list_jobs(
+        self, filter: JobFilter, cursor: str | None = None, limit: int = 50
+    ) -> Page:
+        return await admin.list_jobs(self, filter, cursor, limit)
+
+    async def get(self, id: str) -> JobInfo | None:
+        got = await self.state.kv_get([self.names.job + id])
+        raw = got.get(self.names.job + id)
+        return None if raw is None else Record.load(raw).info(time.time())
+
+    async def replay(self, filter: JobFilter) -> int:
+        return await admin.replay(self, filter)
+
+    async def purge(self, filter: JobFilter) -> int:
+        return await admin.purge(self, filter)
+
+    async def cancel(self, ids: Sequence[str]) -> list[str]:
+        return await jobs.cancel(self, ids)
+
+    async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
+        return await jobs.reschedule(self, ids, at)
+
+    async def pause(self, queue: str) -> None:
+        await self.state.kv_set({self.names.paused + queue: b"1", self.names.queue + queue: b"1"})
+
+    async def resume(self, queue: str) -> None:
+        await self.state.kv_delete([self.names.paused + queue])
+
+
+async def _close(link: Link) -> None:
+    await link.close()

@@ -1,0 +1,165 @@
+"""The Kafka clients of one event loop (``perloop.PerLoop`` keeps one
+``Link`` per loop): a producer, an admin client, the consumers a fetch
+reads through (one per consumer group) and the delay relay.
+
+aiokafka's clients start with an await, and ``PerLoop`` makes a client
+without one, so a ``Link`` is made empty and starts each client on first
+use, under a lock.
+
+A loop that ends without the broker being closed (``asyncio.run`` of a
+sync caller's drain) would leave the clients' sockets open on a closed
+loop.  So a ``Link`` that started a client keeps an async generator
+suspended on its loop (``arm``): ``asyncio.run`` closes a loop's async
+generators before it closes the loop, and this one closes the clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+log = logging.getLogger("dumbwaiter.kafka")
+
+#: an aiokafka client we start and stop
+_Started = Any
+
+
+class Link:
+    """One event loop's clients (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self._lock = asyncio.Lock()
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        #: consumer groups' readers (``transport.Reader``), by group id
+        self.readers: dict[str, Any] = {}
+        #: the delay relay of this loop (``delay.Relay``), once a fetch started it
+        self.relay: Any = None
+        #: job id -> the reader whose copy it was leased from, until settled
+        self.held: dict[str, Any] = {}
+        #: one fetch at a time reads through this loop's consumers (two
+        #: workers of one app share them: a consumer reads for one caller)
+        self.fetching = asyncio.Lock()
+        self.closed = False
+        self._keeper: AsyncGenerator[None, None] | None = None
+
+    async def arm(self) -> None:
+        """Close the clients when the loop's async generators are shut down."""
+        if self._keeper is None:
+            self._keeper = _keep(self)
+            await self._keeper.__anext__()
+
+    async def producer(self, max_request_size: int) -> AIOKafkaProducer:
+        if self._producer is None:
+            await self.arm()
+            async with self._lock:
+                if self._producer is None:
+                    p = AIOKafkaProducer(
+                        **self.config,
+                        acks="all",
+                        linger_ms=0,
+                        enable_idempotence=False,
+                        max_request_size=max_request_size,
+                    )
+                    await p.start()
+                    self._producer = p
+        return self._producer
+
+    async def admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            await self.arm()
+            async with self._lock:
+                if self._admin is None:
+                    conf = {k: v for k, v in self.config.items() if k in _ADMIN_KEYS}
+                    a = AIOKafkaAdminClient(**conf)
+                    await a.start()
+                    self._admin = a
+        return self._admin
+
+    async def create_topics(self, topics: Iterable[tuple[str, int, int, dict[str, str]]]) -> None:
+        """Create topics (name, partitions, replication, configs) that are missing."""
+        new = [NewTopic(n, p, r, topic_configs=c) for n, p, r, c in topics]
+        if not new:
+            return
+        admin = await self.admin()
+        try:
+            resp = await admin.create_topics(new)
+        except TopicAlreadyExistsError:
+            return
+        for err in getattr(resp, "topic_errors", ()):
+            name, code = err[0], err[1]
+            if code not in (0, TopicAlreadyExistsError.errno):
+                from aiokafka.errors import for_code
+
+                raise for_code(code)(f"create topic {name}: {err[2] if len(err) > 2 else ''}")
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        stops: list[Callable[[], Awaitable[None]]] = []
+        if self.relay is not None:
+            stops.append(self.relay.stop)
+        stops += [r.stop for r in self.readers.values()]
+        if self._producer is not None:
+            stops.append(self._producer.stop)
+        if self._admin is not None:
+            stops.append(self._admin.close)
+        self.relay, self.readers, self._producer, self._admin = None, {}, None, None
+        for stop in stops:
+            try:
+                await stop()
+            except Exception as exc:  # closing: nothing more to do with it
+                log.debug("kafka: closing a client failed: %r", exc)
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            await keeper.aclose()
+
+
+async def _keep(link: Link) -> AsyncGenerator[None, None]:
+    """Suspended on the link's loop until the loop shuts its async
+    generators down (or the link closes): then it closes the link."""
+    try:
+        yield
+    finally:
+        link._keeper = None
+        # bounded: the loop's tasks (aiokafka's own among them) may have been
+        # cancelled already, and a client waiting on one of them would wait
+        # for ever; the loop closes after this either way
+        try:
+            await asyncio.wait_for(link.close(), KEEPER_CLOSE)
+        except TimeoutError:
+            log.debug("kafka: clients of an ending loop did not close in time")
+
+
+#: seconds an ending loop gives its clients to close (``_keep``)
+KEEPER_CLOSE = 2.0
+
+#: the settings an admin client accepts (it takes no producer or consumer ones)
+_ADMIN_KEYS = frozenset(
+    {
+        "bootstrap_servers",
+        "client_id",
+        "request_timeout_ms",
+        "security_protocol",
+        "ssl_context",
+        "sasl_mechanism",
+        "sasl_plain_username",
+        "sasl_plain_password",
+        "sasl_kerberos_service_name",
+        "sasl_kerberos_domain_name",
+    }
+)
+
+
+def abandon(link: Link) -> None:
+    """A loop that closed took the clients' sockets with it: nothing to do."""
+    link.readers, link.relay = {}, None

@@ -1,0 +1,572 @@
+"""What each call does to the job records, and the copies it writes.
+
+Each change is one ``kv_update`` of the state store (atomic against every
+other process), decided by a pure function over the records read; the
+copies the change calls for are written to Kafka after it is stored.  A
+record is written before its copy, so a worker never reads a copy whose
+record is still to come; a copy whose record moved on since (a newer
+version, a final state) is dropped when it is read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ...errors import BrokerError
+from ...message import GROUP_PREFIX, TASK, Message, encode
+from ...state import CANCELLABLE_STATES, FINAL_STATES, State
+from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
+from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
+from .transport import Copy
+
+if TYPE_CHECKING:
+    from .broker import KafkaBroker
+
+#: header "unique" -> the states in which a key's holder blocks a new job with that key
+UNIQUE_BLOCKS = {
+    "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
+    "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
+}
+#: rounds of a unique key changing hands before an enqueue gives up
+KEY_ROUNDS = 20
+_AGAIN = "again"
+#: a copy up to this many seconds before its record's time is taken (clocks differ)
+EARLY = 0.05
+
+
+# -- enqueue and publish ---------------------------------------------------------------
+
+
+async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
+    """Write the records of new jobs (a duplicate id or a held unique key
+    answers the id already there), then their copies; nothing of the batch
+    stays if the copies cannot be written."""
+    n = b.names
+    now = time.time()
+    ids: list[str] = []
+    fresh: list[Message] = []
+    taken_keys: dict[str, str] = {}
+    seen: set[str] = set()
+    for m in msgs:
+        if m.id in seen:
+            ids.append(m.id)
+            continue
+        if m.key is not None and m.kind == TASK:
+            holder = taken_keys.get(m.key) or await _key_holder(b, m, now)
+            if holder is not None:
+                ids.append(holder)
+                continue
+            taken_keys[m.key] = m.id
+        seen.add(m.id)
+        fresh.append(m)
+        ids.append(m.id)
+    if not fresh:
+        return ids
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Message]]:
+        writes: dict[str, KvWrite] = {}
+        new: list[Message] = []
+        for m in fresh:
+            if n.job + m.id in got:
+                continue
+            due = m.eta if m.eta is not None and m.eta > now else now
+            state = State.SCHEDULED if due > now else State.READY
+            writes[n.job + m.id] = Record(msg=m, state=state, run_at=due, updated_at=now).dump()
+            new.append(m)
+        return writes, new
+
+    if len(fresh) == 1:  # the usual producer call: one add, no read
+        m = fresh[0]
+        writes, maybe = decide({})
+        added = await b.state.kv_add(n.job + m.id, bytes(kv_write(writes[n.job + m.id])[0]))
+        new = maybe if added else []
+    else:
+        new = await b.state.kv_update([n.job + m.id for m in fresh], decide)
+    unknown = {m.queue for m in new} - b.known_queues
+    if unknown:  # the admin's list of queues
+        await b.state.kv_set({n.queue + q: b"1" for q in unknown})
+        b.known_queues |= unknown
+    out = [c for m in new for c in b.copy_of(m, 0, max(m.eta or 0.0, now), now)]
+    try:
+        await b.send(out)
+    except BaseException:
+        try:
+            await b.state.kv_delete([n.job + m.id for m in new] + [n.key + k for k in taken_keys])
+        except Exception:  # the send's error is the one to report
+            pass
+        raise
+    return ids
+
+
+async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
+    """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
+    A holder that is gone or done gives the key up in one update of the
+    key's entry and its record, only if the entry still names it."""
+    assert m.key is not None
+    n = b.names
+    kk = n.key + m.key
+    blocks = UNIQUE_BLOCKS.get(m.headers.get("unique", ""), frozenset(State))
+    for _ in range(KEY_ROUNDS):
+        if await b.state.kv_add(kk, m.id.encode()):
+            return None
+        holder = (await b.state.kv_get([kk])).get(kk, b"").decode()
+        rk = n.job + holder
+
+        def decide(
+            got: dict[str, bytes], holder: str = holder, rk: str = rk
+        ) -> tuple[dict[str, KvWrite], str | None]:
+            if got.get(kk, b"").decode() != holder:
+                return {}, _AGAIN
+            raw = got.get(rk) if holder else None
+            if raw is not None and Record.load(raw).shown_state(now) in blocks:
+                return {}, holder
+            return {kk: m.id.encode()}, None
+
+        taken = await b.state.kv_update([kk, rk] if holder else [kk], decide)
+        if taken != _AGAIN:
+            return taken
+    raise BrokerError(f"kafka enqueue: the unique key {m.key!r} kept changing hands")
+
+
+async def publish(b: KafkaBroker, events: list[Message]) -> int:
+    """Keep each new event in its type's topic (the log the groups read) and
+    write the record of each delivery to a bound group first; an event
+    already published (its id marked) is skipped."""
+    n = b.names
+    now = time.time()
+    marks = {n.event + e.id: e for e in events}
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Message]]:
+        new = [e for k, e in marks.items() if k not in got]
+        return {n.event + e.id: (b"1", b.event_retention) for e in new}, new
+
+    new = await b.state.kv_update(list(marks), decide)
+    if not new:
+        return 0
+    bound = await b.bindings()
+    records: dict[str, bytes] = {}
+    out = []
+    count = 0
+    for e in new:
+        due = e.eta if e.eta is not None and e.eta > now else now
+        state = State.SCHEDULED if due > now else State.READY
+        for bd in bound:
+            if bd.pattern != e.name:
+                continue
+            dm = delivery_of(e, bd, delivery_id(e.id, bd.queue))
+            records[n.job + dm.id] = Record(msg=dm, state=state, run_at=due, updated_at=now).dump()
+            count += 1
+            if due > now:  # through a delay tier, to the group's own queue topic
+                out += b.copy_of(dm, 0, due, now)
+        topic = await b.event_topic(e.name)
+        headers = [("dw-id", e.id.encode()), ("dw-at", f"{now:.6f}".encode())]
+        if e.key is not None:
+            headers.append(("dw-k", e.key.encode()))
+        out.append((topic, (e.key or e.id).encode(), encode(e), headers))
+    if records:
+        await b.state.kv_set(records)
+    await b.send(out)
+    return count
+
+
+# -- judging what a fetch read ---------------------------------------------------------
+
+
+async def judge(
+    b: KafkaBroker,
+    copies: Sequence[Copy],
+    group_queue: str | None,
+    lease: float,
+    worker: str,
+    limit: int,
+) -> tuple[list[tuple[Delivery, Copy]], list[Copy]]:
+    """Lease up to ``limit`` jobs whose copies are current (see
+    ``records.py``) and drop the stale copies.  ``group_queue``: the copies
+    are events read by that group, where one key's deliveries run one at a
+    time, in order (``capabilities.ordered_keys``): a copy whose key's
+    earlier delivery is not settled waits.  Returns the deliveries (with
+    the copy each was leased from) and the copies that wait (not judged:
+    read again by the next fetch)."""
+    n = b.names
+    now = time.time()
+    wanted = _parsed(b, copies, group_queue)
+    if not wanted:
+        return [], []
+    keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
+    early: list[Record] = []
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], tuple[list[Record], list[Copy]]]:
+        writes: dict[str, KvWrite] = {}
+        taken: list[Record] = []
+        waiting: list[Copy] = []
+        early.clear()
+        done: set[str] = set()
+        held: set[str] = set()  # keys whose earlier copy was taken or waits
+        for c, cid, ver, lock in wanted:
+            if lock is not None and lock in held:
+                waiting.append(c)
+                continue
+            if len(taken) >= limit:
+                waiting.append(c)
+                continue
+            key = n.job + cid
+            raw = got.get(key)
+            if raw is None or cid in done:
+                continue
+            rec = Record.load(raw)
+            if lock is not None:
+                holder = got.get(lock, SETTLED)
+                if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+                    held.add(lock)
+                    waiting.append(c)
+                    continue
+            if rec.ver != ver or rec.state not in WAITING:
+                if lock is not None and rec.state not in FINAL_STATES:
+                    held.add(lock)  # still to run (retried, running): the key's next waits
+                continue
+            done.add(cid)
+            if rec.run_at > now + EARLY:
+                early.append(rec)  # ahead of its time: back to a delay tier
+                continue
+            rec.lease(now + lease, worker, now)
+            writes[key] = rec.dump()
+            writes[n.lease + cid] = f"{rec.lease_until:.6f}".encode()
+            if lock is not None:
+                writes[lock] = (cid.encode(), b.event_retention)
+                held.add(lock)
+            taken.append(rec)
+        return writes, (taken, waiting)
+
+    taken, waiting = await b.state.kv_update(keys, decide)
+    if early:
+        await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
+    read_from = {cid: c for c, cid, _, _ in wanted}
+    return [
+        (
+            Delivery(
+                id=r.msg.id,
+                message=r.msg,
+                token=r.token,
+                lease_until=r.lease_until,
+                queue=r.msg.queue,
+            ),
+            read_from[r.msg.id],
+        )
+        for r in taken
+    ], waiting
+
+
+def _parsed(
+    b: KafkaBroker, copies: Sequence[Copy], group_queue: str | None
+) -> list[tuple[Copy, str, int, str | None]]:
+    """(copy, job id, version, key lock) of each copy of ours."""
+    out = []
+    for c in copies:
+        cid = c.header("dw-id")
+        if cid is None:
+            continue  # not a copy of ours: nothing to run
+        lock = None
+        if group_queue is not None:
+            cid, ver = delivery_id(cid, group_queue), 0
+            key = c.header("dw-k")
+            lock = None if key is None else b.names.keylock_of(group_queue, key)
+        else:
+            try:
+                ver = int(c.header("dw-v") or 0)
+            except ValueError:
+                continue
+        out.append((c, cid, ver, lock))
+    return out
+
+
+# -- outcomes ------------------------------------------------------------------------------
+
+#: what an outcome does to a held record: how long to keep it (None: for
+#: good) and the copies to write after
+Change = Callable[["KafkaBroker", Record, Delivery, float], tuple[float | None, bool, bool]]
+
+
+def acked(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+    rec.state = State.SUCCEEDED
+    rec.updated_at = now
+    rec.result = d.result
+    ttl = d.result_ttl if d.result is not None and d.result_ttl else 0.0
+    return max(ttl, b.retention), False, False
+
+
+def retried(
+    b: KafkaBroker, rec: Record, d: Delivery, now: float
+) -> tuple[float | None, bool, bool]:
+    if d.error is not None:
+        rec.msg.errors.append(d.error)
+    rec.wait_until(d.retry_at, now)
+    return None, True, False
+
+
+def requeued(
+    b: KafkaBroker, rec: Record, d: Delivery, now: float
+) -> tuple[float | None, bool, bool]:
+    rec.msg.attempt = max(0, rec.msg.attempt - 1)
+    rec.wait_until(d.retry_at, now)
+    return None, True, False
+
+
+def died(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+    if d.error is not None:
+        rec.msg.errors.append(d.error)
+    rec.state = State.DEAD
+    rec.updated_at = now
+    rec.ver += 1
+    return None, False, True
+
+
+async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None:
+    """Apply ``change`` to each record this worker still holds (a delivery
+    whose lease was lost is ignored), then write the copies it calls for."""
+    if not ds:
+        return
+    n = b.names
+    now = time.time()
+    locks = [lk for d in ds if d.message is not None and (lk := lock_of(b, d.message))]
+    keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds} | set(locks))
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool, bool]]]:
+        writes: dict[str, KvWrite] = {}
+        out: list[tuple[Record, bool, bool]] = []
+        for d in ds:
+            raw = got.get(n.job + d.id)
+            if raw is None:
+                continue
+            rec = Record.load(raw)
+            if not rec.held_by(d.token):
+                continue
+            ttl, again, dead = change(b, rec, d, now)
+            writes[n.job + d.id] = (rec.dump(), ttl)
+            writes[n.lease + d.id] = (SETTLED, SETTLED_TTL)
+            release(b, rec, got, writes)
+            out.append((rec, again, dead))
+        return writes, out
+
+    changed = await b.state.kv_update(keys, decide)
+    out = []
+    for rec, again, dead in changed:
+        if again:
+            out += b.copy_of(rec.msg, rec.ver, rec.run_at, now)
+        if dead:
+            out += b.dead_copy(rec.msg)
+    await b.send(out)
+
+
+async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+    if not ds:
+        return []
+    n = b.names
+    now = time.time()
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Delivery]]:
+        writes: dict[str, KvWrite] = {}
+        lost: list[Delivery] = []
+        for d in ds:
+            raw = got.get(n.job + d.id)
+            rec = None if raw is None else Record.load(raw)
+            if rec is None or not rec.held_by(d.token):
+                lost.append(d)
+                continue
+            rec.lease_until = now + lease
+            writes[n.job + d.id] = rec.dump()
+            writes[n.lease + d.id] = f"{rec.lease_until:.6f}".encode()
+        return writes, lost
+
+    lost = await b.state.kv_update([n.job + d.id for d in ds], decide)
+    alive = {d.id for d in ds} - {d.id for d in lost}
+    for d in ds:
+        if d.id in alive:
+            d.lease_until = now + lease
+    return lost
+
+
+async def rescue(b: KafkaBroker) -> Rescued:
+    """Jobs whose lease ran out (their worker died or hung) get a new copy,
+    or go to the dead-letter topic on their last attempt."""
+    n = b.names
+    now = time.time()
+    expired: list[str] = []
+    for k, v in (await b.state.kv_scan(n.lease)).items():
+        if v == SETTLED:
+            continue
+        try:
+            until = float(v)
+        except ValueError:
+            until = 0.0
+        if until <= now:
+            expired.append(k[len(n.lease) :])
+    if not expired:
+        return Rescued(0)
+    keys = [n.job + i for i in expired] + [n.lease + i for i in expired]
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool]]]:
+        writes: dict[str, KvWrite] = {}
+        out: list[tuple[Record, bool]] = []
+        for i in expired:
+            writes[n.lease + i] = (SETTLED, SETTLED_TTL)
+            raw = got.get(n.job + i)
+            if raw is None:
+                continue
+            rec = Record.load(raw)
+            if rec.state is not State.RUNNING or rec.lease_until > now:
+                if rec.state is State.RUNNING:  # extended since the scan
+                    writes[n.lease + i] = f"{rec.lease_until:.6f}".encode()
+                continue
+            rec.msg.errors.append(lease_error(rec, now))
+            if rec.msg.attempt >= rec.msg.max_attempts:
+                rec.state, rec.updated_at, rec.ver = State.DEAD, now, rec.ver + 1
+                release(b, rec, got, writes)
+                out.append((rec, True))
+            else:
+                rec.wait_until(now, now)
+                out.append((rec, False))
+            writes[n.job + i] = rec.dump()
+        return writes, out
+
+    changed = await b.state.kv_update(keys, decide)
+    out = []
+    buried = []
+    dead = []
+    for rec, is_dead in changed:
+        if is_dead:
+            buried += b.dead_copy(rec.msg)
+            err = rec.msg.errors[-1]
+            dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, rec.msg))
+        else:
+            out += b.copy_of(rec.msg, rec.ver, now, now)
+    await b.send(out)
+    # the dead letters are stored (their records): reported now, while their
+    # copies for people reading the DLQ topic are on their way
+    b.send_soon(buried)
+    return Rescued(len(changed), dead)
+
+
+async def reconcile(b: KafkaBroker) -> int:
+    """Write a new copy of each job due for ``stranded`` seconds and not
+    taken: its copy was lost (a producer that died between the record and
+    the copy, a cluster that lost acknowledged records: tansu keeps nothing
+    over a restart).  One process of the app at a time (a lock), each at
+    most every ``stranded / 2`` seconds (at most once a minute): it reads
+    every record.  A copy still on its way is made stale by the new one and
+    dropped when read."""
+    now_m = time.monotonic()
+    if now_m < b.reconcile_at:
+        return 0
+    b.reconcile_at = now_m + min(60.0, b.stranded / 2)
+    n = b.names
+    token = await b.state.acquire(n.reconciler, b.instance, 60.0)
+    if token is None:
+        return 0
+    try:
+        now = time.time()
+        old = now - b.stranded
+        ids = [
+            r.msg.id
+            for r in map(Record.load, (await b.state.kv_scan(n.job)).values())
+            if r.state in WAITING and r.run_at < old
+        ]
+
+        def change(rec: Record, now: float) -> tuple[float | None, bool]:
+            if rec.run_at >= old:
+                return None, False  # changed since the scan: its copy is new
+            rec.wait_until(now, now)
+            return None, True
+
+        moved = await change_waiting(b, ids, change)
+        return len(moved)
+    finally:
+        await b.state.release(n.reconciler, b.instance, token)
+
+
+# -- admin changes -------------------------------------------------------------------------
+
+
+async def change_waiting(
+    b: KafkaBroker,
+    ids: Sequence[str],
+    change: Callable[[Record, float], tuple[float | None, bool]],
+    states: frozenset[State] = CANCELLABLE_STATES,
+) -> list[str]:
+    """Apply ``change`` to the records of ``ids`` whose shown state is in
+    ``states``; write a new copy where it says so."""
+    if not ids:
+        return []
+    n = b.names
+    now = time.time()
+
+    def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool]]]:
+        writes: dict[str, KvWrite] = {}
+        out: list[tuple[Record, bool]] = []
+        for i in ids:
+            raw = got.get(n.job + i)
+            if raw is None:
+                continue
+            rec = Record.load(raw)
+            if rec.shown_state(now) not in states:
+                continue
+            ttl, again = change(rec, now)
+            writes[n.job + i] = (rec.dump(), ttl)
+            release(b, rec, got, writes)
+            out.append((rec, again))
+        return writes, out
+
+    unique = list(dict.fromkeys(ids))
+    keys = [n.job + i for i in unique] + await locks_of(b, unique)
+    changed = await b.state.kv_update(keys, decide)
+    await b.send(
+        [c for rec, again in changed if again for c in b.copy_of(rec.msg, rec.ver, rec.run_at, now)]
+    )
+    return [rec.msg.id for rec, _ in changed]
+
+
+async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+    def change(rec: Record, now: float) -> tuple[float | None, bool]:
+        rec.state, rec.updated_at, rec.ver = State.CANCELLED, now, rec.ver + 1
+        return b.retention, False
+
+    return await change_waiting(b, ids, change)
+
+
+async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]:
+    def change(rec: Record, now: float) -> tuple[float | None, bool]:
+        rec.wait_until(at, now)
+        return None, True
+
+    return await change_waiting(b, ids, change)
+
+
+# -- ordered keys ----------------------------------------------------------------------------
+
+
+def lock_of(b: KafkaBroker, msg: Message) -> str | None:
+    """The key lock of an event delivery with a key (None for anything else)."""
+    if msg.key is None or not msg.queue.startswith(GROUP_PREFIX):
+        return None
+    return b.names.keylock_of(msg.queue, msg.key)
+
+
+def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
+    """Free the key of a delivery that reached a final state, if it holds it
+    (read in ``got``: the caller's update read the lock)."""
+    lock = lock_of(b, rec.msg)
+    if lock is not None and rec.state in FINAL_STATES and got.get(lock) == rec.msg.id.encode():
+        writes[lock] = (SETTLED, SETTLED_TTL)
+
+
+async def locks_of(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+    """The key locks the records of ``ids`` may hold (read first, so that an
+    update that may settle them reads their locks too)."""
+    got = await b.state.kv_get([b.names.job + i for i in ids])
+    out = []
+    for raw in got.values():
+        lock = lock_of(b, Record.load(raw).msg)
+        if lock is not None:
+            out.append(lock)
+    return out

@@ -1,0 +1,294 @@
+"""Reading copies through a consumer group, with leases on offsets.
+
+A fetch reads copies of jobs through a consumer group and judges each one
+against its record (``records.py``); the record, not the offset, is the
+job's lease.  The offsets only say how far a partition has been *judged*:
+
+* every copy read is *pending* until its judgement is stored (taken: the
+  record is ``running`` under this worker's lease; dropped: stale, done or
+  cancelled), and copies complete out of order (a fetch of ``limit`` jobs
+  judges the oldest of what it read and keeps the rest for the next fetch);
+* the committed offset of a partition is its low-water mark: the first
+  offset still pending (or the end of what was read), so a crash loses no
+  copy that was not judged, and a copy judged twice is judged by the record;
+* commits are synchronous when a rebalance takes partitions away
+  (``on_partitions_revoked``), and the copies read from them and not judged
+  yet are let go: the new owner reads them again from that mark;
+* a job runs under its record's lease, not under its offset, so a long job
+  never holds back the commits of later offsets, and a worker killed while
+  it runs one loses the lease, not the copy: ``rescue`` writes a new copy
+  when the lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+
+from .assign import BusyFirstAssignor
+
+log = logging.getLogger("dumbwaiter.kafka")
+
+#: seconds a fetch waits for its consumer to join its group (once, and again
+#: while a rebalance runs), whatever its own ``wait``
+JOIN_WAIT = 30.0
+#: seconds one read of a catch-up waits beyond the server's fetch wait
+CATCH_UP_READ = 0.05
+#: seconds a catch-up goes on at most (a fetch must return)
+CATCH_UP_MAX = 5.0
+
+
+@dataclass(slots=True, eq=False)
+class Copy:
+    """One record read from a partition, not judged yet."""
+
+    tp: TopicPartition
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    timestamp: float
+
+    def header(self, name: str) -> str | None:
+        value = self.headers.get(name)
+        return None if value is None else value.decode(errors="replace")
+
+    @property
+    def ready_at(self) -> float:
+        """When it became ready (``dw-t``, microseconds), else the record's time."""
+        try:
+            return float(self.header("dw-t") or self.header("dw-at") or self.timestamp)
+        except ValueError:
+            return self.timestamp
+
+    @property
+    def priority(self) -> int:
+        try:
+            return int(self.header("dw-p") or 0)
+        except ValueError:
+            return 0
+
+
+def copy_of(rec: ConsumerRecord[Any, Any]) -> Copy:
+    return Copy(
+        tp=TopicPartition(rec.topic, rec.partition),
+        offset=rec.offset,
+        key=rec.key,
+        value=rec.value or b"",
+        headers={k: bytes(v) for k, v in rec.headers or ()},
+        timestamp=rec.timestamp / 1000.0,
+    )
+
+
+@dataclass(slots=True)
+class Tracker:
+    """The offsets of one partition read by this consumer (see the module
+    docstring): ``pending`` were read and not judged; ``end`` is one past the
+    last read; ``committed`` the last mark committed."""
+
+    end: int = -1
+    committed: int = -1
+    pending: set[int] = field(default_factory=set)
+
+    def read(self, offset: int) -> None:
+        self.pending.add(offset)
+        self.end = max(self.end, offset + 1)
+
+    def low_water(self) -> int:
+        return min(self.pending) if self.pending else self.end
+
+
+class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
+    """One consumer group's consumer on this loop, its offsets and the copies
+    it read and has not judged."""
+
+    def __init__(self, group: str, config: dict[str, Any], settings: dict[str, Any]) -> None:
+        self.group = group
+        self.fetch_wait = settings.get("fetch_max_wait_ms", 500) / 1000.0
+        self.consumer = AIOKafkaConsumer(
+            **config,
+            **settings,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            partition_assignment_strategy=(BusyFirstAssignor.for_reader(self.holdings),),
+        )
+        self.topics: frozenset[str] = frozenset()
+        self.trackers: dict[TopicPartition, Tracker] = {}
+        self.buffer: list[Copy] = []
+        #: partitions whose leased jobs run here, by job id (``assign.py``)
+        self.busy: dict[str, TopicPartition] = {}
+        #: what a rebalance took away (told at the join that follows it)
+        self.was_held: set[TopicPartition] = set()
+        self.joined = asyncio.Event()
+        self._started = False
+        #: a fetch is waiting on this reader (tests look: ``until_fetch_waits``)
+        self.waiting = False
+
+    # -- what the assignor is told ---------------------------------------------------
+
+    def holdings(self) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+        held = {(tp.topic, tp.partition) for tp in [*self.trackers, *self.was_held]}
+        busy = {(tp.topic, tp.partition) for tp in self.busy.values()}
+        return held, busy
+
+    def hold(self, job: str, tp: TopicPartition) -> None:
+        self.busy[job] = tp
+
+    def let_go(self, job: str) -> None:
+        self.busy.pop(job, None)
+
+    # -- the rebalance listener -------------------------------------------------------
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        self.joined.clear()
+        gone = set(revoked)
+        self.was_held = gone
+        try:
+            await self.commit(gone)
+        except KafkaError as exc:  # the next owner judges those copies again
+            log.info("kafka %s: commit on revoke failed: %r", self.group, exc)
+        self.buffer = [c for c in self.buffer if c.tp not in gone]
+        for tp in gone:
+            self.trackers.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self.was_held = set()
+        for tp in assigned:
+            self.trackers.setdefault(tp, Tracker())
+        self.joined.set()
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def follow(self, topics: frozenset[str]) -> None:
+        """Read these topics (a change of the set rejoins the group)."""
+        if not self._started:
+            await self.consumer.start()
+            self._started = True
+        if topics != self.topics:
+            self.topics = topics
+            self.joined.clear()
+            if topics:
+                self.consumer.subscribe(topics=sorted(topics), listener=self)
+            else:
+                self.consumer.unsubscribe()
+                self.buffer, self.trackers = [], {}
+
+    async def pull(self, timeout: float) -> int:
+        """Read what arrives within ``timeout`` seconds into the buffer."""
+        if not self.topics:
+            await asyncio.sleep(timeout)
+            return 0
+        try:
+            got = await self.consumer.getmany(timeout_ms=max(0, round(timeout * 1000)))
+        except IllegalStateError:  # subscription changed under us: read again next time
+            return 0
+        n = 0
+        for tp, recs in got.items():
+            tracker = self.trackers.get(tp)
+            if tracker is None:  # revoked meanwhile
+                continue
+            for rec in recs:
+                tracker.read(rec.offset)
+                self.buffer.append(copy_of(rec))
+                n += 1
+        return n
+
+    async def ensure_joined(self, deadline: float) -> bool:
+        """Until the consumer holds its assignment (or ``deadline``, monotonic)."""
+        while not self.joined.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # a read drives the join in aiokafka's coordinator
+            await self.pull(min(left, 0.1))
+        return True
+
+    async def catch_up(self) -> None:
+        """Read what was written before now to the partitions held: a fetch
+        must find a job whose enqueue returned before it started.  Reads
+        until one comes back empty, not up to the end offsets: tansu 0.6
+        answers a ListOffsets after a batched produce with the batch's first
+        offset, not one past its last."""
+        if not self.consumer.assignment():
+            return
+        stop = time.monotonic() + CATCH_UP_MAX
+        # longer than the server holds a fetch: a fetch it holds answers by then
+        read = self.fetch_wait + CATCH_UP_READ
+        while time.monotonic() < stop and await self.pull(read):
+            pass
+
+    def take(self, n: int) -> list[Copy]:
+        """The ``n`` copies to judge first: higher priority, then older."""
+        self.buffer.sort(key=lambda c: (-c.priority, c.ready_at, c.offset))
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def give_back(self, copies: Sequence[Copy]) -> None:
+        """Copies read and not judged (the fetch had enough): kept for the next."""
+        self.buffer.extend(c for c in copies if c.tp in self.trackers)
+
+    def done(self, copies: Sequence[Copy]) -> None:
+        for c in copies:
+            tracker = self.trackers.get(c.tp)
+            if tracker is not None:
+                tracker.pending.discard(c.offset)
+
+    def drop_buffered(self, topics: set[str]) -> None:
+        """Forget copies of these topics read but not judged (their queue is
+        paused): seek back so they are read again when it resumes."""
+        keep: list[Copy] = []
+        first: dict[TopicPartition, int] = {}
+        for c in self.buffer:
+            if c.tp.topic in topics:
+                first[c.tp] = min(first.get(c.tp, c.offset), c.offset)
+            else:
+                keep.append(c)
+        self.buffer = keep
+        for tp, offset in first.items():
+            tracker = self.trackers.get(tp)
+            if tracker is not None:
+                tracker.pending = {o for o in tracker.pending if o < offset}
+                tracker.end = offset
+            try:
+                self.consumer.seek(tp, offset)
+            except IllegalStateError:
+                pass
+
+    async def commit(self, only: set[TopicPartition] | None = None) -> None:
+        """Commit each partition's low-water mark where it moved."""
+        offsets: dict[TopicPartition, int] = {}
+        for tp, tracker in self.trackers.items():
+            if only is not None and tp not in only:
+                continue
+            low = tracker.low_water()
+            if low > tracker.committed and low >= 0:
+                offsets[tp] = low
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.debug("kafka %s: commit after a rebalance refused: %r", self.group, exc)
+            return
+        for tp, low in offsets.items():
+            kept = self.trackers.get(tp)
+            if kept is not None:
+                kept.committed = low
+
+    async def stop(self) -> None:
+        if self._started:
+            self._started = False
+            try:
+                await self.commit()
+            except KafkaError as exc:
+                log.debug("kafka %s: commit at close failed: %r", self.group, exc)
+        await self.consumer.stop()  # also one never started: it holds a client
