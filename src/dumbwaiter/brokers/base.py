@@ -763,6 +763,13 @@ class Broker(abc.ABC):
         """The members of the set ``key`` (see ``kv_sadd``; empty if absent)."""
         return {k.split("\x1f", 1)[1] for k in await self.kv_scan(f"{key}\x1f")}
 
+    async def server_time(self) -> float | None:
+        """The server's wall clock now (Unix seconds), for an engine whose
+        times live in this one (RabbitMQ's state store; ``clock.py``).  None
+        where there is no server clock to read: the memory store and SQLite
+        are one machine's, whose processes share its clock."""
+        return None
+
     # Flow control, cluster-wide (where ``capabilities.limits``).
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,7 +77,7 @@ class Admin(Core):
         levels2, delayed2 = _work_subjects(n, second)
         for k, c in delayed2.items():
             delayed[k] = max(delayed.get(k, 0), c)
-        now = time.time()
+        now = self.clock.now()
         dead_by = {untok(s[len(n.x) :]): c for s, c in dead.items()}
         running = await self._running_counts(link, holders, now)
         fin: dict[str, list[int]] = {}
@@ -223,7 +222,7 @@ class Admin(Core):
             store.scan(self.n.jobs, self.n.js + b"*", last_per_subject=True),
             store.scan(self.n.jobs, self.n.je + b"*", last_per_subject=True),
         )
-        now = time.time()
+        now = self.clock.now()
         out: dict[str, JobInfo] = {}
         for m in states:
             info = R.info_of(R.loads(m.data), now)
@@ -262,7 +261,7 @@ class Admin(Core):
             infos = [i for i in found if i is not None]
         elif f.state is State.DEAD:
             infos = []
-            now = time.time()
+            now = self.clock.now()
             for _, jid, rec in await self._dead_letters(link):
                 info = await self._get(link, jid) or R.info_of(rec, now)
                 if info is not None:
@@ -286,7 +285,7 @@ class Admin(Core):
         link = await self._link()
         n = 0
         for seq, jid, rec in await self._dead_letters(link):
-            now = time.time()
+            now = self.clock.now()
             subject = self.n.js + jid.encode()
             cur = await link.store.read(self.n.jobs, subject)
             old = R.loads(cur.data) if cur is not None else rec
@@ -358,7 +357,7 @@ class Admin(Core):
         None to leave it.  Returns the old record when it changed."""
         subject = self.n.js + jid.encode()
         for _ in range(50):
-            now = time.time()
+            now = self.clock.now()
             cur, fresh = await self._lookup(link, jid)
             if cur is not None:
                 old = R.loads(cur.data)
@@ -395,7 +394,7 @@ class Admin(Core):
                 continue
             out.append(jid)
             await self._unpoint(link, jid, old)
-            link.holder.count(str(old[R.ENV].get("queue", "")), 0, 1, time.time())
+            link.holder.count(str(old[R.ENV].get("queue", "")), 0, 1, self.clock.now())
         if out:
             link.holder.write()
             await link.wire.flush()
@@ -403,6 +402,7 @@ class Admin(Core):
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         link = await self._link()
+        at = self.clock.to_server(at)
         out = []
         for jid in ids:
             if await self._reschedule_one(link, jid, at):
@@ -414,7 +414,7 @@ class Admin(Core):
         (as in ``_move``: a stale pointer repairs a missing one)."""
         subject = self.n.js + jid.encode()
         for _ in range(50):
-            now = time.time()
+            now = self.clock.now()
             cur, fresh = await self._lookup(link, jid)
             if cur is not None:
                 old = R.loads(cur.data)

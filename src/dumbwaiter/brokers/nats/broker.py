@@ -162,8 +162,8 @@ class NatsBroker(Admin, Coordination):
                 and (m.key is None or m.kind != "task")
                 and link.loop is asyncio.get_running_loop()
             ):
-                now = time.time()
-                if m.eta is None or m.eta <= now:
+                now = self.clock.now()
+                if m.eta is None or self.clock.to_server(m.eta) <= now:
                     try:
                         return [(await self._store_one(link, m, body, now))[0]]
                     except Unavailable:
@@ -201,13 +201,13 @@ class NatsBroker(Admin, Coordination):
         an ``eta``), all pipelined, then wait for every PubAck.  A job is new
         unless JetStream calls its pointer a duplicate (``Nats-Msg-Id`` = id,
         inside the de-duplication window)."""
-        now = time.time()
+        now = self.clock.now()
         if len(prepared) == 1:
             m, body = prepared[0]
             if (
                 m.queue in link.queues
                 and (m.key is None or m.kind != "task")
-                and (m.eta is None or m.eta <= now)
+                and (m.eta is None or self.clock.to_server(m.eta) <= now)
             ):
                 return [await self._store_one(link, m, body, now)]
         result: list[tuple[str, bool] | None] = [None] * len(prepared)
@@ -227,8 +227,9 @@ class NatsBroker(Admin, Coordination):
         for i in send:
             m, body = prepared[i]
             mid = m.id.encode()
-            if m.eta is not None and m.eta > now:
-                ra = repr(m.eta).encode()
+            eta = None if m.eta is None else self.clock.to_server(m.eta)
+            if eta is not None and eta > now:
+                ra = repr(eta).encode()
                 subject = n.delayed(m.queue, b"s")
                 hdr = headers(
                     (b"Nats-Msg-Id", mid), (b"Dw-Id", mid), (b"Dw-G", b"0"),
@@ -462,7 +463,7 @@ class NatsBroker(Admin, Coordination):
         holder list goes first (a crash in between lists a job that is not
         running: harmless).  A body that is not an envelope takes the slow
         way, whose record keeps it (``_claim_slow``)."""
-        now = time.time()
+        now = self.clock.now()
         until = now + lease
         fast: list[tuple[Ptr, dict[str, Any], Message]] = []
         slow: list[Ptr] = []
@@ -579,7 +580,7 @@ class NatsBroker(Admin, Coordination):
         """Claim a pointer after looking at its job's record."""
         subject = self.n.js + p.id.encode()
         for _ in range(20):
-            now = time.time()
+            now = self.clock.now()
             cur = await link.store.read(self.n.jobs, subject)
             plan = await self._claim_plan(link, p, cur, now)
             if plan is None:
@@ -692,7 +693,7 @@ class NatsBroker(Admin, Coordination):
             link.wire.publish(p.reply, b'-NAK {"delay":%d}' % int(max(seconds, 0.001) * _NS_PER_S))
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
-        now = time.time()
+        now = self.clock.now()
 
         def final(d: Delivery, tok: Token) -> dict[str, Any]:
             rec = self._settled(d, tok, State.SUCCEEDED.value, now)
@@ -715,7 +716,7 @@ class NatsBroker(Admin, Coordination):
                 )
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
-        now = time.time()
+        now = self.clock.now()
         moves: dict[str, tuple[str, float]] = {}
 
         def waiting(d: Delivery, tok: Token) -> dict[str, Any]:
@@ -728,10 +729,12 @@ class NatsBroker(Admin, Coordination):
             rec[R.GEN], rec[R.RUN_AT] = gen, at
             return rec
 
-        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now)
+        await self._move(
+            ds, moves, waiting, lambda d: max(self.clock.to_server(d.retry_at), now), now
+        )
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
-        now = time.time()
+        now = self.clock.now()
         moves: dict[str, tuple[str, float]] = {}
 
         def waiting(d: Delivery, tok: Token) -> dict[str, Any]:
@@ -742,10 +745,12 @@ class NatsBroker(Admin, Coordination):
             rec[R.GEN], rec[R.RUN_AT] = gen, at
             return rec
 
-        await self._move(ds, moves, waiting, lambda d: max(d.retry_at, now), now)
+        await self._move(
+            ds, moves, waiting, lambda d: max(self.clock.to_server(d.retry_at), now), now
+        )
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
-        now = time.time()
+        now = self.clock.now()
 
         def buried(d: Delivery, tok: Token) -> dict[str, Any]:
             env = env_of(d)
@@ -917,13 +922,13 @@ class NatsBroker(Admin, Coordination):
         if not held:
             return lost
         link = await self._link()
-        until = time.time() + lease
+        until = self.clock.now() + lease
 
         def running(d: Delivery, tok: Token) -> dict[str, Any]:
             rec = self._running(
                 tok.gen,
                 env_of(d),
-                time.time(),
+                self.clock.now(),
                 until,
                 tok.worker,
                 tok.reply,
@@ -959,7 +964,7 @@ class NatsBroker(Admin, Coordination):
                 n += await self._rescue_holder(link, h)
             try:  # before their Nats-Msg-Id leaves the window (Core._lookup)
                 await self._index_fresh(
-                    link, time.time() - self.settings.dupe_window / 2, INDEX_BUDGET
+                    link, self.clock.now() - self.settings.dupe_window / 2, INDEX_BUDGET
                 )
             except Unavailable:
                 raise
@@ -988,7 +993,7 @@ class NatsBroker(Admin, Coordination):
         lists otherwise is decided from its memory, which is newer than the
         stored list (``_reconcile_own``, called by every ``rescue``)."""
         holder, cur, content = h
-        now = time.time()
+        now = self.clock.now()
         run: dict[str, list[Any]] = content.get("run", {})
         expired = [(jid, e) for jid, e in run.items() if float(e[1]) < now]
         if not expired:
@@ -1097,7 +1102,7 @@ class NatsBroker(Admin, Coordination):
 
     async def _promote(self, link: Link, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects; hold the others."""
-        now = time.time()
+        now = self.clock.now()
         wire = link.wire
         moves: list[tuple[Pulled, asyncio.Future[Reply]]] = []
         longest = min(MAX_HOLD, self.retention / 2)

@@ -48,7 +48,7 @@ class Coordination(Core):
         link = await self._link()
         subject = self.n.c + b"lock." + tok(name)
         for _ in range(50):
-            now = time.time()
+            now = self.clock.now()
             cur = await link.store.read(self.n.kv, subject)
             held = orjson.loads(cur.data) if cur is not None else None
             if held is not None and held["x"] > now and held["o"] != owner:
@@ -73,7 +73,7 @@ class Coordination(Core):
         link = await self._link()
         subject = self.n.c + b"lock." + tok(name)
         for _ in range(50):
-            now = time.time()
+            now = self.clock.now()
             cur = await link.store.read(self.n.kv, subject)
             if cur is None:
                 return False
@@ -100,7 +100,7 @@ class Coordination(Core):
             await link.store.delete(self.n.kv, cur.seq)
 
     async def _kv_put_raw(self, link: Link, subject: bytes, data: bytes, ttl: float | None) -> None:
-        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl else ()
+        extra: Hdrs = ((b"Dw-Exp", repr(self.clock.now() + ttl)),) if ttl else ()
         ack = await link.store.put(subject, data, None, extra)
         if ttl:
             await self._expire_later(link, [(subject, ack.seq)], ttl)
@@ -109,7 +109,7 @@ class Coordination(Core):
         if not keys:
             return {}
         link = await self._link()
-        now = time.time()
+        now = self.clock.now()
         found = await link.store.read_many(self.n.kv, [self._kv_subject(k) for k in keys])
         out = {}
         for k, cur in zip(keys, found, strict=True):
@@ -122,7 +122,7 @@ class Coordination(Core):
         if not items:
             return
         link = await self._link()
-        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl is not None else ()
+        extra: Hdrs = ((b"Dw-Exp", repr(self.clock.now() + ttl)),) if ttl is not None else ()
         subjects = [self._kv_subject(k) for k in items]
         futs = [
             link.store.put_req(s, bytes(v), None, extra)
@@ -196,7 +196,7 @@ class Coordination(Core):
         subjects = sorted({self.n.c + b"kvl." + digest(k).encode() for k in keys})
         if not subjects:
             return {}
-        now = time.time()
+        now = self.clock.now()
         body = orjson.dumps({"o": secrets.token_hex(8), "x": now + KV_LOCK_TTL})
         replies = await link.wire.gather([link.store.put_req(s, body, 0) for s in subjects])
         held: dict[bytes, int] = {}
@@ -243,7 +243,7 @@ class Coordination(Core):
         or (False, its result) when a plain writer changed a key read."""
         subjects = [self._kv_subject(k) for k in keys]
         found = await link.store.read_many(self.n.kv, subjects)
-        now = time.time()
+        now = self.clock.now()
         got: dict[str, bytes] = {}
         for k, cur in zip(keys, found, strict=True):
             v = live(cur, now)
@@ -256,7 +256,7 @@ class Coordination(Core):
         read = dict(zip(keys, zip(subjects, found, strict=True), strict=True))
         checked = [k for k in writes if k in read]
         futs = []
-        at = time.time()
+        at = self.clock.now()
         for k in checked:
             s, cur = read[k]
             data, ttl = writes[k]
@@ -314,7 +314,7 @@ class Coordination(Core):
     async def _kv_put_back(self, link: Link, mine: list[tuple[bytes, Stored | None, int]]) -> None:
         """Undo a ``kv_update``'s writes (subject, what it replaced, its
         sequence), each only if nothing replaced it since."""
-        now = time.time()
+        now = self.clock.now()
         for s, old, seq in mine:
             with contextlib.suppress(JetStreamError):
                 if old is None:
@@ -329,10 +329,10 @@ class Coordination(Core):
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         link = await self._link()
         subject = self._kv_subject(key)
-        extra: Hdrs = ((b"Dw-Exp", repr(time.time() + ttl)),) if ttl is not None else ()
+        extra: Hdrs = ((b"Dw-Exp", repr(self.clock.now() + ttl)),) if ttl is not None else ()
         for _ in range(50):
             cur = await link.store.read(self.n.kv, subject)
-            if live(cur, time.time()) is not None:
+            if live(cur, self.clock.now()) is not None:
                 return False
             try:
                 ack = await link.store.put(subject, bytes(value), cur.seq if cur else 0, extra)
@@ -351,7 +351,7 @@ class Coordination(Core):
         out: dict[str, Any] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs]:
-            now = time.time()
+            now = self.clock.now()
             value = live(cur, now)
             if value is not None:
                 exp = cur.get(b"Dw-Exp") if cur is not None else None
@@ -372,7 +372,7 @@ class Coordination(Core):
         if not keys:
             return 0
         link = await self._link()
-        now = time.time()
+        now = self.clock.now()
         found = await link.store.read_many(self.n.kv, [self._kv_subject(k) for k in keys])
         alive = [cur.seq for cur in found if cur is not None and live(cur, now) is not None]
         gone = [cur.seq for cur in found if cur is not None and live(cur, now) is None]
@@ -384,7 +384,7 @@ class Coordination(Core):
         parts = prefix.split(":")
         whole = parts[:-1]  # complete tokens narrow the scan on the server
         filt = self.n.k + b"".join(tok(p) + b"." for p in whole) + b">"
-        now = time.time()
+        now = self.clock.now()
         out = {}
         for m in await link.store.scan(self.n.kv, filt, last_per_subject=True):
             key = key_of(m.subject[len(self.n.k) :])
@@ -401,7 +401,7 @@ class Coordination(Core):
         out: dict[str, Any] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
-            now = time.time()
+            now = self.clock.now()
             value = live(cur, now)
             members = set(orjson.loads(value)) if value is not None else set()
             out["n"] = len(members | {member})
@@ -430,13 +430,13 @@ class Coordination(Core):
     async def _expire_later(self, link: Link, items: list[tuple[bytes, int]], ttl: float) -> None:
         """Note when these writes expire: the sweeper deletes them then (a
         read treats them as absent already)."""
-        minute = int((time.time() + ttl) // 60) + 1
+        minute = int((self.clock.now() + ttl) // 60) + 1
         body = orjson.dumps([[s.decode(), seq] for s, seq in items])
         await link.store.put(self.n.t + b"%d" % minute, body)
 
     async def _sweep_kv(self, link: Link, now: float | None = None) -> None:
         """Delete kv entries whose time ran out (see ``_expire_later``)."""
-        now_minute = int((time.time() if now is None else now) // 60)
+        now_minute = int((self.clock.now() if now is None else now) // 60)
         buckets = await link.store.subjects(self.n.work, self.n.t + b"*")
         for subject in sorted(buckets):
             minute = int(subject[len(self.n.t) :])
@@ -450,6 +450,7 @@ class Coordination(Core):
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
         link = await self._link()
+        at = self.clock.to_server(at)
         out: dict[str, float] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
@@ -473,7 +474,7 @@ class Coordination(Core):
         out: dict[str, bool] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
-            now = time.time()
+            now = self.clock.now()
             held = {h: x for h, x in (orjson.loads(cur.data) if cur else {}).items() if x > now}
             if holder not in held and len(held) >= limit:
                 out["ok"] = False
@@ -507,7 +508,7 @@ class Coordination(Core):
             ) -> tuple[bytes, Hdrs] | None:
                 if cur is None:
                     return None
-                now = time.time()
+                now = self.clock.now()
                 held = {h: x for h, x in orjson.loads(cur.data).items() if x > now}
                 before = dict(held)
                 for h in holders:

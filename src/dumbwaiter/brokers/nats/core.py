@@ -31,9 +31,10 @@ from ..base import (
     Delivery,
     JobInfo,
 )
+from ..clock import ServerClock
 from . import records as R
 from .link import Link
-from .names import Names, Settings, digest, key_tokens, parse_url, untok
+from .names import Names, Settings, digest, key_tokens, parse_url, tok, untok
 from .puller import Pulled
 from .store import Stored, ack_meta, is_conflict, stored
 from .wire import (
@@ -103,6 +104,9 @@ class Core(Broker):
         self.settings: Settings = parse_url(url)
         self.n = Names(self.settings)
         self.retention = self.settings.retention
+        #: the server's clock (the time stamp JetStream gives a write), which
+        #: every lease, lock and run time written here is on (``clock.py``)
+        self.clock = ServerClock()
         self._links: dict[asyncio.AbstractEventLoop, Link] = {}
         self._last: Link | None = None
 
@@ -125,7 +129,25 @@ class Core(Broker):
                 await link.start()
             except BrokerError as exc:  # unreachable, or the login refused
                 raise self.failure(exc) from (exc.__cause__ or exc)
+        if self.clock.due:
+            await self.clock.try_sync(lambda: self._server_time(link))
         return link
+
+    async def server_time(self) -> float | None:
+        return await self._server_time(await self._link())
+
+    async def _server_time(self, link: Link) -> float:
+        """The server's time: the time stamp of a write of this process's
+        own, read back (so it falls between sending the write and the read's
+        answer), then deleted: the bucket keeps only what users and the
+        broker stored."""
+        subject = self.n.c + b"clock." + tok(link.holder.id)
+        ack = await link.store.put(subject, b"", None)
+        cur = await link.store.read(self.n.kv, subject)
+        await link.store.delete(self.n.kv, ack.seq)
+        if cur is None or not cur.time:
+            raise BrokerError(f"nats: {subject.decode()} has no time stamp")
+        return cur.time
 
     async def open(self) -> None:
         await self._link()
@@ -165,7 +187,7 @@ class Core(Broker):
 
     async def _get(self, link: Link, jid: str) -> JobInfo | None:
         s, e = await self._lookup(link, jid)
-        now = time.time()
+        now = self.clock.now()
         if s is not None:
             return R.info_of(R.loads(s.data), now)
         if e is not None:
@@ -209,7 +231,7 @@ class Core(Broker):
             ):
                 return None, m
         else:  # older than the window: index what is (see _index_fresh)
-            await self._index_fresh(link, time.time() - self.settings.dupe_window / 2, want=jb)
+            await self._index_fresh(link, self.clock.now() - self.settings.dupe_window / 2, want=jb)
         rec, idx = await store.read_many(n.jobs, [n.js + jb, n.je + jb])
         return rec, idx if rec is not None or idx is None or self._index_live(idx) else None
 
@@ -220,7 +242,7 @@ class Core(Broker):
         while the job ran and finished) would otherwise outlive the job's
         record and show it as waiting."""
         at = max(float(e.get(b"Dw-U") or 0), float(e.get(b"Dw-Ra") or 0))
-        return at + self.retention > time.time()
+        return at + self.retention > self.clock.now()
 
     @property
     def _direct_work(self) -> bytes:
@@ -336,7 +358,7 @@ class Core(Broker):
 
     async def _kv_read(self, link: Link, subject: bytes) -> bytes | None:
         cur = await link.store.read(self.n.kv, subject)
-        return live(cur, time.time())
+        return live(cur, self.clock.now())
 
     async def _holders(self, link: Link) -> list[tuple[str, Stored, dict[str, Any]]]:
         subjects = await link.store.subjects(self.n.hold, self.n.h + b"*")
@@ -390,7 +412,7 @@ class Core(Broker):
         ``Nats-Msg-Id`` is still in the de-duplication window): the repair
         after a process died between writing a record and its pointer."""
         env = rec.get(R.ENV) or {}
-        now = time.time()
+        now = self.clock.now()
         at = float(rec.get(R.RUN_AT) or now)
         fut = self._repoint_req(
             link, jid, str(env.get("queue", "")), env, str(rec.get(R.GEN, "0")), at, now,
@@ -435,7 +457,7 @@ class Core(Broker):
         the process' memory), and was left behind at exit: ``stats`` showed
         jobs running that had finished long before."""
         h = link.holder
-        now = time.time()
+        now = self.clock.now()
         check = {
             jid: e
             for jid, e in h.run.items()
@@ -546,7 +568,7 @@ class Core(Broker):
             return
         env = old.get(R.ENV) or {}
         queue, prio = str(env.get("queue", "")), int(env.get("priority", 0))
-        when = float(old.get(R.UPDATED) or time.time())
+        when = float(old.get(R.UPDATED) or self.clock.now())
         ra = float(old.get(R.RUN_AT) or when)
         for subject, around in (
             (self.n.pointer(queue, prio), max(when, ra)),

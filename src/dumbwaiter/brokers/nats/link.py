@@ -103,7 +103,7 @@ class Holder:
         """A settle: out of the running jobs and counted in one step, once (a
         rescue or ``_reconcile_own`` that took the job out counted it)."""
         if self.run.pop(jid, None) is not None and count == "ok":
-            self.count(queue, 1, 0, time.time())
+            self.count(queue, 1, 0, self.link.broker.clock.now())
         self.dirty = True
 
     def forget(self, ids: set[str]) -> None:
@@ -129,7 +129,7 @@ class Holder:
         running that had long finished."""
         if not self.dirty:
             return None
-        now = time.time()
+        now = self.link.broker.clock.now()
         oldest = str(int((now - self.link.broker.retention) // 60))
         for q in list(self.fin):
             buckets = {m: c for m, c in self.fin[q].items() if m >= oldest}

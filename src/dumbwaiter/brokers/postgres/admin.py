@@ -100,7 +100,8 @@ class PostgresAdmin(PostgresConnection):
         valid = [i for i in ids if is_uuid(i)]
         if not valid:
             return []
-        params = {"ids": valid, "at": at, "channel": self.q.channel}
+        await self._read_clock()
+        params = {"ids": valid, "at": self.clock.to_server(at), "channel": self.q.channel}
 
         async def run(c: psycopg.AsyncConnection[Any]) -> list[str]:
             cur = await c.execute(self.q.reschedule, params)

@@ -36,12 +36,16 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ...errors import BrokerError
 from .. import deadline, failure
 from ..base import Broker, Delivery
+from ..clock import ServerClock
 from ..perloop import PerLoop
 from . import migrations
 from .listen import Listener
 from .options import Options, parse_url
 from .pool import LoopPool, check_sync, finish, recording
 from .queries import Queries
+
+#: the server's wall clock now (``now()`` is the transaction's start)
+SERVER_TIME = b"SELECT extract(epoch FROM clock_timestamp())::float8"
 
 T = TypeVar("T")
 
@@ -123,6 +127,9 @@ class PostgresConnection(Broker):
         self._owner = f"{os.getpid()}:{secrets.token_hex(4)}"
         self._next_prune = 0.0
         self._prune_behind = False
+        #: the server's clock: leases compare on ``now()`` in SQL, and the run
+        #: times a host gives (an eta, a retry's) are moved onto it
+        self.clock = ServerClock()
         #: why the sync pool's last connect failed (None: it succeeded)
         self._pool_error: BaseException | None = None
 
@@ -280,6 +287,30 @@ class PostgresConnection(Broker):
                 raise
         async with pool.connection() as conn:
             return await fn(conn)
+
+    async def _read_clock(self) -> None:
+        """Read the server's clock when due (``clock.py``)."""
+        await self.clock.sync(self._server_time)
+
+    async def server_time(self) -> float | None:
+        return await self._server_time()
+
+    async def _server_time(self) -> float:
+        async def read(c: psycopg.AsyncConnection[Any]) -> float:
+            row = await (await c.execute(SERVER_TIME)).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        return await self._run(read)
+
+    def _read_clock_blocking(self) -> None:
+        def read() -> float:
+            with self._sync().connection() as c:
+                row = c.execute(SERVER_TIME).fetchone()
+            assert row is not None
+            return float(row[0])
+
+        self.clock.sync_blocking(read)
 
     def _sync(self) -> ConnectionPool[psycopg.Connection[Any]]:
         pool = self._sync_pool

@@ -178,7 +178,8 @@ class PostgresCoordination(PostgresConnection):
     # the worker treats the error like any other and the job runs again later.
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
-        params = (key, rate, per, at)
+        await self._read_clock()
+        params = (key, rate, per, self.clock.to_server(at))
 
         async def run(c: psycopg.AsyncConnection[Any]) -> float:
             row = await (await c.execute(self.q.rate_take, params)).fetchone()

@@ -122,7 +122,7 @@ class PostgresEnqueue(PostgresConnection):
             m.max_attempts,
             key,
             body,
-            m.eta,
+            None if m.eta is None else self.clock.to_server(m.eta),
             m.key,
             None if key is None else m.headers.get("unique"),
         )
@@ -146,6 +146,7 @@ class PostgresEnqueue(PostgresConnection):
         return [r[6] for r in rows if r[6] is not None]
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
+        await self._read_clock()
         it = iter(msgs)
         head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
@@ -200,7 +201,7 @@ class PostgresEnqueue(PostgresConnection):
         if len(rows) != 1:
             return self.q.enqueue
         r = rows[0]
-        if not hand or (r[8] is not None and r[8] > time.time()):
+        if not hand or (r[8] is not None and r[8] > self.clock.now()):
             return self.q.enqueue_one
         if self._no_waiter and self._no_waiter.get(r[1], 0.0) > time.monotonic():
             return self.q.enqueue_one
@@ -264,7 +265,7 @@ class PostgresEnqueue(PostgresConnection):
         rest: Iterator[Message],
         kept: list[tuple[Any, ...]],
     ) -> list[str]:
-        now = time.time()
+        now = self.clock.now()
         later: list[tuple[Any, ...]] = []  # due in the future: not for COPY
         async with conn.transaction():
             await conn.execute(self.q.copy_memory)
@@ -290,6 +291,7 @@ class PostgresEnqueue(PostgresConnection):
         return ids
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
+        self._read_clock_blocking()
         it = iter(msgs)
         head = [self._row(m) for m in itertools.islice(it, COPY_MIN)]
         rows: list[tuple[Any, ...]] = head
@@ -343,7 +345,7 @@ class PostgresEnqueue(PostgresConnection):
     ) -> list[str]:
         if not self._schema_ok:
             self._check_schema_sync(conn)
-        now = time.time()
+        now = self.clock.now()
         later: list[tuple[Any, ...]] = []
         with conn.transaction():
             conn.execute(self.q.copy_memory)

@@ -374,8 +374,9 @@ class PostgresTransport(PostgresConnection):
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
+        await self._read_clock()
         params = self._batch(ds)
-        params["at"] = [d.retry_at for d in ds]
+        params["at"] = [self.clock.to_server(d.retry_at) for d in ds]
         params["err"] = [err_json(d) for d in ds]
         params["etype"] = [None if d.error is None else d.error.type for d in ds]
         await self._run(lambda c: c.execute(self.q.retry, params), work=True)
@@ -390,8 +391,9 @@ class PostgresTransport(PostgresConnection):
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         if ds:
+            await self._read_clock()
             params = self._batch(ds)
-            params["at"] = [d.retry_at for d in ds]
+            params["at"] = [self.clock.to_server(d.retry_at) for d in ds]
             await self._run(lambda c: c.execute(self.q.requeue, params), work=True)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:

@@ -83,6 +83,7 @@ from ..base import (
     kv_write,
     stats_rows,
 )
+from ..clock import ServerClock
 from ..deadline import Backoff
 from ..gate import Gate
 from . import announce
@@ -197,12 +198,11 @@ def _wait(link: Link, raw: Raw, now: float) -> None:
     link.waiting.append(raw)
 
 
-def _recheck_due(link: Link) -> None:
+def _recheck_due(link: Link, now: float) -> None:
     """Put the waiting copies whose time to be judged again has come back at
-    the head of the buffer."""
+    the head of the buffer (``now`` on the broker's clock)."""
     if not link.waiting:
         return
-    now = time.time()
     due = [r for r in link.waiting if r.recheck_at <= now]
     if due:
         link.waiting = [r for r in link.waiting if r.recheck_at > now]
@@ -396,6 +396,8 @@ class RabbitMQBroker(StateDelegation):
         #: is a gate in front of it that lets no call through before; then the
         #: store itself (no cost per call), and the gate again on a refusal.
         self._store = store
+        #: the state store's clock, which every record's time is on
+        self.clock = ServerClock()
         self._gate = Gate(store, self._admit_store)
         self.state: Broker = self._gate
         # Flow control and sharing between processes and hosts are what the
@@ -447,7 +449,21 @@ class RabbitMQBroker(StateDelegation):
     async def _link(self) -> Link:
         link = self._link_for_loop()
         await self._ensure(link)
+        await self._now()
         return link
+
+    async def _now(self) -> float:
+        """The state store's time now (``clock.py``), read again when due."""
+        if self.clock.due:
+            await self.clock.try_sync(self._store_time)
+        return self.clock.now()
+
+    async def _store_time(self) -> float:
+        """The state store's server clock: the records' lease ends and run
+        times live there, written and compared by every host
+        (``clock.py``); this host's for a store without one (SQLite)."""
+        t = await self._store.server_time()
+        return time.time() if t is None else t
 
     def failure(self, exc: BaseException, waited: float | None = None) -> BrokerError:
         """aiormq's (or a socket's) ``exc`` as the ``BrokerError`` it means
@@ -694,7 +710,7 @@ class RabbitMQBroker(StateDelegation):
             headers={"dw-v": ver} if enq is None else {"dw-v": ver, "dw-e": enq},
         )
         raw = encode(msg) if body is None else body
-        units = topo.delay_units(run_at - time.time())
+        units = topo.delay_units(run_at - self.clock.now())
         if units > 0:
             return self.names.level(topo.LEVELS - 1), topo.delay_key(units, target), raw, props
         return "", target, raw, props
@@ -702,7 +718,7 @@ class RabbitMQBroker(StateDelegation):
     def _park(self, raw: Raw, until: float) -> tuple[str, str, bytes, spec.Basic.Properties]:
         """Send a copy as it came back into the cascade until ``until``."""
         lane_queue = self.names.lane(raw.queue, raw.lane)
-        units = max(1, topo.delay_units(until - time.time()))
+        units = max(1, topo.delay_units(until - self.clock.now()))
         props = spec.Basic.Properties(
             content_type="application/json",
             delivery_mode=2,
@@ -710,7 +726,7 @@ class RabbitMQBroker(StateDelegation):
             headers={
                 # a string: AMQP tables carry a Python float as a 32-bit float,
                 # which is up to a minute off at today's epoch (_seen)
-                "dw-seen": f"{time.time():.6f}",
+                "dw-seen": f"{self.clock.now():.6f}",
                 **{k: v for k, v in raw.headers.items() if k.startswith("dw-")},
             },
         )
@@ -823,7 +839,7 @@ class RabbitMQBroker(StateDelegation):
         batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
         if not batch:
             return []
-        now = time.time()
+        now = await self._now()
         k = self.keys
         if len(batch) == 1 and (batch[0][0].key is None or batch[0][0].kind != TASK):
             return [await self._enqueue_one(*batch[0], now)]
@@ -843,7 +859,7 @@ class RabbitMQBroker(StateDelegation):
                     ids.append(holder)
                     continue
                 taken_keys[m.key] = m.id
-            due = m.eta if m.eta is not None and m.eta > now else now
+            due = max(now, self.clock.to_server(m.eta)) if m.eta is not None else now
             state = State.SCHEDULED if due > now else State.READY
             fresh.append((Record(msg=m, state=state, run_at=due, updated_at=now, enq=enq), raw))
             seen.add(m.id)
@@ -894,7 +910,7 @@ class RabbitMQBroker(StateDelegation):
         a record without a copy (its call never returned), which the
         reconcile sends again (``_reconcile``).
         """
-        due = m.eta if m.eta is not None and m.eta > now else now
+        due = max(now, self.clock.to_server(m.eta)) if m.eta is not None else now
         enq = os.urandom(8).hex()
         rec = Record(
             msg=m,
@@ -984,7 +1000,7 @@ class RabbitMQBroker(StateDelegation):
         if not fresh:
             return 0
         bindings = await self._load_bindings()
-        now = time.time()
+        now = await self._now()
         logged: dict[str, bytes] = {}
         records: dict[str, bytes] = {}
         copies: list[tuple[str, str, bytes, spec.Basic.Properties]] = []
@@ -993,7 +1009,7 @@ class RabbitMQBroker(StateDelegation):
         for e, raw in fresh:
             logged[k.log_prefix(e.name) + e.id] = orjson.dumps({"m": e.to_dict(), "at": now})
             targets = [b for b in bindings if topo.topic_matches(b.pattern, e.name)]
-            due = e.eta if e.eta is not None and e.eta > now else now
+            due = max(now, self.clock.to_server(e.eta)) if e.eta is not None else now
             dms = [delivery_of(e, b, delivery_id(e.id, b.queue)) for b in targets]
             for dm in dms:
                 state = State.SCHEDULED if due > now else State.READY
@@ -1092,7 +1108,7 @@ class RabbitMQBroker(StateDelegation):
         """``wait=0``: what is ready now, exactly, by ``basic.get`` in lane order."""
         out: list[Delivery] = []
         lanes = await self._lanes(queues)
-        _recheck_due(link)
+        _recheck_due(link, self.clock.now())
         while len(out) < limit:
             raws = self._from_buffer(link, list(lanes), limit - len(out))
             for q, qlanes in lanes.items():
@@ -1132,11 +1148,11 @@ class RabbitMQBroker(StateDelegation):
         while True:
             gen = link.gen
             if not self.prefetch and link.prefetch:
-                now = time.time()
+                now = self.clock.now()
                 if now - link.settled_since >= PREFETCH_WINDOW:
                     await link.resize(self._prefetch_for(link, now))
             await self._watch(link, queues)
-            _recheck_due(link)
+            _recheck_due(link, self.clock.now())
             for _ in range(2):  # let deliveries already read off the socket land
                 if not link.buffer or len(link.buffer) >= limit:
                     break
@@ -1151,7 +1167,7 @@ class RabbitMQBroker(StateDelegation):
             if remaining <= 0:
                 return []
             link.arrived.clear()
-            now = time.time()
+            now = self.clock.now()
             recheck = min(remaining, max(0.01, link.looked_at + 1.0 - now))
             if link.waiting:  # a copy waiting for its record: judge it again on time
                 recheck = min(recheck, max(0.0, min(r.recheck_at for r in link.waiting) - now))
@@ -1178,7 +1194,7 @@ class RabbitMQBroker(StateDelegation):
         """Consume every lane of ``queues`` that is not paused; look again
         every second for pauses lifted and priority lanes made since, and
         start consumers with the prefetch of the others (``_prefetch_for``)."""
-        now = time.time()
+        now = await self._now()
         if now >= link.looked_at + 1.0 or any(q not in link.looked for q in queues):
             prefetch = link.prefetch or self.prefetch or 2 * link.slots
             lanes = await self._lanes(queues)
@@ -1237,7 +1253,7 @@ class RabbitMQBroker(StateDelegation):
         lease it).  Only a fanned-out event without a record takes another
         trip, for its group's binding."""
         k = self.keys
-        now = time.time()
+        now = self.clock.now()
         parsed, out = _parse(raws, now + lease)
         verdicts = await self._verdicts(link, raws, parsed, now, lease, worker)
         drop: list[int] = []
@@ -1499,7 +1515,7 @@ class RabbitMQBroker(StateDelegation):
         admin calls never touch running jobs), so the record this broker
         wrote at fetch or heartbeat is still the record.  Others are read."""
         k = self.keys
-        now = time.time()
+        now = await self._now()
         out = []
         ask = []
         for d in ds:
@@ -1550,7 +1566,7 @@ class RabbitMQBroker(StateDelegation):
         ``kv_update``, only if it still names the job (a newer job that took
         the key over keeps it, with no expiry).  Jobs without a key take one
         plain write, as before."""
-        now = time.time()
+        now = await self._now()
         records: dict[str, tuple[bytes, float]] = {}
         holds: list[tuple[str, str, float]] = []  # (key's entry, job id, ttl)
         for d, rec in await self._owned(ds):
@@ -1630,7 +1646,7 @@ class RabbitMQBroker(StateDelegation):
         be rescued and another worker take it.  A blind write then set the
         record back under that worker's running job (its ack fenced off, the
         rescue's copy and this one of one version: a job no copy served)."""
-        now = time.time()
+        now = await self._now()
         writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
@@ -1641,8 +1657,8 @@ class RabbitMQBroker(StateDelegation):
                 rec.msg.attempt = max(0, rec.msg.attempt - 1)
             rec.ver += 1
             rec.updated_at = now
-            rec.run_at = max(d.retry_at, now)
-            rec.state = State.SCHEDULED if d.retry_at > now else State.READY
+            rec.run_at = max(self.clock.to_server(d.retry_at), now)
+            rec.state = State.SCHEDULED if rec.run_at > now else State.READY
             copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
             writes[self.keys.job + d.id] = (before, rec.dump())
         await self._send(copies, True)
@@ -1653,7 +1669,7 @@ class RabbitMQBroker(StateDelegation):
     async def dead(self, ds: Sequence[Delivery]) -> None:
         """The job's copy to the DLQ, its record dead where it is still the
         lease read (``_swap``, as ``_again``)."""
-        now = time.time()
+        now = await self._now()
         writes: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         for d, rec in await self._owned(ds):
@@ -1740,7 +1756,7 @@ class RabbitMQBroker(StateDelegation):
         or undo a rescue's dead letter.  Such a lease is reported lost.  The
         rescuer's compare includes the lease's end, so of a heartbeat and a
         rescue that meet, exactly one wins."""
-        now = time.time()
+        now = await self._now()
         k = self.keys
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         renewed: dict[str, tuple[Delivery, Record]] = {}
@@ -1826,7 +1842,7 @@ class RabbitMQBroker(StateDelegation):
         empty = await self._empty_lanes()
         if not empty:
             return 0
-        now = time.time()
+        now = await self._now()
         horizon = now - STRANDED_AFTER - self.reconnect
         stranded: list[Record] = []
         for raw in (await self.state.kv_scan(k.job)).values():
@@ -1885,7 +1901,7 @@ class RabbitMQBroker(StateDelegation):
 
     async def _rescue_leases(self) -> tuple[int, list[DeadLetter]]:
         """``rescue`` of the expired leases: how many, and the dead-lettered."""
-        now = time.time()
+        now = await self._now()
         k = self.keys
         maps = await self.state.kv_scan(k.lease)
         expired: dict[str, int] = {}
@@ -1968,7 +1984,7 @@ class RabbitMQBroker(StateDelegation):
         return [Record.load(v) for v in found.values()]
 
     async def stats(self) -> list[QueueStats]:
-        now = time.time()
+        now = await self._now()
         k = self.keys
         queues = {q[len(k.queue) :] for q in await self.state.kv_scan(k.queue)}
         paused = {q[len(k.paused) :] for q in await self.state.kv_scan(k.paused)}
@@ -1982,7 +1998,7 @@ class RabbitMQBroker(StateDelegation):
         return stats_rows(counts, paused)
 
     async def _matching(self, filter: JobFilter) -> list[Record]:
-        now = time.time()
+        now = await self._now()
         if filter.ids is not None:
             got = await self.state.kv_get([self.keys.job + i for i in filter.ids])
             recs = [Record.load(v) for v in got.values()]
@@ -1993,7 +2009,7 @@ class RabbitMQBroker(StateDelegation):
     async def list_jobs(
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
-        now = time.time()
+        now = self.clock.now()
         recs = sorted(await self._matching(filter), key=lambda r: r.msg.id, reverse=True)
         if cursor is not None:
             recs = [r for r in recs if r.msg.id < cursor]
@@ -2004,7 +2020,7 @@ class RabbitMQBroker(StateDelegation):
     async def get(self, id: str) -> JobInfo | None:
         got = await self.state.kv_get([self.keys.job + id])
         raw = got.get(self.keys.job + id)
-        return None if raw is None else Record.load(raw).info(time.time())
+        return None if raw is None else Record.load(raw).info(self.clock.now())
 
     async def replay(self, filter: JobFilter) -> int:
         """Dead jobs back to ready.  The new copies are confirmed first (a
@@ -2022,7 +2038,7 @@ class RabbitMQBroker(StateDelegation):
         version, so the record must be ready first; a crash in between
         leaves a ready record that ``_reconcile`` sends again), and a worker
         that still cannot decode it dead-letters it under the same record."""
-        now = time.time()
+        now = await self._now()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
         raws: dict[str, Record] = {}
@@ -2084,7 +2100,7 @@ class RabbitMQBroker(StateDelegation):
         read = [r for r in await self._matching(filter) if r.state is not State.RUNNING]
         if not read:
             return 0
-        now = time.time()
+        now = await self._now()
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         ttls: dict[str, float] = {}  # job's record key -> how long its mark stays
         holds: dict[str, str] = {}  # job's record key -> its unique key's entry
@@ -2162,7 +2178,7 @@ class RabbitMQBroker(StateDelegation):
         cancellable job whose key's entry it did not read writes nothing
         and names the entries, and the next one reads them too (jobs
         without a key: one update)."""
-        now = time.time()
+        now = await self._now()
         k = self.keys
         wanted = list(dict.fromkeys(k.job + i for i in ids))
         known: frozenset[str] = frozenset()
@@ -2215,7 +2231,8 @@ class RabbitMQBroker(StateDelegation):
         changed, between the read and the write is not rescheduled (and not
         returned); its new copy is stale, or parks behind the live lease
         (``_judge``) and is dropped once the job is done."""
-        now = time.time()
+        now = await self._now()
+        at = self.clock.to_server(at)
         got = await self.state.kv_get([self.keys.job + i for i in ids])
         planned: dict[str, tuple[_Stamp, bytes]] = {}
         copies = []
@@ -2243,7 +2260,7 @@ class RabbitMQBroker(StateDelegation):
         await self.state.kv_set({self.keys.paused + queue: b"1", self.keys.queue + queue: b"1"})
         link = self._links.get(asyncio.get_running_loop())
         if link is not None and link.ok():
-            link.paused_until[queue] = time.time() + 1.0
+            link.paused_until[queue] = self.clock.now() + 1.0
             for lq in self.names.lanes(queue):
                 await link.cancel(lq)
 

@@ -8,7 +8,6 @@ so no call holds the server for long however many jobs an app keeps.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,7 +38,7 @@ class Admin(Broker):
     retention: float
 
     async def stats(self) -> list[QueueStats]:
-        now = time.time()
+        now = await self.conn.now()
         r = await self.conn.run(self.lua.stats, [repr(now)])
         out = []
         for i in range(0, len(r), 10):
@@ -63,7 +62,7 @@ class Admin(Broker):
 
     def _walk_args(self, f: JobFilter, index: str, cursor: str | None, limit: int) -> list[Arg]:
         args: list[Arg] = [
-            repr(time.time()),
+            repr(self.conn.clock.now()),
             cursor or "",
             limit,
             WALK_BUDGET if f.key is None else KEY_WALK_BUDGET,
@@ -71,8 +70,8 @@ class Admin(Broker):
             f.name or "",
             str(f.state) if f.state is not None else "",
             normalize_error_type(f.error_type) if f.error_type is not None else "",
-            repr(f.since) if f.since is not None else "",
-            repr(f.until) if f.until is not None else "",
+            repr(self.conn.clock.to_server(f.since)) if f.since is not None else "",
+            repr(self.conn.clock.to_server(f.until)) if f.until is not None else "",
             f.key if f.key is not None else "",
         ]
         if f.ids is not None:
@@ -89,6 +88,7 @@ class Admin(Broker):
             return Page()
         index = "dead" if filter.state is State.DEAD else "ids"
         items: list[JobInfo] = []
+        await self.conn.read_clock()  # for _walk_args
         while True:
             args = self._walk_args(filter, index, cursor, limit - len(items))
             r = await self.conn.run(self.lua.list, args)
@@ -113,6 +113,7 @@ class Admin(Broker):
 
     async def _walk(self, script: Script, f: JobFilter, index: str) -> int:
         """Run replay or purge over every match, one bounded call at a time."""
+        await self.conn.read_clock()  # for _walk_args
         if f.ids is not None:
             ids = sorted(set(f.ids), reverse=True)
             n = 0
@@ -142,21 +143,23 @@ class Admin(Broker):
     async def cancel(self, ids: Sequence[str]) -> list[str]:
         if not ids:
             return []
-        now = time.time()
+        now = await self.conn.now()
         r = await self.conn.run(self.lua.cancel, [repr(now), repr(now + self.retention), *ids])
         return [i.decode() for i in r]
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         if not ids:
             return []
-        r = await self.conn.run(self.lua.reschedule, [repr(time.time()), repr(at), *ids])
+        now = await self.conn.now()
+        at = self.conn.clock.to_server(at)
+        r = await self.conn.run(self.lua.reschedule, [repr(now), repr(at), *ids])
         return [i.decode() for i in r]
 
     async def pause(self, queue: str) -> None:
-        await self.conn.run(self.lua.pause, [repr(time.time()), queue, b"1"])
+        await self.conn.run(self.lua.pause, [repr(await self.conn.now()), queue, b"1"])
 
     async def resume(self, queue: str) -> None:
-        await self.conn.run(self.lua.pause, [repr(time.time()), queue, b"0"])
+        await self.conn.run(self.lua.pause, [repr(await self.conn.now()), queue, b"0"])
 
 
 # -- replies -------------------------------------------------------------------

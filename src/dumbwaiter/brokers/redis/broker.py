@@ -175,3 +175,6 @@ class RedisBroker(Transport, Admin, Coordination):
         self, exc: BaseException, what: str = "", waited: float | None = None
     ) -> BrokerError:
         return self.conn.failure(exc, what, waited)
+
+    async def server_time(self) -> float | None:
+        return await self.conn.server_time()

@@ -31,7 +31,6 @@ call continues as a plan (``Enqueue.after_failure``), which retries it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,6 +38,7 @@ from typing import Any, TypeVar
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ...message import TASK, Message, encode_checked, encode_checked_text, uuid7
+from ..clock import ServerClock
 from ..deadline import Backoff
 from .connection import TRANSIENT, Arg, AsyncLink, Connection, SyncLink, checked
 from .lua import Script
@@ -73,15 +73,22 @@ class Chunk:
     more: bool = False
 
 
-def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
+#: a clock never read from a server: this host's (``encode`` without a connection)
+HOST_CLOCK = ServerClock()
+
+
+def encode(
+    msgs: Iterable[Message], limit: int | None, clock: ServerClock = HOST_CLOCK
+) -> Iterator[Chunk]:
     """The messages as enqueue script arguments, one chunk at a time.
 
     Consecutive jobs that share queue, task, priority, run time and attempts
     form one group: one header, then id and body per job (a bulk enqueue of
     one task is one group), which keeps both the packing here and the parsing
-    on the server short.  Encoding size-checks each message.
+    on the server short.  Encoding size-checks each message.  Run times are
+    on the server's ``clock``.
     """
-    now = time.time()
+    now = clock.now()
     snow = repr(now)
     args: list[Arg] = []
     ids: list[str] = []
@@ -93,7 +100,7 @@ def encode(msgs: Iterable[Message], limit: int | None) -> Iterator[Chunk]:
         # holding thousands of orjson's own objects is dear); the same
         # bytes travel
         body = encode_checked_text(m, limit)
-        eta = m.eta
+        eta = None if m.eta is None else clock.to_server(m.eta)
         if eta is not None and eta > now:
             sched, ra = b"1", repr(eta)
         else:
@@ -189,15 +196,16 @@ class Enqueue:
         self.conn = conn
         self.lua = conn.lua
         self.tag = conn.keys.tag
-        self.source = encode(msgs, limit)
+        self.source = encode(msgs, limit, conn.clock)
         self.chunks: list[Chunk] = []
         #: replies the server still owes on the connection (staged way)
         self.unread = 0
 
     def _cmd(self, chunk: Chunk, mode: bytes = b"", call: str = "") -> tuple[Arg, ...]:
         s = self.lua.enqueue
-        deadline = repr(time.time() + STAGE_TTL) if mode == b"stage1" else ""
-        return (b"EVALSHA", s.sha, 1, self.tag, repr(time.time()), mode, call, deadline,
+        now = self.conn.clock.now()
+        deadline = repr(now + STAGE_TTL) if mode == b"stage1" else ""
+        return (b"EVALSHA", s.sha, 1, self.tag, repr(now), mode, call, deadline,
                 *chunk.args)  # fmt: skip
 
     def _script(self, name: str, *args: Arg) -> tuple[Arg, ...]:
@@ -295,7 +303,7 @@ class Enqueue:
             for k in sent
             for a in _regroup(self.chunks[k], _staged_elsewhere(replies[k], self.chunks[k]))
         ]
-        yield ("send", self._script("commit", repr(time.time()), call))
+        yield ("send", self._script("commit", repr(self.conn.clock.now()), call))
         if again:
             yield ("send", self._cmd(Chunk(again, False, [])))
         for k in keyed:
@@ -441,12 +449,12 @@ def single(
         return None
     m: Message = msgs[0]
     if m.key is not None and m.kind == TASK:
-        [chunk] = encode([m], limit)
-        return m, conn.lua.enqueue, [repr(time.time()), b"", "", "", *chunk.args]
+        [chunk] = encode([m], limit, conn.clock)
+        return m, conn.lua.enqueue, [repr(conn.clock.now()), b"", "", "", *chunk.args]
     body = encode_checked(m, limit)
-    now = time.time()
+    now = conn.clock.now()
     snow = repr(now)
-    eta = m.eta
+    eta = None if m.eta is None else conn.clock.to_server(m.eta)
     if eta is not None and eta > now:
         sched, ra = b"1", repr(eta)
     else:

@@ -59,6 +59,7 @@ from redis.retry import Retry as SyncRetry
 
 from ...errors import BrokerError
 from .. import failure as failures
+from ..clock import ServerClock
 from ..deadline import Backoff
 from ..perloop import PerLoop
 from .lua import Script, scripts
@@ -492,11 +493,42 @@ class Connection:
         #: (``WAIT``), or fails after ``wait_timeout`` seconds
         self.wait_replicas = wait_replicas
         self.wait_timeout = wait_timeout
+        #: the server's clock (``TIME``), which every time written here is on
+        self.clock = ServerClock()
 
     def failure(
         self, exc: BaseException, what: str = "", waited: float | None = None
     ) -> BrokerError:
         return failure(self.url, exc, what, waited)
+
+    async def now(self) -> float:
+        """The server's time (``clock.py``): leases, expiries and run times
+        compare on it, whatever this host's wall clock says."""
+        await self.clock.sync(self.server_time)
+        return self.clock.now()
+
+    async def read_clock(self) -> None:
+        """Read the server's clock when due, for the parts that stamp times
+        without awaiting (bulk.py, events.py)."""
+        await self.clock.sync(self.server_time)
+
+    def read_clock_sync(self) -> None:
+        """``read_clock`` for sync producers, on the ``SyncLink``."""
+        self.clock.sync_blocking(self.server_time_sync)
+
+    async def server_time(self) -> float:
+        try:
+            sec, usec = await self.links.get().call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
+
+    def server_time_sync(self) -> float:
+        try:
+            sec, usec = self.sync.call(b"TIME")
+        except RedisError as exc:
+            raise self.failure(exc, "time") from exc
+        return int(sec) + int(usec) / 1e6
 
     async def run(self, script: Script, args: Sequence[Arg]) -> Any:
         """One script call on this loop's link; redis-py's errors as ``BrokerError``."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -37,12 +36,12 @@ class Coordination(Broker):
     # -- locks -------------------------------------------------------------------
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
-        now = time.time()
+        now = await self.conn.now()
         r = await self.conn.run(self.lua.acquire, [name, owner, repr(now), repr(now + ttl)])
         return None if r is None else int(r)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> bool:
-        now = time.time()
+        now = await self.conn.now()
         args: list[Arg] = [name, owner, token, repr(now), repr(now + ttl)]
         return bool(await self.conn.run(self.lua.renew, args))
 
@@ -55,13 +54,13 @@ class Coordination(Broker):
         keys = list(keys)
         if not keys:
             return {}
-        r = await self.conn.run(self.lua.kv_get, [repr(time.time()), *keys])
+        r = await self.conn.run(self.lua.kv_get, [repr(await self.conn.now()), *keys])
         return {k: v for k, v in zip(keys, r, strict=True) if v is not None}
 
     async def kv_set(self, items: Mapping[str, bytes], ttl: float | None = None) -> None:
         if not items:
             return
-        args: list[Arg] = ["" if ttl is None else repr(time.time() + ttl)]
+        args: list[Arg] = ["" if ttl is None else repr((await self.conn.now()) + ttl)]
         for k, v in items.items():
             args += (k, bytes(v))
         await self.conn.run(self.lua.kv_set, args)
@@ -85,7 +84,7 @@ class Coordination(Broker):
 
         Read values travel back as SHA1 digests, so a big value costs its
         bytes once.  A write's ttl becomes its expiry time in ``kvx``, as
-        ``kv_set`` stores it (by this client's clock, like every kv expiry
+        ``kv_set`` stores it (on the server's clock, ``clock.py``, like every kv expiry
         here); a write without one clears any expiry the key had.
         """
         keys = list(dict.fromkeys(keys))
@@ -95,11 +94,11 @@ class Coordination(Broker):
             writes, out = decide(dict(got))
             if not writes:
                 return out
-            args: list[Arg] = [repr(time.time()), len(keys)]
+            args: list[Arg] = [repr(await self.conn.now()), len(keys)]
             for k in keys:
                 v = got.get(k)
                 args += (k, "" if v is None else hashlib.sha1(v).hexdigest())
-            at = time.time()
+            at = await self.conn.now()
             for k, w in writes.items():
                 data, ttl = kv_write(w)
                 args += (k, data, "" if ttl is None else repr(at + ttl))
@@ -114,39 +113,41 @@ class Coordination(Broker):
         )
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
-        now = time.time()
+        now = await self.conn.now()
         expires = "" if ttl is None else repr(now + ttl)
         return bool(await self.conn.run(self.lua.kv_add, [repr(now), key, bytes(value), expires]))
 
     async def kv_incr(self, key: str, amount: int = 1, ttl: float | None = None) -> int:
-        now = time.time()
+        now = await self.conn.now()
         expires = "" if ttl is None else repr(now + ttl)
         return int(await self.conn.run(self.lua.kv_incr, [repr(now), key, amount, expires]))
 
     async def kv_delete(self, keys: Sequence[str]) -> int:
         if not keys:
             return 0
-        return int(await self.conn.run(self.lua.kv_delete, [repr(time.time()), *keys]))
+        return int(await self.conn.run(self.lua.kv_delete, [repr(await self.conn.now()), *keys]))
 
     async def kv_scan(self, prefix: str) -> dict[str, bytes]:
-        r = await self.conn.run(self.lua.kv_scan, [repr(time.time()), prefix])
+        r = await self.conn.run(self.lua.kv_scan, [repr(await self.conn.now()), prefix])
         return {r[i].decode(): r[i + 1] for i in range(0, len(r), 2)}
 
     # -- flow control ------------------------------------------------------------
 
     async def rate_limit(self, key: str, rate: int, per: float, at: float) -> float:
+        await self.conn.read_clock()
+        at = self.conn.clock.to_server(at)
         args: list[Arg] = [key, rate, repr(per), repr(at), repr(at - per), repr(at + per)]
         args += (repr(at - 2 * per), f"{at!r}:{secrets.token_hex(6)}")
         return float(await self.conn.run(self.lua.rate_limit, args))
 
     async def slot_acquire(self, key: str, limit: int, holder: str, ttl: float) -> bool:
-        now = time.time()
+        now = await self.conn.now()
         args: list[Arg] = [b"acquire", key, limit, holder, repr(now), repr(now + ttl)]
         return bool(await self.conn.run(self.lua.slots, args))
 
     async def slot_extend(self, holds: Sequence[tuple[str, str]], ttl: float) -> None:
         if holds:
-            args: list[Arg] = [b"extend", repr(time.time() + ttl)]
+            args: list[Arg] = [b"extend", repr((await self.conn.now()) + ttl)]
             await self.conn.run(self.lua.slots, args + [x for h in holds for x in h])
 
     async def slot_release(self, holds: Sequence[tuple[str, str]]) -> None:

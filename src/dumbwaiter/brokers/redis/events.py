@@ -19,7 +19,6 @@ the same entry.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,7 +76,8 @@ def publish(conn: Connection, chunks: list[list[Arg]]) -> Plan[int]:
         backoff = Backoff(conn.reconnect)
         while True:
             try:
-                yield ("send", (b"EVALSHA", lua.sha, 1, conn.keys.tag, repr(time.time()), *args))
+                now = repr(conn.clock.now())
+                yield ("send", (b"EVALSHA", lua.sha, 1, conn.keys.tag, now, *args))
                 if conn.wait_replicas:
                     yield ("send", conn.wait())
                 reply = yield ("read",)

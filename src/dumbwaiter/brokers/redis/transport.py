@@ -70,11 +70,13 @@ class Transport(Broker):
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         conn = self.conn
+        await conn.read_clock()
         plan = events.publish(conn, events.chunks(msgs, self.max_message_size))
         return await drive(conn.links.get(), plan)
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         conn = self.conn
+        conn.read_clock_sync()
         plan = events.publish(conn, events.chunks(msgs, self.max_message_size))
         return run_sync(drive(conn.sync, plan))
 
@@ -91,6 +93,7 @@ class Transport(Broker):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         conn = self.conn
+        await conn.read_clock()
         one = bulk.single(conn, msgs, self.max_message_size)
         if one is None:
             plan = bulk.Enqueue(conn, msgs, self.max_message_size).plan()
@@ -107,6 +110,7 @@ class Transport(Broker):
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         conn = self.conn
+        conn.read_clock_sync()
         one = bulk.single(conn, msgs, self.max_message_size)
         if one is None:
             plan = bulk.Enqueue(conn, msgs, self.max_message_size).plan()
@@ -146,7 +150,8 @@ class Transport(Broker):
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                until = time.time() + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
+                now = await self.conn.now()
+                until = now + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
                 claim = asyncio.ensure_future(self._claim(queues, limit, lease, worker, wid, until))
                 out, next_due = await asyncio.shield(claim)
                 claim = None
@@ -154,7 +159,7 @@ class Transport(Broker):
                     return out
                 block = min(remaining, WAITER_TTL)
                 if next_due is not None:
-                    block = min(block, next_due - time.time())
+                    block = min(block, next_due - (await self.conn.now()))
                 if block <= 0:
                     continue
                 # BLPOP's timeout 0 means "for ever": never round down to it
@@ -206,7 +211,7 @@ class Transport(Broker):
         register_until: float | None,
     ) -> tuple[list[Delivery], float | None]:
         """One fetch script call: the waiter's inbox, then ready jobs."""
-        now = time.time()
+        now = await self.conn.now()
         args: list[Arg] = [
             repr(now),
             limit,
@@ -234,7 +239,7 @@ class Transport(Broker):
     async def ack(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        now = time.time()
+        now = await self.conn.now()
         retention = self.retention
         args: list[Arg] = [repr(now)]
         for d in ds:
@@ -245,16 +250,16 @@ class Transport(Broker):
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self.conn.now())]
         for d in ds:
             err, etype = _error(d.error)
-            args += (d.id, d.token, repr(d.retry_at), err, etype)
+            args += (d.id, d.token, repr(self.conn.clock.to_server(d.retry_at)), err, etype)
         await self.conn.run(self.lua.retry, args)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self.conn.now())]
         for d in ds:
             err, etype = _error(d.error)
             args += (d.id, d.token, err, etype)
@@ -263,15 +268,15 @@ class Transport(Broker):
     async def requeue(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        args: list[Arg] = [repr(time.time())]
+        args: list[Arg] = [repr(await self.conn.now())]
         for d in ds:
-            args += (d.id, d.token, repr(d.retry_at))
+            args += (d.id, d.token, repr(self.conn.clock.to_server(d.retry_at)))
         await self.conn.run(self.lua.requeue, args)
 
     async def extend(self, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
         if not ds:
             return []
-        until = time.time() + lease
+        until = (await self.conn.now()) + lease
         args: list[Arg] = [repr(until)]
         for d in ds:
             args += (d.id, d.token)
@@ -293,7 +298,7 @@ class Transport(Broker):
         dead: list[DeadLetter] = []
         stop = time.monotonic() + 0.5
         while True:
-            now = time.time()
+            now = await self.conn.now()
             args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
             n, more, buried = await self.conn.run(self.lua.rescue, args)
             rescued += int(n)
