@@ -11,6 +11,7 @@ scenario as every broker's restart test (``tests/integration/restart.py``).
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,11 @@ def tansu(tmp_path: Path) -> Iterator[TansuServer]:
     server.stop(signal.SIGKILL)
 
 
+@pytest.mark.skipif(
+    not os.environ.get("DW_TEST_KNOWN_FAILURES"),
+    reason="a known failure (issue 21, docs/kafka.md) that waits out its 120 s before "
+    "failing: DW_TEST_KNOWN_FAILURES=1 runs it",
+)
 @pytest.mark.xfail(
     strict=True,
     reason="issue 21 (left): a worker process over a tansu SIGKILL restart with a "
