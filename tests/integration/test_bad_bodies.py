@@ -87,7 +87,14 @@ PUT: dict[str, Callable[[dw.App, str], Awaitable[None]]] = {
     "rabbitmq": _rabbitmq,
     "nats": _nats,
 }
-assert set(PUT) == set(CROSS_PROCESS), "a broker joined: give it a way to put a raw body"
+#: brokers that keep no job body as bytes anywhere a foreign writer reaches:
+#: Kafka's copies carry only headers (the body lives in the state store's
+#: JSON record), and a record without a dw-id header is skipped with a
+#: warning (docs/kafka.md)
+NO_RAW_BODIES = {"kafka"}
+assert set(PUT) | NO_RAW_BODIES == set(CROSS_PROCESS), (
+    "a broker joined: give it a way to put a raw body"
+)
 
 
 class DeadLetters(dw.Middleware):
@@ -100,7 +107,7 @@ class DeadLetters(dw.Middleware):
         self.changed.set()
 
 
-@pytest.mark.parametrize("broker", CROSS_PROCESS)
+@pytest.mark.parametrize("broker", sorted(PUT))
 async def test_a_body_that_is_not_utf8_is_dead_lettered_saying_so(
     broker: str, tmp_path: Path
 ) -> None:

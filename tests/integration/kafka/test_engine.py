@@ -149,3 +149,35 @@ async def test_a_waiting_fetch_wakes_on_enqueue_without_polling() -> None:
     finally:
         await consumer.close()
         await producer.close()
+
+
+async def test_a_foreign_record_on_a_queue_topic_is_skipped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A record a foreign producer put on a queue's topic (no dw-id header)
+    runs nothing, holds back no commit and is said in the log; the job
+    behind it runs."""
+    from aiokafka import AIOKafkaProducer
+
+    prefix = new_prefix()
+    b = from_url(_kafka(prefix, partitions="1"))
+    assert isinstance(b, KafkaBroker)
+    try:
+        await b.declare(["default"])
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap())
+        await producer.start()
+        try:
+            await producer.send_and_wait(b.names.queue_topic("default"), b"\xff not ours")
+        finally:
+            await producer.stop()
+        job = msg()
+        await b.enqueue([job])
+        with caplog.at_level("WARNING", logger="dumbwaiter.kafka"):
+            got: list[str] = []
+            while not got:
+                got = [d.id for d in await b.fetch(["default"], 10, 60.0, 1.0)]
+        assert got == [job.id]
+        assert any("without a dw-id header" in r.getMessage() for r in caplog.records)
+        assert await b.fetch(["default"], 1, 60.0, 0) == []  # nothing else to run
+    finally:
+        await b.close()

@@ -10,6 +10,7 @@ version, a final state) is dropped when it is read.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ from .transport import Copy
 
 if TYPE_CHECKING:
     from .broker import KafkaBroker
+
+log = logging.getLogger("dumbwaiter.kafka")
 
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
 UNIQUE_BLOCKS = {
@@ -266,7 +269,17 @@ def _parsed(
     for c in copies:
         cid = c.header("dw-id")
         if cid is None:
-            continue  # not a copy of ours: nothing to run
+            # not a copy of ours (a foreign producer's record): nothing to
+            # run, and its offset is passed; said, not dropped in silence
+            log.warning(
+                "kafka: skipped a record without a dw-id header on %s[%d] at offset %d "
+                "(%d bytes): not a dumbwaiter job",
+                c.tp.topic,
+                c.tp.partition,
+                c.offset,
+                len(c.value),
+            )
+            continue
         lock = None
         if group_queue is not None:
             cid, ver = delivery_id(cid, group_queue), 0
