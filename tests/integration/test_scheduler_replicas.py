@@ -68,6 +68,21 @@ class Runs:
         return [by for _, by, _ in self.rows()]
 
 
+def schedapp_env(url: str, runs: Runs) -> dict[str, str]:
+    """The environment of a process running tests.apps.schedapp on ``url``,
+    logging its runs to ``runs``: this checkout's code, and no app or URL
+    of the caller's own environment."""
+    env = {
+        **os.environ,
+        schedapp.URL_ENV: url,
+        schedapp.LOG_ENV: str(runs.path),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    env.pop("DUMBWAITER_APP", None)
+    env.pop("DUMBWAITER_URL", None)
+    return env
+
+
 def _pid(owner: str) -> int:
     """The pid inside a scheduler's owner id (``host:pid:random``)."""
     return int(owner.split(":")[-2])
@@ -120,14 +135,7 @@ def test_three_replicas_leader_killed_every_tick_runs_exactly_once(
 ) -> None:
     url = BROKERS[broker](tmp_path)
     runs = Runs(tmp_path / "runs.log")
-    env = {
-        **os.environ,
-        schedapp.URL_ENV: url,
-        schedapp.LOG_ENV: str(runs.path),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout's code
-    }
-    env.pop("DUMBWAITER_APP", None)
-    env.pop("DUMBWAITER_URL", None)
+    env = schedapp_env(url, runs)
     app = dw.App(url)
     with processes(env) as start:
         worker = start("worker", "-q", "default", "-c", "8")
@@ -188,9 +196,7 @@ def test_three_replicas_leader_killed_every_tick_runs_exactly_once(
 def test_worker_with_scheduler_runs_ticks_and_stops_cleanly(broker: str, tmp_path: Path) -> None:
     url = BROKERS[broker](tmp_path)
     runs = Runs(tmp_path / "runs.log")
-    env = {**os.environ, schedapp.URL_ENV: url, schedapp.LOG_ENV: str(runs.path)}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    env.pop("DUMBWAITER_APP", None)
+    env = schedapp_env(url, runs)
     with processes(env) as start:
         w = start("worker", "-q", "default", "--with-scheduler")
         wait_until(lambda: len(runs.rows()) >= 2, "two ticks to run in the worker")

@@ -30,10 +30,9 @@ from dumbwaiter.alerts import (
     configure,
     default_rules,
     history,
-    prometheus_rules,
-    to_yaml,
 )
 from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.promrules import prometheus_rules, to_yaml
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
 from tests.brokers import BROKERS

@@ -397,6 +397,28 @@ class Page:
     cursor: str | None = None
 
 
+def events_page(
+    logged: Iterable[tuple[float, Message]],
+    since: float | None,
+    until: float | None,
+    cursor: str | None,
+    limit: int,
+) -> tuple[list[Message], str | None]:
+    """``list_events``'s page from an event log read whole, as (publish
+    time, event) pairs: the events published in [since, until] after
+    ``cursor``, in id order, and the next page's cursor (None: the last).
+    For the engines whose log cannot be queried by time and id (memory,
+    RabbitMQ's state store, a Kafka topic)."""
+    found = sorted(
+        (m for at, m in logged
+         if (since is None or at >= since)
+         and (until is None or at <= until)
+         and (cursor is None or m.id > cursor)),
+        key=lambda m: m.id,
+    )  # fmt: skip
+    return found[:limit], (found[limit - 1].id if len(found) > limit else None)
+
+
 class Broker(abc.ABC):
     """Base class of every engine.  Subclasses implement the abstract methods.
 

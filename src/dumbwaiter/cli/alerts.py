@@ -11,9 +11,8 @@ from ..alerts import (
     LogNotifier,
     config_of,
     effective_config,
-    prometheus_rules,
-    to_yaml,
 )
+from ..promrules import prometheus_rules, to_yaml
 from .admin import call
 from .common import app_options, resolve_app
 from .output import console, duration, note, print_json, table

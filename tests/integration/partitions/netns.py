@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
 from tests.conftest import IN_CI
+from tests.waiting import wait_until
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -117,14 +117,15 @@ def network() -> Iterator[Network]:
         net.close()
 
 
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def wait_port(address: str, port: int, what: str, timeout: float = 30.0) -> None:
-    """Until ``address:port`` accepts connections (a server starting up)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((address, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what} is not answering on {address}:{port}") from None
-            time.sleep(0.05)  # a server starting up: nothing to wait on
+    """Until ``address:port`` accepts connections (a server starting up in
+    another process: nothing to wait on but its port)."""
+    wait_until(lambda: _accepts(address, port), f"{what} to answer on {address}:{port}", timeout)

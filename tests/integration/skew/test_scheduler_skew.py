@@ -12,7 +12,6 @@ appears once.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -21,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.apps import schedapp
 from tests.brokers import BROKERS
 from tests.integration.skew.agent import ROOT, faketime_library
 from tests.integration.skew.test_clock_skew import HOSTED
-from tests.integration.test_scheduler_replicas import Runs, _pid
+from tests.integration.test_scheduler_replicas import Runs, _pid, schedapp_env
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.crash
@@ -49,14 +47,7 @@ def test_a_skewed_leader_and_its_successor_run_each_tick_once(
 ) -> None:
     url = BROKERS[broker](tmp_path)
     runs = Runs(tmp_path / "runs.log")
-    env = {
-        **os.environ,
-        schedapp.URL_ENV: url,
-        schedapp.LOG_ENV: str(runs.path),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-    }
-    env.pop("DUMBWAITER_APP", None)
-    env.pop("DUMBWAITER_URL", None)
+    env = schedapp_env(url, runs)
     skewed_env = {
         **env,
         "LD_PRELOAD": faketime_library(),

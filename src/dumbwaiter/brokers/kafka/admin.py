@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ...message import Message, decode
 from ...state import State
-from ..base import JobFilter, KvWrite, Page, QueueStats, stats_rows
+from ..base import JobFilter, KvWrite, Page, QueueStats, events_page, stats_rows
 from .records import Record
 
 if TYPE_CHECKING:
@@ -118,22 +118,13 @@ async def list_events(
     """Events of a type published in ``[since, until]`` (the records' own
     times), oldest first by id, read back from the type's topic."""
     topic = b.names.event_topic(event_type)
-    found: list[Message] = []
+    logged: list[tuple[float, Message]] = []
     for rec_time, value in await read_topic(b, topic):
-        if until is not None and rec_time > until:
-            continue
-        if since is not None and rec_time < since:
-            continue
         try:
-            m = decode(value)
+            logged.append((rec_time, decode(value)))
         except ValueError:
-            continue
-        if cursor is not None and m.id <= cursor:
-            continue
-        found.append(m)
-    found.sort(key=lambda m: m.id)
-    page = found[:limit]
-    return page, (page[-1].id if len(found) > limit else None)
+            continue  # not an event of ours
+    return events_page(logged, since, until, cursor, limit)
 
 
 async def read_topic(b: KafkaBroker, topic: str) -> list[tuple[float, bytes]]:

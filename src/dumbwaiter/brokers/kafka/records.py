@@ -1,4 +1,5 @@
-"""The job records kept in the state store, and how each outcome changes one.
+"""Kafka's part of the job records kept in the state store (the record itself:
+``brokers/record.py``, shared with RabbitMQ), and how each outcome changes one.
 
 Kafka keeps an append-only log: it cannot say where job ``X`` is, move a
 job between states, or tell a stale copy from the current one.  So every
@@ -14,130 +15,18 @@ it runs inside the store's atomic ``kv_update``.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-from dataclasses import dataclass
-from typing import Any
-
-import orjson
-
 from ...errors import LeaseExpired
-from ...message import ErrorRecord, Message, from_dict
+from ...message import ErrorRecord
 from ...state import State
-from ..base import JobInfo
+from ..record import Record, delivery_id
+
+__all__ = ["SETTLED", "SETTLED_TTL", "WAITING", "Record", "delivery_id", "lease_error"]
 
 #: states whose record waits for a copy to be taken
 WAITING = frozenset({State.READY, State.SCHEDULED})
 #: what a lease entry holds once its job was settled (kept a moment, then gone)
 SETTLED = b"-"
 SETTLED_TTL = 1.0
-
-
-@dataclass(slots=True)
-class Record:
-    msg: Message
-    state: State
-    ver: int = 0
-    token: int = 0
-    run_at: float = 0.0
-    updated_at: float = 0.0
-    worker: str | None = None
-    lease_until: float = 0.0
-    result: bytes | None = None
-    replays: int = 0
-    #: the body of a copy that was not an envelope (``msg`` is then a stub)
-    raw: bytes | None = None
-
-    def dump(self) -> bytes:
-        d: dict[str, Any] = {
-            "m": self.msg.to_dict(),
-            "s": self.state.value,
-            "v": self.ver,
-            "t": self.token,
-            "r": self.run_at,
-            "u": self.updated_at,
-            "w": self.worker,
-            "l": self.lease_until,
-            "p": self.replays,
-        }
-        if self.result is not None:
-            d["x"] = self.result.decode()
-        if self.raw is not None:
-            d["b"] = base64.b64encode(self.raw).decode()
-        return orjson.dumps(d)
-
-    @classmethod
-    def load(cls, raw: bytes) -> Record:
-        d = orjson.loads(raw)
-        x, b = d.get("x"), d.get("b")
-        return cls(
-            msg=from_dict(d["m"]),
-            state=State(d["s"]),
-            ver=int(d["v"]),
-            token=int(d["t"]),
-            run_at=float(d["r"]),
-            updated_at=float(d["u"]),
-            worker=d.get("w"),
-            lease_until=float(d.get("l") or 0.0),
-            result=None if x is None else x.encode(),
-            replays=int(d.get("p") or 0),
-            raw=None if b is None else base64.b64decode(b),
-        )
-
-    def shown_state(self, now: float) -> State:
-        """The state as the seam reports it: a scheduled job that failed
-        before is ``retrying``; one whose time has come is ``ready``."""
-        if self.state is State.SCHEDULED:
-            if self.run_at <= now:
-                return State.READY
-            if self.msg.attempt > 0:
-                return State.RETRYING
-        return self.state
-
-    def info(self, now: float) -> JobInfo:
-        return JobInfo(
-            message=self.msg,
-            state=self.shown_state(now),
-            run_at=self.run_at,
-            updated_at=self.updated_at,
-            worker=self.worker,
-            lease_until=self.lease_until if self.state is State.RUNNING else None,
-            result=self.result,
-            replays=self.replays,
-            raw=self.raw,
-        )
-
-    def held_by(self, token: int) -> bool:
-        return self.state is State.RUNNING and self.token == token
-
-    def lease(self, until: float, worker: str, now: float) -> None:
-        """Running under a new lease: the next attempt, a new fencing token."""
-        self.state = State.RUNNING
-        self.msg.attempt += 1
-        self.token += 1
-        self.lease_until = until
-        self.worker = worker
-        self.updated_at = now
-
-    def wait_until(self, at: float, now: float) -> None:
-        """Waiting again for a new copy, due at ``at`` (now if past)."""
-        self.ver += 1
-        self.run_at = max(at, now)
-        self.state = State.SCHEDULED if at > now else State.READY
-        self.updated_at = now
-        self.worker = None
-        self.lease_until = 0.0
-
-
-def delivery_id(event_id: str, queue: str) -> str:
-    """The id of an event's delivery to one group: derived, so every process
-    that reads the event names it alike, and time-ordered like the event's
-    own UUIDv7 (its first 48 bits are the event's)."""
-    h = hashlib.blake2b(f"{event_id}\x1f{queue}".encode(), digest_size=10).hexdigest()
-    ms = event_id.replace("-", "")[:12]
-    variant = "89ab"[int(h[3], 16) & 3]
-    raw = f"{ms}7{h[:3]}{variant}{h[4:19]}"
-    return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
 
 
 def lease_error(rec: Record, now: float) -> ErrorRecord:

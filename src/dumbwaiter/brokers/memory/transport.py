@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from ...errors import LeaseExpired
 from ...message import ErrorRecord, Message, encode_checked, uuid7
 from ...state import State
-from ..base import Binding, Broker, DeadLetter, Delivery, Rescued, delivery_of
+from ..base import Binding, Broker, DeadLetter, Delivery, Rescued, delivery_of, events_page
 from .store import Row, Store
 
 #: header "unique" -> the states in which a key's holder blocks a new job with that key
@@ -123,16 +123,9 @@ class Transport(Broker):
         limit: int = 500,
     ) -> tuple[list[Message], str | None]:
         with self.store.lock:
-            found = sorted(
-                (m for m, at in self.store.events.values()
-                 if m.name == event_type
-                 and (since is None or at >= since)
-                 and (until is None or at <= until)
-                 and (cursor is None or m.id > cursor)),
-                key=lambda m: m.id,
-            )  # fmt: skip
-        page = [m.copy() for m in found[:limit]]
-        return page, (page[-1].id if len(found) > limit else None)
+            logged = [(at, m) for m, at in self.store.events.values() if m.name == event_type]
+        page, next_cursor = events_page(logged, since, until, cursor, limit)
+        return [m.copy() for m in page], next_cursor
 
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""

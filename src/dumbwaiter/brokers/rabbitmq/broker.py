@@ -80,6 +80,7 @@ from ..base import (
     Rescued,
     StateDelegation,
     delivery_of,
+    events_page,
     kv_write,
     stats_rows,
 )
@@ -1055,21 +1056,13 @@ class RabbitMQBroker(StateDelegation):
     ) -> tuple[list[Message], str | None]:
         from ...message import from_dict
 
-        found = []
-        for v in (await self.state.kv_scan(self.keys.log_prefix(event_type))).values():
-            d = orjson.loads(v)
-            at = float(d["at"])
-            m = from_dict(d["m"])
-            if since is not None and at < since:
-                continue
-            if until is not None and at > until:
-                continue
-            if cursor is not None and m.id <= cursor:
-                continue
-            found.append(m)
-        found.sort(key=lambda m: m.id)
-        page = found[:limit]
-        return page, (page[-1].id if len(found) > limit else None)
+        logged = [
+            (float(d["at"]), from_dict(d["m"]))
+            for d in map(
+                orjson.loads, (await self.state.kv_scan(self.keys.log_prefix(event_type))).values()
+            )
+        ]
+        return events_page(logged, since, until, cursor, limit)
 
     # -- fetch -------------------------------------------------------------------------------
 

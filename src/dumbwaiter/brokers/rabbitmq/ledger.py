@@ -1,4 +1,5 @@
-"""The job index kept in the companion state store.
+"""The job index kept in the companion state store (its records:
+``brokers/record.py``, shared with Kafka).
 
 RabbitMQ holds messages, not a searchable index: it cannot say where job
 ``X`` is, list dead jobs by error type, or tell a stale copy from the current
@@ -11,18 +12,9 @@ lease.  A copy that arrives with an older version than its record is stale
 
 from __future__ import annotations
 
-import base64
-import hashlib
-from dataclasses import dataclass
-from typing import Any
+from ..record import Record, delivery_id
 
-import orjson
-
-from ...message import Message, from_dict
-from ...state import State
-from ..base import JobInfo
-
-_WAITING = frozenset({State.READY.value, State.SCHEDULED.value})
+__all__ = ["Keys", "Record", "delivery_id"]
 
 
 class Keys:
@@ -45,106 +37,3 @@ class Keys:
 
     def log_prefix(self, event_type: str) -> str:
         return f"{self.log}{event_type}\x1f"
-
-
-@dataclass(slots=True)
-class Record:
-    msg: Message
-    state: State
-    ver: int = 0
-    token: int = 0
-    run_at: float = 0.0
-    updated_at: float = 0.0
-    worker: str | None = None
-    lease_until: float = 0.0
-    result: bytes | None = None
-    replays: int = 0
-    #: the token of the enqueue that wrote this record, which its first copy
-    #: carries in ``dw-e``: a copy of another enqueue of the same id (one that
-    #: lost the record's ``kv_add``) carries another token and is dropped;
-    #: None in a record a version before the tokens wrote or rewrote (its
-    #: copies are then judged by their version alone)
-    enq: str | None = None
-    #: the body of a message that is not an envelope (``msg`` is then a stub
-    #: naming its id, queue and the decode error): kept, as the SQL brokers
-    #: keep theirs, so that ``get`` shows what was on the queue, and put
-    #: back on the queue as it came by a replay
-    raw: bytes | None = None
-
-    def dump(self) -> bytes:
-        d: dict[str, Any] = {
-            "m": self.msg.to_dict(),
-            "s": self.state.value,
-            "v": self.ver,
-            "t": self.token,
-            "r": self.run_at,
-            "u": self.updated_at,
-            "w": self.worker,
-            "l": self.lease_until,
-            "p": self.replays,
-        }
-        if self.result is not None:
-            d["x"] = self.result.decode()
-        if self.enq is not None:
-            d["e"] = self.enq
-        if self.raw is not None:
-            d["b"] = base64.b64encode(self.raw).decode()  # any bytes, not only UTF-8
-        return orjson.dumps(d)
-
-    @classmethod
-    def load(cls, raw: bytes, copy: Message | None = None, ver: int = -1) -> Record:
-        """Parse a record.  ``copy`` is the message of a copy of version
-        ``ver``: a waiting job's record holds the very envelope its current
-        copy carries, so the fetch path takes that one and skips a parse."""
-        d = orjson.loads(raw)
-        x = d.get("x")
-        b = d.get("b")
-        same = copy is not None and d["v"] == ver and d["s"] in _WAITING
-        return cls(
-            msg=copy if same and copy is not None else from_dict(d["m"]),
-            state=State(d["s"]),
-            ver=int(d["v"]),
-            token=int(d["t"]),
-            run_at=float(d["r"]),
-            updated_at=float(d["u"]),
-            worker=d.get("w"),
-            lease_until=float(d.get("l") or 0.0),
-            result=None if x is None else x.encode(),
-            replays=int(d.get("p") or 0),
-            enq=d.get("e"),
-            raw=None if b is None else base64.b64decode(b),
-        )
-
-    def shown_state(self, now: float) -> State:
-        """The state as the seam reports it: a scheduled job that failed
-        before is ``retrying``; one whose time has come is ``ready``."""
-        if self.state is State.SCHEDULED:
-            if self.run_at <= now:
-                return State.READY
-            if self.msg.attempt > 0:
-                return State.RETRYING
-        return self.state
-
-    def info(self, now: float) -> JobInfo:
-        return JobInfo(
-            message=self.msg,
-            state=self.shown_state(now),
-            run_at=self.run_at,
-            updated_at=self.updated_at,
-            worker=self.worker,
-            lease_until=self.lease_until if self.state is State.RUNNING else None,
-            result=self.result,
-            replays=self.replays,
-            raw=self.raw,
-        )
-
-
-def delivery_id(event_id: str, queue: str) -> str:
-    """The id of an event's delivery to one group queue: derived, so every
-    process that sees the fanned-out copy names it alike, and time-ordered
-    like the event's own UUIDv7 (its first 48 bits are the event's)."""
-    h = hashlib.blake2b(f"{event_id}\x1f{queue}".encode(), digest_size=10).hexdigest()
-    ms = event_id.replace("-", "")[:12]
-    variant = "89ab"[int(h[3], 16) & 3]
-    raw = f"{ms}7{h[:3]}{variant}{h[4:19]}"
-    return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"

@@ -1,0 +1,150 @@
+"""The job record an engine keeps in its state store when its transport
+holds messages but no searchable index (RabbitMQ's ledger, Kafka's records).
+
+Neither a queue nor a log can say where job ``X`` is, list dead jobs by
+error type, or tell a stale copy from the current one.  So every job has a
+record in the state store (any dumbwaiter broker, through its key-value
+seam): the envelope, its state, a version that grows with each copy of it
+sent to the transport, and the fencing token of its current lease.  A copy
+whose version is not its record's is stale and dropped.  One record format
+and one set of state changes for both engines.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..message import Message, from_dict
+from ..state import State
+from .base import JobInfo
+
+_WAITING = frozenset({State.READY.value, State.SCHEDULED.value})
+
+
+@dataclass(slots=True)
+class Record:
+    msg: Message
+    state: State
+    ver: int = 0
+    token: int = 0
+    run_at: float = 0.0
+    updated_at: float = 0.0
+    worker: str | None = None
+    lease_until: float = 0.0
+    result: bytes | None = None
+    replays: int = 0
+    #: the token of the enqueue that wrote this record, which its first copy
+    #: carries in ``dw-e``: a copy of another enqueue of the same id (one that
+    #: lost the record's ``kv_add``) carries another token and is dropped;
+    #: None in a record a version before the tokens wrote or rewrote (its
+    #: copies are then judged by their version alone)
+    enq: str | None = None
+    #: the body of a message that is not an envelope (``msg`` is then a stub
+    #: naming its id, queue and the decode error): kept, as the SQL brokers
+    #: keep theirs, so that ``get`` shows what was on the queue, and put
+    #: back on the queue as it came by a replay
+    raw: bytes | None = None
+
+    def dump(self) -> bytes:
+        d: dict[str, Any] = {
+            "m": self.msg.to_dict(),
+            "s": self.state.value,
+            "v": self.ver,
+            "t": self.token,
+            "r": self.run_at,
+            "u": self.updated_at,
+            "w": self.worker,
+            "l": self.lease_until,
+            "p": self.replays,
+        }
+        if self.result is not None:
+            d["x"] = self.result.decode()
+        if self.enq is not None:
+            d["e"] = self.enq
+        if self.raw is not None:
+            d["b"] = base64.b64encode(self.raw).decode()  # any bytes, not only UTF-8
+        return orjson.dumps(d)
+
+    @classmethod
+    def load(cls, raw: bytes, copy: Message | None = None, ver: int = -1) -> Record:
+        """Parse a record.  ``copy`` is the message of a copy of version
+        ``ver``: a waiting job's record holds the very envelope its current
+        copy carries, so the fetch path takes that one and skips a parse."""
+        d = orjson.loads(raw)
+        x = d.get("x")
+        b = d.get("b")
+        same = copy is not None and d["v"] == ver and d["s"] in _WAITING
+        return cls(
+            msg=copy if same and copy is not None else from_dict(d["m"]),
+            state=State(d["s"]),
+            ver=int(d["v"]),
+            token=int(d["t"]),
+            run_at=float(d["r"]),
+            updated_at=float(d["u"]),
+            worker=d.get("w"),
+            lease_until=float(d.get("l") or 0.0),
+            result=None if x is None else x.encode(),
+            replays=int(d.get("p") or 0),
+            enq=d.get("e"),
+            raw=None if b is None else base64.b64decode(b),
+        )
+
+    def shown_state(self, now: float) -> State:
+        """The state as the seam reports it: a scheduled job that failed
+        before is ``retrying``; one whose time has come is ``ready``."""
+        if self.state is State.SCHEDULED:
+            if self.run_at <= now:
+                return State.READY
+            if self.msg.attempt > 0:
+                return State.RETRYING
+        return self.state
+
+    def info(self, now: float) -> JobInfo:
+        return JobInfo(
+            message=self.msg,
+            state=self.shown_state(now),
+            run_at=self.run_at,
+            updated_at=self.updated_at,
+            worker=self.worker,
+            lease_until=self.lease_until if self.state is State.RUNNING else None,
+            result=self.result,
+            replays=self.replays,
+            raw=self.raw,
+        )
+
+    def held_by(self, token: int) -> bool:
+        return self.state is State.RUNNING and self.token == token
+
+    def lease(self, until: float, worker: str, now: float) -> None:
+        """Running under a new lease: the next attempt, a new fencing token."""
+        self.state = State.RUNNING
+        self.msg.attempt += 1
+        self.token += 1
+        self.lease_until = until
+        self.worker = worker
+        self.updated_at = now
+
+    def wait_until(self, at: float, now: float) -> None:
+        """Waiting again for a new copy, due at ``at`` (now if past)."""
+        self.ver += 1
+        self.run_at = max(at, now)
+        self.state = State.SCHEDULED if at > now else State.READY
+        self.updated_at = now
+        self.worker = None
+        self.lease_until = 0.0
+
+
+def delivery_id(event_id: str, queue: str) -> str:
+    """The id of an event's delivery to one group: derived, so every process
+    that sees or reads the event names it alike, and time-ordered
+    like the event's own UUIDv7 (its first 48 bits are the event's)."""
+    h = hashlib.blake2b(f"{event_id}\x1f{queue}".encode(), digest_size=10).hexdigest()
+    ms = event_id.replace("-", "")[:12]
+    variant = "89ab"[int(h[3], 16) & 3]
+    raw = f"{ms}7{h[:3]}{variant}{h[4:19]}"
+    return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
