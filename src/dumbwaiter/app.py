@@ -57,6 +57,8 @@ URL_ENV = "DUMBWAITER_URL"
 DEFAULT_ENQUEUE_TIMEOUT = 5.0
 
 _TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "keep_result"})
+#: longest ``aclose`` waits for the sync bridge's connections to close (s)
+_SETTLE_TIMEOUT = 5.0
 
 
 class App:
@@ -621,10 +623,18 @@ class App:
             self._portal.close()
 
     async def aclose(self) -> None:
-        if "webhooks" in self.__dict__:
-            await self.webhooks.aclose()
-        await self.broker.close()
-        self._portal.close()
+        """Close this loop's connections and those sync calls opened.
+
+        The broker keeps one connection per loop: this one's is closed here,
+        the sync bridge's is asked to close on its own loop, which is let
+        finish (``_SETTLE_TIMEOUT`` at most) before it stops."""
+        try:
+            if "webhooks" in self.__dict__:
+                await self.webhooks.aclose()
+            await self.broker.close()
+            await self._portal.settle(_SETTLE_TIMEOUT)
+        finally:
+            self._portal.close()
 
     @cached_property
     def webhooks(self) -> Webhooks:

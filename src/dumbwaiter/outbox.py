@@ -35,6 +35,7 @@ from .event import Event, event_message
 from .job import Job
 from .message import Message, encode_checked
 from .sqldb import Sql, adapt, ensure_table, ensure_table_sync
+from .task import BoundTask
 from .typevars import T
 
 if TYPE_CHECKING:
@@ -84,11 +85,21 @@ class Outbox:
     # -- building ----------------------------------------------------------------
 
     def _task_message(
-        self, task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        task: Task[..., Any] | BoundTask[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Message:
+        # ``task.options(eta=..., queue=...)`` goes through the outbox too
+        if isinstance(task, BoundTask):
+            self._check_app(task.task)
+            return task.task.message(args, kwargs, task.opts)
+        self._check_app(task)
+        return task.message(args, kwargs)
+
+    def _check_app(self, task: Task[..., Any]) -> None:
         if getattr(task, "app", None) is not self.app:
             raise ConfigurationError(f"{task!r} is not a task of this app")
-        return task.message(args, kwargs)
 
     # -- sync connections ------------------------------------------------------
 
@@ -103,8 +114,20 @@ class Outbox:
     ) -> Job[_R]: ...
     @overload
     def enqueue(self, task: Task[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Job[_R]: ...
-    def enqueue(self, task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Job[Any]:
-        """Store a job of ``task`` in this transaction; returns its handle."""
+    @overload
+    def enqueue(
+        self, task: BoundTask[_P, Coroutine[Any, Any, _R]], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    def enqueue(
+        self, task: BoundTask[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    def enqueue(
+        self, task: Task[..., Any] | BoundTask[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Job[Any]:
+        """Store a job of ``task`` in this transaction; returns its handle.
+
+        ``task`` may carry per-call options: ``enqueue(send.options(eta=t), 42)``."""
         self._sync_only("enqueue")
         msg = self._task_message(task, args, kwargs)
         self._write_sync([msg])
@@ -150,7 +173,17 @@ class Outbox:
     async def aenqueue(
         self, task: Task[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
     ) -> Job[_R]: ...
-    async def aenqueue(self, task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Job[Any]:
+    @overload
+    async def aenqueue(
+        self, task: BoundTask[_P, Coroutine[Any, Any, _R]], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    @overload
+    async def aenqueue(
+        self, task: BoundTask[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> Job[_R]: ...
+    async def aenqueue(
+        self, task: Task[..., Any] | BoundTask[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Job[Any]:
         """``enqueue`` for async connections."""
         self._async_only("enqueue")
         msg = self._task_message(task, args, kwargs)

@@ -86,6 +86,22 @@ class Portal:
         done.acquire()
         return box[0].result()
 
+    @property
+    def started(self) -> bool:
+        """Whether a sync call ever started the portal's loop."""
+        return self._loop is not None
+
+    async def settle(self, timeout: float) -> None:
+        """From another loop: wait (up to ``timeout`` s) for the tasks already
+        on the portal loop to finish, before ``close`` stops it.
+
+        A broker's ``close()`` awaits the caller's loop's connection but only
+        asks the portal loop to close its own; stopping that loop at once
+        would destroy the close half-way and leak the socket."""
+        if self._loop is None:
+            return
+        await asyncio.to_thread(self.call, _settle(timeout))
+
     def close(self) -> None:
         with self._lock:
             loop, thread = self._loop, self._thread
@@ -94,3 +110,12 @@ class Portal:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)
             loop.close()
+
+
+async def _settle(timeout: float) -> None:
+    """On the portal loop: wait for the tasks already there (the connection
+    closes a broker's ``close()`` handed it)."""
+    me = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not me]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)

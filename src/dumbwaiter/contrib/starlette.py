@@ -25,7 +25,6 @@ the same module under the name FastAPI users look for.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -65,8 +64,6 @@ StateLifespan: TypeAlias = Callable[[Any], AbstractAsyncContextManager[Mapping[s
 STATE_KEY = "dumbwaiter"
 #: the key the start-up check reads (it is never written)
 _CHECK_KEY = "dumbwaiter:lifespan-check"
-#: longest the shutdown waits for the sync bridge's connections to close (s)
-_SETTLE_TIMEOUT = 5.0
 
 
 @contextlib.asynccontextmanager
@@ -88,30 +85,10 @@ async def opened(app: App, *, check: bool = True) -> AsyncIterator[App]:
 
 
 async def close(app: App) -> None:
-    """Close ``app`` from a running loop, with nothing left half-closed.
-
-    A broker keeps one connection per event loop: this one (the server's)
-    and, once sync code ran (``job.status()`` in a sync endpoint), the loop
-    of the App's sync bridge.  ``broker.close()`` awaits this loop's close
-    but only asks the other loop to close its own; stopping that loop at
-    once (``App.aclose``) would destroy the close half-way and leak the
-    socket.  So the bridge's loop, if it was ever started, first finishes
-    what it was asked to do."""
-    try:
-        await app.broker.close()
-        if app._portal._loop is not None:  # the bridge was started: settle it
-            await asyncio.to_thread(app._call, _settle(_SETTLE_TIMEOUT))
-    finally:
-        await app.aclose()
-
-
-async def _settle(timeout: float) -> None:
-    """On the sync bridge's loop: wait (up to ``timeout`` s) for the tasks
-    already there, the connection closes ``broker.close()`` handed it."""
-    me = asyncio.current_task()
-    pending = [t for t in asyncio.all_tasks() if t is not me]
-    if pending:
-        await asyncio.wait(pending, timeout=timeout)
+    """Close ``app`` from a running loop, with nothing left half-closed
+    (``App.aclose``: this loop's connection, then the sync bridge's, which
+    sync code in an endpoint such as ``job.status()`` opened)."""
+    await app.aclose()
 
 
 def lifespan(app: App, *, inner: Lifespan | None = None, check: bool = True) -> StateLifespan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,33 @@ def test_other_database_goes_through_the_relay_in_order(app: dw.App, tmp_path: P
     pending = conn.execute("SELECT count(*) FROM dw_outbox WHERE relayed_at IS NULL").fetchone()
     assert pending == (0,)
     conn.close()
+
+
+def test_per_call_options_go_through_the_outbox_on_both_paths(app: dw.App, tmp_path: Path) -> None:
+    """``app.outbox(conn).enqueue(task.options(...), ...)`` keeps the options:
+    the queue, priority and eta a ``task.options(...).enqueue`` would store,
+    whether the job is written in the caller's transaction or relayed."""
+
+    @app.task
+    def remind(user_id: int) -> None: ...
+
+    later = time.time() + 3600
+    same = sqlite3.connect(tmp_path / "broker.db")
+    with same:
+        direct = app.outbox(same).enqueue(remind.options(queue="mail", priority=7, eta=later), 1)
+    shop = sqlite3.connect(tmp_path / "shop.db")
+    with shop:
+        relayed = app.outbox(shop).enqueue(remind.options(queue="mail", eta=later), 2)
+    asyncio.run(app._declare())
+    assert asyncio.run(Relay(app, f"sqlite:///{tmp_path / 'shop.db'}").relay_once()) == 1
+    for job, priority in ((direct, 7), (relayed, 0)):
+        info = asyncio.run(app.broker.get(job.id))
+        assert info is not None
+        assert (info.state, info.message.queue) == (dw.State.SCHEDULED, "mail")
+        assert info.message.priority == priority
+        assert info.message.eta == pytest.approx(later)
+    same.close()
+    shop.close()
 
 
 def test_a_row_sent_twice_keeps_its_id_and_the_inbox_drops_the_copy(

@@ -57,7 +57,6 @@ from ...message import ErrorRecord, Message, decode, loads
 from ...retry import Retry
 from ...sqldb import adapt
 from ...state import FINAL_STATES, State
-from ...task import SendOptions
 from ...task import Task as DwTask
 from ._compat import (
     BaseTaskBackend,
@@ -248,10 +247,8 @@ class DumbwaiterBackend(BaseTaskBackend):
         conn = connections[self.database]
         result: TaskResult[T]
         if conn.in_atomic_block or (conn.connection is not None and not conn.get_autocommit()):
-            msg = dw_task.message(tuple(args), dict(kwargs), SendOptions.make(**opts))
-            outbox = self.app.outbox(conn.connection)
-            outbox._write_sync([msg])
-            result = self._ready(task, msg.id, args, kwargs)
+            job = self.app.outbox(conn.connection).enqueue(dw_task.options(**opts), *args, **kwargs)
+            result = self._ready(task, job.id, args, kwargs)
             transaction.on_commit(
                 lambda: task_enqueued.send(type(self), task_result=result), using=self.database
             )
