@@ -116,7 +116,7 @@ async def test_a_tag_per_queue_spreads_one_app_over_the_primaries(
     consumer, producer = from_url(url), from_url(url)
     try:
         ids = await producer.enqueue([msg(queue=q) for q in queues for _ in range(300)])
-        got = []
+        got: list[str] = []
         while len(got) < len(ids):
             ds = await consumer.fetch(list(queues), 200, 30.0, 1.0, "w")
             await consumer.ack(ds)
