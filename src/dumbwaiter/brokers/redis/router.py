@@ -45,6 +45,20 @@ _CURSOR_SEP = "\x1f"
 #: a keyspace and the positions of its messages in an enqueue
 Group = tuple[Keyspace, list[int]]
 Waiting = asyncio.Future[list[Delivery]]
+#: the job path's methods: with one keyspace, the home one's, once checked
+_DIRECT = (
+    "enqueue",
+    "enqueue_sync",
+    "publish",
+    "publish_sync",
+    "fetch",
+    "ack",
+    "retry",
+    "dead",
+    "requeue",
+    "extend",
+    "cancel_running",
+)
 
 
 class Router(StateDelegation):
@@ -148,7 +162,7 @@ class Router(StateDelegation):
         """Check the layout once per process; list new queues' keyspaces."""
         if not self._checked:
             await layout.check(self.home.conn.links.get(), self.url, self.prefix, self.layout)
-            self._checked = True
+            self._checked_now()
         new = self._new(queues)
         if new:
             await self.home.conn.links.get().call(b"SADD", self._registry, *new)
@@ -157,11 +171,20 @@ class Router(StateDelegation):
     def _ready_sync(self, queues: Iterable[str] = ()) -> None:
         if not self._checked:
             layout.check_sync(self.home.conn.sync, self.url, self.prefix, self.layout)
-            self._checked = True
+            self._checked_now()
         new = self._new(queues)
         if new:
             self.home.conn.sync.call(b"SADD", self._registry, *new)
             self._known.update(new)
+
+    def _checked_now(self) -> None:
+        """The layout is the app's.  With one keyspace, the job path's
+        methods become the home keyspace's own (instance attributes over
+        this class's), so the default layout adds no call to a job's path."""
+        self._checked = True
+        if self._single:
+            for name in _DIRECT:
+                setattr(self, name, getattr(self.home, name))
 
     async def _named(self) -> list[tuple[str, Keyspace]]:
         """Every keyspace of the app, by queue name (``""``: home), in order."""
@@ -226,42 +249,34 @@ class Router(StateDelegation):
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
         if self._single:
-            if not self._checked:
-                await self._ready()
+            await self._ready()
             return await self.home.enqueue(msgs)
         ms, groups = self._split(msgs)
         await self._ready(m.queue for m in ms)
         if len(groups) == 1:
             return await groups[0][0].enqueue(ms)
-        ids = [m.id for m in ms]
-        for ks, pos in groups:  # all or nothing per queue (layout.py)
-            for i, got in zip(pos, await ks.enqueue([ms[i] for i in pos]), strict=True):
-                ids[i] = got
-        return ids
+        # concurrently: on a cluster, each keyspace's primary stores its
+        # part; all or nothing per queue (layout.py)
+        parts = await asyncio.gather(*(ks.enqueue([ms[i] for i in pos]) for ks, pos in groups))
+        return _placed(ms, groups, parts)
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         if self._single:
-            if not self._checked:
-                self._ready_sync()
+            self._ready_sync()
             return self.home.enqueue_sync(msgs)
         ms, groups = self._split(msgs)
         self._ready_sync(m.queue for m in ms)
         if len(groups) == 1:
             return groups[0][0].enqueue_sync(ms)
-        ids = [m.id for m in ms]
-        for ks, pos in groups:
-            for i, got in zip(pos, ks.enqueue_sync([ms[i] for i in pos]), strict=True):
-                ids[i] = got
-        return ids
+        parts = [ks.enqueue_sync([ms[i] for i in pos]) for ks, pos in groups]
+        return _placed(ms, groups, parts)
 
     async def publish(self, msgs: Iterable[Message]) -> int:
-        if not self._checked:
-            await self._ready()
+        await self._ready()
         return await self.home.publish(msgs)
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
-        if not self._checked:
-            self._ready_sync()
+        self._ready_sync()
         return self.home.publish_sync(msgs)
 
     async def list_events(
@@ -277,9 +292,9 @@ class Router(StateDelegation):
     async def fetch(
         self, queues: Sequence[str], limit: int, lease: float, wait: float, worker: str = ""
     ) -> list[Delivery]:
+        await self._ready(queues)
         if self._single:
             return await self.home.fetch(queues, limit, lease, wait, worker)
-        await self._ready(queues)
         groups = self._groups(queues)
         if len(groups) == 1:
             ks, qs = groups[0]
@@ -431,6 +446,15 @@ class Router(StateDelegation):
     async def resume(self, queue: str) -> None:
         await self._ready([queue])
         await self.keyspace(queue).resume(queue)
+
+
+def _placed(ms: list[Message], groups: list[Group], parts: Sequence[list[str]]) -> list[str]:
+    """The ids of an enqueue split by keyspace, in the order of its messages."""
+    ids = [m.id for m in ms]
+    for (_, pos), got in zip(groups, parts, strict=True):
+        for i, id_ in zip(pos, got, strict=True):
+            ids[i] = id_
+    return ids
 
 
 def _in_order(ids: Sequence[str], parts: Iterable[list[str]]) -> list[str]:
