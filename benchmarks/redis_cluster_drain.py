@@ -196,7 +196,7 @@ def one_round(
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=os.environ.copy(),
-            )  # fmt: skip
+            )
         )
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
@@ -257,7 +257,8 @@ def main() -> None:
     print(f"n={a.n}, queues={a.queues}, worker processes={a.workers}, rounds={a.rounds}, "
           f"load before: {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     print(
-        "| arm | drain jobs/s | enqueue jobs/s | server CPU µs/job (all primaries) | busiest primary µs/job |"
+        "| arm | drain jobs/s | enqueue jobs/s | server CPU µs/job (all primaries) "
+        "| busiest primary µs/job |"
     )
     print("|---|---|---|---|---|")
     for name, rows in results.items():
