@@ -64,6 +64,9 @@ async def test_a_worker_on_several_queues_waiting_gets_a_job_of_any() -> None:
         [d] = await asyncio.wait_for(waiting, 10)
         assert (d.id, d.queue) == (m.id, "b")
         await consumer.ack([d])
+        for q in ("a", "c"):  # the other waits ended, withdrawn (woken, not cut)
+            conn = consumer.keyspace(q).conn
+            assert await conn.links.get().call(b"ZCARD", conn.keys.waiters(q)) == 0
         # the waits on the other queues ended: a job enqueued there now is
         # ready for the next fetch, not handed to a waiter that is gone
         later = msg(queue="c")

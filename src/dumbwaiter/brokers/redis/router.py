@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import ClassVar, TypeVar
 
@@ -312,22 +313,33 @@ class Router(StateDelegation):
         if out or wait <= 0:
             return out
         # ...then, all idle, wait on each at once (a blocking call cannot
-        # span slots): the first that gets work ends the others' waits
+        # span slots): the first that gets work ends the others' waits, by a
+        # wake-up in their inboxes (cancelling a BLPOP could drop a job its
+        # reply was carrying: it would wait out its lease)
+        stop = asyncio.Event()
+        wids = [secrets.token_hex(8) for _ in groups]
         waits = [
-            asyncio.ensure_future(ks.fetch(qs, limit, lease, wait, worker)) for ks, qs in groups
+            asyncio.ensure_future(ks.wait_fetch(qs, limit, lease, wait, worker, wid, stop))
+            for (ks, qs), wid in zip(groups, wids, strict=True)
         ]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            stop.set()
+            for (ks, _), wid, w in zip(groups, wids, waits, strict=True):
+                if not w.done():
+                    await ks.wake(wid)
         except BaseException:
+            # cancelled (the worker stops), or a wake-up failed: end every
+            # wait the hard way; each gives back what it was handed
+            for w in waits:
+                w.cancel()
             await asyncio.shield(self._settle(waits, 0))
             raise
         return await self._settle(waits, limit)
 
     async def _settle(self, waits: Sequence[Waiting], limit: int) -> list[Delivery]:
-        """End the waits still running (each gives back what it was handed
-        meanwhile); keep up to ``limit`` jobs, give back the rest."""
-        for w in waits:
-            w.cancel()
+        """Collect the waits (ended or ending); keep up to ``limit`` jobs,
+        give back the rest."""
         results = await asyncio.gather(*waits, return_exceptions=True)
         got: list[Delivery] = []
         errors: list[BaseException] = []
