@@ -15,8 +15,9 @@ shared machine falls on both):
 2. ``--workers`` worker processes, each on every queue (in a rotated order),
    connect, then all start on one signal and drain with the seam
    (``fetch(100)`` then ``ack``), until a fetch finds nothing;
-3. drain jobs/s = n / (last ack - start signal), and each primary's CPU
-   (``INFO cpu``, user + sys) over the drain, per job.
+3. drain jobs/s = n / (last ack - start signal), each primary's CPU
+   (``INFO cpu``, user + sys) over the drain, per job, and the worker
+   processes' CPU (``RUSAGE_CHILDREN``: connecting included), per job.
 
 Arms: ``3p/queues`` and ``1p/queues`` (``layout=queues``), and ``3p/app``
 (the default one-tag layout on 3 primaries: the whole app on one of them).
@@ -31,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -201,6 +203,7 @@ def one_round(
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
     cpu0 = cluster.cpu()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     go = time.time()
     for p in procs:
         assert p.stdin is not None
@@ -213,6 +216,9 @@ def one_round(
         done += int(k)
         last = max(last, float(at))
     cpu1 = cluster.cpu()
+    # the worker processes, now waited for (the servers still run)
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers_cpu = (kids1.ru_utime - kids0.ru_utime) + (kids1.ru_stime - kids0.ru_stime)
     assert done == n, (done, n)
     busy = {port: (cpu1[port] - cpu0[port]) * 1e6 / n for port in cluster.ports}
     return {
@@ -220,6 +226,7 @@ def one_round(
         "enqueue": n / enq,
         "server_us_per_job": sum(busy.values()),
         "busiest_us_per_job": max(busy.values()),
+        "workers_us_per_job": workers_cpu * 1e6 / n,
     }
 
 
@@ -255,15 +262,16 @@ def main() -> None:
         one.stop()
         shutil.rmtree(root, ignore_errors=True)
     print(f"n={a.n}, queues={a.queues}, worker processes={a.workers}, rounds={a.rounds}, "
-          f"load before: {os.getloadavg()[0]:.1f}\n")  # fmt: skip
+          f"load average at the end: {os.getloadavg()[0]:.1f}\n")  # fmt: skip
     print(
         "| arm | drain jobs/s | enqueue jobs/s | server CPU µs/job (all primaries) "
-        "| busiest primary µs/job |"
+        "| busiest primary µs/job | worker processes' CPU µs/job |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, rows in results.items():
         cells = []
-        for key in ("drain", "enqueue", "server_us_per_job", "busiest_us_per_job"):
+        keys = ("drain", "enqueue", "server_us_per_job", "busiest_us_per_job", "workers_us_per_job")
+        for key in keys:
             vals = [row[key] for row in rows]
             cells.append(f"{statistics.median(vals):,.0f} ({min(vals):,.0f}-{max(vals):,.0f})")
         print(f"| {name} | " + " | ".join(cells) + " |")
