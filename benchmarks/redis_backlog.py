@@ -53,13 +53,13 @@ def _write_app(folder: Path) -> None:
 
 
 def _clean(url: str) -> None:
-    from dumbwaiter.brokers.redis.broker import parse_url
+    from dumbwaiter.brokers.redis.broker import PREFIX, parse_url
 
     rest, opts = parse_url(url)
     client = redis.Redis.from_url(rest)
     try:
         batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{{dw:{opts.get('prefix', 'default')}}}:*", count=5000):
+        for key in client.scan_iter(match=f"{{dw:{opts[PREFIX] or 'default'}}}:*", count=5000):
             batch.append(key)
             if len(batch) >= 5000:
                 client.unlink(*batch)

@@ -52,6 +52,11 @@ def _sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/conformance.db"
 
 
+def _redis_queues_url(tmp_path: Path) -> str:
+    """Redis with a hash tag per queue (``layout=queues``: what a cluster spreads)."""
+    return f"{redis_url(tmp_path)}&layout=queues"
+
+
 def _rabbitmq_on_redis(tmp_path: Path) -> str:
     return rabbitmq_url(tmp_path, state=redis_url(tmp_path))
 
@@ -72,13 +77,22 @@ BROKERS: dict[str, Callable[[Path], str]] = {
     "sqlite": _sqlite_url,
     "postgres": postgres_url,
     "redis": redis_url,
+    "redis-queues": _redis_queues_url,
     "rabbitmq": rabbitmq_url,
     "nats": nats_url,
     "kafka": kafka_url,
     **STATE_STORES,
 }
 
-CROSS_PROCESS: list[str] = ["sqlite", "postgres", "redis", "rabbitmq", "nats", "kafka"]
+CROSS_PROCESS: list[str] = [
+    "sqlite",
+    "postgres",
+    "redis",
+    "redis-queues",
+    "rabbitmq",
+    "nats",
+    "kafka",
+]
 
 _EVERY_ENGINE = frozenset(
     {"native_delay", "priorities", "blocking_fetch", "results", "events", "limits"}
@@ -99,6 +113,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "sqlite": _SHARED | {"sync_enqueue", "transactional_outbox"},
     "postgres": _HOSTS | {"sync_enqueue", "transactional_outbox"},
     "redis": _HOSTS | {"sync_enqueue"},
+    "redis-queues": _HOSTS | {"sync_enqueue"},
     "rabbitmq": _SHARED,
     "rabbitmq+redis": _HOSTS,
     "rabbitmq+postgres": _HOSTS,

@@ -53,7 +53,8 @@ async def _sqlite_waits(broker: Any, queue: str) -> bool:
 
 
 async def _redis_waits(broker: Any, queue: str) -> bool:
-    return bool(await broker.conn.links.get().call(b"ZCARD", broker.conn.keys.waiters(queue)))
+    conn = broker.keyspace(queue).conn
+    return bool(await conn.links.get().call(b"ZCARD", conn.keys.waiters(queue)))
 
 
 async def _postgres_waits(broker: Any, queue: str) -> bool:

@@ -51,7 +51,8 @@ async def _postgres(app: dw.App, job: str) -> None:
 
 async def _redis(app: dw.App, job: str) -> None:
     broker: Any = app.broker
-    await broker.conn.links.get().call(b"HSET", broker.conn.keys.job(job), b"body", BODY)
+    conn = broker.keyspace("default").conn
+    await conn.links.get().call(b"HSET", conn.keys.job(job), b"body", BODY)
 
 
 async def _rabbitmq(app: dw.App, job: str) -> None:
@@ -84,6 +85,7 @@ PUT: dict[str, Callable[[dw.App, str], Awaitable[None]]] = {
     "sqlite": _sqlite,
     "postgres": _postgres,
     "redis": _redis,
+    "redis-queues": _redis,
     "rabbitmq": _rabbitmq,
     "nats": _nats,
 }

@@ -121,7 +121,8 @@ async def test_a_kv_write_between_an_updates_read_and_write_makes_it_decide_agai
     overwrote the other process's value with a stale decision.)"""
     b, other = await _brokers(shared_url, 2)
     await b.kv_set({"acc": b"1", "guard": b"open"})
-    real = b.kv_get
+    home = b.home  # type: ignore[attr-defined]  # the keyspace kv_update reads through
+    real = home.kv_get
     seen: list[dict[str, bytes]] = []
 
     async def read_then_write(keys: Any) -> Any:
@@ -130,7 +131,7 @@ async def test_a_kv_write_between_an_updates_read_and_write_makes_it_decide_agai
             await other.kv_set({"guard": b"closed"})
         return got
 
-    monkeypatch.setattr(b, "kv_get", read_then_write)
+    monkeypatch.setattr(home, "kv_get", read_then_write)
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], bytes]:
         seen.append(dict(got))
@@ -157,7 +158,8 @@ async def test_an_update_that_never_settles_raises_broker_error(
 
     monkeypatch.setattr(module, "KV_UPDATE_ATTEMPTS", 3)
     b, other = await _brokers(shared_url, 2)
-    real = b.kv_get
+    home = b.home  # type: ignore[attr-defined]  # the keyspace kv_update reads through
+    real = home.kv_get
     rounds = 0
 
     async def read_then_write(keys: Any) -> Any:
@@ -167,7 +169,7 @@ async def test_an_update_that_never_settles_raises_broker_error(
         await other.kv_set({"hot": b"%d" % rounds})
         return got
 
-    monkeypatch.setattr(b, "kv_get", read_then_write)
+    monkeypatch.setattr(home, "kv_get", read_then_write)
     try:
         with pytest.raises(BrokerError, match="hot"):
             await b.kv_update(["hot"], lambda got: ({"hot": b"mine"}, None))

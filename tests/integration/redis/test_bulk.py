@@ -514,7 +514,9 @@ async def test_a_commit_hands_the_first_staged_jobs_to_an_idle_worker(
     waiter, producer = from_url(redis_server.url()), from_url(redis_server.url())
     assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
     try:
-        await waiter._claim(["default"], 10, 30.0, "w-idle", "w9", time.time() + 30)
+        await waiter.keyspace("default")._claim(
+            ["default"], 10, 30.0, "w-idle", "w9", time.time() + 30
+        )
         ms = [msg(args=[i]) for i in range(N)]
         await producer.enqueue(iter(ms))
         [raw] = await producer.conn.links.get().call(
@@ -585,7 +587,9 @@ async def test_a_small_batch_hands_its_first_jobs_to_an_idle_worker(
     waiter, producer = from_url(redis_server.url()), from_url(redis_server.url())
     assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
     try:
-        await waiter._claim(["default"], 3, 30.0, "w-idle", "w9", time.time() + 30)
+        await waiter.keyspace("default")._claim(
+            ["default"], 3, 30.0, "w-idle", "w9", time.time() + 30
+        )
         ms = [msg(args=[i]) for i in range(8)]
         assert await producer.enqueue(iter(ms)) == [m.id for m in ms]
         [raw] = await producer.conn.links.get().call(

@@ -88,3 +88,48 @@ def test_sync_producer_follows_moved(redis_cluster: RedisCluster) -> None:
         assert job.status() == "ready"
     finally:
         app.close()
+
+
+def _spread(cluster: RedisCluster, prefix: str) -> dict[str, int]:
+    """Three queue names whose keyspaces hash to three different primaries."""
+    out: dict[str, int] = {}
+    owners: set[int] = set()
+    for i in range(200):
+        q = f"q{i}"
+        owner = _owner(cluster, f"{prefix}/q:{q}")
+        if owner not in owners:
+            owners.add(owner)
+            out[q] = owner
+        if len(out) == 3:
+            return out
+    raise AssertionError("no three queues on three primaries")
+
+
+async def test_a_tag_per_queue_spreads_one_app_over_the_primaries(
+    redis_cluster: RedisCluster,
+) -> None:
+    """``layout=queues``: each queue's jobs live on the primary that owns its
+    slot, and one worker on the three queues drains them all."""
+    prefix = "spread"
+    queues = _spread(redis_cluster, prefix)
+    url = redis_cluster.nodes[0].url(prefix=prefix, layout="queues")
+    consumer, producer = from_url(url), from_url(url)
+    try:
+        ids = await producer.enqueue([msg(queue=q) for q in queues for _ in range(300)])
+        got: list[str] = []
+        while len(got) < len(ids):
+            ds = await consumer.fetch(list(queues), 200, 30.0, 1.0, "w")
+            await consumer.ack(ds)
+            got += [d.id for d in ds]
+        assert sorted(got) == sorted(ids)
+        rows = {s.queue: s.succeeded for s in await producer.stats()}
+        assert rows == dict.fromkeys(queues, 300)
+    finally:
+        await consumer.close()
+        await producer.close()
+    for q, owner in queues.items():
+        client = redis.Redis(port=owner)
+        try:
+            assert client.exists(f"{{dw:{prefix}/q:{q}}}:ids")
+        finally:
+            client.close()

@@ -258,7 +258,9 @@ async def test_events_handed_to_a_dead_waiter_come_back_uncharged(
     try:
         # a worker registers as a waiter (what an idle fetch does first) and
         # is killed before it reads its inbox
-        assert await dead._claim(["group:g"], 10, 0.2, "w-dead", "w1", time.time() + 5) == (
+        assert await dead.keyspace("group:g")._claim(
+            ["group:g"], 10, 0.2, "w-dead", "w1", time.time() + 5
+        ) == (
             [],
             None,
         )

@@ -17,7 +17,9 @@ async def test_job_handed_to_a_dead_waiter_comes_back_uncharged(shared_url: str)
     try:
         # a worker registers as a waiter (what an idle fetch does first) and
         # is killed before it reads its inbox
-        assert await dead._claim(["default"], 10, 0.2, "w-dead", "w1", time.time() + 5) == (
+        assert await dead.keyspace("default")._claim(
+            ["default"], 10, 0.2, "w-dead", "w1", time.time() + 5
+        ) == (
             [],
             None,
         )
@@ -40,7 +42,9 @@ async def test_lapsed_waiter_is_skipped(shared_url: str) -> None:
     assert isinstance(gone, RedisBroker)
     try:
         # registered until a moment already past (as a waiter that died a while ago)
-        await gone._claim(["default"], 10, 30.0, "w-gone", "w2", time.time() - 0.01)
+        await gone.keyspace("default")._claim(
+            ["default"], 10, 30.0, "w-gone", "w2", time.time() - 0.01
+        )
         m = msg()
         await producer.enqueue([m])
         info = await producer.get(m.id)
@@ -56,7 +60,9 @@ async def test_paused_queue_keeps_its_waiter(shared_url: str) -> None:
     waiter, producer = from_url(shared_url), from_url(shared_url)
     assert isinstance(waiter, RedisBroker) and isinstance(producer, RedisBroker)
     try:
-        await waiter._claim(["default"], 10, 30.0, "w-idle", "w3", time.time() + 5)
+        await waiter.keyspace("default")._claim(
+            ["default"], 10, 30.0, "w-idle", "w3", time.time() + 5
+        )
         await producer.pause("default")
         one, batch = msg(), [msg(), msg()]
         await producer.enqueue([one])

@@ -6,10 +6,13 @@ path), ``admin.py``, ``coordination.py`` (locks, kv, limits); this module
 reads the URL and puts the parts together.  Enqueue's batching and retries
 are in ``bulk.py``, events in ``events.py``, the scripts in ``lua.py``.
 
-Keys: everything of one app lives under ``{dw:NAME}:`` (``docs/redis.md``
-lists them).  The braces are a Redis Cluster hash tag: all of an app's keys
-hash to one slot, so multi-key scripts are legal on a cluster, and the
-broker follows ``MOVED`` to the node that owns the slot.
+Keys: an app's keys live under ``{dw:NAME}:``, and with ``layout=queues``
+each queue's under ``{dw:NAME/q:QUEUE}:`` (``layout.py`` says what goes
+where, ``docs/redis.md`` lists the keys).  The braces are a Redis Cluster
+hash tag: the keys of one keyspace hash to one slot, so multi-key scripts
+are legal on a cluster, and each keyspace follows ``MOVED`` to the node
+that owns its slot (``keyspace.py``; ``router.py`` spreads the seam's calls
+over the keyspaces).
 
 Connection loss: an enqueue is sent again, with backoff, until the
 producer's deadline (``App(enqueue_timeout=)``), or for ``reconnect``
@@ -26,16 +29,13 @@ from __future__ import annotations
 from typing import ClassVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from redis.exceptions import RedisError
-
-from ...errors import BrokerError, InvalidURL
+from ...errors import InvalidURL
 from ...redact import mask_url
 from .. import urlopts
-from ..base import Capabilities
-from .admin import Admin
-from .connection import Connection, Target
-from .coordination import Coordination
-from .transport import Transport
+from . import layout
+from .connection import Target
+from .keyspace import Keyspace
+from .router import Router
 
 #: finished jobs (without a longer-kept result) are deleted after this many seconds
 DEFAULT_RETENTION = 3600.0
@@ -73,6 +73,12 @@ WAIT_TIMEOUT = urlopts.custom(
 )
 SOCKET_TIMEOUT = urlopts.seconds("socket_timeout", 30.0, "seconds a reply may take", positive=True)
 CONNECT_TIMEOUT = urlopts.seconds("connect_timeout", 5.0, "seconds to connect", positive=True)
+LAYOUT = urlopts.choice(
+    "layout",
+    layout.APP,
+    layout.LAYOUTS,
+    "app: every key under one hash tag; queues: a tag per queue (a cluster spreads them)",
+)
 #: what redis-py reads from the URL and dumbwaiter lets through (its other
 #: connection arguments either clash with the broker's own, such as
 #: ``decode_responses``, or cannot be written in a URL)
@@ -86,6 +92,7 @@ OPTIONS = urlopts.Table(
         WAIT_TIMEOUT,
         SOCKET_TIMEOUT,
         CONNECT_TIMEOUT,
+        LAYOUT,
         urlopts.integer("db", 0, "database number (or the path: /N)", passthrough=True),
         urlopts.text("username", None, "ACL user (or user@ in the URL)", passthrough=True),
         urlopts.text("password", None, "password (or :password@ in the URL)", passthrough=True),
@@ -141,40 +148,33 @@ def parse_url(url: str) -> tuple[str, urlopts.Values]:
     return rest, opts
 
 
-class RedisBroker(Transport, Admin, Coordination):
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=True, multi_host=True, limits=True, events=True
-    )
+class RedisBroker(Router):
+    """``redis://`` and ``rediss://``: an app's keyspaces (``router.py``)."""
+
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
-    client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
 
     def __init__(self, url: str) -> None:
-        super().__init__(url)
         rest, opts = parse_url(url)
-        self.retention = opts[RETENTION]
+        name = opts[PREFIX] or "default"
+        wanted = opts[LAYOUT]
+        if wanted == layout.QUEUES and layout.SEPARATOR in name:
+            raise InvalidURL(
+                f"redis URL {mask_url(url)!r}: with layout=queues the prefix may not contain "
+                f"{layout.SEPARATOR!r} (it separates the app from the queue in a queue's keys)"
+            )
+        timeouts = (opts[SOCKET_TIMEOUT], opts[CONNECT_TIMEOUT])
         try:
-            target = Target(rest, opts[SOCKET_TIMEOUT], opts[CONNECT_TIMEOUT])
+            Target(rest, *timeouts)
         except ValueError as exc:  # redis-py's own reading of the URL
             raise InvalidURL(f"redis URL {mask_url(url)!r}: {exc}") from None
-        self.conn = Connection(
-            url,
-            target,
-            opts[PREFIX] or "default",
-            reconnect=opts[RECONNECT],
-            wait_replicas=opts[WAIT_REPLICAS],
-            wait_timeout=opts[WAIT_TIMEOUT],
-        )
-        self.lua = self.conn.lua
-        #: the hash tag every key of this app starts with
-        self.prefix = self.conn.keys.tag
+        retention = opts[RETENTION]
+        knobs = {
+            "reconnect": opts[RECONNECT],
+            "wait_replicas": float(opts[WAIT_REPLICAS]),
+            "wait_timeout": opts[WAIT_TIMEOUT],
+        }
 
-    def __repr__(self) -> str:
-        return f"<RedisBroker {self.prefix}>"
+        def make(space: str) -> Keyspace:
+            return Keyspace.make(url, Target(rest, *timeouts), space, retention, **knobs)
 
-    def failure(
-        self, exc: BaseException, what: str = "", waited: float | None = None
-    ) -> BrokerError:
-        return self.conn.failure(exc, what, waited)
-
-    async def server_time(self) -> float | None:
-        return await self.conn.server_time()
+        super().__init__(url, name, wanted, make)

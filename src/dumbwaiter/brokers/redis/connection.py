@@ -420,16 +420,18 @@ class SyncLink:
 
 
 class Keys:
-    """The names of an app's keys, as the Python side uses them.
+    """The names of one keyspace's keys, as the Python side uses them.
 
-    Every key of an app starts with its hash tag ``{dw:NAME}`` (so a Redis
-    Cluster keeps them in one slot, and multi-key scripts are legal there).
-    The scripts get the tag as ``KEYS[1]`` and name the rest from it
+    Every key of a keyspace starts with its hash tag: ``{dw:NAME}`` for the
+    app's home keyspace, ``{dw:NAME/q:QUEUE}`` for a queue of its own
+    (``layout=queues``, see ``layout.py``), so a Redis Cluster keeps each
+    keyspace in one slot and multi-key scripts are legal there.  The scripts
+    get the tag as ``KEYS[1]`` and name the rest from it
     (``scripts/_core.lua``); the few keys Python reads or writes itself are
     named here, so the naming can change in one place."""
 
     def __init__(self, name: str) -> None:
-        #: the hash tag every key of this app starts with
+        #: the hash tag every key of this keyspace starts with
         self.tag = f"{{dw:{name}}}"
         #: ``KEYS`` of every script call
         self.scripts: tuple[Arg, ...] = (self.tag,)
@@ -463,7 +465,7 @@ def failure(
 
 
 class Connection:
-    """One broker's way to its server: where (``target``), the app's keys,
+    """One keyspace's way to its server: where (``target``), its keys,
     the scripts, one ``AsyncLink`` per event loop and the ``SyncLink``, and
     how writes are confirmed and retried (``reconnect``, ``wait_replicas``,
     ``wait_timeout``: the broker's URL options)."""

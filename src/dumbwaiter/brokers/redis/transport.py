@@ -137,18 +137,36 @@ class Transport(Broker):
             except asyncio.CancelledError:
                 await asyncio.shield(self._give_back(once, queues, ""))
                 raise
+        return await self.wait_fetch(queues, limit, lease, wait, worker, secrets.token_hex(8))
+
+    async def wait_fetch(
+        self,
+        queues: Sequence[str],
+        limit: int,
+        lease: float,
+        wait: float,
+        worker: str,
+        wid: str,
+        stop: asyncio.Event | None = None,
+    ) -> list[Delivery]:
+        """``fetch`` that waits, as waiter ``wid``.  With ``stop``: once it is
+        set and a wake-up is in the inbox (``wake``), the wait ends at once,
+        withdrawn, returning what was handed to it meanwhile (maybe nothing):
+        how a fetch over several keyspaces ends the waits it no longer needs
+        without cutting a ``BLPOP`` whose reply may hold a job."""
         # Nothing ready: register as a waiter of the queues and wait in BLPOP
         # on our own inbox.  An enqueue hands ready jobs straight into it,
         # already leased to us (no second round trip); other changes (a
         # retry, a rescue, a resume) leave a wake-up there and we claim.  The
         # registration lapses after WAITER_TTL, so a worker that died while
         # waiting is soon skipped: each round registers again.
-        wid = secrets.token_hex(8)
         inbox = self.conn.keys.inbox(wid)
         deadline = time.monotonic() + wait
         claim: asyncio.Future[tuple[list[Delivery], float | None]] | None = None
         try:
             while True:
+                if stop is not None and stop.is_set():
+                    return (await self._claim(queues, 0, 0.0, "", wid, None))[0]
                 remaining = deadline - time.monotonic()
                 now = await self.conn.now()
                 until = now + min(remaining, WAITER_TTL) + 0.5 if remaining > 0 else None
@@ -200,6 +218,17 @@ class Transport(Broker):
             # the jobs back (uncharged, if they never left the inbox)
             if ds:
                 log.warning("could not give back %d job(s) of a fetch: %s", len(ds), exc)
+
+    async def wake(self, wid: str) -> None:
+        """Leave a wake-up in waiter ``wid``'s inbox (see ``wait_fetch``); it
+        expires if the waiter is already gone."""
+        inbox = self.conn.keys.inbox(wid)
+        try:
+            link = self.conn.links.get()
+            await link.call(b"RPUSH", inbox, b"w")
+            await link.call(b"EXPIRE", inbox, int(WAITER_TTL) + 60)
+        except RedisError as exc:
+            raise self.conn.failure(exc, "fetch") from exc
 
     async def _claim(
         self,
