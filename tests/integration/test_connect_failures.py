@@ -13,6 +13,11 @@ the command line get, on every broker.
   call raises ``BrokerAuthError`` / ``BrokerConfigError`` with the server's
   reason, at once, not after retrying for ``reconnect`` seconds.
 * The CLI prints one line naming the server and the cause, and exits 1.
+
+Kafka has no ``reconnect`` option: aiokafka's bootstrap gives up on a
+refused port by itself, so a Kafka URL here only proves the producer's
+deadline and the CLI's line; its refusals (SASL credentials) are not in
+``REFUSED``: the tests' tansu server takes no credentials.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from tests.integration.rabbitmq.server import SERVER as AMQP_SERVER
 from tests.integration.rabbitmq.server import amqp_base
 from tests.integration.redis.server import SERVER as REDIS_SERVER
 from tests.integration.redis.server import _check as redis_check
+from tests.integration.redis.server import redis_url
 from tests.integration.serverproc import free_port
 
-BROKERS = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]
+BROKERS = ["sqlite", "postgres", "redis", "rabbitmq", "nats", "kafka"]
 #: the ``reconnect`` (SQLite: ``busy_timeout``) of these URLs: longer than
 #: any test may run, so only a deadline can end a call that waits
 LONG = "600"
@@ -87,6 +93,8 @@ def unreachable(broker: str, tmp_path: Path, wait: str = LONG) -> Iterator[str]:
             f"amqp://guest:guest@127.0.0.1:{port}/?state={_state(tmp_path)}&reconnect={wait}"
         ),
         "nats": f"nats://127.0.0.1:{port}?reconnect={wait}",
+        # no reconnect option; its state store (a Redis prefix) is reachable
+        "kafka": f"kafka://127.0.0.1:{port}?state={quote(redis_url(tmp_path), safe='')}",
     }[broker]
 
 
@@ -180,8 +188,9 @@ def test_a_call_outside_any_producer_gives_up_after_the_reconnect_window(
     broker: str, tmp_path: Path
 ) -> None:
     """A worker's own calls are not bound by a producer's deadline: they keep
-    the URL's ``reconnect`` window (1 s here), and end with
-    ``BrokerUnavailable`` too (NATS's first connect used to retry for ever)."""
+    the URL's ``reconnect`` window (1 s here; Kafka: aiokafka's bootstrap),
+    and end with ``BrokerUnavailable`` too (NATS's first connect used to
+    retry for ever)."""
     with unreachable(broker, tmp_path, wait="1") as url:
         app, ping = _app_task(url, enqueue_timeout=0.001)
         msg = ping.message((1,), {}, SendOptions())
