@@ -15,9 +15,9 @@ the command line get, on every broker.
 * The CLI prints one line naming the server and the cause, and exits 1.
 
 Kafka has no ``reconnect`` option: aiokafka's bootstrap gives up on a
-refused port by itself, so a Kafka URL here only proves the producer's
-deadline and the CLI's line; its refusals (SASL credentials) are not in
-``REFUSED``: the tests' tansu server takes no credentials.
+refused port by itself.  Its refusal here is its state store's (a Redis
+user that does not exist), named as that server; SASL credentials the
+cluster refuses are not in ``REFUSED``: the tests' tansu takes none.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -38,6 +38,7 @@ from dumbwaiter.brokers import Broker, from_url
 from dumbwaiter.cli import main
 from dumbwaiter.task import SendOptions
 from tests.conftest import require_service
+from tests.integration.kafka import server as kafka_server
 from tests.integration.nats.conftest import NATS_SERVER, NatsServer
 from tests.integration.nats.server import _check as nats_check
 from tests.integration.postgres.server import SERVER as PG_SERVER
@@ -111,6 +112,13 @@ def _app_task(url: str, **app_options: object) -> tuple[dw.App, dw.Task]:
     def ping(n: int) -> None: ...
 
     return app, ping
+
+
+def _refuser(url: str) -> str:
+    """The server a refusal of ``url`` names: Kafka's state store, else its own."""
+    if url.startswith("kafka://"):
+        return parse_qs(urlsplit(url).query)["state"][0]
+    return url
 
 
 def _assert_names_the_server(exc: BaseException, url: str) -> None:
@@ -242,6 +250,7 @@ REFUSED: dict[tuple[str, str], tuple[type[dw.BrokerError], str]] = {
     ("rabbitmq", "wrong password"): (dw.BrokerAuthError, "ACCESS_REFUSED"),
     ("rabbitmq", "unknown vhost"): (dw.BrokerConfigError, "'nosuchvhost'"),
     ("nats", "wrong password"): (dw.BrokerAuthError, "Authorization Violation"),
+    ("kafka", "state store user"): (dw.BrokerAuthError, "invalid username-password pair"),
 }
 
 
@@ -271,6 +280,9 @@ def _refused_url(broker: str, what: str, tmp_path: Path, request: pytest.Fixture
         if what == "wrong password":
             return f"amqp://guest:wrong@{where}/?{query}"
         return f"amqp://guest:guest@{where}/nosuchvhost?{query}"
+    if broker == "kafka":
+        state = f"redis://nosuchuser:wrong@{_hostport(REDIS_SERVER)}/0?reconnect={LONG}"
+        return kafka_server.url(kafka_server.new_prefix(), state)
     ok, why = nats_check()
     require_service("NATS", ok, why)
     server: AuthNatsServer = request.getfixturevalue("nats_with_auth")
@@ -289,7 +301,7 @@ def test_a_refused_url_fails_the_first_call_at_once_with_the_reason(
     try:
         with pytest.raises(kind, match=reason) as caught:
             ping.enqueue(1)
-        _assert_names_the_server(caught.value, url)
+        _assert_names_the_server(caught.value, _refuser(url))
         assert caught.value.__cause__ is not None, "the client's own error is kept"
 
         async def go() -> None:
@@ -321,7 +333,7 @@ def test_the_cli_says_what_was_refused_in_one_line(
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
     assert lines[0].startswith("Error: cannot connect to ") and reason in lines[0]
-    password = urlsplit(url).password
+    password = urlsplit(_refuser(url)).password
     assert password is None or f":{password}@" not in result.output
 
 
