@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -94,6 +95,43 @@ async def test_steps_run_once_and_replays_return_their_checkpoints(app: dw.App) 
     ]
     assert steps[3]["output"] == result["stamp"]  # uuid() replays its first value
     assert (await app.broker.stats()) and all(s.dead == 0 for s in await app.broker.stats())
+
+
+async def test_now_and_uuid_replay_their_first_values_across_a_sleep_until(
+    app: dw.App,
+) -> None:
+    """``now()`` and ``uuid()`` taken before a ``sleep_until`` (which ends the
+    segment, so the next one replays the function from the start) give the
+    replay the values the first execution saw, sync and async alike."""
+    seen: dict[str, list[tuple[datetime, str]]] = {"sync": [], "async": []}
+
+    @app.workflow
+    def stamped(ctx: dw.WorkflowContext) -> list[str]:
+        now, uid = ctx.now(), ctx.uuid()
+        seen["sync"].append((now, uid))
+        ctx.sleep_until("later", now + timedelta(seconds=0.05))
+        return [now.isoformat(), uid]
+
+    @app.workflow
+    async def astamped(ctx: dw.AsyncWorkflowContext) -> list[str]:
+        now, uid = await ctx.now(), await ctx.uuid()
+        seen["async"].append((now, uid))
+        await ctx.sleep_until("later", (now + timedelta(seconds=0.05)).timestamp())
+        return [now.isoformat(), uid]
+
+    runs = {"sync": await stamped.aenqueue(), "async": await astamped.aenqueue()}
+    await drain(app)
+    for kind, run in runs.items():
+        first, *replays = seen[kind]
+        assert replays, f"{kind}: the sleep should have made the run replay"
+        assert all(r == first for r in replays), (kind, seen[kind])
+        assert await run.aresult(timeout=5) == [first[0].isoformat(), first[1]]
+        steps = (await run.ainfo())["steps"]
+        assert [(s["kind"], s["status"]) for s in steps] == [
+            ("now", "done"),
+            ("uuid", "done"),
+            ("sleep", "done"),
+        ]
 
 
 async def test_a_sleep_holds_no_worker(app: dw.App) -> None:

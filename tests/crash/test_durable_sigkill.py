@@ -1,10 +1,14 @@
 """Crash safety of durable workflows: SIGKILL the worker twice, lose nothing.
 
 200 runs of a five-step workflow that sleeps between its second and third
-step; the worker process is killed with SIGKILL twice (while steps run, and
-while other runs sleep) and restarted.  Every run must succeed, no step whose
-checkpoint was stored at a kill may run after it, and a step that ran again
-(it was running at a kill) ran with the same idempotency key.
+step; the worker process is killed with SIGKILL twice and restarted.  Each
+kill is made to find runs in the three places issue 23.3 names: in the
+middle of a step (held there, ``durableapp``'s hold file), between two
+steps (held right after a step's checkpoint), and during a sleep (no worker
+holds those).  Every run must succeed, no step whose checkpoint was stored
+at a kill may run after it, each step held mid-run at a kill ran again
+(at-least-once) with the same idempotency key, and each run held between
+steps went on with its next step without running the one before again.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from tests.crash.test_sigkill import _killed_on_failure, _lines, _stop, _wait
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = 200
+#: runs each kill must find held mid-step, and as many held between steps
+HELD = 3
+STEPS = durableapp.STEPS
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]
 
 
@@ -68,6 +75,17 @@ def _completed(app: dw.App) -> set[str]:
     return out
 
 
+def _held(log: Path, pid: int) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(run, step) of the runs worker ``pid`` holds mid-step, and of those it
+    holds right after a step (``durableapp``'s held-step / held-between lines)."""
+    out: dict[str, set[tuple[str, str]]] = {"held-step": set(), "held-between": set()}
+    for line in _lines(log):
+        kind, *rest = line.split()
+        if kind in out and int(rest[2]) == pid:
+            out[kind].add((rest[0], rest[1]))
+    return out["held-step"], out["held-between"]
+
+
 @pytest.mark.parametrize("broker", CROSS_PROCESS)
 def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
     broker: str, tmp_path: Path
@@ -75,7 +93,14 @@ def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
     url = _url(broker, tmp_path)
     log = tmp_path / "steps.log"
     path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])  # this tree's dumbwaiter
-    env = {**os.environ, "DW_CRASH_URL": url, "DW_CRASH_LOG": str(log), "PYTHONPATH": path}
+    hold = tmp_path / "hold"
+    env = {
+        **os.environ,
+        "DW_CRASH_URL": url,
+        "DW_CRASH_LOG": str(log),
+        "DW_CRASH_HOLD": str(hold),
+        "PYTHONPATH": path,
+    }
     app = dw.App(url)
     order = app.workflow(name="crash.order")(durableapp.order.fn)  # what the worker runs
     runs = {order.enqueue(i).id: i for i in range(RUNS)}
@@ -87,6 +112,8 @@ def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
     ]  # fmt: skip
     total = RUNS * len(durableapp.STEPS)
     completed_at_kill: list[set[str]] = []
+    #: per kill: the (run, step) held mid-step, the (run, step) held after
+    held_at_kill: list[tuple[set[tuple[str, str]], set[tuple[str, str]]]] = []
     for threshold in (total // 4, total // 2):
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
         with _killed_on_failure(proc):
@@ -94,9 +121,16 @@ def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
                 lambda t=threshold, p=proc: _alive(p) and len(_lines(log)) >= t,  # type: ignore[misc]
                 f"{threshold} steps to start",
             )
+            hold.touch()
+            _wait(
+                lambda p=proc: _alive(p) and all(len(h) >= HELD for h in _held(log, p.pid)),  # type: ignore[misc]
+                f"{HELD} runs to hold mid-step and {HELD} between steps",
+            )
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
+        hold.unlink()
         completed_at_kill.append(_completed(app))
+        held_at_kill.append(_held(log, proc.pid))
         with log.open("a") as f:
             f.write("KILL\n")
         states = _statuses(app)
@@ -121,6 +155,8 @@ def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
         if line == "KILL":
             kills += 1
             continue
+        if not line.startswith("step "):
+            continue  # a held-step / held-between line
         _, run_id, name, key, _pid = line.split()
         assert key == f"{run_id}:{name}"  # the same idempotency key, attempt after attempt
         ran[key].append(kills)
@@ -131,4 +167,15 @@ def test_sigkill_twice_every_run_succeeds_and_no_completed_step_runs_again(
         for e in epochs[1:]:
             assert key not in completed_at_kill[e - 1], f"{key} ran again after it completed"
     assert again, "the kills should find steps running (they run again, at least once)"
+    for e, (mid_step, between) in enumerate(held_at_kill, start=1):
+        for run_id, name in mid_step:  # running at the kill: run again, after it
+            key = f"{run_id}:{name}"
+            assert key not in completed_at_kill[e - 1], key
+            assert any(k >= e for k in ran[key]), f"{key}, mid-step at kill {e}, never ran again"
+        for run_id, name in between:  # stored at the kill: never again; the next one ran
+            key = f"{run_id}:{name}"
+            assert key in completed_at_kill[e - 1], key
+            assert max(ran[key]) < e, f"{key}, stored before kill {e}, ran again"
+            following = STEPS[STEPS.index(name) + 1]
+            assert f"{run_id}:{following}" not in completed_at_kill[e - 1]
     app.close()

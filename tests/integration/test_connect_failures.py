@@ -13,6 +13,11 @@ the command line get, on every broker.
   call raises ``BrokerAuthError`` / ``BrokerConfigError`` with the server's
   reason, at once, not after retrying for ``reconnect`` seconds.
 * The CLI prints one line naming the server and the cause, and exits 1.
+
+Kafka has no ``reconnect`` option: aiokafka's bootstrap gives up on a
+refused port by itself.  Its refusal here is its state store's (a Redis
+user that does not exist), named as that server; SASL credentials the
+cluster refuses are not in ``REFUSED``: the tests' tansu takes none.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -33,6 +38,7 @@ from dumbwaiter.brokers import Broker, from_url
 from dumbwaiter.cli import main
 from dumbwaiter.task import SendOptions
 from tests.conftest import require_service
+from tests.integration.kafka import server as kafka_server
 from tests.integration.nats.conftest import NATS_SERVER, NatsServer
 from tests.integration.nats.server import _check as nats_check
 from tests.integration.postgres.server import SERVER as PG_SERVER
@@ -41,9 +47,10 @@ from tests.integration.rabbitmq.server import SERVER as AMQP_SERVER
 from tests.integration.rabbitmq.server import amqp_base
 from tests.integration.redis.server import SERVER as REDIS_SERVER
 from tests.integration.redis.server import _check as redis_check
+from tests.integration.redis.server import redis_url
 from tests.integration.serverproc import free_port
 
-BROKERS = ["sqlite", "postgres", "redis", "rabbitmq", "nats"]
+BROKERS = ["sqlite", "postgres", "redis", "rabbitmq", "nats", "kafka"]
 #: the ``reconnect`` (SQLite: ``busy_timeout``) of these URLs: longer than
 #: any test may run, so only a deadline can end a call that waits
 LONG = "600"
@@ -87,6 +94,8 @@ def unreachable(broker: str, tmp_path: Path, wait: str = LONG) -> Iterator[str]:
             f"amqp://guest:guest@127.0.0.1:{port}/?state={_state(tmp_path)}&reconnect={wait}"
         ),
         "nats": f"nats://127.0.0.1:{port}?reconnect={wait}",
+        # no reconnect option; its state store (a Redis prefix) is reachable
+        "kafka": f"kafka://127.0.0.1:{port}?state={quote(redis_url(tmp_path), safe='')}",
     }[broker]
 
 
@@ -103,6 +112,13 @@ def _app_task(url: str, **app_options: object) -> tuple[dw.App, dw.Task]:
     def ping(n: int) -> None: ...
 
     return app, ping
+
+
+def _refuser(url: str) -> str:
+    """The server a refusal of ``url`` names: Kafka's state store, else its own."""
+    if url.startswith("kafka://"):
+        return parse_qs(urlsplit(url).query)["state"][0]
+    return url
 
 
 def _assert_names_the_server(exc: BaseException, url: str) -> None:
@@ -180,8 +196,9 @@ def test_a_call_outside_any_producer_gives_up_after_the_reconnect_window(
     broker: str, tmp_path: Path
 ) -> None:
     """A worker's own calls are not bound by a producer's deadline: they keep
-    the URL's ``reconnect`` window (1 s here), and end with
-    ``BrokerUnavailable`` too (NATS's first connect used to retry for ever)."""
+    the URL's ``reconnect`` window (1 s here; Kafka: aiokafka's bootstrap),
+    and end with ``BrokerUnavailable`` too (NATS's first connect used to
+    retry for ever)."""
     with unreachable(broker, tmp_path, wait="1") as url:
         app, ping = _app_task(url, enqueue_timeout=0.001)
         msg = ping.message((1,), {}, SendOptions())
@@ -233,6 +250,7 @@ REFUSED: dict[tuple[str, str], tuple[type[dw.BrokerError], str]] = {
     ("rabbitmq", "wrong password"): (dw.BrokerAuthError, "ACCESS_REFUSED"),
     ("rabbitmq", "unknown vhost"): (dw.BrokerConfigError, "'nosuchvhost'"),
     ("nats", "wrong password"): (dw.BrokerAuthError, "Authorization Violation"),
+    ("kafka", "state store user"): (dw.BrokerAuthError, "invalid username-password pair"),
 }
 
 
@@ -262,6 +280,9 @@ def _refused_url(broker: str, what: str, tmp_path: Path, request: pytest.Fixture
         if what == "wrong password":
             return f"amqp://guest:wrong@{where}/?{query}"
         return f"amqp://guest:guest@{where}/nosuchvhost?{query}"
+    if broker == "kafka":
+        state = f"redis://nosuchuser:wrong@{_hostport(REDIS_SERVER)}/0?reconnect={LONG}"
+        return kafka_server.url(kafka_server.new_prefix(), state)
     ok, why = nats_check()
     require_service("NATS", ok, why)
     server: AuthNatsServer = request.getfixturevalue("nats_with_auth")
@@ -280,7 +301,7 @@ def test_a_refused_url_fails_the_first_call_at_once_with_the_reason(
     try:
         with pytest.raises(kind, match=reason) as caught:
             ping.enqueue(1)
-        _assert_names_the_server(caught.value, url)
+        _assert_names_the_server(caught.value, _refuser(url))
         assert caught.value.__cause__ is not None, "the client's own error is kept"
 
         async def go() -> None:
@@ -312,7 +333,7 @@ def test_the_cli_says_what_was_refused_in_one_line(
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
     assert lines[0].startswith("Error: cannot connect to ") and reason in lines[0]
-    password = urlsplit(url).password
+    password = urlsplit(_refuser(url)).password
     assert password is None or f":{password}@" not in result.output
 
 

@@ -37,6 +37,11 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_workflows_commands_list_show_retry_signal_and_cancel(url: str) -> None:
     app = dw.App(url, retry=dw.Retry.never())
     broken = {"on": True}
+    charged: list[str] = []
+
+    def charge(order_id: str) -> str:
+        charged.append(order_id)
+        return f"ch-{order_id}"
 
     def ship(order_id: str) -> str:
         if broken["on"]:
@@ -45,7 +50,7 @@ def test_workflows_commands_list_show_retry_signal_and_cancel(url: str) -> None:
 
     @app.workflow(name="shop.order")
     def order(ctx: dw.WorkflowContext, order_id: str) -> str:
-        ctx.step("charge", lambda: f"ch-{order_id}")
+        ctx.step("charge", charge, order_id)
         return ctx.step("ship", ship, order_id)
 
     @app.workflow(name="shop.confirm")
@@ -86,6 +91,7 @@ def test_workflows_commands_list_show_retry_signal_and_cancel(url: str) -> None:
     assert again == f"{doomed.id} was not cancelled: it is cancelled"
     drain_sync(app)
     assert failed.result(timeout=1) == "parcel-o-1"
+    assert charged == ["o-1"]  # resumed at 'ship': the stored 'charge' did not run again
     assert waiting.result(timeout=1) == "confirmed"
     assert doomed.status() == "cancelled"
 
