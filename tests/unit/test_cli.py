@@ -203,6 +203,38 @@ def test_stats_tells_running_jobs_from_prefetched_ones(url: str) -> None:
     assert line[header.index("prefetched")] == "2"
 
 
+def test_stats_says_how_many_workers_a_queue_wants(url: str) -> None:
+    """One worker of concurrency 2 whose jobs take 30 s holds 3 (2 running, 1
+    buffered), 7 are ready: 3 busy slots + 3.5 slots to clear 7 x 30 s in
+    60 s = 6.5 slots, 4 workers; with a 600 s target, 3.35 slots, 2 workers."""
+    enqueue(ADD, *[(i, i) for i in range(10)])
+
+    async def lease(app: dw.App) -> None:
+        assert len(await app.broker.fetch(["default"], 3, 60.0, 0, "w1")) == 3
+        record = {
+            "id": "w1",
+            "queues": ["default"],
+            "concurrency": 2,
+            "prefetched": {"default": 1},
+            "job_seconds": {"default": 30.0},
+        }
+        await app.broker.kv_set({"worker:w1": orjson.dumps(record)}, ttl=60)
+
+    with_app(lease)
+    [row] = js(cli(url, "stats", "--json"))["queues"]
+    assert (row["ready"], row["running"], row["prefetched"]) == (7, 2, 1)
+    assert (row["workers"], row["desired_workers"]) == (1, 4)
+    assert row["backlog_per_worker"] == 10
+    assert row["job_seconds"] == 30.0 and row["drain_rate"] == pytest.approx(2 / 30)
+    [row] = js(cli(url, "stats", "--json", "--drain-target", "600"))["queues"]
+    assert row["desired_workers"] == 2
+    out = cli(url, "stats").stdout
+    header = next(line for line in out.splitlines() if "queue" in line).split()
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["default"]).split()
+    assert line[header.index("workers")] == "1"
+    assert line[header.index("want")] == "4"
+
+
 def test_stats_on_an_empty_broker(url: str) -> None:
     assert js(cli(url, "stats", "--json")) == {"queues": []}
     assert "no queues" in cli(url, "stats").stdout
