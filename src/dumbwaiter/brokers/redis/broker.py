@@ -33,6 +33,7 @@ from ...redact import mask_url
 from .. import urlopts
 from ..base import Capabilities
 from .admin import Admin
+from .capacity import RedisCapacity
 from .connection import Connection, Target
 from .coordination import Coordination
 from .transport import Transport
@@ -141,9 +142,14 @@ def parse_url(url: str) -> tuple[str, urlopts.Values]:
     return rest, opts
 
 
-class RedisBroker(Transport, Admin, Coordination):
+class RedisBroker(RedisCapacity, Transport, Admin, Coordination):
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=True, multi_host=True, limits=True, events=True
+        sync_enqueue=True,
+        multi_process=True,
+        multi_host=True,
+        limits=True,
+        events=True,
+        native_capacity=True,
     )
     schemes: ClassVar[tuple[str, ...]] = ("redis", "rediss")
     client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
