@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -79,12 +80,17 @@ def test_a_bound_that_cannot_work_is_refused_where_it_is_written(tmp_path: Path)
         def third(n: int) -> None: ...
 
 
-def test_when_full_wait_enqueues_once_a_worker_makes_room(tmp_path: Path) -> None:
+@contextmanager
+def _one_slot_mail(
+    tmp_path: Path, enqueue_timeout: float
+) -> Iterator[tuple[dw.App, dw.Task[[int], None]]]:
+    """An App whose queue ``mail`` holds one waiting job, producers waiting
+    for room up to ``enqueue_timeout``; and its task, with the one job in."""
     app = dw.App(
         f"sqlite:///{tmp_path}/jobs.db",
         max_ready={"mail": 1},
         when_full="wait",
-        enqueue_timeout=60,
+        enqueue_timeout=enqueue_timeout,
     )
     try:
 
@@ -92,7 +98,14 @@ def test_when_full_wait_enqueues_once_a_worker_makes_room(tmp_path: Path) -> Non
         def send(n: int) -> None: ...
 
         send.enqueue(1)
-        done: list[dw.Job] = []
+        yield app, send
+    finally:
+        app.close()
+
+
+def test_when_full_wait_enqueues_once_a_worker_makes_room(tmp_path: Path) -> None:
+    with _one_slot_mail(tmp_path, 60) as (app, send):
+        done: list[dw.Job[None]] = []
         producer = threading.Thread(target=lambda: done.append(send.enqueue(2)))
         producer.start()
         consumer = dw.App(app.url)
@@ -101,33 +114,18 @@ def test_when_full_wait_enqueues_once_a_worker_makes_room(tmp_path: Path) -> Non
             assert len(got) == 1 and got[0].message is not None
             assert got[0].message.args == [1]
             producer.join(60)
-            assert done and _waiting(app, "mail") == 1
+            assert done and _waiting(consumer, "mail") == 1
         finally:
             consumer.close()
-    finally:
-        app.close()
 
 
 def test_when_full_wait_raises_at_the_deadline(tmp_path: Path) -> None:
-    app = dw.App(
-        f"sqlite:///{tmp_path}/jobs.db",
-        max_ready={"mail": 1},
-        when_full="wait",
-        enqueue_timeout=0.3,
-    )
-    try:
-
-        @app.task(queue="mail")
-        def send(n: int) -> None: ...
-
-        send.enqueue(1)
+    with _one_slot_mail(tmp_path, 0.3) as (app, send):
         with pytest.raises(dw.QueueFull):
             send.enqueue(2)
         with pytest.raises(dw.QueueFull):
             asyncio.run(send.aenqueue(3))
         assert _waiting(app, "mail") == 1
-    finally:
-        app.close()
 
 
 def test_max_ready_holds_for_eager_and_middleware_paths(tmp_path: Path) -> None:
