@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from datetime import timedelta, tzinfo
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast, overload
@@ -20,6 +20,7 @@ from .batch import start as start_batch
 from .blocking import warn_if_loop_running
 from .brokers import DEFAULT_URL, deadline, from_url
 from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
+from .brokers.capacity import WhenFull, check_bound, wait_for_room
 from .drain import eager_run, eager_running
 from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS
@@ -56,7 +57,9 @@ URL_ENV = "DUMBWAITER_URL"
 #: broker before it raises ``BrokerUnavailable``: an API must answer quickly
 DEFAULT_ENQUEUE_TIMEOUT = 5.0
 
-_TASK_KEYWORDS = frozenset({"name", "queue", "retry", "timeout", "priority", "keep_result"})
+_TASK_KEYWORDS = frozenset(
+    {"name", "queue", "retry", "timeout", "priority", "keep_result", "max_ready", "when_full"}
+)
 #: longest ``aclose`` waits for the sync bridge's connections to close (s)
 _SETTLE_TIMEOUT = 5.0
 
@@ -80,6 +83,8 @@ class App:
         event_retention: float | timedelta = DEFAULT_EVENT_RETENTION,
         eager: bool = False,
         enqueue_timeout: float | timedelta | None = DEFAULT_ENQUEUE_TIMEOUT,
+        max_ready: Mapping[str, int] | None = None,
+        when_full: WhenFull = "raise",
     ) -> None:
         self.url = url or os.environ.get(URL_ENV) or DEFAULT_URL
         self.broker: Broker = from_url(self.url)
@@ -96,6 +101,13 @@ class App:
             max_message_size = min(max_message_size, limit)
         self.max_message_size = max_message_size
         self.broker.max_message_size = max_message_size
+        #: bounded queues (docs/flow-control.md): queue -> the most jobs it may
+        #: hold waiting; an enqueue past it raises ``QueueFull`` (or, with
+        #: ``when_full="wait"`` for that queue, waits for room until its deadline)
+        self.max_ready: dict[str, int] = {}
+        self.when_full: dict[str, WhenFull] = {}
+        for queue, limit in (max_ready or {}).items():
+            self.bound(queue, limit, when_full)
         #: the user's middleware, then the app's own: workflows and batches
         #: move on through lifecycle hooks (the worker knows nothing of them)
         self.middleware = MiddlewareStack(middleware, (BatchShards(), WorkflowSteps()))
@@ -158,6 +170,8 @@ class App:
         limit_key: Callable[[Mapping[str, Any]], Any] | None = None,
         unique: bool | float | timedelta | None = None,
         debounce: float | timedelta | None = None,
+        max_ready: int | None = None,
+        when_full: WhenFull | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -167,7 +181,8 @@ class App:
 
         ``@app.task`` or ``@app.task(queue=, retry=, timeout=, priority=,
         keep_result=, name=)`` and the flow-control options (``rate_limit=``,
-        ``concurrency=``, ``limit_key=``, ``unique=``, ``debounce=``, see
+        ``concurrency=``, ``limit_key=``, ``unique=``, ``debounce=``, and the
+        bound of the task's queue, ``max_ready=`` with ``when_full=``, see
         docs/flow-control.md).  A middleware may accept more options
         (``Middleware.task_options``); a type checker does not know them, so
         pass them from a ``dict[str, Any]``: ``@app.task(**options)``.
@@ -198,6 +213,12 @@ class App:
         priority = opts.pop("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ConfigurationError(f"task {name}: priority must be an integer")
+        max_ready = opts.pop("max_ready", None)
+        when_full = opts.pop("when_full", None)
+        if max_ready is not None:
+            self.bound(queue, max_ready, when_full or "raise")
+        elif when_full is not None:
+            raise ConfigurationError(f"task {name}: when_full= needs max_ready=")
         keep = opts.pop("keep_result", False)
         keep_result: float | None
         if keep is True:
@@ -406,6 +427,22 @@ class App:
             name=name,
         )
 
+    def bound(self, queue: str, max_ready: int, when_full: WhenFull = "raise") -> None:
+        """Bound ``queue`` to ``max_ready`` waiting jobs (``App(max_ready=)``
+        and ``@app.task(max_ready=)`` call this).  Two different bounds for
+        one queue are a ``ConfigurationError``: the bound is the queue's, not
+        a task's."""
+        check_bound(queue, max_ready, when_full)
+        known = self.max_ready.get(queue)
+        if known is not None and (known, self.when_full[queue]) != (max_ready, when_full):
+            raise ConfigurationError(
+                f"queue {queue!r} is bounded twice: max_ready={known} "
+                f"when_full={self.when_full[queue]!r}, then max_ready={max_ready} "
+                f"when_full={when_full!r}; give it one bound (App(max_ready=) or one task)"
+            )
+        self.max_ready[queue] = max_ready
+        self.when_full[queue] = when_full
+
     def queues(self) -> list[str]:
         """Every queue this app's code handles: its tasks' and its groups'."""
         found = {t.queue for t in self.tasks.values()} | {q for q, _ in self.subscriptions}
@@ -523,7 +560,10 @@ class App:
         if self.eager:
             msgs = _through_json(msgs)
         msgs = self._before(msgs)
-        if self.broker.capabilities.sync_enqueue:
+        if self.max_ready:
+            msgs = list(msgs)
+            ids = self._call(self._enqueue(msgs))
+        elif self.broker.capabilities.sync_enqueue:
             ids = self.broker.enqueue_sync(msgs)
         else:
             msgs = list(msgs)
@@ -537,11 +577,30 @@ class App:
         if self.eager:
             msgs = _through_json(msgs)
         msgs = self._before(msgs)
-        ids = await self.broker.enqueue(msgs)
+        if self.max_ready:
+            msgs = list(msgs)
+            ids = await self._enqueue(msgs)
+        else:
+            ids = await self.broker.enqueue(msgs)
         jobs = self._sent(msgs, ids)
         if self.eager:
             await self._run_eagerly(msgs)
         return jobs
+
+    async def _enqueue(self, msgs: list[Message]) -> list[str]:
+        """Enqueue where some queue may be bounded: through the broker's
+        ``enqueue_bounded`` when one of ``msgs`` goes to a bounded queue,
+        waiting for room if that queue's ``when_full`` says so."""
+        bounded = {m.queue for m in msgs if m.queue in self.max_ready}
+        if not bounded:
+            return await self.broker.enqueue(msgs)
+
+        def send() -> Awaitable[list[str]]:
+            return self.broker.enqueue_bounded(msgs, self.max_ready)
+
+        if any(self.when_full[q] == "wait" for q in bounded):
+            return await wait_for_room(send)
+        return await send()
 
     # -- eager mode (unit tests) -----------------------------------------------
 

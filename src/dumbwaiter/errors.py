@@ -140,6 +140,32 @@ class BrokerUnavailable(BrokerError, ConnectionError):
     stored."""
 
 
+class QueueFull(BrokerError):
+    """The queue holds ``max_ready`` waiting jobs (ready, scheduled or
+    retrying) already: this call's jobs were not enqueued, none of them.
+
+    Raised to the producer, never a silent drop.  A ``BrokerError`` on
+    purpose: code that already backs off or answers 503 on
+    ``except dw.BrokerError`` handles a full queue the same way, and the
+    same call may succeed later, once workers drained some jobs.  With
+    ``when_full="wait"`` the call waits for room up to its deadline
+    (``enqueue_timeout``) before raising it.  ``queue``, ``limit``,
+    ``waiting`` (jobs counted when refused) and ``asked`` (jobs this call
+    tried to add) are attributes, for code."""
+
+    def __init__(self, queue: str, limit: int, waiting: int, asked: int) -> None:
+        super().__init__(
+            f"queue {queue!r} is full: {waiting} job(s) wait and max_ready={limit}, so "
+            f"{asked} more cannot be enqueued (nothing was stored). Add workers for "
+            f"{queue!r} (dumbwaiter stats shows its backlog and desired workers), slow "
+            "the producer and retry later, use when_full='wait', or raise max_ready"
+        )
+        self.queue = queue
+        self.limit = limit
+        self.waiting = waiting
+        self.asked = asked
+
+
 class BrokerConfigError(BrokerError):
     """The broker was reached and refuses what the URL asks, for good: a
     database or vhost that does not exist, a file that is not a database.

@@ -74,6 +74,12 @@ PERIODIC = "periodic:"
 #: ``relay:SOURCE``: the lock one relay per outbox table holds
 RELAY_LOCK = "relay:"
 
+# -- bounded queues -------------------------------------------------------------------
+
+#: ``capacity:QUEUE``: the lock producers of a bounded queue take around the
+#: count and the enqueue, on engines without a native bound (brokers/capacity.py)
+CAPACITY_LOCK = "capacity:"
+
 # -- observability ------------------------------------------------------------------
 
 #: ``dumbwaiter:throughput:MINUTE``: one sample of the workers' counts

@@ -8,7 +8,8 @@ Two kinds of numbers, measured in two places:
   where they happen, and times each attempt (run time) and each new job's wait
   for a worker (queue wait).  Each worker exports its own; Prometheus sums them.
 * **What is stored** (gauges): ready, scheduled, retrying, running, prefetched,
-  dead, lag and paused per queue and subscriber group (``group:NAME``), live workers, and
+  dead, lag, paused, and the scaling signal (desired workers, backlog per
+  worker: scaling.py) per queue and subscriber group (``group:NAME``), live workers, and
   whether the scheduler has a leader, read from the broker's admin API by a
   ``QueueCollector``.  A scrape never touches the broker: ``StatsCache`` keeps
   the last snapshot and refreshes it at most every ``interval`` seconds (on
@@ -38,6 +39,7 @@ import orjson
 from . import keys
 from .errors import MissingDependency
 from .middleware import Middleware
+from .scaling import scales
 from .throughput import record_sample
 
 if TYPE_CHECKING:
@@ -195,6 +197,23 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         GAUGE,
         ("queue",),
         "Live workers (heartbeat within two leases) that work on the queue.",
+        "collector",
+    ),
+    MetricSpec(
+        "dumbwaiter_queue_desired_workers",
+        GAUGE,
+        ("queue",),
+        "Workers the queue needs now: its busy slots plus the slots that clear its ready "
+        "jobs within the drain target, over the workers' concurrency (scaling.py); "
+        "an autoscaler's target.",
+        "collector",
+    ),
+    MetricSpec(
+        "dumbwaiter_queue_backlog_per_worker",
+        GAUGE,
+        ("queue",),
+        "Jobs ready, prefetched or running per live worker on the queue (all of them "
+        "when no worker lives).",
         "collector",
     ),
     MetricSpec("dumbwaiter_workers", GAUGE, (), "Live workers.", "collector"),
@@ -449,6 +468,12 @@ _QUEUE_GAUGES: tuple[tuple[str, str], ...] = (
 )
 
 
+_SCALE_GAUGES: tuple[tuple[str, str], ...] = (
+    ("dumbwaiter_queue_desired_workers", "desired_workers"),
+    ("dumbwaiter_queue_backlog_per_worker", "backlog_per_worker"),
+)
+
+
 class QueueCollector:
     """A prometheus-client collector of the gauges in ``CATALOGUE``, read from
     a ``StatsCache``'s last snapshot (never from the broker: a scrape runs in
@@ -477,6 +502,12 @@ class QueueCollector:
         for s in snap.stats:
             fam.add_metric([s.queue], float(snap.workers_on(s.queue)))
         yield fam
+        figures = scales(snap.stats, snap.workers)
+        for name, attr in _SCALE_GAUGES:
+            fam = GaugeMetricFamily(name, BY_NAME[name].help, labels=["queue"])
+            for f in figures:
+                fam.add_metric([f.queue], float(getattr(f, attr)))
+            yield fam
         yield GaugeMetricFamily(
             "dumbwaiter_workers", BY_NAME["dumbwaiter_workers"].help, value=len(snap.workers)
         )

@@ -77,6 +77,11 @@ class Runtime(Protocol):
     def enqueue_timeout(self) -> float | None: ...
 
     @property
+    def max_ready(self) -> Mapping[str, int]:
+        """Bounded queues: their sends go through ``enqueue_bounded``."""
+        ...
+
+    @property
     def max_message_size(self) -> int | None: ...
 
     @property

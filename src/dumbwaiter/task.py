@@ -219,7 +219,7 @@ class Task(Generic[P, R]):
         app = self.app
         token = deadline.start(app.enqueue_timeout)
         try:
-            if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+            if self._direct(msg):
                 # _aenqueue_one, inlined: one coroutine less
                 return Job(app, (await app.broker.enqueue([msg]))[0])
             return (await self._asender()([msg]))[0]
@@ -252,9 +252,20 @@ class Task(Generic[P, R]):
         finally:
             deadline.end(token)
 
+    def _direct(self, msg: Message) -> bool:
+        """``msg`` may go straight to the broker: no flow control, no
+        enqueue hook, no eager mode, no bound on its queue (``max_ready``)."""
+        app = self.app
+        return (
+            self.flow is None
+            and not app.middleware.enqueue_hooks
+            and not app.eager
+            and msg.queue not in app.max_ready
+        )
+
     def _enqueue_now(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+        if self._direct(msg):
             broker = app.broker
             if broker.capabilities.sync_enqueue:
                 return Job(app, broker.enqueue_sync([msg])[0])
@@ -263,7 +274,7 @@ class Task(Generic[P, R]):
 
     async def _aenqueue_now(self, msg: Message) -> Job[Any]:
         app = self.app
-        if self.flow is None and not app.middleware.enqueue_hooks and not app.eager:
+        if self._direct(msg):
             return Job(app, (await app.broker.enqueue([msg]))[0])
         return (await self._asender()([msg]))[0]
 

@@ -197,6 +197,9 @@ class Worker:
         self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
         self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
+        #: per queue: moving average run time, announced for the scaling signal
+        #: (``scaling.py``: how many workers a queue needs)
+        self._queue_time: dict[str, float] = {}
         #: the context of each job ``_dead`` decided dead, for ``on_dead``
         self._dying: dict[str, Context | None] = {}
         self.started_at = time.time()
@@ -535,6 +538,7 @@ class Worker:
             "inflight": len(self._inflight),
             "buffered": len(self._buffer),
             "prefetched": self._prefetched_by_queue(),
+            "job_seconds": dict(self._queue_time),
             "started_at": self.started_at,
             "heartbeat_at": time.time(),
             "counts": dict(self.counts),
@@ -625,6 +629,9 @@ class Worker:
         kind = self._cancels.outcome(d.id, kind, ACK, CANCEL)
         took = time.monotonic() - started
         self._job_time += (took - self._job_time) * 0.1
+        queue = d.queue or (d.message.queue if d.message is not None else "")
+        prev = self._queue_time.get(queue, took)
+        self._queue_time[queue] = prev + (took - prev) * 0.2
         if d.holds and d.message is not None:  # a limited task: keep its run time
             prev = self._task_time.get(d.message.name, took)
             self._task_time[d.message.name] = prev + (took - prev) * 0.2

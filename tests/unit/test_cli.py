@@ -10,6 +10,7 @@ assertion is about what the CLI shows or changed, not about timing.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -201,6 +202,62 @@ def test_stats_tells_running_jobs_from_prefetched_ones(url: str) -> None:
     line = next(line for line in out.splitlines() if line.split()[:1] == ["default"]).split()
     assert line[header.index("running")] == "1"
     assert line[header.index("prefetched")] == "2"
+
+
+def test_stats_says_how_many_workers_a_queue_wants(url: str) -> None:
+    """One worker of concurrency 2 whose jobs take 30 s holds 3 (2 running, 1
+    buffered), 7 are ready: 3 busy slots + 3.5 slots to clear 7 x 30 s in
+    60 s = 6.5 slots, 4 workers; with a 600 s target, 3.35 slots, 2 workers."""
+    enqueue(ADD, *[(i, i) for i in range(10)])
+
+    async def lease(app: dw.App) -> None:
+        assert len(await app.broker.fetch(["default"], 3, 60.0, 0, "w1")) == 3
+        record = {
+            "id": "w1",
+            "queues": ["default"],
+            "concurrency": 2,
+            "prefetched": {"default": 1},
+            "job_seconds": {"default": 30.0},
+        }
+        await app.broker.kv_set({"worker:w1": orjson.dumps(record)}, ttl=60)
+
+    with_app(lease)
+    [row] = js(cli(url, "stats", "--json"))["queues"]
+    assert (row["ready"], row["running"], row["prefetched"]) == (7, 2, 1)
+    assert (row["workers"], row["desired_workers"]) == (1, 4)
+    assert row["backlog_per_worker"] == 10
+    assert row["job_seconds"] == 30.0 and row["drain_rate"] == pytest.approx(2 / 30)
+    [row] = js(cli(url, "stats", "--json", "--drain-target", "600"))["queues"]
+    assert row["desired_workers"] == 2
+    out = cli(url, "stats").stdout
+    header = next(line for line in out.splitlines() if "queue" in line).split()
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["default"]).split()
+    assert line[header.index("workers")] == "1"
+    assert line[header.index("want")] == "4"
+
+
+def test_health_passes_on_a_fresh_heartbeat_of_this_host_only(url: str) -> None:
+    """``dumbwaiter health``: a worker of this host (the id starts with the
+    hostname) that heartbeated within --max-age passes; a stale one, one of
+    another host, or none fails with exit 1 and says why."""
+    host = socket.gethostname()
+    assert cli(url, "health").exit_code == 1  # no worker at all
+    assert "no live worker on" in cli(url, "health").output
+
+    async def announce(app: dw.App, id: str, age: float) -> None:
+        record = {"id": id, "queues": ["default"], "heartbeat_at": time.time() - age}
+        await app.broker.kv_set({f"worker:{id}": orjson.dumps(record)}, ttl=60)
+
+    with_app(lambda app: announce(app, f"{host}:1:aa", 40.0))
+    with_app(lambda app: announce(app, "elsewhere:2:bb", 0.0))
+    stale = cli(url, "health")
+    assert stale.exit_code == 1 and "within 20 s" in stale.output and f"{host}:1:aa" in stale.output
+    assert cli(url, "health", "--host", "elsewhere").exit_code == 0
+    assert cli(url, "health", "--max-age", "60").exit_code == 0
+    with_app(lambda app: announce(app, f"{host}:3:cc", 0.5))
+    ok = js(cli(url, "health", "--json"))
+    assert ok["healthy"] is True and ok["host"] == host
+    assert set(ok["workers"]) == {f"{host}:1:aa", f"{host}:3:cc"}
 
 
 def test_stats_on_an_empty_broker(url: str) -> None:

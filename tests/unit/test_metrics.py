@@ -268,13 +268,13 @@ async def test_worker_options_install_metrics_and_alerts(
     @app.task
     def hello() -> None: ...
 
-    assert _observability(app, None, None) == []  # nothing asked, nothing configured
-    [alerts] = _observability(app, None, True)
+    assert _observability(app, None, "127.0.0.1", None) == []  # nothing asked, nothing configured
+    [alerts] = _observability(app, None, "127.0.0.1", True)
     assert isinstance(alerts, AlertService)
     configure(app)  # a configured app evaluates in every worker...
-    assert [type(s) for s in _observability(app, None, None)] == [AlertService]
-    assert _observability(app, None, False) == []  # ...unless --no-alerts
-    [server, _] = _observability(app, 0, None)
+    assert [type(s) for s in _observability(app, None, "127.0.0.1", None)] == [AlertService]
+    assert _observability(app, None, "127.0.0.1", False) == []  # ...unless --no-alerts
+    [server, _] = _observability(app, 0, "127.0.0.1", None)
     assert isinstance(server, MetricsServer)
     try:
         assert any(isinstance(m, PrometheusMiddleware) for m in app.middleware.middleware)

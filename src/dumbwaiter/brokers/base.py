@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 from ..errors import BrokerError, DumbwaiterError
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 from ..redact import mask_url
-from . import failure
+from . import capacity, failure
 
 if TYPE_CHECKING:
     from ..sqldb import Sql
@@ -95,6 +95,11 @@ class Capabilities:
     ordered_keys: bool = False
     #: cluster-wide flow control: ``rate_limit`` and ``slot_*`` (concurrency limits)
     limits: bool = False
+    #: ``enqueue_bounded`` counts and stores in one atomic step of the engine
+    #: (a transaction, a script); without it, producers of a bounded queue
+    #: take a lock per queue around the count (brokers/capacity.py): the
+    #: bound holds as well, at a round trip or three more per enqueue
+    native_capacity: bool = False
 
 
 @dataclass(slots=True)
@@ -508,6 +513,19 @@ class Broker(abc.ABC):
         the batch is stored either.  ``eta`` in the future makes a
         ``scheduled`` job; otherwise it is ``ready`` at once.
         """
+
+    async def enqueue_bounded(
+        self, msgs: Sequence[Message], max_ready: Mapping[str, int]
+    ) -> list[str]:
+        """``enqueue``, unless a queue named in ``max_ready`` would then hold
+        more waiting jobs (ready, scheduled, retrying) than its bound: then
+        raise ``QueueFull`` and store nothing of the batch.  Atomic against
+        every other producer's ``enqueue_bounded``: concurrent producers
+        never admit more than the bound.  The default takes a lock per
+        bounded queue around a count (brokers/capacity.py); an engine that
+        counts inside its own enqueue step overrides it and reports
+        ``capabilities.native_capacity``."""
+        return await capacity.enqueue_locked(self, msgs, max_ready)
 
     def enqueue_sync(self, msgs: Iterable[Message]) -> list[str]:
         """``enqueue`` for sync callers, where ``capabilities.sync_enqueue``."""

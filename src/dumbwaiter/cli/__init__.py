@@ -39,6 +39,7 @@ COMMANDS = {
     "dashboard": "dashboard:dashboard",
     "alerts": "alerts:alerts",
     "doctor": "doctor:doctor",
+    "health": "health:health",
     "state": "state:state",
 }
 

@@ -26,6 +26,7 @@ from ..brokers.base import Broker, QueueStats
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
 from ..metrics import queue_stats
+from ..scaling import DEFAULT_DRAIN_TARGET, DRAIN_TARGET_ENV, scales
 from ..task import Task, full_name
 from .common import app_options, resolve_app
 from .output import console, duration, print_json, table
@@ -77,25 +78,38 @@ def call(app: App, fn: Callable[[Broker], Awaitable[T]], *, open_first: bool = T
 @click.command()
 @app_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
-    """Queues at a glance: depth by state, lag, paused.
+@click.option(
+    "--drain-target",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Seconds in which ready jobs should be cleared, for the desired workers "
+    f"(default: ${DRAIN_TARGET_ENV}, else {DEFAULT_DRAIN_TARGET:g}).",
+)
+def stats(app_spec: str | None, url: str | None, as_json: bool, drain_target: float | None) -> None:
+    """Queues at a glance: depth by state, lag, paused, and the workers each needs.
 
     One row per queue: ready, scheduled, retrying, running, prefetched, dead,
-    succeeded, lag, paused.
+    succeeded, lag, workers, want, paused.
 
     Running jobs are being run by a handler; prefetched ones are leased by a
     worker and wait in its buffer for a free slot (the workers' count at
     their last heartbeat).  Lag is the age of the oldest ready job: how far
-    behind the workers are.
+    behind the workers are.  Workers are the live ones on the queue; want is
+    how many it needs now (its busy slots plus the slots that clear its
+    ready jobs within the drain target: docs/metrics.md), the number an
+    autoscaler targets.
     """
     app = resolve_app(app_spec, url)
 
-    async def read(b: Broker) -> list[QueueStats]:
-        return (await queue_stats(b))[0]
+    async def read(b: Broker) -> tuple[list[QueueStats], list[dict[str, Any]]]:
+        return await queue_stats(b)
 
-    rows: list[QueueStats] = call(app, read)
+    rows, workers = call(app, read)
+    figures = scales(rows, workers, drain_target)
     if as_json:
-        print_json({"queues": [r.to_dict() for r in rows]})
+        pairs = zip(rows, figures, strict=True)
+        print_json({"queues": [r.to_dict() | f.to_dict() for r, f in pairs]})
         return
     if not rows:
         click.echo("no queues yet (nothing was enqueued on this broker)")
@@ -109,9 +123,12 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
         "dead",
         "succeeded",
         "lag",
+        "workers",
+        "want",
     )
     t = table("queue", *numbers, "paused", right=numbers)
-    for r in rows:
+    for r, f in zip(rows, figures, strict=True):
+        short = f.desired_workers > f.workers
         t.add_row(
             Text(r.queue),
             str(r.ready),
@@ -122,6 +139,8 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
             Text(str(r.dead), style="red" if r.dead else ""),
             str(r.succeeded),
             duration(r.lag) if r.ready else "-",
+            str(f.workers),
+            Text(str(f.desired_workers), style="yellow" if short else ""),
             Text("paused", style="yellow") if r.paused else "",
         )
     console().print(t)

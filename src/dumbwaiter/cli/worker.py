@@ -90,8 +90,16 @@ log = logging.getLogger("dumbwaiter.cli")
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     default=None,
-    help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (with --processes N, "
+    help="Serve Prometheus metrics on http://HOST:PORT/metrics (with --processes N, "
     "process i serves PORT+i).  Needs dumbwaiter[metrics].",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="DUMBWAITER_METRICS_HOST",
+    help="Address --metrics-port listens on; 0.0.0.0 lets a Prometheus outside the "
+    "machine or pod scrape it [env DUMBWAITER_METRICS_HOST].",
 )
 @click.option(
     "--alerts/--no-alerts",
@@ -114,6 +122,7 @@ def worker(
     with_scheduler: bool,
     relay_source: str | None,
     metrics_port: int | None,
+    metrics_host: str,
     alerts: bool | None,
     log_level: str,
     log_format: str,
@@ -145,7 +154,7 @@ def worker(
         from ..relay import service as relay_service
 
         services.append(relay_service(relay_source))
-    services += _observability(app, metrics_port, alerts)
+    services += _observability(app, metrics_port, metrics_host, alerts)
     w = Worker(app, config, services=services)
     serve(_serve(w, app), loop)
     # A timed-out sync job's thread may still run; it must not hold the exit.
@@ -179,7 +188,9 @@ async def _serve(w: Worker, app: App) -> None:
             await app.webhooks.aclose()
 
 
-def _observability(app: App, metrics_port: int | None, alerts: bool | None) -> list[Service]:
+def _observability(
+    app: App, metrics_port: int | None, metrics_host: str, alerts: bool | None
+) -> list[Service]:
     """The side services --metrics-port and --alerts ask for (imported only then)."""
     services: list[Service] = []
     if metrics_port is not None:
@@ -187,7 +198,7 @@ def _observability(app: App, metrics_port: int | None, alerts: bool | None) -> l
         from ..metrics import MetricsServer, port_for_process
 
         try:
-            server = MetricsServer(app, port_for_process(metrics_port))
+            server = MetricsServer(app, port_for_process(metrics_port), metrics_host)
         except MissingDependency as exc:
             raise click.UsageError(str(exc)) from exc
         server.start()  # now, so a port in use fails at start-up, not later

@@ -25,7 +25,7 @@ class MemoryBroker(Transport, Admin, Coordination):
     ``?retention=SECONDS`` is its one option (the ``retention`` argument wins)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=False, events=True, limits=True
+        sync_enqueue=True, multi_process=False, events=True, limits=True, native_capacity=True
     )
     schemes: ClassVar[tuple[str, ...]] = ("memory",)
 

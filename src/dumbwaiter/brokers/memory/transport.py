@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 from ...errors import LeaseExpired
 from ...message import ErrorRecord, Message, encode_checked, uuid7
 from ...state import State
+from .. import capacity
 from ..base import Binding, Broker, DeadLetter, Delivery, Rescued, delivery_of, events_page
 from .store import Row, Store
 
@@ -25,6 +27,10 @@ _UNIQUE_BLOCKS = {
     "active": frozenset({State.SCHEDULED, State.READY, State.RETRYING, State.RUNNING}),
     "queued": frozenset({State.SCHEDULED, State.READY, State.RETRYING}),
 }
+
+
+#: the states that count against a bounded queue's ``max_ready``
+_WAITING = frozenset({State.SCHEDULED, State.READY, State.RETRYING})
 
 
 class Transport(Broker):
@@ -48,6 +54,23 @@ class Transport(Broker):
         for m in msgs:  # the size check every broker makes, before storing any
             encode_checked(m, self.max_message_size)
         with self.store.lock:
+            return self._add(msgs, time.time())
+
+    async def enqueue_bounded(
+        self, msgs: Sequence[Message], max_ready: Mapping[str, int]
+    ) -> list[str]:
+        """Count and store under the store's lock: one step for every thread."""
+        msgs = list(msgs)
+        for m in msgs:
+            encode_checked(m, self.max_message_size)
+        adding = capacity.per_queue(msgs, max_ready)
+        with self.store.lock:
+            counts = Counter(
+                r.msg.queue
+                for r in self.store.rows.values()
+                if r.msg.queue in adding and r.state in _WAITING
+            )
+            capacity.admit(adding, counts, max_ready)
             return self._add(msgs, time.time())
 
     def _add(self, msgs: list[Message], now: float) -> list[str]:

@@ -20,12 +20,15 @@ from typing import ClassVar
 
 from ..base import Capabilities
 from .admin import PostgresAdmin
+from .capacity import PostgresCapacity
 from .coordination import PostgresCoordination
 from .enqueue import COPY_MIN, NOTIFY_MAX, PostgresEnqueue
 from .transport import MAINTENANCE_LOCK, PostgresTransport
 
 
-class PostgresBroker(PostgresEnqueue, PostgresTransport, PostgresAdmin, PostgresCoordination):
+class PostgresBroker(
+    PostgresCapacity, PostgresEnqueue, PostgresTransport, PostgresAdmin, PostgresCoordination
+):
     """The PostgreSQL broker (see the module docstring for its parts)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
@@ -35,6 +38,7 @@ class PostgresBroker(PostgresEnqueue, PostgresTransport, PostgresAdmin, Postgres
         multi_host=True,
         events=True,
         limits=True,
+        native_capacity=True,
     )
     schemes: ClassVar[tuple[str, ...]] = ("postgresql", "postgres")
 

@@ -355,6 +355,17 @@ class Queries:
             f"SELECT queue, state, sum(n)::int8 FROM (SELECT queue, state, n FROM {counts}"
             f" UNION ALL SELECT queue, state, n FROM {deltas}) AS x GROUP BY 1, 2"
         )
+        # Bounded queues (capacity.py): producers of one queue take a lock of
+        # the transaction, then count its waiting jobs exactly as above
+        self.capacity_lock = q(
+            "SELECT pg_advisory_xact_lock(hashtext(%s || q)) FROM unnest(%s::text[]) AS q"
+        )
+        self.waiting = q(
+            f"SELECT queue, sum(n)::int8 FROM (SELECT queue, state, n FROM {counts}"
+            f" UNION ALL SELECT queue, state, n FROM {deltas}) AS x"
+            " WHERE queue = ANY(%s) AND state IN ('ready', 'scheduled', 'retrying')"
+            " GROUP BY 1"
+        )
         # The age of each queue's oldest ready job: the ready index is ordered
         # by priority first, so one probe per priority in use (a loose index
         # scan), never a read of the whole backlog.

@@ -17,16 +17,22 @@ from redis.exceptions import RedisError
 from ...errors import BrokerError
 from ..base import Capabilities
 from .admin import Admin
+from .capacity import RedisCapacity
 from .connection import Connection, Target
 from .coordination import Coordination
 from .transport import Transport
 
 
-class Keyspace(Transport, Admin, Coordination):
+class Keyspace(RedisCapacity, Transport, Admin, Coordination):
     """The keys under one hash tag, and every seam method on them."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, multi_process=True, multi_host=True, limits=True, events=True
+        sync_enqueue=True,
+        multi_process=True,
+        multi_host=True,
+        limits=True,
+        events=True,
+        native_capacity=True,
     )
     client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
 

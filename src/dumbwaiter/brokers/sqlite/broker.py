@@ -30,7 +30,12 @@ class SQLiteBroker(SQLiteEnqueue, SQLiteTransport, SQLiteAdmin, SQLiteCoordinati
     """The SQLite broker (see the module docstring for its parts)."""
 
     capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True, transactional_outbox=True, multi_process=True, events=True, limits=True
+        sync_enqueue=True,
+        transactional_outbox=True,
+        multi_process=True,
+        events=True,
+        limits=True,
+        native_capacity=True,
     )
     schemes: ClassVar[tuple[str, ...]] = ("sqlite",)
     client_errors: ClassVar[tuple[type[BaseException], ...]] = (sqlite3.Error,)

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -22,7 +22,7 @@ import orjson
 from ...errors import ConfigurationError
 from ...message import Message, encode_checked, uuid7
 from ...sqldb import Sql
-from .. import deadline
+from .. import capacity, deadline
 from ..base import Binding, delivery_of
 from ..sql.rows import events_page
 from .connection import SQLiteConnection
@@ -53,6 +53,38 @@ class SQLiteEnqueue(SQLiteConnection):
         rows = self._rows(msgs)
         wait = deadline.remaining(self.busy_timeout)
         return self._producer_tx(self._sync_conn(), lambda c: self._insert(c, rows), wait)
+
+    async def enqueue_bounded(
+        self, msgs: Sequence[Message], max_ready: Mapping[str, int]
+    ) -> list[str]:
+        """The count of a bounded queue's waiting jobs (``dw_counts``, kept in
+        step by every write) and the insert in one ``BEGIN IMMEDIATE``
+        transaction: the write lock makes the pair atomic for every process
+        that opens the file, so no lock of our own is needed."""
+        adding = capacity.per_queue(msgs, max_ready)
+        wait = deadline.remaining(self.busy_timeout)
+        return await self._run(self._enqueue_bounded, msgs, adding, dict(max_ready), wait)
+
+    def _enqueue_bounded(
+        self,
+        msgs: Sequence[Message],
+        adding: Mapping[str, int],
+        max_ready: Mapping[str, int],
+        wait: float,
+    ) -> list[str]:
+        rows = self._rows(msgs)
+
+        def tx(c: sqlite3.Connection) -> list[str]:
+            counts = c.execute(
+                "SELECT queue, sum(n) FROM dw_counts WHERE state IN"
+                " ('ready', 'scheduled', 'retrying')"
+                " AND queue IN (SELECT value FROM json_each(?)) GROUP BY queue",
+                (orjson.dumps(sorted(adding)),),
+            ).fetchall()
+            capacity.admit(adding, dict(counts), max_ready)
+            return self._insert(c, rows)
+
+        return self._as_producer(tx, wait)
 
     def _rows(self, msgs: Iterable[Message]) -> list[tuple[Any, ...]]:
         """Encode (and size-check) before taking the write lock; keep only rows."""

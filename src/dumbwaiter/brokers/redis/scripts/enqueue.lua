@@ -11,6 +11,8 @@
 -- mode '' stores and publishes at once; 'stage' (first chunk: 'stage1',
 -- which registers the call until `deadline`) stores the jobs in state
 -- `staged` for commit.lua to publish (see _lib.lua, unstage).
+-- mode 'bound' (one chunk only) stores as '' does after checking the
+-- bounded queues `call` names (below; brokers/redis/capacity.py).
 -- Returns, for each job that was not stored because another job with the same
 -- key is (its key still blocks), the job's position in the call (1-based) and
 -- that other job's id; an empty list when every job has its own id (stored
@@ -45,6 +47,29 @@ elseif mode == 'stage' and not redis.call('ZSCORE', P .. ':staging', call) then
 end
 if mode == 'stage' then
   stage = P .. ':stage:' .. call
+end
+if mode == 'bound' then
+  -- a bounded enqueue (capacity.py): `call` holds "queue\nlimit\n" per
+  -- bounded queue; the queue's waiting jobs (ready, and scheduled with its
+  -- retries) plus this call's must stay within the limit, else nothing is
+  -- stored and the reply is QUEUEFULL with the count, the queue's name last
+  local adding = {}
+  local m = 5
+  while m <= #ARGV do
+    local size, q = tonumber(ARGV[m]), ARGV[m + 1]
+    adding[q] = (adding[q] or 0) + size
+    m = m + 8 + size * (ARGV[m + 7] == '1' and 4 or 2)
+  end
+  for q, limit in string.gmatch(call, '([^\n]+)\n(%d+)\n') do
+    local asked = adding[q]
+    if asked then
+      local have = redis.call('ZCARD', P .. ':ready:' .. q) + redis.call('ZCARD', P .. ':sched:' .. q)
+      if have + asked > tonumber(limit) then
+        return redis.error_reply('QUEUEFULL ' .. have .. ' ' .. q)
+      end
+    end
+  end
+  mode = ''
 end
 local n = 5
 local pos = 0
