@@ -47,6 +47,7 @@ from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .names import TIERS, Names, tier_for
 from .records import Record
+from .topics import Topics
 from .transport import JOIN_WAIT, Reader
 
 log = logging.getLogger("dumbwaiter.kafka")
@@ -106,7 +107,7 @@ class KafkaBroker(StateDelegation):
         setattr(self, "capabilities", caps)  # noqa: B010 (a per-instance ClassVar)
         self._links: PerLoop[Link] = PerLoop(lambda loop: Link(self.config, loop), _close, abandon)
         self._claimed = False
-        self._topics: set[str] = set()
+        self._topics = Topics(self.replication)
         #: queues this process has written to the admin's list
         self.known_queues: set[str] = set()
         #: copies written in the background (``send_soon``)
@@ -160,13 +161,8 @@ class KafkaBroker(StateDelegation):
     # -- topics ------------------------------------------------------------------------
 
     async def ensure_topics(self, topics: Iterable[str], partitions: int | None = None) -> None:
-        new = [t for t in topics if t not in self._topics]
-        if not new:
-            return
         n = self.partitions if partitions is None else partitions
-        cfg: dict[str, str] = {}
-        await self.link().create_topics([(t, n, self.replication, cfg) for t in new])
-        self._topics.update(new)
+        await self._topics.ensure(self.link(), ((t, (n, {})) for t in topics))
 
     async def ensure_queues(self, queues: Iterable[str]) -> None:
         """A queue's topic and its dead-letter topic (made with it: a worker
@@ -178,10 +174,9 @@ class KafkaBroker(StateDelegation):
         topic = self.names.event_topic(event_type)
         if topic not in self._topics:
             ms = str(round(self.event_retention * 1000))
-            await self.link().create_topics(
-                [(topic, self.partitions, self.replication, {"retention.ms": ms})]
+            await self._topics.ensure(
+                self.link(), [(topic, (self.partitions, {"retention.ms": ms}))]
             )
-            self._topics.add(topic)
             await self.state.kv_set({self.names.etype + event_type: b"1"})
         return topic
 
@@ -255,11 +250,15 @@ class KafkaBroker(StateDelegation):
         if topics & tiers:
             await self.ensure_topics(tiers, 1)
         producer = await self.link().producer(self._request_size())
-        futures = [
-            await producer.send(topic, value, key=key, headers=headers)
-            for topic, key, value, headers in items
-        ]
-        await asyncio.gather(*futures)
+        try:
+            futures = [
+                await producer.send(topic, value, key=key, headers=headers)
+                for topic, key, value, headers in items
+            ]
+            await asyncio.gather(*futures)
+        except KafkaError:
+            self._topics.check_soon()  # a topic may be gone: the next fetch looks
+            raise
 
     def send_soon(self, items: _Out) -> None:
         """``send`` in a task of its own, for copies nobody waits for (the
@@ -340,6 +339,7 @@ class KafkaBroker(StateDelegation):
     ) -> list[Delivery]:
         await self.state.open()  # the admission, before anything is read
         await link.arm()
+        await self._topics.check(link)
         paused = await self.state.kv_get([self.names.paused + q for q in queues])
         live = [q for q in queues if self.names.paused + q not in paused]
         await self.ensure_queues(queues)
