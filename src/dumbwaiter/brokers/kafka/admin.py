@@ -9,7 +9,6 @@ for a hot path.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ async def records(b: KafkaBroker) -> list[Record]:
 
 async def stats(b: KafkaBroker) -> list[QueueStats]:
     n = b.names
-    now = time.time()
+    now = await b.now()
     queues = {k[len(n.queue) :] for k in await b.state.kv_scan(n.queue)}
     counts: dict[str, dict[str, float]] = {q: {} for q in queues}
     for rec in await records(b):
@@ -44,7 +43,7 @@ async def stats(b: KafkaBroker) -> list[QueueStats]:
 
 
 async def list_jobs(b: KafkaBroker, filter: JobFilter, cursor: str | None, limit: int) -> Page:
-    now = time.time()
+    now = await b.now()
     infos = [r.info(now) for r in await records(b)]
     found = sorted(
         (i for i in infos if filter.matches(i) and (cursor is None or i.message.id < cursor)),
@@ -58,7 +57,7 @@ async def list_jobs(b: KafkaBroker, filter: JobFilter, cursor: str | None, limit
 async def replay(b: KafkaBroker, filter: JobFilter) -> int:
     """Dead jobs matching ``filter`` get fresh attempts and a new copy."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     ids = [
         r.msg.id for r in await records(b) if r.state is State.DEAD and filter.matches(r.info(now))
     ]
@@ -89,7 +88,7 @@ async def replay(b: KafkaBroker, filter: JobFilter) -> int:
 
 async def purge(b: KafkaBroker, filter: JobFilter) -> int:
     n = b.names
-    now = time.time()
+    now = await b.now()
     gone = [
         r for r in await records(b) if r.state is not State.RUNNING and filter.matches(r.info(now))
     ]

@@ -39,6 +39,7 @@ from ..base import (
     Rescued,
     StateDelegation,
 )
+from ..clock import ServerClock
 from ..gate import Gate
 from ..perloop import PerLoop
 from . import admin, coordination, jobs
@@ -98,6 +99,10 @@ class KafkaBroker(StateDelegation):
         self.state_url = store.url
         self._store = store
         self._gate = Gate(store, self._admit)
+        #: the state store's clock, which every record's time is on: leases,
+        #: run times and the delay tiers' due times agree between hosts
+        #: whose own clocks do not (``clock.py``)
+        self.clock = ServerClock()
         self.state: Broker = self._gate
         caps = replace(
             type(self).capabilities,
@@ -130,6 +135,16 @@ class KafkaBroker(StateDelegation):
 
     def link(self) -> Link:
         return self._links.get()
+
+    async def now(self) -> float:
+        """The state store's time now (``clock.py``), read again when due."""
+        if self.clock.due:
+            await self.clock.try_sync(self._store_time)
+        return self.clock.now()
+
+    async def _store_time(self) -> float:
+        t = await self._store.server_time()
+        return time.time() if t is None else t
 
     async def _admit(self) -> None:
         """The gate's check: the cluster agrees our state store is the app's."""
@@ -318,7 +333,7 @@ class KafkaBroker(StateDelegation):
             auto_offset_reset="earliest",
         )
         producer = await link.producer(self._request_size())
-        link.relay = Relay(consumer, producer, self.names.tier_topic)
+        link.relay = Relay(consumer, producer, self.names.tier_topic, self.clock.now)
         link.relay.start()
 
     async def fetch(
@@ -442,7 +457,7 @@ class KafkaBroker(StateDelegation):
     async def get(self, id: str) -> JobInfo | None:
         got = await self.state.kv_get([self.names.job + id])
         raw = got.get(self.names.job + id)
-        return None if raw is None else Record.load(raw).info(time.time())
+        return None if raw is None else Record.load(raw).info(await self.now())
 
     async def replay(self, filter: JobFilter) -> int:
         return await admin.replay(self, filter)

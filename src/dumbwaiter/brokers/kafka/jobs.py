@@ -47,7 +47,7 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     answers the id already there), then their copies; nothing of the batch
     stays if the copies cannot be written."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     ids: list[str] = []
     fresh: list[Message] = []
     taken_keys: dict[str, str] = {}
@@ -74,7 +74,7 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
         for m in fresh:
             if n.job + m.id in got:
                 continue
-            due = m.eta if m.eta is not None and m.eta > now else now
+            due = _due(b, m, now)
             state = State.SCHEDULED if due > now else State.READY
             writes[n.job + m.id] = Record(msg=m, state=state, run_at=due, updated_at=now).dump()
             new.append(m)
@@ -91,7 +91,7 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     if unknown:  # the admin's list of queues
         await b.state.kv_set({n.queue + q: b"1" for q in unknown})
         b.known_queues |= unknown
-    out = [c for m in new for c in b.copy_of(m, 0, max(m.eta or 0.0, now), now)]
+    out = [c for m in new for c in b.copy_of(m, 0, _due(b, m, now), now)]
     try:
         await b.send(out)
     except BaseException:
@@ -101,6 +101,12 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
             pass
         raise
     return ids
+
+
+def _due(b: KafkaBroker, m: Message, now: float) -> float:
+    """When a new job is due on the state store's clock (its ``eta`` was
+    set on this host's: ``clock.py``)."""
+    return max(b.clock.to_server(m.eta), now) if m.eta is not None else now
 
 
 async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
@@ -138,7 +144,7 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
     write the record of each delivery to a bound group first; an event
     already published (its id marked) is skipped."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     marks = {n.event + e.id: e for e in events}
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Message]]:
@@ -153,7 +159,7 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
     out = []
     count = 0
     for e in new:
-        due = e.eta if e.eta is not None and e.eta > now else now
+        due = _due(b, e, now)
         state = State.SCHEDULED if due > now else State.READY
         for bd in bound:
             if bd.pattern != e.name:
@@ -193,7 +199,7 @@ async def judge(
     the copy each was leased from) and the copies that wait (not judged:
     read again by the next fetch)."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     wanted = _parsed(b, copies, group_queue)
     if not wanted:
         return [], []
@@ -314,7 +320,7 @@ def retried(
 ) -> tuple[float | None, bool, bool]:
     if d.error is not None:
         rec.msg.errors.append(d.error)
-    rec.wait_until(d.retry_at, now)
+    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
     return None, True, False
 
 
@@ -322,7 +328,7 @@ def requeued(
     b: KafkaBroker, rec: Record, d: Delivery, now: float
 ) -> tuple[float | None, bool, bool]:
     rec.msg.attempt = max(0, rec.msg.attempt - 1)
-    rec.wait_until(d.retry_at, now)
+    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
     return None, True, False
 
 
@@ -341,7 +347,7 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
     if not ds:
         return
     n = b.names
-    now = time.time()
+    now = await b.now()
     locks = [lk for d in ds if d.message is not None and (lk := lock_of(b, d.message))]
     keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds} | set(locks))
 
@@ -376,7 +382,7 @@ async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[D
     if not ds:
         return []
     n = b.names
-    now = time.time()
+    now = await b.now()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Delivery]]:
         writes: dict[str, KvWrite] = {}
@@ -404,7 +410,7 @@ async def rescue(b: KafkaBroker) -> Rescued:
     """Jobs whose lease ran out (their worker died or hung) get a new copy,
     or go to the dead-letter topic on their last attempt."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     expired: list[str] = []
     for k, v in (await b.state.kv_scan(n.lease)).items():
         if v == SETTLED:
@@ -478,7 +484,7 @@ async def reconcile(b: KafkaBroker) -> int:
     if token is None:
         return 0
     try:
-        now = time.time()
+        now = await b.now()
         old = now - b.stranded
         ids = [
             r.msg.id
@@ -512,7 +518,7 @@ async def change_waiting(
     if not ids:
         return []
     n = b.names
-    now = time.time()
+    now = await b.now()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool]]]:
         writes: dict[str, KvWrite] = {}
@@ -548,6 +554,8 @@ async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
 
 
 async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]:
+    at = b.clock.to_server(at)
+
     def change(rec: Record, now: float) -> tuple[float | None, bool]:
         rec.wait_until(at, now)
         return None, True
