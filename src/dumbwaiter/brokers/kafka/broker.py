@@ -232,8 +232,9 @@ class KafkaBroker(StateDelegation):
             return [(tier, key, encode(msg), tier_headers(headers, topic, run_at))]
         return [(topic, key, encode(msg), headers)]
 
-    def dead_copy(self, msg: Message) -> _Out:
-        """A dead letter for the DLQ topic: the envelope, the error history in headers."""
+    def dead_copy(self, msg: Message, raw: bytes | None = None) -> _Out:
+        """A dead letter for the DLQ topic: the envelope (or the ``raw`` bytes
+        of a foreign record: ``foreign.py``), the error history in headers."""
         import orjson
 
         errs = msg.errors
@@ -253,7 +254,8 @@ class KafkaBroker(StateDelegation):
         if errs:
             headers.append(("x-dw-error-type", errs[-1].type.encode()))
             headers.append(("x-dw-error-message", errs[-1].message[:1000].encode()))
-        return [(self.names.dlq_topic(msg.queue), msg.id.encode(), encode(msg), headers)]
+        value = encode(msg) if raw is None else raw
+        return [(self.names.dlq_topic(msg.queue), msg.id.encode(), value, headers)]
 
     async def send(self, items: _Out) -> None:
         """Write copies and wait until the cluster acknowledged every one (acks=all)."""
@@ -360,6 +362,7 @@ class KafkaBroker(StateDelegation):
         await self.ensure_queues(queues)
         await self._start_relay(link)
         readers: list[tuple[Reader, str | None]] = []
+        topic_queues = {self.names.queue_topic(q): q for q in live}
         jobs_reader = self._reader(link, self.names.jobs_group)
         await jobs_reader.follow(frozenset(self.names.queue_topic(q) for q in live))
         readers.append((jobs_reader, None))
@@ -385,7 +388,7 @@ class KafkaBroker(StateDelegation):
                 while len(out) < limit and reader.buffer:
                     copies = reader.take(limit - len(out) + LOOK_PAST)
                     got, waiting = await jobs.judge(
-                        self, copies, group_queue, lease, worker, limit - len(out)
+                        self, copies, group_queue, lease, worker, limit - len(out), topic_queues
                     )
                     for d, c in got:
                         reader.hold(d.id, c.tp)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
+from . import foreign
+from .foreign import foreign_id, origin
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
 from .transport import Copy
 
@@ -37,6 +39,8 @@ KEY_ROUNDS = 20
 _AGAIN = "again"
 #: a copy up to this many seconds before its record's time is taken (clocks differ)
 EARLY = 0.05
+#: the version ``_parsed`` gives a foreign copy (no dw-id: ``foreign.py``)
+FOREIGN = -1
 
 
 # -- enqueue and publish ---------------------------------------------------------------
@@ -190,6 +194,7 @@ async def judge(
     lease: float,
     worker: str,
     limit: int,
+    queues: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[Delivery, Copy]], list[Copy]]:
     """Lease up to ``limit`` jobs whose copies are current (see
     ``records.py``) and drop the stale copies.  ``group_queue``: the copies
@@ -197,10 +202,12 @@ async def judge(
     time, in order (``capabilities.ordered_keys``): a copy whose key's
     earlier delivery is not settled waits.  Returns the deliveries (with
     the copy each was leased from) and the copies that wait (not judged:
-    read again by the next fetch)."""
+    read again by the next fetch).  ``queues``: the queue of each topic read
+    (a foreign record on one is buried there: ``foreign.py``)."""
     n = b.names
     now = await b.now()
-    wanted = _parsed(b, copies, group_queue)
+    strangers: dict[str, tuple[Copy, str]] = {}
+    wanted = _parsed(b, copies, group_queue, queues or {}, strangers)
     if not wanted:
         return [], []
     keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
@@ -214,26 +221,24 @@ async def judge(
         done: set[str] = set()
         held: set[str] = set()  # keys whose earlier copy was taken or waits
         for c, cid, ver, lock in wanted:
-            if lock is not None and lock in held:
+            if (lock is not None and lock in held) or len(taken) >= limit:
                 waiting.append(c)
                 continue
-            if len(taken) >= limit:
-                waiting.append(c)
+            if cid in done:
                 continue
             key = n.job + cid
-            raw = got.get(key)
-            if raw is None or cid in done:
-                continue
-            rec = Record.load(raw)
-            if lock is not None:
-                holder = got.get(lock, SETTLED)
-                if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+            if ver == FOREIGN:  # buried the first time it is read (``foreign.py``)
+                first = key not in got
+                # read before (a record exists): it says what became of it
+                verdict = TAKE if first else DROP
+                rec: Record | None = foreign.buried_record(c, cid, strangers[cid][1], now)
+            else:
+                verdict, rec = _verdict(got.get(key), cid, ver, lock, got)
+            if verdict is not TAKE or rec is None:
+                if lock is not None and verdict in (WAIT, DROP_AND_HOLD):
                     held.add(lock)
+                if verdict is WAIT:
                     waiting.append(c)
-                    continue
-            if rec.ver != ver or rec.state not in WAITING:
-                if lock is not None and rec.state not in FINAL_STATES:
-                    held.add(lock)  # still to run (retried, running): the key's next waits
                 continue
             done.add(cid)
             if rec.run_at > now + EARLY:
@@ -256,10 +261,12 @@ async def judge(
         (
             Delivery(
                 id=r.msg.id,
-                message=r.msg,
+                message=r.msg if r.raw is None else None,
                 token=r.token,
                 lease_until=r.lease_until,
                 queue=r.msg.queue,
+                raw=r.raw,
+                decode_error=None if r.raw is None else foreign.reason(r),
             ),
             read_from[r.msg.id],
         )
@@ -267,24 +274,52 @@ async def judge(
     ], waiting
 
 
+#: what ``_verdict`` says of a copy of ours
+TAKE, WAIT, DROP, DROP_AND_HOLD = "take", "wait", "drop", "drop and hold"
+
+
+def _verdict(
+    raw: bytes | None, cid: str, ver: int, lock: str | None, got: dict[str, bytes]
+) -> tuple[str, Record | None]:
+    """A copy of version ``ver`` against its record ``raw``: take it, wait
+    (its key's earlier delivery is not settled: the key is held), drop it
+    (stale, or no record), or drop it and hold its key (the delivery is
+    still to run: retried or running, so the key's next waits)."""
+    if raw is None:
+        return DROP, None
+    rec = Record.load(raw)
+    if lock is not None:
+        holder = got.get(lock, SETTLED)
+        if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+            return WAIT, rec
+    if rec.ver != ver or rec.state not in WAITING:
+        if lock is not None and rec.state not in FINAL_STATES:
+            return DROP_AND_HOLD, rec
+        return DROP, rec
+    return TAKE, rec
+
+
 def _parsed(
-    b: KafkaBroker, copies: Sequence[Copy], group_queue: str | None
+    b: KafkaBroker,
+    copies: Sequence[Copy],
+    group_queue: str | None,
+    queues: Mapping[str, str],
+    strangers: dict[str, tuple[Copy, str]],
 ) -> list[tuple[Copy, str, int, str | None]]:
-    """(copy, job id, version, key lock) of each copy of ours."""
-    out = []
+    """(copy, job id, version, key lock) of each copy; a foreign one
+    (``foreign.py``) has the version ``FOREIGN`` and is put in ``strangers``
+    (id -> copy, queue)."""
+    out: list[tuple[Copy, str, int, str | None]] = []
     for c in copies:
         cid = c.header("dw-id")
         if cid is None:
-            # not a copy of ours (a foreign producer's record): nothing to
-            # run, and its offset is passed; said, not dropped in silence
-            log.warning(
-                "kafka: skipped a record without a dw-id header on %s[%d] at offset %d "
-                "(%d bytes): not a dumbwaiter job",
-                c.tp.topic,
-                c.tp.partition,
-                c.offset,
-                len(c.value),
-            )
+            queue = group_queue or queues.get(c.tp.topic)
+            if queue is None:  # not a topic of a queue read here: nothing to bury it in
+                log.warning("kafka: skipped a record without a dw-id header at %s", origin(c))
+                continue
+            fid = foreign_id(c, queue)
+            strangers[fid] = (c, queue)
+            out.append((c, fid, FOREIGN, None))
             continue
         lock = None
         if group_queue is not None:
@@ -374,7 +409,7 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
         if again:
             out += b.copy_of(rec.msg, rec.ver, rec.run_at, now)
         if dead:
-            out += b.dead_copy(rec.msg)
+            out += b.dead_copy(rec.msg, rec.raw)
     await b.send(out)
 
 
@@ -455,9 +490,10 @@ async def rescue(b: KafkaBroker) -> Rescued:
     dead = []
     for rec, is_dead in changed:
         if is_dead:
-            buried += b.dead_copy(rec.msg)
+            buried += b.dead_copy(rec.msg, rec.raw)
             err = rec.msg.errors[-1]
-            dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, rec.msg))
+            msg = None if rec.raw is not None else rec.msg  # a foreign record: no envelope
+            dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, msg))
         else:
             out += b.copy_of(rec.msg, rec.ver, now, now)
     await b.send(out)
