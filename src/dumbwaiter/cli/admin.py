@@ -23,6 +23,7 @@ from rich.text import Text
 from ..app import App
 from ..brokers import deadline
 from ..brokers.base import Broker, QueueStats
+from ..brokers.partitions import PartitionLag
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
 from ..metrics import queue_stats
@@ -86,16 +87,20 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
     Running jobs are being run by a handler; prefetched ones are leased by a
     worker and wait in its buffer for a free slot (the workers' count at
     their last heartbeat).  Lag is the age of the oldest ready job: how far
-    behind the workers are.
+    behind the workers are.  On a partitioned log (Kafka) a second table
+    gives each queue's partitions: end offset, committed offset, lag.
     """
     app = resolve_app(app_spec, url)
 
-    async def read(b: Broker) -> list[QueueStats]:
-        return (await queue_stats(b))[0]
+    async def read(b: Broker) -> tuple[list[QueueStats], list[PartitionLag]]:
+        return (await queue_stats(b))[0], await b.partition_lag()
 
-    rows: list[QueueStats] = call(app, read)
+    rows, parts = call(app, read)
     if as_json:
-        print_json({"queues": [r.to_dict() for r in rows]})
+        out: dict[str, Any] = {"queues": [r.to_dict() for r in rows]}
+        if parts:  # a partitioned log's (Kafka)
+            out["partitions"] = [p.to_dict() for p in parts]
+        print_json(out)
         return
     if not rows:
         click.echo("no queues yet (nothing was enqueued on this broker)")
@@ -125,6 +130,17 @@ def stats(app_spec: str | None, url: str | None, as_json: bool) -> None:
             Text("paused", style="yellow") if r.paused else "",
         )
     console().print(t)
+    if parts:
+        console().print(_partition_table(parts))
+
+
+def _partition_table(parts: list[PartitionLag]) -> Any:
+    """Each queue's partitions: end offset, committed offset, lag."""
+    numbers = ("partition", "end", "committed", "lag")
+    t = table("queue", *numbers, right=numbers)
+    for p in parts:
+        t.add_row(Text(p.queue), str(p.partition), str(p.end), str(p.committed), str(p.lag))
+    return t
 
 
 # -- enqueue ---------------------------------------------------------------------

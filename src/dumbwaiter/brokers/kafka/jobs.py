@@ -13,19 +13,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
 from . import foreign
+from .engine import KafkaEngine
 from .foreign import foreign_id, origin
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
 from .transport import Copy
-
-if TYPE_CHECKING:
-    from .broker import KafkaBroker
 
 log = logging.getLogger("dumbwaiter.kafka")
 
@@ -46,7 +43,7 @@ FOREIGN = -1
 # -- enqueue and publish ---------------------------------------------------------------
 
 
-async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
+async def enqueue(b: KafkaEngine, msgs: list[Message]) -> list[str]:
     """Write the records of new jobs (a duplicate id or a held unique key
     answers the id already there), then their copies; nothing of the batch
     stays if the copies cannot be written."""
@@ -107,13 +104,13 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     return ids
 
 
-def _due(b: KafkaBroker, m: Message, now: float) -> float:
+def _due(b: KafkaEngine, m: Message, now: float) -> float:
     """When a new job is due on the state store's clock (its ``eta`` was
     set on this host's: ``clock.py``)."""
     return max(b.clock.to_server(m.eta), now) if m.eta is not None else now
 
 
-async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
+async def _key_holder(b: KafkaEngine, m: Message, now: float) -> str | None:
     """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
     A holder that is gone or done gives the key up in one update of the
     key's entry and its record, only if the entry still names it."""
@@ -143,7 +140,7 @@ async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
     raise BrokerError(f"kafka enqueue: the unique key {m.key!r} kept changing hands")
 
 
-async def publish(b: KafkaBroker, events: list[Message]) -> int:
+async def publish(b: KafkaEngine, events: list[Message]) -> int:
     """Keep each new event in its type's topic (the log the groups read) and
     write the record of each delivery to a bound group first; an event
     already published (its id marked) is skipped."""
@@ -188,7 +185,7 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
 
 
 async def judge(
-    b: KafkaBroker,
+    b: KafkaEngine,
     copies: Sequence[Copy],
     group_queue: str | None,
     lease: float,
@@ -300,7 +297,7 @@ def _verdict(
 
 
 def _parsed(
-    b: KafkaBroker,
+    b: KafkaEngine,
     copies: Sequence[Copy],
     group_queue: str | None,
     queues: Mapping[str, str],
@@ -339,10 +336,10 @@ def _parsed(
 
 #: what an outcome does to a held record: how long to keep it (None: for
 #: good) and the copies to write after
-Change = Callable[["KafkaBroker", Record, Delivery, float], tuple[float | None, bool, bool]]
+Change = Callable[[KafkaEngine, Record, Delivery, float], tuple[float | None, bool, bool]]
 
 
-def acked(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+def acked(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
     rec.state = State.SUCCEEDED
     rec.updated_at = now
     rec.result = d.result
@@ -351,7 +348,7 @@ def acked(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float |
 
 
 def retried(
-    b: KafkaBroker, rec: Record, d: Delivery, now: float
+    b: KafkaEngine, rec: Record, d: Delivery, now: float
 ) -> tuple[float | None, bool, bool]:
     if d.error is not None:
         rec.msg.errors.append(d.error)
@@ -360,14 +357,14 @@ def retried(
 
 
 def requeued(
-    b: KafkaBroker, rec: Record, d: Delivery, now: float
+    b: KafkaEngine, rec: Record, d: Delivery, now: float
 ) -> tuple[float | None, bool, bool]:
     rec.msg.attempt = max(0, rec.msg.attempt - 1)
     rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
     return None, True, False
 
 
-def died(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+def died(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
     if d.error is not None:
         rec.msg.errors.append(d.error)
     rec.state = State.DEAD
@@ -376,7 +373,7 @@ def died(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | 
     return None, False, True
 
 
-async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None:
+async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None:
     """Apply ``change`` to each record this worker still holds (a delivery
     whose lease was lost is ignored), then write the copies it calls for."""
     if not ds:
@@ -413,7 +410,7 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
     await b.send(out)
 
 
-async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
     if not ds:
         return []
     n = b.names
@@ -441,7 +438,7 @@ async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[D
     return lost
 
 
-async def rescue(b: KafkaBroker) -> Rescued:
+async def rescue(b: KafkaEngine) -> Rescued:
     """Jobs whose lease ran out (their worker died or hung) get a new copy,
     or go to the dead-letter topic on their last attempt."""
     n = b.names
@@ -503,7 +500,7 @@ async def rescue(b: KafkaBroker) -> Rescued:
     return Rescued(len(changed), dead)
 
 
-async def reconcile(b: KafkaBroker) -> int:
+async def reconcile(b: KafkaEngine) -> int:
     """Write a new copy of each job due for ``stranded`` seconds and not
     taken: its copy was lost (a producer that died between the record and
     the copy, a cluster that lost acknowledged records: tansu keeps nothing
@@ -544,7 +541,7 @@ async def reconcile(b: KafkaBroker) -> int:
 
 
 async def change_waiting(
-    b: KafkaBroker,
+    b: KafkaEngine,
     ids: Sequence[str],
     change: Callable[[Record, float], tuple[float | None, bool]],
     states: frozenset[State] = CANCELLABLE_STATES,
@@ -581,7 +578,7 @@ async def change_waiting(
     return [rec.msg.id for rec, _ in changed]
 
 
-async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+async def cancel(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
     def change(rec: Record, now: float) -> tuple[float | None, bool]:
         rec.state, rec.updated_at, rec.ver = State.CANCELLED, now, rec.ver + 1
         return b.retention, False
@@ -589,7 +586,7 @@ async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
     return await change_waiting(b, ids, change)
 
 
-async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]:
+async def reschedule(b: KafkaEngine, ids: Sequence[str], at: float) -> list[str]:
     at = b.clock.to_server(at)
 
     def change(rec: Record, now: float) -> tuple[float | None, bool]:
@@ -602,14 +599,14 @@ async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]
 # -- ordered keys ----------------------------------------------------------------------------
 
 
-def lock_of(b: KafkaBroker, msg: Message) -> str | None:
+def lock_of(b: KafkaEngine, msg: Message) -> str | None:
     """The key lock of an event delivery with a key (None for anything else)."""
     if msg.key is None or not msg.queue.startswith(GROUP_PREFIX):
         return None
     return b.names.keylock_of(msg.queue, msg.key)
 
 
-def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
+def release(b: KafkaEngine, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
     """Free the key of a delivery that reached a final state, if it holds it
     (read in ``got``: the caller's update read the lock)."""
     lock = lock_of(b, rec.msg)
@@ -617,7 +614,7 @@ def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str
         writes[lock] = (SETTLED, SETTLED_TTL)
 
 
-async def locks_of(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+async def locks_of(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
     """The key locks the records of ``ids`` may hold (read first, so that an
     update that may settle them reads their locks too)."""
     got = await b.state.kv_get([b.names.job + i for i in ids])
