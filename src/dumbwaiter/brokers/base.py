@@ -36,6 +36,7 @@ from ..errors import BrokerError, DumbwaiterError
 from ..message import DEFAULT_MAX_MESSAGE_SIZE, ErrorRecord, Message
 from ..redact import mask_url
 from . import capacity, failure
+from .partitions import PartitionLag
 
 if TYPE_CHECKING:
     from ..sqldb import Sql
@@ -643,6 +644,12 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> list[QueueStats]:
         """One row per known queue."""
+
+    async def partition_lag(self) -> list[PartitionLag]:
+        """Consumer lag per partition of each queue (``partitions.py``):
+        engines whose queues are partitioned logs (Kafka) report it; the
+        others have no partitions and report none."""
+        return []
 
     @abc.abstractmethod
     async def list_jobs(

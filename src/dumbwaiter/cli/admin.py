@@ -23,6 +23,7 @@ from rich.text import Text
 from ..app import App
 from ..brokers import deadline
 from ..brokers.base import Broker, QueueStats
+from ..brokers.partitions import PartitionLag
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
 from ..metrics import queue_stats
@@ -98,18 +99,24 @@ def stats(app_spec: str | None, url: str | None, as_json: bool, drain_target: fl
     behind the workers are.  Workers are the live ones on the queue; want is
     how many it needs now (its busy slots plus the slots that clear its
     ready jobs within the drain target: docs/metrics.md), the number an
-    autoscaler targets.
+    autoscaler targets.  On a partitioned log (Kafka) a second table gives
+    each queue's partitions: end offset, committed offset, lag.
     """
     app = resolve_app(app_spec, url)
 
-    async def read(b: Broker) -> tuple[list[QueueStats], list[dict[str, Any]]]:
-        return await queue_stats(b)
+    async def read(
+        b: Broker,
+    ) -> tuple[tuple[list[QueueStats], list[dict[str, Any]]], list[PartitionLag]]:
+        return await queue_stats(b), await b.partition_lag()
 
-    rows, workers = call(app, read)
+    (rows, workers), parts = call(app, read)
     figures = scales(rows, workers, drain_target)
     if as_json:
         pairs = zip(rows, figures, strict=True)
-        print_json({"queues": [r.to_dict() | f.to_dict() for r, f in pairs]})
+        out: dict[str, Any] = {"queues": [r.to_dict() | f.to_dict() for r, f in pairs]}
+        if parts:  # a partitioned log's (Kafka)
+            out["partitions"] = [p.to_dict() for p in parts]
+        print_json(out)
         return
     if not rows:
         click.echo("no queues yet (nothing was enqueued on this broker)")
@@ -144,6 +151,17 @@ def stats(app_spec: str | None, url: str | None, as_json: bool, drain_target: fl
             Text("paused", style="yellow") if r.paused else "",
         )
     console().print(t)
+    if parts:
+        console().print(_partition_table(parts))
+
+
+def _partition_table(parts: list[PartitionLag]) -> Any:
+    """Each queue's partitions: end offset, committed offset, lag."""
+    numbers = ("partition", "end", "committed", "lag")
+    t = table("queue", *numbers, right=numbers)
+    for p in parts:
+        t.add_row(Text(p.queue), str(p.partition), str(p.end), str(p.committed), str(p.lag))
+    return t
 
 
 # -- enqueue ---------------------------------------------------------------------

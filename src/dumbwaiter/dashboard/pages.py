@@ -137,6 +137,7 @@ async def queue(request: Request) -> Response:
             "name": name,
             "is_group": name.startswith(GROUP_PREFIX),
             "stats": stats,
+            "partitions": [pl for pl in await dw.broker.partition_lag() if pl.queue == name],
             "workers_on": snap.workers_on(name),
             "tab": tab,
             "states": queries.STATES,

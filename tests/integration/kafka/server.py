@@ -23,10 +23,12 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+import dumbwaiter as dw
 from tests.conftest import require_service
 from tests.integration.serverproc import ServerProcess, free_port
 
@@ -141,3 +143,17 @@ def needs_apache_kafka(what: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         not CLUSTER, reason=f"needs Apache Kafka (DW_TEST_KAFKA): tansu 0.6 cannot {what}"
     )
+
+
+async def put_foreign(app: dw.App, queue: str, body: bytes) -> None:
+    """Write ``body`` to ``queue``'s topic as a foreign producer would: no
+    dumbwaiter headers."""
+    from aiokafka import AIOKafkaProducer
+
+    broker: Any = app.broker
+    producer = AIOKafkaProducer(**broker.config, acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(broker.names.queue_topic(queue), body)
+    finally:
+        await producer.stop()

@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
+from dumbwaiter.brokers.base import Delivery
 from dumbwaiter.brokers.kafka import KafkaBroker
 from dumbwaiter.brokers.kafka.admin import lag
 from tests.conformance.conftest import msg
@@ -151,12 +152,11 @@ async def test_a_waiting_fetch_wakes_on_enqueue_without_polling() -> None:
         await producer.close()
 
 
-async def test_a_foreign_record_on_a_queue_topic_is_skipped_with_a_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_a_foreign_record_on_a_queue_topic_is_handed_over_to_be_dead_lettered() -> None:
     """A record a foreign producer put on a queue's topic (no dw-id header)
-    runs nothing, holds back no commit and is said in the log; the job
-    behind it runs."""
+    is handed to the worker as an undecodable body (``message`` None, its
+    bytes as ``raw``, the reason), to be dead-lettered like one on any
+    broker (``brokers/kafka/foreign.py``); the job behind it runs."""
     from aiokafka import AIOKafkaProducer
 
     prefix = new_prefix()
@@ -172,12 +172,12 @@ async def test_a_foreign_record_on_a_queue_topic_is_skipped_with_a_warning(
             await producer.stop()
         job = msg()
         await b.enqueue([job])
-        with caplog.at_level("WARNING", logger="dumbwaiter.kafka"):
-            got: list[str] = []
-            while not got:
-                got = [d.id for d in await b.fetch(["default"], 10, 60.0, 1.0)]
-        assert got == [job.id]
-        assert any("without a dw-id header" in r.getMessage() for r in caplog.records)
+        got: list[Delivery] = []
+        while len(got) < 2:
+            got += await b.fetch(["default"], 10, 60.0, 1.0)
+        [stranger] = [d for d in got if d.message is None]
+        assert stranger.raw == b"\xff not ours" and stranger.decode_error
+        assert [d.id for d in got if d.message is not None] == [job.id]
         assert await b.fetch(["default"], 1, 60.0, 0) == []  # nothing else to run
     finally:
         await b.close()

@@ -11,7 +11,6 @@ scenario as every broker's restart test (``tests/integration/restart.py``).
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,17 +36,6 @@ def tansu(tmp_path: Path) -> Iterator[TansuServer]:
     server.stop(signal.SIGKILL)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("DW_TEST_KNOWN_FAILURES"),
-    reason="a known failure (issue 21, docs/kafka.md) that waits out its 120 s before "
-    "failing: DW_TEST_KNOWN_FAILURES=1 runs it",
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 21 (left): a worker process over a tansu SIGKILL restart with a "
-    "1,500-job backlog stops making progress; one process over a restart recovers "
-    "(the reconcile writes the lost copies again): not found yet, see docs/kafka.md",
-)
 def test_worker_and_producer_carry_on_over_a_tansu_restart(
     tansu: TansuServer, tmp_path: Path
 ) -> None:

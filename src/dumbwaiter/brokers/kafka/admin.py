@@ -9,28 +9,25 @@ for a hot path.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ...message import Message, decode
 from ...state import State
 from ..base import JobFilter, KvWrite, Page, QueueStats, events_page, stats_rows
+from ..partitions import PartitionLag
+from .engine import KafkaEngine
 from .records import Record
 
-if TYPE_CHECKING:
-    from .broker import KafkaBroker
 
-
-async def records(b: KafkaBroker) -> list[Record]:
+async def records(b: KafkaEngine) -> list[Record]:
     return [Record.load(v) for v in (await b.state.kv_scan(b.names.job)).values()]
 
 
-async def stats(b: KafkaBroker) -> list[QueueStats]:
+async def stats(b: KafkaEngine) -> list[QueueStats]:
     n = b.names
-    now = time.time()
+    now = await b.now()
     queues = {k[len(n.queue) :] for k in await b.state.kv_scan(n.queue)}
     counts: dict[str, dict[str, float]] = {q: {} for q in queues}
     for rec in await records(b):
@@ -43,8 +40,8 @@ async def stats(b: KafkaBroker) -> list[QueueStats]:
     return stats_rows(counts, paused)
 
 
-async def list_jobs(b: KafkaBroker, filter: JobFilter, cursor: str | None, limit: int) -> Page:
-    now = time.time()
+async def list_jobs(b: KafkaEngine, filter: JobFilter, cursor: str | None, limit: int) -> Page:
+    now = await b.now()
     infos = [r.info(now) for r in await records(b)]
     found = sorted(
         (i for i in infos if filter.matches(i) and (cursor is None or i.message.id < cursor)),
@@ -55,10 +52,10 @@ async def list_jobs(b: KafkaBroker, filter: JobFilter, cursor: str | None, limit
     return Page(items=page, cursor=page[-1].message.id if len(found) > limit and page else None)
 
 
-async def replay(b: KafkaBroker, filter: JobFilter) -> int:
+async def replay(b: KafkaEngine, filter: JobFilter) -> int:
     """Dead jobs matching ``filter`` get fresh attempts and a new copy."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     ids = [
         r.msg.id for r in await records(b) if r.state is State.DEAD and filter.matches(r.info(now))
     ]
@@ -87,9 +84,9 @@ async def replay(b: KafkaBroker, filter: JobFilter) -> int:
     return len(changed)
 
 
-async def purge(b: KafkaBroker, filter: JobFilter) -> int:
+async def purge(b: KafkaEngine, filter: JobFilter) -> int:
     n = b.names
-    now = time.time()
+    now = await b.now()
     gone = [
         r for r in await records(b) if r.state is not State.RUNNING and filter.matches(r.info(now))
     ]
@@ -108,7 +105,7 @@ async def purge(b: KafkaBroker, filter: JobFilter) -> int:
 
 
 async def list_events(
-    b: KafkaBroker,
+    b: KafkaEngine,
     event_type: str,
     since: float | None,
     until: float | None,
@@ -127,7 +124,7 @@ async def list_events(
     return events_page(logged, since, until, cursor, limit)
 
 
-async def read_topic(b: KafkaBroker, topic: str) -> list[tuple[float, bytes]]:
+async def read_topic(b: KafkaEngine, topic: str) -> list[tuple[float, bytes]]:
     """Every record of ``topic`` (its time, its value), read without a group
     from each partition's first offset until the reads come back empty.
 
@@ -178,21 +175,7 @@ READ_MS = 150
 # -- consumer lag --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionLag:
-    """One partition of a queue's topic as its consumer group sees it."""
-
-    queue: str
-    partition: int
-    end: int
-    committed: int
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.end - self.committed)
-
-
-async def lag(b: KafkaBroker) -> list[PartitionLag]:
+async def lag(b: KafkaEngine) -> list[PartitionLag]:
     """Per queue and partition: the end offset, the jobs group's committed
     offset and the difference (copies not judged yet)."""
     n = b.names

@@ -53,10 +53,13 @@ class Relay:
         consumer: AIOKafkaConsumer,
         producer: AIOKafkaProducer,
         tier_topic: Callable[[int], str],
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
         self.tier_topic = tier_topic
+        #: the state store's time (``clock.py``): the due times were written on it
+        self.clock = clock
         self._topics = {tier_topic(i): i for i in range(len(TIERS))}
         self._paused: dict[TopicPartition, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -89,7 +92,7 @@ class Relay:
                 await asyncio.sleep(1.0)
 
     async def _round(self) -> None:
-        now = time.time()
+        now = self.clock()
         held = self.consumer.assignment()
         for tp in [tp for tp in self._paused if tp not in held]:
             del self._paused[tp]
@@ -119,7 +122,7 @@ class Relay:
                 due = float(found.get(DUE, b"0"))
             except ValueError:
                 due = 0.0
-            now = time.time()
+            now = self.clock()
             release = min(due, rec.timestamp / 1000.0 + TIERS[tier])
             if release > now:
                 self.consumer.seek(tp, rec.offset)

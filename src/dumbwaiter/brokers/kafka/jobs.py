@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
 from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
+from . import foreign
+from .engine import KafkaEngine
+from .foreign import foreign_id, origin
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
 from .transport import Copy
-
-if TYPE_CHECKING:
-    from .broker import KafkaBroker
 
 log = logging.getLogger("dumbwaiter.kafka")
 
@@ -37,17 +36,19 @@ KEY_ROUNDS = 20
 _AGAIN = "again"
 #: a copy up to this many seconds before its record's time is taken (clocks differ)
 EARLY = 0.05
+#: the version ``_parsed`` gives a foreign copy (no dw-id: ``foreign.py``)
+FOREIGN = -1
 
 
 # -- enqueue and publish ---------------------------------------------------------------
 
 
-async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
+async def enqueue(b: KafkaEngine, msgs: list[Message]) -> list[str]:
     """Write the records of new jobs (a duplicate id or a held unique key
     answers the id already there), then their copies; nothing of the batch
     stays if the copies cannot be written."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     ids: list[str] = []
     fresh: list[Message] = []
     taken_keys: dict[str, str] = {}
@@ -74,7 +75,7 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
         for m in fresh:
             if n.job + m.id in got:
                 continue
-            due = m.eta if m.eta is not None and m.eta > now else now
+            due = _due(b, m, now)
             state = State.SCHEDULED if due > now else State.READY
             writes[n.job + m.id] = Record(msg=m, state=state, run_at=due, updated_at=now).dump()
             new.append(m)
@@ -91,7 +92,7 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     if unknown:  # the admin's list of queues
         await b.state.kv_set({n.queue + q: b"1" for q in unknown})
         b.known_queues |= unknown
-    out = [c for m in new for c in b.copy_of(m, 0, max(m.eta or 0.0, now), now)]
+    out = [c for m in new for c in b.copy_of(m, 0, _due(b, m, now), now)]
     try:
         await b.send(out)
     except BaseException:
@@ -103,7 +104,13 @@ async def enqueue(b: KafkaBroker, msgs: list[Message]) -> list[str]:
     return ids
 
 
-async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
+def _due(b: KafkaEngine, m: Message, now: float) -> float:
+    """When a new job is due on the state store's clock (its ``eta`` was
+    set on this host's: ``clock.py``)."""
+    return max(b.clock.to_server(m.eta), now) if m.eta is not None else now
+
+
+async def _key_holder(b: KafkaEngine, m: Message, now: float) -> str | None:
     """The id of the job holding ``m.key`` (None: the key is now ``m``'s).
     A holder that is gone or done gives the key up in one update of the
     key's entry and its record, only if the entry still names it."""
@@ -133,12 +140,12 @@ async def _key_holder(b: KafkaBroker, m: Message, now: float) -> str | None:
     raise BrokerError(f"kafka enqueue: the unique key {m.key!r} kept changing hands")
 
 
-async def publish(b: KafkaBroker, events: list[Message]) -> int:
+async def publish(b: KafkaEngine, events: list[Message]) -> int:
     """Keep each new event in its type's topic (the log the groups read) and
     write the record of each delivery to a bound group first; an event
     already published (its id marked) is skipped."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     marks = {n.event + e.id: e for e in events}
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Message]]:
@@ -153,7 +160,7 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
     out = []
     count = 0
     for e in new:
-        due = e.eta if e.eta is not None and e.eta > now else now
+        due = _due(b, e, now)
         state = State.SCHEDULED if due > now else State.READY
         for bd in bound:
             if bd.pattern != e.name:
@@ -178,12 +185,13 @@ async def publish(b: KafkaBroker, events: list[Message]) -> int:
 
 
 async def judge(
-    b: KafkaBroker,
+    b: KafkaEngine,
     copies: Sequence[Copy],
     group_queue: str | None,
     lease: float,
     worker: str,
     limit: int,
+    queues: Mapping[str, str] | None = None,
 ) -> tuple[list[tuple[Delivery, Copy]], list[Copy]]:
     """Lease up to ``limit`` jobs whose copies are current (see
     ``records.py``) and drop the stale copies.  ``group_queue``: the copies
@@ -191,10 +199,12 @@ async def judge(
     time, in order (``capabilities.ordered_keys``): a copy whose key's
     earlier delivery is not settled waits.  Returns the deliveries (with
     the copy each was leased from) and the copies that wait (not judged:
-    read again by the next fetch)."""
+    read again by the next fetch).  ``queues``: the queue of each topic read
+    (a foreign record on one is buried there: ``foreign.py``)."""
     n = b.names
-    now = time.time()
-    wanted = _parsed(b, copies, group_queue)
+    now = await b.now()
+    strangers: dict[str, tuple[Copy, str]] = {}
+    wanted = _parsed(b, copies, group_queue, queues or {}, strangers)
     if not wanted:
         return [], []
     keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
@@ -208,26 +218,24 @@ async def judge(
         done: set[str] = set()
         held: set[str] = set()  # keys whose earlier copy was taken or waits
         for c, cid, ver, lock in wanted:
-            if lock is not None and lock in held:
+            if (lock is not None and lock in held) or len(taken) >= limit:
                 waiting.append(c)
                 continue
-            if len(taken) >= limit:
-                waiting.append(c)
+            if cid in done:
                 continue
             key = n.job + cid
-            raw = got.get(key)
-            if raw is None or cid in done:
-                continue
-            rec = Record.load(raw)
-            if lock is not None:
-                holder = got.get(lock, SETTLED)
-                if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+            if ver == FOREIGN:  # buried the first time it is read (``foreign.py``)
+                first = key not in got
+                # read before (a record exists): it says what became of it
+                verdict = TAKE if first else DROP
+                rec: Record | None = foreign.buried_record(c, cid, strangers[cid][1], now)
+            else:
+                verdict, rec = _verdict(got.get(key), cid, ver, lock, got)
+            if verdict is not TAKE or rec is None:
+                if lock is not None and verdict in (WAIT, DROP_AND_HOLD):
                     held.add(lock)
+                if verdict is WAIT:
                     waiting.append(c)
-                    continue
-            if rec.ver != ver or rec.state not in WAITING:
-                if lock is not None and rec.state not in FINAL_STATES:
-                    held.add(lock)  # still to run (retried, running): the key's next waits
                 continue
             done.add(cid)
             if rec.run_at > now + EARLY:
@@ -250,10 +258,12 @@ async def judge(
         (
             Delivery(
                 id=r.msg.id,
-                message=r.msg,
+                message=r.msg if r.raw is None else None,
                 token=r.token,
                 lease_until=r.lease_until,
                 queue=r.msg.queue,
+                raw=r.raw,
+                decode_error=None if r.raw is None else foreign.reason(r),
             ),
             read_from[r.msg.id],
         )
@@ -261,24 +271,52 @@ async def judge(
     ], waiting
 
 
+#: what ``_verdict`` says of a copy of ours
+TAKE, WAIT, DROP, DROP_AND_HOLD = "take", "wait", "drop", "drop and hold"
+
+
+def _verdict(
+    raw: bytes | None, cid: str, ver: int, lock: str | None, got: dict[str, bytes]
+) -> tuple[str, Record | None]:
+    """A copy of version ``ver`` against its record ``raw``: take it, wait
+    (its key's earlier delivery is not settled: the key is held), drop it
+    (stale, or no record), or drop it and hold its key (the delivery is
+    still to run: retried or running, so the key's next waits)."""
+    if raw is None:
+        return DROP, None
+    rec = Record.load(raw)
+    if lock is not None:
+        holder = got.get(lock, SETTLED)
+        if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
+            return WAIT, rec
+    if rec.ver != ver or rec.state not in WAITING:
+        if lock is not None and rec.state not in FINAL_STATES:
+            return DROP_AND_HOLD, rec
+        return DROP, rec
+    return TAKE, rec
+
+
 def _parsed(
-    b: KafkaBroker, copies: Sequence[Copy], group_queue: str | None
+    b: KafkaEngine,
+    copies: Sequence[Copy],
+    group_queue: str | None,
+    queues: Mapping[str, str],
+    strangers: dict[str, tuple[Copy, str]],
 ) -> list[tuple[Copy, str, int, str | None]]:
-    """(copy, job id, version, key lock) of each copy of ours."""
-    out = []
+    """(copy, job id, version, key lock) of each copy; a foreign one
+    (``foreign.py``) has the version ``FOREIGN`` and is put in ``strangers``
+    (id -> copy, queue)."""
+    out: list[tuple[Copy, str, int, str | None]] = []
     for c in copies:
         cid = c.header("dw-id")
         if cid is None:
-            # not a copy of ours (a foreign producer's record): nothing to
-            # run, and its offset is passed; said, not dropped in silence
-            log.warning(
-                "kafka: skipped a record without a dw-id header on %s[%d] at offset %d "
-                "(%d bytes): not a dumbwaiter job",
-                c.tp.topic,
-                c.tp.partition,
-                c.offset,
-                len(c.value),
-            )
+            queue = group_queue or queues.get(c.tp.topic)
+            if queue is None:  # not a topic of a queue read here: nothing to bury it in
+                log.warning("kafka: skipped a record without a dw-id header at %s", origin(c))
+                continue
+            fid = foreign_id(c, queue)
+            strangers[fid] = (c, queue)
+            out.append((c, fid, FOREIGN, None))
             continue
         lock = None
         if group_queue is not None:
@@ -298,10 +336,10 @@ def _parsed(
 
 #: what an outcome does to a held record: how long to keep it (None: for
 #: good) and the copies to write after
-Change = Callable[["KafkaBroker", Record, Delivery, float], tuple[float | None, bool, bool]]
+Change = Callable[[KafkaEngine, Record, Delivery, float], tuple[float | None, bool, bool]]
 
 
-def acked(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+def acked(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
     rec.state = State.SUCCEEDED
     rec.updated_at = now
     rec.result = d.result
@@ -310,23 +348,23 @@ def acked(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float |
 
 
 def retried(
-    b: KafkaBroker, rec: Record, d: Delivery, now: float
+    b: KafkaEngine, rec: Record, d: Delivery, now: float
 ) -> tuple[float | None, bool, bool]:
     if d.error is not None:
         rec.msg.errors.append(d.error)
-    rec.wait_until(d.retry_at, now)
+    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
     return None, True, False
 
 
 def requeued(
-    b: KafkaBroker, rec: Record, d: Delivery, now: float
+    b: KafkaEngine, rec: Record, d: Delivery, now: float
 ) -> tuple[float | None, bool, bool]:
     rec.msg.attempt = max(0, rec.msg.attempt - 1)
-    rec.wait_until(d.retry_at, now)
+    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
     return None, True, False
 
 
-def died(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
+def died(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
     if d.error is not None:
         rec.msg.errors.append(d.error)
     rec.state = State.DEAD
@@ -335,13 +373,13 @@ def died(b: KafkaBroker, rec: Record, d: Delivery, now: float) -> tuple[float | 
     return None, False, True
 
 
-async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None:
+async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None:
     """Apply ``change`` to each record this worker still holds (a delivery
     whose lease was lost is ignored), then write the copies it calls for."""
     if not ds:
         return
     n = b.names
-    now = time.time()
+    now = await b.now()
     locks = [lk for d in ds if d.message is not None and (lk := lock_of(b, d.message))]
     keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds} | set(locks))
 
@@ -368,15 +406,15 @@ async def settle(b: KafkaBroker, ds: Sequence[Delivery], change: Change) -> None
         if again:
             out += b.copy_of(rec.msg, rec.ver, rec.run_at, now)
         if dead:
-            out += b.dead_copy(rec.msg)
+            out += b.dead_copy(rec.msg, rec.raw)
     await b.send(out)
 
 
-async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
+async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
     if not ds:
         return []
     n = b.names
-    now = time.time()
+    now = await b.now()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Delivery]]:
         writes: dict[str, KvWrite] = {}
@@ -400,11 +438,11 @@ async def extend(b: KafkaBroker, ds: Sequence[Delivery], lease: float) -> list[D
     return lost
 
 
-async def rescue(b: KafkaBroker) -> Rescued:
+async def rescue(b: KafkaEngine) -> Rescued:
     """Jobs whose lease ran out (their worker died or hung) get a new copy,
     or go to the dead-letter topic on their last attempt."""
     n = b.names
-    now = time.time()
+    now = await b.now()
     expired: list[str] = []
     for k, v in (await b.state.kv_scan(n.lease)).items():
         if v == SETTLED:
@@ -449,9 +487,10 @@ async def rescue(b: KafkaBroker) -> Rescued:
     dead = []
     for rec, is_dead in changed:
         if is_dead:
-            buried += b.dead_copy(rec.msg)
+            buried += b.dead_copy(rec.msg, rec.raw)
             err = rec.msg.errors[-1]
-            dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, rec.msg))
+            msg = None if rec.raw is not None else rec.msg  # a foreign record: no envelope
+            dead.append(DeadLetter(rec.msg.id, rec.msg.queue, rec.msg.name, err, msg))
         else:
             out += b.copy_of(rec.msg, rec.ver, now, now)
     await b.send(out)
@@ -461,7 +500,7 @@ async def rescue(b: KafkaBroker) -> Rescued:
     return Rescued(len(changed), dead)
 
 
-async def reconcile(b: KafkaBroker) -> int:
+async def reconcile(b: KafkaEngine) -> int:
     """Write a new copy of each job due for ``stranded`` seconds and not
     taken: its copy was lost (a producer that died between the record and
     the copy, a cluster that lost acknowledged records: tansu keeps nothing
@@ -478,7 +517,7 @@ async def reconcile(b: KafkaBroker) -> int:
     if token is None:
         return 0
     try:
-        now = time.time()
+        now = await b.now()
         old = now - b.stranded
         ids = [
             r.msg.id
@@ -502,7 +541,7 @@ async def reconcile(b: KafkaBroker) -> int:
 
 
 async def change_waiting(
-    b: KafkaBroker,
+    b: KafkaEngine,
     ids: Sequence[str],
     change: Callable[[Record, float], tuple[float | None, bool]],
     states: frozenset[State] = CANCELLABLE_STATES,
@@ -512,7 +551,7 @@ async def change_waiting(
     if not ids:
         return []
     n = b.names
-    now = time.time()
+    now = await b.now()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool]]]:
         writes: dict[str, KvWrite] = {}
@@ -539,7 +578,7 @@ async def change_waiting(
     return [rec.msg.id for rec, _ in changed]
 
 
-async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+async def cancel(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
     def change(rec: Record, now: float) -> tuple[float | None, bool]:
         rec.state, rec.updated_at, rec.ver = State.CANCELLED, now, rec.ver + 1
         return b.retention, False
@@ -547,7 +586,9 @@ async def cancel(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
     return await change_waiting(b, ids, change)
 
 
-async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]:
+async def reschedule(b: KafkaEngine, ids: Sequence[str], at: float) -> list[str]:
+    at = b.clock.to_server(at)
+
     def change(rec: Record, now: float) -> tuple[float | None, bool]:
         rec.wait_until(at, now)
         return None, True
@@ -558,14 +599,14 @@ async def reschedule(b: KafkaBroker, ids: Sequence[str], at: float) -> list[str]
 # -- ordered keys ----------------------------------------------------------------------------
 
 
-def lock_of(b: KafkaBroker, msg: Message) -> str | None:
+def lock_of(b: KafkaEngine, msg: Message) -> str | None:
     """The key lock of an event delivery with a key (None for anything else)."""
     if msg.key is None or not msg.queue.startswith(GROUP_PREFIX):
         return None
     return b.names.keylock_of(msg.queue, msg.key)
 
 
-def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
+def release(b: KafkaEngine, rec: Record, got: dict[str, bytes], writes: dict[str, KvWrite]) -> None:
     """Free the key of a delivery that reached a final state, if it holds it
     (read in ``got``: the caller's update read the lock)."""
     lock = lock_of(b, rec.msg)
@@ -573,7 +614,7 @@ def release(b: KafkaBroker, rec: Record, got: dict[str, bytes], writes: dict[str
         writes[lock] = (SETTLED, SETTLED_TTL)
 
 
-async def locks_of(b: KafkaBroker, ids: Sequence[str]) -> list[str]:
+async def locks_of(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
     """The key locks the records of ``ids`` may hold (read first, so that an
     update that may settle them reads their locks too)."""
     got = await b.state.kv_get([b.names.job + i for i in ids])

@@ -44,6 +44,11 @@ JOIN_WAIT = 30.0
 CATCH_UP_READ = 0.05
 #: seconds a catch-up goes on at most (a fetch must return)
 CATCH_UP_MAX = 5.0
+#: seconds one commit may take: aiokafka retries a retriable error for ever
+#: (a partition the cluster no longer knows, after a server that lost its
+#: topics came back), and a commit on revoke that never returns holds the
+#: group's rejoin, and with it every fetch, for ever
+COMMIT_WAIT = 5.0
 
 
 @dataclass(slots=True, eq=False)
@@ -275,9 +280,14 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         if not offsets:
             return
         try:
-            await self.consumer.commit(offsets)
+            await asyncio.wait_for(self.consumer.commit(offsets), COMMIT_WAIT)
         except (CommitFailedError, IllegalStateError) as exc:
             log.debug("kafka %s: commit after a rebalance refused: %r", self.group, exc)
+            return
+        except TimeoutError:
+            # the copies past the old mark are judged again by whoever reads
+            # them next (the record decides): a lost commit costs a re-read
+            log.info("kafka %s: a commit took over %.0f s; given up", self.group, COMMIT_WAIT)
             return
         for tp, low in offsets.items():
             kept = self.trackers.get(tp)
