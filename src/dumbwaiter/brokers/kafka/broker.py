@@ -22,7 +22,17 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaConnectionError, KafkaError, UnknownError
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    UnknownError,
+    UnsupportedSaslMechanismError,
+)
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, Message, encode, encode_checked
@@ -61,6 +71,18 @@ LOOK_PAST = 64
 
 #: the client library's failures the seam turns into ``BrokerError``
 KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
+
+
+#: the cluster refuses these for good (credentials, SASL mechanism, ACLs):
+#: trying again within the producer's deadline cannot help
+_REFUSED = (
+    AuthenticationFailedError,
+    SaslAuthenticationFailed,
+    UnsupportedSaslMechanismError,
+    ClusterAuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+)
 
 
 class KafkaBroker(StateDelegation):
@@ -123,6 +145,9 @@ class KafkaBroker(StateDelegation):
         return f"<KafkaBroker {self.names.prefix} state={self._store!r}>"
 
     def failure(self, exc: BaseException) -> BrokerError:
+        # refused for good: credentials or ACLs the cluster will not accept
+        if isinstance(exc, _REFUSED):
+            return failure.refused(self.url, exc, auth=True)
         # unavailable (a caller retries within its deadline): no connection,
         # an error the client calls retriable, or the unknown error a
         # restarting server answers a produce with (seen from tansu while it
