@@ -348,8 +348,17 @@ class NatsBroker(Admin, Coordination):
         if limit <= 0 or not queues:
             return []
         link = await self._link()
-        link.start_promoter()
         deadline = time.monotonic() + wait
+        if wait > 0 and not link.wire.connected:
+            # nats-py is connecting anew in the background: a blocking fetch
+            # waits for that as it waits for a job.  Raising at once instead
+            # sent the worker into its backoff (up to 5 s between fetches
+            # after a long outage), and a host back from a network cut sat
+            # out that much more after it had reconnected.  The loss itself
+            # was raised by the fetch it interrupted, and logged.
+            if not await link.wire.wait_connected(wait):
+                return []
+        link.start_promoter()
         out: list[Delivery] = []
         woke = False
         while True:

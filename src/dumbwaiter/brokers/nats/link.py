@@ -49,6 +49,17 @@ DELAY_ACK_WAIT = 5.0
 WRITE_AGAIN = 0.5
 #: at most this long a closing connection tries to leave its final list
 FINAL_WRITE = 5.0
+#: seconds between PINGs, and the PINGs left unanswered before nats-py calls
+#: the connection dead and connects anew: 4 to 6 s after a network cut.  Until
+#: then a cut-off host writes into a connection that may never carry anything
+#: again (TCP retransmits with backoff, seconds apart after a long cut), and
+#: a host whose network heals before that point waits for the next
+#: retransmission, or the verdict, to run anything.  Declared dead during the
+#: cut instead, it keeps trying to connect and is back within a connect retry
+#: of the heal.  Only a server that answers nothing for 4 s trips it (a
+#: blocked event loop holds back both the PINGs and their count).
+PING_INTERVAL = 2
+MAX_OUTSTANDING_PINGS = 2
 
 
 class Holder:
@@ -211,8 +222,8 @@ class Link:
             "allow_reconnect": True,
             "max_reconnect_attempts": -1,
             "reconnect_time_wait": 0.5,
-            "ping_interval": 5,
-            "max_outstanding_pings": 3,
+            "ping_interval": PING_INTERVAL,
+            "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         }
         if s.user is not None:
             options["user"] = s.user

@@ -51,6 +51,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -353,6 +355,28 @@ async def _abandon(attempt: asyncio.Future[Any], nc: Any) -> None:
         await asyncio.wait_for(nc.close(), 5.0)
 
 
+def _abort_on_close(nc: Any, abort: bool) -> None:
+    """Make closing this client's socket drop what it has not sent (an
+    abortive close: ``SO_LINGER`` 0), or send it first (the default).
+
+    nats-py closes the socket of a connection it gave up on (no PONG in
+    time: a cable cut, a host gone) and connects anew.  A graceful close
+    leaves the kernel retransmitting what was written into the dead
+    connection, and after the network heals the server receives it behind
+    everything the new connection sent: pull requests made during the cut
+    take messages for a connection nobody reads (those jobs wait out
+    ``AckWait``), and older writes (the holder list) land after newer ones.
+    Aborted, the old connection's unsent commands are gone, as a caller that
+    saw them fail expects (see the module doc).  Our own ``close`` lets them
+    out.  (Only this client's socket; a transport without one is left as it is.)"""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", int(abort), 0))
+
+
 def _has(nc: Any, names: tuple[str, ...]) -> bool:
     return all(hasattr(nc, name) for name in names)
 
@@ -410,6 +434,7 @@ class Wire:
         the unbounded reconnects the connection keeps afterwards, would try
         an unreachable server, or a wrong password, for ever."""
         refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        where = ", ".join(self.servers)
 
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %s", exc)
@@ -419,12 +444,16 @@ class Wire:
                     refused.set_result(exc)
 
         async def on_disconnected() -> None:
+            if not self._closed:
+                log.warning("nats: the connection to %s was lost; connecting again", where)
             self._fail_all(Unavailable("the connection to NATS was lost"))
             if self._on_disconnect is not None:
                 self._on_disconnect()
 
         async def on_reconnected() -> None:
-            log.info("nats: reconnected to %s", self.nc.connected_url)
+            _abort_on_close(self.nc, True)
+            url = self.nc.connected_url
+            log.info("nats: reconnected to %s", getattr(url, "netloc", url))
             if self._on_reconnect is not None:
                 self._on_reconnect()
 
@@ -443,7 +472,6 @@ class Wire:
                 **self.options,
             )
         )
-        where = ", ".join(self.servers)
         try:
             await asyncio.wait(
                 {attempt, refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -461,6 +489,7 @@ class Wire:
         exc = attempt.exception()
         if exc is not None:
             raise Unavailable(f"cannot connect to NATS at {where}: {exc}") from exc
+        _abort_on_close(nc, True)
         sid = await self._subscribe(self._prefix.decode() + "*", self._on_reply)
         self._fast[sid] = self._on_reply
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -476,6 +505,7 @@ class Wire:
         self._out.clear()
         self._fail_all(Unavailable("the broker was closed"))
         if self.nc is not None and not self.nc.is_closed:
+            _abort_on_close(self.nc, False)  # our own close: what is queued goes out
             try:
                 await self.nc.close()
             except Exception:
