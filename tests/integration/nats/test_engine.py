@@ -1019,7 +1019,7 @@ async def test_an_update_takes_over_the_key_locks_of_one_that_died(
 ) -> None:
     """A process killed inside a ``kv_update`` leaves its key locks: the next
     update of those keys waits until they expire, then takes them over."""
-    from dumbwaiter.brokers.nats import coord
+    from dumbwaiter.brokers.nats import coordination as coord
 
     monkeypatch.setattr(coord, "KV_LOCK_TTL", 0.3)
     monkeypatch.setattr(coord, "KV_UPDATE_PATIENCE", 10.0)

@@ -1,8 +1,9 @@
 """What every part of the NATS broker shares: connections per event loop,
 configuration entries, job lookups, pointer publishing and removal.
 
-``NatsBroker`` (broker.py) is ``Core`` + ``Admin`` (admin.py) +
-``Coordination`` (coord.py) + the transport; docs/nats.md describes the
+``NatsBroker`` (broker.py) is ``Core`` + ``Enqueue`` (enqueue.py) +
+``Transport`` (transport.py) + ``Rescue`` (rescue.py) + ``Admin`` (admin.py)
++ ``Coordination`` (coordination.py); docs/nats.md describes the
 layout they share (names.py).
 """
 
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import orjson
@@ -27,7 +29,9 @@ from ...message import ErrorRecord, from_dict
 from ...state import State
 from .. import failure
 from ..base import (
+    FOUND_DEAD_LIMIT,
     Broker,
+    DeadLetter,
     Delivery,
     JobInfo,
 )
@@ -109,6 +113,9 @@ class Core(Broker):
         self.clock = ServerClock()
         self._links: dict[asyncio.AbstractEventLoop, Link] = {}
         self._last: Link | None = None
+        #: jobs this process dead-lettered for a lost lease (at a claim or a
+        #: rescue), for the next ``rescue`` to report
+        self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
 
     def __repr__(self) -> str:
         return f"<NatsBroker {self.n.ns}>"
