@@ -30,7 +30,6 @@ FORBIDDEN_FOR_CORE = ("dumbwaiter.cli", "dumbwaiter.dashboard")
 #: appear, and a listed one may only shrink
 KNOWN_CIRCLES = (
     frozenset({"brokers.redis.broker", "brokers.redis.bulk", "brokers.redis.events"}),
-    frozenset({"brokers.nats.core", "brokers.nats.link"}),
     # free functions typed on KafkaBroker (TYPE_CHECKING only); they become
     # mixins like the other engines' parts as issue 21 goes on
     frozenset({"brokers.kafka.admin", "brokers.kafka.broker", "brokers.kafka.jobs"}),

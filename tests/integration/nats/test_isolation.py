@@ -68,7 +68,9 @@ async def own_client(server, subject):
 
 async def main(url, server, subject):
     app = await one_job(url)
-    wire = app.broker._links[asyncio.get_running_loop()].wire
+    link = app.broker._links.current()
+    assert link is not None
+    wire = link.wire
     assert wire.parser_hook and wire.send_hook  # the hooks were on
     touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched

@@ -32,7 +32,7 @@ How the seam maps onto JetStream (docs/nats.md has the full story):
 
 The broker serves several event loops (an App's sync calls run on its
 portal loop, a worker on its own): each loop gets its own connection
-(``Link``).
+(``LoopLink``).
 """
 
 from __future__ import annotations

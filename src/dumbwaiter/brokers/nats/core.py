@@ -36,9 +36,10 @@ from ..base import (
     JobInfo,
 )
 from ..clock import ServerClock
+from ..perloop import PerLoop
 from . import records as R
-from .link import Link
-from .names import Names, Settings, digest, key_tokens, parse_url, tok, untok
+from .connection import LoopLink
+from .names import Settings, Subjects, digest, key_tokens, parse_url, tok, untok
 from .puller import Pulled
 from .store import Stored, ack_meta, is_conflict, stored
 from .wire import (
@@ -62,6 +63,11 @@ SWEEP_EVERY = 15.0
 _NEVER = b"9223372036854775807"
 
 Hdrs = tuple[tuple[bytes, bytes | str | int | float], ...]
+
+
+def _abandon(link: LoopLink) -> None:
+    """Let go of a connection whose event loop has closed (``PerLoop``)."""
+    link.wire.abandon()
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -99,20 +105,22 @@ class Core(Broker):
             return failure.unavailable(self.url, exc, waited)
         return failure.failed(self.url, exc, "nats")
 
-    async def _promote(self, link: Link, items: list[Pulled]) -> None:
+    async def _promote(self, link: LoopLink, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects (the transport's part)."""
         raise NotImplementedError
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.settings: Settings = parse_url(url)
-        self.n = Names(self.settings)
+        self.n = Subjects(self.settings)
         self.retention = self.settings.retention
         #: the server's clock (the time stamp JetStream gives a write), which
         #: every lease, lock and run time written here is on (``clock.py``)
         self.clock = ServerClock()
-        self._links: dict[asyncio.AbstractEventLoop, Link] = {}
-        self._last: Link | None = None
+        #: each event loop's connection (``brokers/perloop.py``)
+        self._links: PerLoop[LoopLink] = PerLoop(
+            lambda loop: LoopLink(self, loop), LoopLink.stop, _abandon
+        )
         #: jobs this process dead-lettered for a lost lease (at a claim or a
         #: rescue), for the next ``rescue`` to report
         self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
@@ -120,17 +128,8 @@ class Core(Broker):
     def __repr__(self) -> str:
         return f"<NatsBroker {self.n.ns}>"
 
-    async def _link(self) -> Link:
-        loop = asyncio.get_running_loop()
-        link = self._last
-        if link is None or link.loop is not loop:
-            link = self._links.get(loop)
-            if link is None:
-                for old in [lk for lk in self._links.values() if lk.loop.is_closed()]:
-                    old.wire.abandon()
-                    del self._links[old.loop]
-                link = self._links[loop] = Link(self, loop)
-            self._last = link
+    async def _link(self) -> LoopLink:
+        link = self._links.get()
         if not link.ready:
             try:
                 await link.start()
@@ -143,7 +142,7 @@ class Core(Broker):
     async def server_time(self) -> float | None:
         return await self._server_time(await self._link())
 
-    async def _server_time(self, link: Link) -> float:
+    async def _server_time(self, link: LoopLink) -> float:
         """The server's time: the time stamp of a write of this process's
         own, read back (so it falls between sending the write and the read's
         answer), then deleted: the bucket keeps only what users and the
@@ -160,21 +159,9 @@ class Core(Broker):
         await self._link()
 
     async def close(self) -> None:
-        try:
-            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        links, self._links, self._last = self._links, {}, None
-        for loop, link in links.items():
-            if loop is current:
-                await link.stop()
-            elif loop.is_closed():
-                link.wire.abandon()
-            elif loop.is_running():
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(link.stop(), loop).result(10)
+        await self._links.close()
 
-    async def _merge_config(self, link: Link, name: bytes, fn: Any) -> Any:
+    async def _merge_config(self, link: LoopLink, name: bytes, fn: Any) -> Any:
         out: dict[str, Any] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
@@ -188,11 +175,11 @@ class Core(Broker):
         await link.store.cas(self.n.kv, self.n.c + name, change)
         return out.get("v")
 
-    async def _config(self, link: Link, name: bytes) -> Any:
+    async def _config(self, link: LoopLink, name: bytes) -> Any:
         cur = await link.store.read(self.n.kv, self.n.c + name)
         return orjson.loads(cur.data) if cur is not None and cur.data else None
 
-    async def _get(self, link: Link, jid: str) -> JobInfo | None:
+    async def _get(self, link: LoopLink, jid: str) -> JobInfo | None:
         s, e = await self._lookup(link, jid)
         now = self.clock.now()
         if s is not None:
@@ -204,7 +191,7 @@ class Core(Broker):
             return R.info_of(R.loads(kept), now)
         return None
 
-    async def _lookup(self, link: Link, jid: str) -> tuple[Stored | None, Stored | None]:
+    async def _lookup(self, link: LoopLink, jid: str) -> tuple[Stored | None, Stored | None]:
         """A job's state record and, while it has none, its fresh entry: the
         index entry ``j.e.ID`` or the enqueue's pointer itself.
 
@@ -255,7 +242,7 @@ class Core(Broker):
     def _direct_work(self) -> bytes:
         return b"$JS.API.DIRECT.GET." + self.n.work.encode()
 
-    def _probe_req(self, link: Link, mid: bytes) -> asyncio.Future[Reply]:
+    def _probe_req(self, link: LoopLink, mid: bytes) -> asyncio.Future[Reply]:
         """A publish that is never stored (``Nats-Expected-Last-Sequence``
         beyond any sequence) carrying ``Nats-Msg-Id`` ``mid``: the server
         answers "duplicate of sequence N" while ``mid`` is inside the work
@@ -268,7 +255,7 @@ class Core(Broker):
 
     async def _index_fresh(
         self,
-        link: Link,
+        link: LoopLink,
         bound: float | None,
         budget: float | None = None,
         want: bytes | None = None,
@@ -320,7 +307,7 @@ class Core(Broker):
             )
 
     async def _index_from(
-        self, link: Link, first: Stored, bound: float | None, span: int, want: bytes | None
+        self, link: LoopLink, first: Stored, bound: float | None, span: int, want: bytes | None
     ) -> tuple[int, bool, bool]:
         """Index the fresh pointers from ``first`` over ``span`` sequences
         (pipelined: a backlog is mostly consecutive pointers; gaps, acked
@@ -363,11 +350,11 @@ class Core(Broker):
     def _kv_subject(self, key: str) -> bytes:
         return self.n.k + key_tokens(key)
 
-    async def _kv_read(self, link: Link, subject: bytes) -> bytes | None:
+    async def _kv_read(self, link: LoopLink, subject: bytes) -> bytes | None:
         cur = await link.store.read(self.n.kv, subject)
         return live(cur, self.clock.now())
 
-    async def _holders(self, link: Link) -> list[tuple[str, Stored, dict[str, Any]]]:
+    async def _holders(self, link: LoopLink) -> list[tuple[str, Stored, dict[str, Any]]]:
         subjects = await link.store.subjects(self.n.hold, self.n.h + b"*")
         names = sorted(subjects)
         out = []
@@ -378,7 +365,7 @@ class Core(Broker):
 
     def _repoint_req(
         self,
-        link: Link,
+        link: LoopLink,
         jid: str,
         queue: str,
         env: dict[str, Any],
@@ -414,7 +401,9 @@ class Core(Broker):
             link.level_seen(queue, prio)
         return link.wire.request(self.n.pointer(queue, prio), body, headers(*pairs))
 
-    async def _ensure_pointer(self, link: Link, jid: str, rec: dict[str, Any], seq: int) -> None:
+    async def _ensure_pointer(
+        self, link: LoopLink, jid: str, rec: dict[str, Any], seq: int
+    ) -> None:
         """Publish the pointer a waiting record expects, unless it exists (its
         ``Nats-Msg-Id`` is still in the de-duplication window): the repair
         after a process died between writing a record and its pointer."""
@@ -428,11 +417,13 @@ class Core(Broker):
         pub_ack(await self._await(link, fut), "pointer")
 
     @staticmethod
-    async def _await(link: Link, fut: asyncio.Future[Reply]) -> Reply:
+    async def _await(link: LoopLink, fut: asyncio.Future[Reply]) -> Reply:
         await link.wire.flush()
         return await fut
 
-    async def _dlq_publish(self, link: Link, rec: dict[str, Any], jid: str | None = None) -> None:
+    async def _dlq_publish(
+        self, link: LoopLink, rec: dict[str, Any], jid: str | None = None
+    ) -> None:
         """Put a dead job's record into the DLQ stream (idempotent per generation)."""
         env = rec.get(R.ENV) or {}
         jid = jid or str(env.get("id", ""))
@@ -444,7 +435,7 @@ class Core(Broker):
             ((b"Nats-Msg-Id", f"dead:{jid}:{rec.get(R.GEN)}"), (b"Dw-Id", jid)),
         )
 
-    async def _reconcile_own(self, link: Link, every: bool = False) -> None:
+    async def _reconcile_own(self, link: LoopLink, every: bool = False) -> None:
         """Take out of this connection's holder list the jobs it lists as
         running that are not running here by their records: claims that
         failed midway (``Holder.unsure``), entries whose lease ran out, and,
@@ -505,7 +496,7 @@ class Core(Broker):
             h.write()
             await link.wire.flush()
 
-    async def _unclaim(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+    async def _unclaim(self, link: LoopLink, rec: dict[str, Any], seq: int, now: float) -> bool:
         """Give back a job whose claim (record at ``seq``) was stored but never
         delivered: ready again at once, the attempt the claim counted
         returned, as a requeue does.  Record first, then its pointer, then
@@ -538,7 +529,7 @@ class Core(Broker):
                 link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
         return True
 
-    async def _bury(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+    async def _bury(self, link: LoopLink, rec: dict[str, Any], seq: int, now: float) -> bool:
         """A job out of attempts after losing its worker: dead-letter it."""
         rec = {**rec, R.ST: State.DEAD.value, R.UPDATED: now, R.BY: R.claim_of(rec, seq)}
         reply = str(rec.pop(R.ACK, "") or "")
@@ -555,7 +546,7 @@ class Core(Broker):
                 link.wire.publish(reply.encode(), b"+ACK")
         return True
 
-    async def _unpoint(self, link: Link, jid: str, old: dict[str, Any]) -> None:
+    async def _unpoint(self, link: LoopLink, jid: str, old: dict[str, Any]) -> None:
         """Take a waiting job's pointer (or delay entry) out of the work stream,
         so the counts stay exact after a cancel, purge or reschedule.
 
@@ -588,7 +579,7 @@ class Core(Broker):
                 await link.store.delete(self.n.work, found)
                 return
 
-    async def _find(self, link: Link, subject: bytes, jid: str, around: float) -> int | None:
+    async def _find(self, link: LoopLink, subject: bytes, jid: str, around: float) -> int | None:
         """The sequence of job ``jid``'s message on ``subject``, published
         near ``around``: a binary search by time, then a short walk."""
         info = await link.wire.api(f"STREAM.INFO.{self.n.work}")
@@ -622,7 +613,7 @@ class Ptr:
 
     __slots__ = ("data", "env", "error", "gen", "id", "queue", "replays", "reply", "seq")
 
-    def __init__(self, it: Pulled, queue: str, names: Names) -> None:
+    def __init__(self, it: Pulled, queue: str, names: Subjects) -> None:
         self.reply = it.reply
         self.data = it.data
         self.queue = queue
@@ -662,7 +653,7 @@ class Ptr:
         self.env, self.error = None, why
 
     @classmethod
-    def of(cls, it: Pulled, names: Names) -> Ptr:
+    def of(cls, it: Pulled, names: Subjects) -> Ptr:
         parts = it.subject.split(b".")
         return cls(it, untok(parts[-2]) if len(parts) >= 2 else "?", names)
 
@@ -710,7 +701,7 @@ def lease_error(rec: dict[str, Any], now: float) -> dict[str, Any]:
     ).to_dict()
 
 
-def _next_pointer(n: Names, seq: int) -> bytes:
+def _next_pointer(n: Subjects, seq: int) -> bytes:
     """A direct get's body: the first pointer at or after ``seq``."""
     return b'{"seq":%d,"next_by_subj":"%s>"}' % (seq, n.w)
 

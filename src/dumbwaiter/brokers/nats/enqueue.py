@@ -18,12 +18,12 @@ from ..base import (
     delivery_of,
 )
 from ..deadline import Backoff
+from .connection import LoopLink
 from .core import (
     UNIQUE_BLOCKS,
     Core,
     delivery_id,
 )
-from .link import Link
 from .store import is_conflict
 from .wire import (
     JetStreamError,
@@ -69,14 +69,8 @@ class Enqueue(Core):
             # the general path below retries (the publish is idempotent: its
             # Nats-Msg-Id is the job's id).
             m, body = prepared[0]
-            link = self._last
-            if (
-                link is not None
-                and link.ready
-                and m.queue in link.queues
-                and (m.key is None or m.kind != "task")
-                and link.loop is asyncio.get_running_loop()
-            ):
+            link = self._links.get()
+            if link.ready and m.queue in link.queues and (m.key is None or m.kind != "task"):
                 now = self.clock.now()
                 if m.eta is None or self.clock.to_server(m.eta) <= now:
                     try:
@@ -110,7 +104,7 @@ class Enqueue(Core):
                 await asyncio.sleep(pause)
 
     async def _store_once(
-        self, link: Link, prepared: list[tuple[Message, bytes]]
+        self, link: LoopLink, prepared: list[tuple[Message, bytes]]
     ) -> list[tuple[str, bool]]:
         """Publish every job's pointer (a delay entry and an index entry for
         an ``eta``), all pipelined, then wait for every PubAck.  A job is new
@@ -182,7 +176,9 @@ class Enqueue(Core):
             result[i] = (prepared[i][0].id, not ptr.duplicate)
         return [r if r is not None else ("", False) for r in result]
 
-    async def _store_one(self, link: Link, m: Message, body: bytes, now: float) -> tuple[str, bool]:
+    async def _store_one(
+        self, link: LoopLink, m: Message, body: bytes, now: float
+    ) -> tuple[str, bool]:
         """``_store_once`` for the usual single enqueue (a request handler's
         ``aenqueue``: a known queue, no key, due now): the same publish and
         the same headers, without what a batch of many needs (queue and
@@ -203,7 +199,7 @@ class Enqueue(Core):
 
     async def _take_keys(
         self,
-        link: Link,
+        link: LoopLink,
         prepared: list[tuple[Message, bytes]],
         result: list[tuple[str, bool] | None],
     ) -> list[int]:
@@ -233,7 +229,7 @@ class Enqueue(Core):
                     result[j] = result[i]
         return send
 
-    async def _claim_key(self, link: Link, m: Message) -> str | None:
+    async def _claim_key(self, link: LoopLink, m: Message) -> str | None:
         """Take ``m.key`` for ``m`` (None) or return the id of the job holding it."""
         assert m.key is not None
         subject = self.n.unique(m.key)

@@ -20,13 +20,13 @@ from ..base import (
     Rescued,
 )
 from . import records as R
+from .connection import LoopLink
 from .coordination import Coordination
 from .core import (
     MAX_HOLD,
     SWEEP_EVERY,
     lease_error,
 )
-from .link import Link
 from .names import untok
 from .puller import Pulled
 from .store import Stored, ack_meta, is_conflict
@@ -81,7 +81,7 @@ class Rescue(Coordination):
         self._found_dead.clear()
         return Rescued(n + len(dead), dead)
 
-    async def _rescue_holder(self, link: Link, h: tuple[str, Stored, dict[str, Any]]) -> int:
+    async def _rescue_holder(self, link: LoopLink, h: tuple[str, Stored, dict[str, Any]]) -> int:
         """Give back the expired jobs one process listed; tidy its list.
 
         This process' own list is only read for jobs to give back: what it
@@ -138,7 +138,7 @@ class Rescue(Coordination):
 
     async def _tidy_holder(
         self,
-        link: Link,
+        link: LoopLink,
         holder: str,
         cur: Stored,
         content: dict[str, Any],
@@ -157,7 +157,7 @@ class Rescue(Coordination):
         with contextlib.suppress(JetStreamError):  # it wrote meanwhile: next pass
             await link.store.put(self.n.h + holder.encode(), orjson.dumps(new), cur.seq)
 
-    async def _rescue_one(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+    async def _rescue_one(self, link: LoopLink, rec: dict[str, Any], seq: int, now: float) -> bool:
         """Give back a job whose lease ran out: record (with a ``LeaseExpired``
         error) first, then its new pointer, then ``+ACK`` the old delivery.
         True if given back; one out of attempts is buried and kept for
@@ -195,7 +195,7 @@ class Rescue(Coordination):
                 link.wire.publish(reply.encode(), b"+ACK")
         return True
 
-    async def _promote(self, link: Link, items: list[Pulled]) -> None:
+    async def _promote(self, link: LoopLink, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects; hold the others."""
         now = self.clock.now()
         wire = link.wire
@@ -237,7 +237,7 @@ class Rescue(Coordination):
             wire.publish(it.reply, b"+ACK")
         await wire.flush()
 
-    async def _touch(self, link: Link, it: Pulled) -> None:
+    async def _touch(self, link: LoopLink, it: Pulled) -> None:
         """Rewrite a waiting job's index entry, record and unique key, so they
         outlive ``retention`` (JOBS ``max_age``) while the job waits for a far
         ``eta``: the promoter holds each delay entry at most ``retention/2``

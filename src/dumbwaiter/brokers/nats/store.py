@@ -29,7 +29,7 @@ from typing import NamedTuple
 import orjson
 
 from ...errors import BrokerError
-from .names import Names
+from .names import Subjects
 from .wire import (
     WRONG_LAST_SEQUENCE,
     JetStreamError,
@@ -117,7 +117,7 @@ class Scanned:
 
 
 class Store:
-    def __init__(self, wire: Wire, names: Names) -> None:
+    def __init__(self, wire: Wire, names: Subjects) -> None:
         self.wire = wire
         self.n = names
 

@@ -20,6 +20,7 @@ from ..base import (
     Delivery,
 )
 from . import records as R
+from .connection import LoopLink
 from .coordination import Coordination
 from .core import (
     Ptr,
@@ -27,14 +28,13 @@ from .core import (
     lease_error,
     queue_of,
 )
-from .link import Link
 from .puller import SETTLE, Pulled
 from .records import Token
 from .store import Stored, cas_item, is_conflict
 from .wire import (
-    Batch,
     JetStreamError,
     Reply,
+    ReplyBatch,
     Unavailable,
     pub_ack,
 )
@@ -103,7 +103,7 @@ class Transport(Coordination):
             woke = any(p.stash for p in plan)
 
     async def _claim_shielded(
-        self, link: Link, items: list[Pulled], lease: float, worker: str
+        self, link: LoopLink, items: list[Pulled], lease: float, worker: str
     ) -> list[Delivery]:
         """Claim delivered pointers (see ``_claim``); if the fetch is cancelled
         meanwhile, give back what was claimed: a cancelled fetch leaves
@@ -157,7 +157,7 @@ class Transport(Coordination):
                     link.holder.extended(d.id, until)
         return out
 
-    def _unlist(self, link: Link, added: dict[str, list[Any]], ids: set[str]) -> None:
+    def _unlist(self, link: LoopLink, added: dict[str, list[Any]], ids: set[str]) -> None:
         """Take out of the holder list the jobs this claim listed and did not
         deliver (``ids``), and write it."""
         gone = {jid: added[jid] for jid in ids if jid in added}
@@ -168,8 +168,8 @@ class Transport(Coordination):
                 link.wire.write_now()
 
     def _claim_send(
-        self, link: Link, items: list[Pulled], lease: float, worker: str
-    ) -> tuple[list[tuple[Ptr, dict[str, Any], Message]], list[Ptr], Batch, float, float]:
+        self, link: LoopLink, items: list[Pulled], lease: float, worker: str
+    ) -> tuple[list[tuple[Ptr, dict[str, Any], Message]], list[Ptr], ReplyBatch, float, float]:
         """Decode the pointers and send the claims of those that need no
         look at their record first: a compare-and-set that creates a fresh
         job's record, or rewrites it on the sequence its pointer names.  The
@@ -218,7 +218,7 @@ class Transport(Coordination):
 
     def _claimed(
         self,
-        link: Link,
+        link: LoopLink,
         fast: list[tuple[Ptr, dict[str, Any], Message]],
         results: list[Reply],
         slow: list[Ptr],
@@ -241,7 +241,7 @@ class Transport(Coordination):
             out.append(Delivery(id=p.id, message=m, token=tok, lease_until=until, queue=p.queue))
         return out
 
-    def _give_back(self, link: Link, ps: list[Ptr]) -> None:
+    def _give_back(self, link: LoopLink, ps: list[Ptr]) -> None:
         """Hand unclaimed deliveries back to JetStream at once."""
         for p in ps:
             self._hold(link, p, 0.0)
@@ -254,7 +254,7 @@ class Transport(Coordination):
         until: float,
         worker: str,
         reply: bytes,
-        link: Link,
+        link: LoopLink,
         claim: int,
         run_at: float,
         replays: int,
@@ -289,7 +289,9 @@ class Transport(Coordination):
             decode_error=err,
         )
 
-    async def _claim_slow(self, link: Link, p: Ptr, until: float, worker: str) -> Delivery | None:
+    async def _claim_slow(
+        self, link: LoopLink, p: Ptr, until: float, worker: str
+    ) -> Delivery | None:
         """Claim a pointer after looking at its job's record."""
         subject = self.n.js + p.id.encode()
         for _ in range(20):
@@ -328,7 +330,7 @@ class Transport(Coordination):
         return None
 
     async def _claim_plan(
-        self, link: Link, p: Ptr, cur: Stored | None, now: float
+        self, link: LoopLink, p: Ptr, cur: Stored | None, now: float
     ) -> tuple[dict[str, Any], int, float, bytes | None] | None:
         """What claiming ``p`` means given its job's record: the envelope to
         run (attempt counted up), replays, run time and, for a message that is
@@ -385,7 +387,7 @@ class Transport(Coordination):
         return env, int(old.get(R.REPLAYS, 0)), float(old.get(R.RUN_AT, now)), raw
 
     @staticmethod
-    def _kept_raw(link: Link, raw: bytes, error: str | None) -> tuple[str, str]:
+    def _kept_raw(link: LoopLink, raw: bytes, error: str | None) -> tuple[str, str]:
         """An undecodable body as its record keeps it (base64), and the reason
         the worker dead-letters it with.  The record must fit in one NATS
         message with its errors: a body longer than three eighths of the
@@ -397,11 +399,11 @@ class Transport(Coordination):
             raw = raw[:limit]
         return R.raw_field(raw), why
 
-    def _drop(self, link: Link, p: Ptr) -> None:
+    def _drop(self, link: LoopLink, p: Ptr) -> None:
         with contextlib.suppress(Unavailable):
             link.wire.publish(p.reply, b"+ACK")
 
-    def _hold(self, link: Link, p: Ptr, seconds: float) -> None:
+    def _hold(self, link: LoopLink, p: Ptr, seconds: float) -> None:
         with contextlib.suppress(Unavailable):
             link.wire.publish(p.reply, b'-NAK {"delay":%d}' % int(max(seconds, 0.001) * _NS_PER_S))
 
@@ -543,7 +545,7 @@ class Transport(Coordination):
         await link.wire.flush()
 
     async def _rewrite(
-        self, link: Link, ds: list[Delivery], build: Any
+        self, link: LoopLink, ds: list[Delivery], build: Any
     ) -> tuple[list[tuple[Delivery, dict[str, Any], int]], list[Delivery]]:
         """Compare-and-set each delivery's record to ``build(d, token)`` on its
         token; returns (written: delivery, record, new sequence) and the

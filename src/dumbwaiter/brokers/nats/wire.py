@@ -128,7 +128,7 @@ class Reply(NamedTuple):
             return 0
 
 
-class Batch:
+class ReplyBatch:
     """Replies of a batch of requests (``Wire.batch``), in request order."""
 
     __slots__ = ("fut", "left", "replies")
@@ -405,8 +405,8 @@ class Wire:
         #: outstanding requests: token -> (future, deadline)
         self._pending: dict[bytes, tuple[asyncio.Future[Reply], float]] = {}
         #: outstanding batched requests: token -> (batch, index); batch -> deadline
-        self._slots: dict[bytes, tuple[Batch, int]] = {}
-        self._batches: dict[Batch, float] = {}
+        self._slots: dict[bytes, tuple[ReplyBatch, int]] = {}
+        self._batches: dict[ReplyBatch, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
         #: why the last connect (or reconnect) failed, for the error a
@@ -679,12 +679,12 @@ class Wire:
         await self.flush()
         return await fut
 
-    def batch(self, items: list[tuple[bytes, bytes, bytes | None]]) -> Batch:
-        """Queue one request per (subject, data, header block); ``Batch.wait``
+    def batch(self, items: list[tuple[bytes, bytes, bytes | None]]) -> ReplyBatch:
+        """Queue one request per (subject, data, header block); ``ReplyBatch.wait``
         returns every reply in order.  One future for the whole batch: a bulk
         enqueue makes two requests per job."""
         self.check()
-        b = Batch(asyncio.get_running_loop().create_future(), len(items))
+        b = ReplyBatch(asyncio.get_running_loop().create_future(), len(items))
         if not items:
             b.fut.set_result(b.replies)
             return b
