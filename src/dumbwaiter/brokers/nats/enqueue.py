@@ -63,11 +63,11 @@ class Enqueue(Core):
         if len(prepared) == 1:
             # A request handler's single enqueue on this loop's connected
             # link: straight to ``_store_one``, without the three coroutines
-            # of ``_store_jobs`` -> ``_link`` -> ``_store_once`` (about a
-            # tenth of the CPU per job with 1,000 concurrent callers).  The
-            # same conditions as ``_store_once``'s; when NATS is unreachable
-            # the general path below retries (the publish is idempotent: its
-            # Nats-Msg-Id is the job's id).
+            # of ``_store_jobs`` -> ``_link`` -> ``_store_once``, which cost
+            # a busy producer (docs/benchmarks.md, "Figures behind the NATS
+            # engine's choices").  The same conditions as ``_store_once``'s;
+            # when NATS is unreachable the general path below retries (the
+            # publish is idempotent: its Nats-Msg-Id is the job's id).
             m, body = prepared[0]
             link = self._links.get()
             if link.ready and m.queue in link.queues and (m.key is None or m.kind != "task"):
@@ -182,9 +182,9 @@ class Enqueue(Core):
         """``_store_once`` for the usual single enqueue (a request handler's
         ``aenqueue``: a known queue, no key, due now): the same publish and
         the same headers, without what a batch of many needs (queue and
-        key checks, delay entries, chunks, reply lists).  With a thousand
-        handlers enqueuing at once, that bookkeeping was about a sixth of the
-        producer's CPU per job (``benchmarks/nats_enqueue.py``)."""
+        key checks, delay entries, chunks, reply lists): bookkeeping a
+        producer with many handlers enqueuing at once pays per job
+        (docs/benchmarks.md, "Figures behind the NATS engine's choices")."""
         mid = m.id.encode()
         subject = link.subjects.get((m.queue, m.priority))
         if subject is None:

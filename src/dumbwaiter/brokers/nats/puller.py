@@ -34,7 +34,8 @@ GRACE = 0.25
 #: a consumer learns of a stored message asynchronously (nats-server 2.9
 #: signals its consumers from a goroutine of its own), so a ``no_wait`` pull
 #: sent right after a PubAck can be answered "404 No Messages" although the
-#: message is stored (5 in 3,000 tries on a loaded machine).  With ``expires``
+#: message is stored (docs/benchmarks.md, "Figures behind the NATS engine's
+#: choices", has how often).  With ``expires``
 #: as well, the server answers at once with what it has, or holds the request
 #: that long for the first message when it has none.
 SETTLE = 0.1
