@@ -19,8 +19,7 @@ from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite, QueueStats
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
-from dumbwaiter.brokers.nats.store import parse_time
-from dumbwaiter.brokers.nats.wire import (
+from dumbwaiter.brokers.nats.protocol import (
     WRONG_LAST_SEQUENCE,
     JetStreamError,
     PubAck,
@@ -30,6 +29,7 @@ from dumbwaiter.brokers.nats.wire import (
     headers,
     pub_ack,
 )
+from dumbwaiter.brokers.nats.store import parse_time
 from dumbwaiter.cli import main as cli_main
 from dumbwaiter.errors import BrokerError, InvalidURL
 from dumbwaiter.message import ErrorRecord, encode

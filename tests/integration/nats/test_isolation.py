@@ -14,7 +14,11 @@ import os
 import pytest
 
 from dumbwaiter.brokers import hooks
-from dumbwaiter.brokers.nats.wire import Wire, header, headers
+from dumbwaiter.brokers.nats.protocol import (
+    header,
+    headers,
+)
+from dumbwaiter.brokers.nats.wire import Wire
 from tests.conftest import require_service
 from tests.integration.nats.server import SERVER, _check
 from tests.integration.untouched import run_fresh

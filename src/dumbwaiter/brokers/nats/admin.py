@@ -34,12 +34,12 @@ from .core import (
     fresh_record,
 )
 from .names import Subjects, prio_of, untok
-from .store import Stored, is_conflict, stored
-from .wire import (
+from .protocol import (
     JetStreamError,
     Reply,
     header,
 )
+from .store import Stored, is_conflict, stored
 
 
 class Admin(Core):

@@ -24,17 +24,17 @@ from ...message import uuid7
 from .. import deadline
 from ..clock import ServerClock
 from .names import Settings, Subjects, prio_of, untok
-from .puller import GRACE, Pulled, Puller
-from .store import Store
-from .wire import (
+from .protocol import (
     CONSUMER_NOT_FOUND,
     STREAM_NAME_IN_USE,
     JetStreamError,
     Reply,
     Unavailable,
-    Wire,
     pub_ack,
 )
+from .puller import GRACE, Pulled, Puller
+from .store import Store
+from .wire import Wire
 
 log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000

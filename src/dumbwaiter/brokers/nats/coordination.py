@@ -27,11 +27,11 @@ from ..base import KvWrite, kv_write
 from .connection import LoopLink
 from .core import Core, Hdrs, live, lock_token
 from .names import digest, key_of, tok
-from .store import Stored, is_conflict
-from .wire import (
+from .protocol import (
     JetStreamError,
     pub_ack,
 )
+from .store import Stored, is_conflict
 
 T = TypeVar("T")
 

@@ -40,9 +40,7 @@ from ..perloop import PerLoop
 from . import records as R
 from .connection import LoopLink
 from .names import Settings, Subjects, digest, key_tokens, parse_url, tok, untok
-from .puller import Pulled
-from .store import Stored, ack_meta, is_conflict, stored
-from .wire import (
+from .protocol import (
     JetStreamError,
     Reply,
     Unavailable,
@@ -51,6 +49,8 @@ from .wire import (
     pub_ack,
     refused_login,
 )
+from .puller import Pulled
+from .store import Stored, ack_meta, is_conflict, stored
 
 log = logging.getLogger("dumbwaiter.nats")
 

@@ -24,13 +24,13 @@ from .core import (
     Core,
     delivery_id,
 )
-from .store import is_conflict
-from .wire import (
+from .protocol import (
     JetStreamError,
     Unavailable,
     headers,
     pub_ack,
 )
+from .store import is_conflict
 
 log = logging.getLogger("dumbwaiter.nats")
 #: publishes handed to the socket at a time by a bulk enqueue

@@ -26,7 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .wire import Reply, Unavailable, Wire
+from .protocol import (
+    Reply,
+    Unavailable,
+)
+from .wire import Wire
 
 #: seconds a delivered message may wait in the stash before it is handed back
 GRACE = 0.25

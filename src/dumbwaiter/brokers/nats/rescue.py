@@ -28,9 +28,7 @@ from .core import (
     lease_error,
 )
 from .names import untok
-from .puller import Pulled
-from .store import Stored, ack_meta, is_conflict
-from .wire import (
+from .protocol import (
     JetStreamError,
     Reply,
     Unavailable,
@@ -38,6 +36,8 @@ from .wire import (
     headers,
     pub_ack,
 )
+from .puller import Pulled
+from .store import Stored, ack_meta, is_conflict
 
 log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000

@@ -30,16 +30,16 @@ import orjson
 
 from ...errors import BrokerError
 from .names import Subjects
-from .wire import (
+from .protocol import (
     WRONG_LAST_SEQUENCE,
     JetStreamError,
     PubAck,
     Reply,
-    Wire,
     header,
     headers,
     pub_ack,
 )
+from .wire import Wire
 
 _NS_PER_S = 1_000_000_000
 

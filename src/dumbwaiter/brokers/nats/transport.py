@@ -28,16 +28,16 @@ from .core import (
     lease_error,
     queue_of,
 )
-from .puller import SETTLE, Pulled
-from .records import Token
-from .store import Stored, cas_item, is_conflict
-from .wire import (
+from .protocol import (
     JetStreamError,
     Reply,
-    ReplyBatch,
     Unavailable,
     pub_ack,
 )
+from .puller import SETTLE, Pulled
+from .records import Token
+from .store import Stored, cas_item, is_conflict
+from .wire import ReplyBatch
 
 log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000
