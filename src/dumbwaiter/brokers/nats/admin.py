@@ -28,12 +28,12 @@ from ..base import (
 )
 from . import records as R
 from .connection import LoopLink
-from .core import (
-    Core,
+from .core import Core
+from .names import Subjects, prio_of, untok
+from .pointers import (
     fresh_of,
     fresh_record,
 )
-from .names import Subjects, prio_of, untok
 from .protocol import (
     JetStreamError,
     Reply,

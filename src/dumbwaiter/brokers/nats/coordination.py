@@ -25,8 +25,15 @@ from ...errors import BrokerError
 from ...flow import window_wait
 from ..base import KvWrite, kv_write
 from .connection import LoopLink
-from .core import Core, Hdrs, live, lock_token
+from .core import (
+    Core,
+    Hdrs,
+)
 from .names import digest, key_of, tok
+from .pointers import (
+    live,
+    lock_token,
+)
 from .protocol import (
     JetStreamError,
     pub_ack,

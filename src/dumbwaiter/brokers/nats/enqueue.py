@@ -19,9 +19,9 @@ from ..base import (
 )
 from ..deadline import Backoff
 from .connection import LoopLink
-from .core import (
+from .core import Core
+from .pointers import (
     UNIQUE_BLOCKS,
-    Core,
     delivery_id,
 )
 from .protocol import (

@@ -25,9 +25,9 @@ from .coordination import Coordination
 from .core import (
     MAX_HOLD,
     SWEEP_EVERY,
-    lease_error,
 )
 from .names import untok
+from .pointers import lease_error
 from .protocol import (
     JetStreamError,
     Reply,

@@ -22,7 +22,7 @@ from ..base import (
 from . import records as R
 from .connection import LoopLink
 from .coordination import Coordination
-from .core import (
+from .pointers import (
     Ptr,
     env_of,
     lease_error,
