@@ -82,7 +82,7 @@ async def _rabbitmq_waits(broker: Any, queue: str) -> bool:
 async def _nats_waits(broker: Any, queue: str) -> bool:
     return any(
         p.polls
-        for link in broker._links.values()
+        for _, link in broker._links.items()
         for (q, _level), p in link.pullers.items()
         if q == queue  # not the delay promoter's puller, which always waits
     )

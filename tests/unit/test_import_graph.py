@@ -28,10 +28,7 @@ FORBIDDEN_FOR_CORE = ("dumbwaiter.cli", "dumbwaiter.dashboard")
 #: circles inside engine packages, being taken apart by their own work
 #: (issue 19.2); no new one may
 #: appear, and a listed one may only shrink
-KNOWN_CIRCLES = (
-    frozenset({"brokers.redis.broker", "brokers.redis.bulk", "brokers.redis.events"}),
-    frozenset({"brokers.nats.core", "brokers.nats.link"}),
-)
+KNOWN_CIRCLES = (frozenset({"brokers.redis.broker", "brokers.redis.bulk", "brokers.redis.events"}),)
 
 #: imports of dumbwaiter modules inside core functions: each loads something
 #: heavy only when used (pydantic for events, httpx for webhooks, an optional

@@ -19,8 +19,7 @@ from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite, QueueStats
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
-from dumbwaiter.brokers.nats.store import parse_time
-from dumbwaiter.brokers.nats.wire import (
+from dumbwaiter.brokers.nats.protocol import (
     WRONG_LAST_SEQUENCE,
     JetStreamError,
     PubAck,
@@ -30,6 +29,7 @@ from dumbwaiter.brokers.nats.wire import (
     headers,
     pub_ack,
 )
+from dumbwaiter.brokers.nats.store import parse_time
 from dumbwaiter.cli import main as cli_main
 from dumbwaiter.errors import BrokerError, InvalidURL
 from dumbwaiter.message import ErrorRecord, encode
@@ -1019,7 +1019,7 @@ async def test_an_update_takes_over_the_key_locks_of_one_that_died(
 ) -> None:
     """A process killed inside a ``kv_update`` leaves its key locks: the next
     update of those keys waits until they expire, then takes them over."""
-    from dumbwaiter.brokers.nats import coord
+    from dumbwaiter.brokers.nats import coordination as coord
 
     monkeypatch.setattr(coord, "KV_LOCK_TTL", 0.3)
     monkeypatch.setattr(coord, "KV_UPDATE_PATIENCE", 10.0)

@@ -14,7 +14,11 @@ import os
 import pytest
 
 from dumbwaiter.brokers import hooks
-from dumbwaiter.brokers.nats.wire import Wire, header, headers
+from dumbwaiter.brokers.nats.protocol import (
+    header,
+    headers,
+)
+from dumbwaiter.brokers.nats.wire import Wire
 from tests.conftest import require_service
 from tests.integration.nats.server import SERVER, _check
 from tests.integration.untouched import run_fresh
@@ -68,7 +72,9 @@ async def own_client(server, subject):
 
 async def main(url, server, subject):
     app = await one_job(url)
-    wire = app.broker._links[asyncio.get_running_loop()].wire
+    link = app.broker._links.current()
+    assert link is not None
+    wire = link.wire
     assert wire.parser_hook and wire.send_hook  # the hooks were on
     touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched

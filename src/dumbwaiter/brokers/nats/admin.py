@@ -27,19 +27,19 @@ from ..base import (
     QueueStats,
 )
 from . import records as R
-from .core import (
-    Core,
+from .connection import LoopLink
+from .core import Core
+from .names import Subjects, prio_of, untok
+from .pointers import (
     fresh_of,
     fresh_record,
 )
-from .link import Link
-from .names import Names, prio_of, untok
-from .store import Stored, is_conflict, stored
-from .wire import (
+from .protocol import (
     JetStreamError,
     Reply,
     header,
 )
+from .store import Stored, is_conflict, stored
 
 
 class Admin(Core):
@@ -111,7 +111,7 @@ class Admin(Core):
         return out
 
     async def _running_counts(
-        self, link: Link, holders: list[tuple[str, Stored, dict[str, Any]]], now: float
+        self, link: LoopLink, holders: list[tuple[str, Stored, dict[str, Any]]], now: float
     ) -> dict[str, int]:
         """Running jobs per queue: the holder lists' jobs, each once.
 
@@ -148,7 +148,7 @@ class Admin(Core):
         return running
 
     async def _consumer_infos(
-        self, link: Link, keys: list[tuple[str, int]]
+        self, link: LoopLink, keys: list[tuple[str, int]]
     ) -> dict[tuple[str, int], tuple[int, int, int] | None]:
         """(not yet delivered, delivered and not acked, first undelivered
         sequence) of each work consumer; None where it does not exist yet."""
@@ -175,7 +175,7 @@ class Admin(Core):
 
     async def _ready(
         self,
-        link: Link,
+        link: LoopLink,
         consumers: dict[tuple[str, int], tuple[int, int, int] | None],
         counts: dict[str, dict[int, int]],
         running: dict[str, int],
@@ -212,7 +212,7 @@ class Admin(Core):
                     lag[q] = max(lag.get(q, 0.0), now - m.time)
         return ready, lag
 
-    async def _all(self, link: Link) -> list[JobInfo]:
+    async def _all(self, link: LoopLink) -> list[JobInfo]:
         """Every job in the index (a scan: admin listings without a narrower
         filter).  The fresh jobs' pointers are indexed first, so the scan
         sees every job (a pointer goes only after its record is written)."""
@@ -239,7 +239,7 @@ class Admin(Core):
                     continue
         return [i for i in out.values() if i is not None]
 
-    async def _dead_letters(self, link: Link) -> list[tuple[int, str, dict[str, Any]]]:
+    async def _dead_letters(self, link: LoopLink) -> list[tuple[int, str, dict[str, Any]]]:
         """(DLQ sequence, job id, record) of every dead letter."""
         found = await link.store.scan(self.n.dlq, self.n.x + b"*")
         out = []
@@ -249,7 +249,7 @@ class Admin(Core):
                 out.append((m.seq, jid, R.loads(m.data)))
         return out
 
-    async def _matching(self, link: Link, f: JobFilter) -> list[JobInfo]:
+    async def _matching(self, link: LoopLink, f: JobFilter) -> list[JobInfo]:
         if f.ids is not None:
             found = [await self._get(link, i) for i in f.ids]
             infos = [i for i in found if i is not None]
@@ -351,7 +351,7 @@ class Admin(Core):
         await link.wire.flush()
         return n
 
-    async def _set_state(self, link: Link, jid: str, change: Any) -> dict[str, Any] | None:
+    async def _set_state(self, link: LoopLink, jid: str, change: Any) -> dict[str, Any] | None:
         """Compare-and-set a job's record: ``change(old record, now)`` (a fresh
         job's index entry stands in for its record) returns the new record, or
         None to leave it.  Returns the old record when it changed."""
@@ -409,7 +409,7 @@ class Admin(Core):
                 out.append(jid)
         return out
 
-    async def _reschedule_one(self, link: Link, jid: str, at: float) -> bool:
+    async def _reschedule_one(self, link: LoopLink, jid: str, at: float) -> bool:
         """The record first, then its new pointer, then the old pointer out
         (as in ``_move``: a stale pointer repairs a missing one)."""
         subject = self.n.js + jid.encode()
@@ -452,7 +452,7 @@ class Admin(Core):
 
 
 def _work_subjects(
-    n: Names, subjects: dict[bytes, int]
+    n: Subjects, subjects: dict[bytes, int]
 ) -> tuple[dict[str, dict[int, int]], dict[tuple[str, bytes], int]]:
     """Pointer counts per queue and level, delay entries per (queue, kind)."""
     levels: dict[str, dict[int, int]] = {}

@@ -1,8 +1,9 @@
 """What every part of the NATS broker shares: connections per event loop,
 configuration entries, job lookups, pointer publishing and removal.
 
-``NatsBroker`` (broker.py) is ``Core`` + ``Admin`` (admin.py) +
-``Coordination`` (coord.py) + the transport; docs/nats.md describes the
+``NatsBroker`` (broker.py) is ``Core`` + ``Enqueue`` (enqueue.py) +
+``Transport`` (transport.py) + ``Rescue`` (rescue.py) + ``Admin`` (admin.py)
++ ``Coordination`` (coordination.py); docs/nats.md describes the
 layout they share (names.py).
 """
 
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import orjson
@@ -20,32 +22,31 @@ from ...errors import (
     BrokerAuthError,
     BrokerError,
     BrokerUnavailable,
-    LeaseExpired,
-    MessageDecodeError,
 )
-from ...message import ErrorRecord, from_dict
 from ...state import State
 from .. import failure
 from ..base import (
+    FOUND_DEAD_LIMIT,
     Broker,
-    Delivery,
+    DeadLetter,
     JobInfo,
 )
 from ..clock import ServerClock
+from ..perloop import PerLoop
 from . import records as R
-from .link import Link
-from .names import Names, Settings, digest, key_tokens, parse_url, tok, untok
-from .puller import Pulled
-from .store import Stored, ack_meta, is_conflict, stored
-from .wire import (
+from .connection import LoopLink
+from .names import Settings, Subjects, key_tokens, parse_url, tok
+from .pointers import _duplicate_of, _next_pointer, fresh_of, live
+from .protocol import (
     JetStreamError,
     Reply,
     Unavailable,
-    header,
     headers,
     pub_ack,
     refused_login,
 )
+from .puller import Pulled
+from .store import Stored, is_conflict, stored
 
 log = logging.getLogger("dumbwaiter.nats")
 
@@ -58,6 +59,11 @@ SWEEP_EVERY = 15.0
 _NEVER = b"9223372036854775807"
 
 Hdrs = tuple[tuple[bytes, bytes | str | int | float], ...]
+
+
+def _abandon(link: LoopLink) -> None:
+    """Let go of a connection whose event loop has closed (``PerLoop``)."""
+    link.wire.abandon()
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -95,35 +101,31 @@ class Core(Broker):
             return failure.unavailable(self.url, exc, waited)
         return failure.failed(self.url, exc, "nats")
 
-    async def _promote(self, link: Link, items: list[Pulled]) -> None:
+    async def _promote(self, link: LoopLink, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects (the transport's part)."""
         raise NotImplementedError
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.settings: Settings = parse_url(url)
-        self.n = Names(self.settings)
+        self.n = Subjects(self.settings)
         self.retention = self.settings.retention
         #: the server's clock (the time stamp JetStream gives a write), which
         #: every lease, lock and run time written here is on (``clock.py``)
         self.clock = ServerClock()
-        self._links: dict[asyncio.AbstractEventLoop, Link] = {}
-        self._last: Link | None = None
+        #: each event loop's connection (``brokers/perloop.py``)
+        self._links: PerLoop[LoopLink] = PerLoop(
+            lambda loop: LoopLink(self, loop), LoopLink.stop, _abandon
+        )
+        #: jobs this process dead-lettered for a lost lease (at a claim or a
+        #: rescue), for the next ``rescue`` to report
+        self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
 
     def __repr__(self) -> str:
         return f"<NatsBroker {self.n.ns}>"
 
-    async def _link(self) -> Link:
-        loop = asyncio.get_running_loop()
-        link = self._last
-        if link is None or link.loop is not loop:
-            link = self._links.get(loop)
-            if link is None:
-                for old in [lk for lk in self._links.values() if lk.loop.is_closed()]:
-                    old.wire.abandon()
-                    del self._links[old.loop]
-                link = self._links[loop] = Link(self, loop)
-            self._last = link
+    async def _link(self) -> LoopLink:
+        link = self._links.get()
         if not link.ready:
             try:
                 await link.start()
@@ -136,7 +138,7 @@ class Core(Broker):
     async def server_time(self) -> float | None:
         return await self._server_time(await self._link())
 
-    async def _server_time(self, link: Link) -> float:
+    async def _server_time(self, link: LoopLink) -> float:
         """The server's time: the time stamp of a write of this process's
         own, read back (so it falls between sending the write and the read's
         answer), then deleted: the bucket keeps only what users and the
@@ -153,21 +155,9 @@ class Core(Broker):
         await self._link()
 
     async def close(self) -> None:
-        try:
-            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            current = None
-        links, self._links, self._last = self._links, {}, None
-        for loop, link in links.items():
-            if loop is current:
-                await link.stop()
-            elif loop.is_closed():
-                link.wire.abandon()
-            elif loop.is_running():
-                with contextlib.suppress(Exception):
-                    asyncio.run_coroutine_threadsafe(link.stop(), loop).result(10)
+        await self._links.close()
 
-    async def _merge_config(self, link: Link, name: bytes, fn: Any) -> Any:
+    async def _merge_config(self, link: LoopLink, name: bytes, fn: Any) -> Any:
         out: dict[str, Any] = {}
 
         async def change(cur: Stored | None) -> tuple[bytes, Hdrs] | None:
@@ -181,11 +171,11 @@ class Core(Broker):
         await link.store.cas(self.n.kv, self.n.c + name, change)
         return out.get("v")
 
-    async def _config(self, link: Link, name: bytes) -> Any:
+    async def _config(self, link: LoopLink, name: bytes) -> Any:
         cur = await link.store.read(self.n.kv, self.n.c + name)
         return orjson.loads(cur.data) if cur is not None and cur.data else None
 
-    async def _get(self, link: Link, jid: str) -> JobInfo | None:
+    async def _get(self, link: LoopLink, jid: str) -> JobInfo | None:
         s, e = await self._lookup(link, jid)
         now = self.clock.now()
         if s is not None:
@@ -197,7 +187,7 @@ class Core(Broker):
             return R.info_of(R.loads(kept), now)
         return None
 
-    async def _lookup(self, link: Link, jid: str) -> tuple[Stored | None, Stored | None]:
+    async def _lookup(self, link: LoopLink, jid: str) -> tuple[Stored | None, Stored | None]:
         """A job's state record and, while it has none, its fresh entry: the
         index entry ``j.e.ID`` or the enqueue's pointer itself.
 
@@ -248,7 +238,7 @@ class Core(Broker):
     def _direct_work(self) -> bytes:
         return b"$JS.API.DIRECT.GET." + self.n.work.encode()
 
-    def _probe_req(self, link: Link, mid: bytes) -> asyncio.Future[Reply]:
+    def _probe_req(self, link: LoopLink, mid: bytes) -> asyncio.Future[Reply]:
         """A publish that is never stored (``Nats-Expected-Last-Sequence``
         beyond any sequence) carrying ``Nats-Msg-Id`` ``mid``: the server
         answers "duplicate of sequence N" while ``mid`` is inside the work
@@ -261,7 +251,7 @@ class Core(Broker):
 
     async def _index_fresh(
         self,
-        link: Link,
+        link: LoopLink,
         bound: float | None,
         budget: float | None = None,
         want: bytes | None = None,
@@ -313,7 +303,7 @@ class Core(Broker):
             )
 
     async def _index_from(
-        self, link: Link, first: Stored, bound: float | None, span: int, want: bytes | None
+        self, link: LoopLink, first: Stored, bound: float | None, span: int, want: bytes | None
     ) -> tuple[int, bool, bool]:
         """Index the fresh pointers from ``first`` over ``span`` sequences
         (pipelined: a backlog is mostly consecutive pointers; gaps, acked
@@ -356,11 +346,11 @@ class Core(Broker):
     def _kv_subject(self, key: str) -> bytes:
         return self.n.k + key_tokens(key)
 
-    async def _kv_read(self, link: Link, subject: bytes) -> bytes | None:
+    async def _kv_read(self, link: LoopLink, subject: bytes) -> bytes | None:
         cur = await link.store.read(self.n.kv, subject)
         return live(cur, self.clock.now())
 
-    async def _holders(self, link: Link) -> list[tuple[str, Stored, dict[str, Any]]]:
+    async def _holders(self, link: LoopLink) -> list[tuple[str, Stored, dict[str, Any]]]:
         subjects = await link.store.subjects(self.n.hold, self.n.h + b"*")
         names = sorted(subjects)
         out = []
@@ -371,7 +361,7 @@ class Core(Broker):
 
     def _repoint_req(
         self,
-        link: Link,
+        link: LoopLink,
         jid: str,
         queue: str,
         env: dict[str, Any],
@@ -407,7 +397,9 @@ class Core(Broker):
             link.level_seen(queue, prio)
         return link.wire.request(self.n.pointer(queue, prio), body, headers(*pairs))
 
-    async def _ensure_pointer(self, link: Link, jid: str, rec: dict[str, Any], seq: int) -> None:
+    async def _ensure_pointer(
+        self, link: LoopLink, jid: str, rec: dict[str, Any], seq: int
+    ) -> None:
         """Publish the pointer a waiting record expects, unless it exists (its
         ``Nats-Msg-Id`` is still in the de-duplication window): the repair
         after a process died between writing a record and its pointer."""
@@ -421,11 +413,13 @@ class Core(Broker):
         pub_ack(await self._await(link, fut), "pointer")
 
     @staticmethod
-    async def _await(link: Link, fut: asyncio.Future[Reply]) -> Reply:
+    async def _await(link: LoopLink, fut: asyncio.Future[Reply]) -> Reply:
         await link.wire.flush()
         return await fut
 
-    async def _dlq_publish(self, link: Link, rec: dict[str, Any], jid: str | None = None) -> None:
+    async def _dlq_publish(
+        self, link: LoopLink, rec: dict[str, Any], jid: str | None = None
+    ) -> None:
         """Put a dead job's record into the DLQ stream (idempotent per generation)."""
         env = rec.get(R.ENV) or {}
         jid = jid or str(env.get("id", ""))
@@ -437,7 +431,7 @@ class Core(Broker):
             ((b"Nats-Msg-Id", f"dead:{jid}:{rec.get(R.GEN)}"), (b"Dw-Id", jid)),
         )
 
-    async def _reconcile_own(self, link: Link, every: bool = False) -> None:
+    async def _reconcile_own(self, link: LoopLink, every: bool = False) -> None:
         """Take out of this connection's holder list the jobs it lists as
         running that are not running here by their records: claims that
         failed midway (``Holder.unsure``), entries whose lease ran out, and,
@@ -498,7 +492,7 @@ class Core(Broker):
             h.write()
             await link.wire.flush()
 
-    async def _unclaim(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+    async def _unclaim(self, link: LoopLink, rec: dict[str, Any], seq: int, now: float) -> bool:
         """Give back a job whose claim (record at ``seq``) was stored but never
         delivered: ready again at once, the attempt the claim counted
         returned, as a requeue does.  Record first, then its pointer, then
@@ -531,7 +525,7 @@ class Core(Broker):
                 link.wire.publish(str(rec[R.ACK]).encode(), b"+ACK")
         return True
 
-    async def _bury(self, link: Link, rec: dict[str, Any], seq: int, now: float) -> bool:
+    async def _bury(self, link: LoopLink, rec: dict[str, Any], seq: int, now: float) -> bool:
         """A job out of attempts after losing its worker: dead-letter it."""
         rec = {**rec, R.ST: State.DEAD.value, R.UPDATED: now, R.BY: R.claim_of(rec, seq)}
         reply = str(rec.pop(R.ACK, "") or "")
@@ -548,7 +542,7 @@ class Core(Broker):
                 link.wire.publish(reply.encode(), b"+ACK")
         return True
 
-    async def _unpoint(self, link: Link, jid: str, old: dict[str, Any]) -> None:
+    async def _unpoint(self, link: LoopLink, jid: str, old: dict[str, Any]) -> None:
         """Take a waiting job's pointer (or delay entry) out of the work stream,
         so the counts stay exact after a cancel, purge or reschedule.
 
@@ -581,7 +575,7 @@ class Core(Broker):
                 await link.store.delete(self.n.work, found)
                 return
 
-    async def _find(self, link: Link, subject: bytes, jid: str, around: float) -> int | None:
+    async def _find(self, link: LoopLink, subject: bytes, jid: str, around: float) -> int | None:
         """The sequence of job ``jid``'s message on ``subject``, published
         near ``around``: a binary search by time, then a short walk."""
         info = await link.wire.api(f"STREAM.INFO.{self.n.work}")
@@ -602,166 +596,3 @@ class Core(Broker):
             if m.time > around + 30.0:
                 break
         return None
-
-
-UNIQUE_BLOCKS: dict[str, frozenset[str] | None] = {
-    "active": frozenset({"scheduled", "ready", "retrying", "running"}),
-    "queued": frozenset({"scheduled", "ready", "retrying"}),
-}
-
-
-class Ptr:
-    """A delivered pointer, decoded."""
-
-    __slots__ = ("data", "env", "error", "gen", "id", "queue", "replays", "reply", "seq")
-
-    def __init__(self, it: Pulled, queue: str, names: Names) -> None:
-        self.reply = it.reply
-        self.data = it.data
-        self.queue = queue
-        self.error: str | None = None
-        self.env: dict[str, Any] | None
-        try:
-            env = orjson.loads(it.data)
-            if not isinstance(env, dict):
-                raise MessageDecodeError("message body is not a JSON object")
-            self.env = env
-        except (orjson.JSONDecodeError, MessageDecodeError) as exc:
-            self.env, self.error = None, _not_an_envelope(it.data, exc)
-        jid = header(it.hdr, b"Dw-Id")
-        if jid:
-            self.id = jid.decode()
-        elif self.env is not None and isinstance(self.env.get("id"), str):
-            self.id = self.env["id"]
-        else:
-            self.id = f"nats-{ack_meta(it.reply).stream_seq}"
-        self.gen = (header(it.hdr, b"Dw-G") or b"0").decode()
-        #: the record's sequence when this pointer was published (0: none yet)
-        self.seq = int(header(it.hdr, b"Dw-S") or 0)
-        self.replays = int(header(it.hdr, b"Dw-Rp") or 0)
-        if self.env is not None and header(it.hdr, b"Dw-Raw") is not None:
-            # an undecodable message's body again (replayed, given back): JSON
-            # that is not an envelope, or the kept head of a longer body
-            try:
-                from_dict(self.env)
-                why = "the kept head of a longer body that is not a valid envelope"
-            except MessageDecodeError as exc:
-                why = str(exc)
-            self.undecodable(why)
-
-    def undecodable(self, why: str) -> None:
-        """Take this pointer as the undecodable message it is (the claim keeps
-        its body in the job's record)."""
-        self.env, self.error = None, why
-
-    @classmethod
-    def of(cls, it: Pulled, names: Names) -> Ptr:
-        parts = it.subject.split(b".")
-        return cls(it, untok(parts[-2]) if len(parts) >= 2 else "?", names)
-
-
-def _not_an_envelope(data: bytes, exc: Exception) -> str:
-    """Why a pointer's body is not an envelope, in words that name the problem
-    (orjson calls bytes that are not UTF-8 "surrogates not allowed")."""
-    try:
-        data.decode()
-    except UnicodeDecodeError as bad:
-        return (
-            f"message body is not valid UTF-8 (byte 0x{data[bad.start]:02x} at offset "
-            f"{bad.start}), so it is not a JSON envelope"
-        )
-    return f"message body is not a valid envelope: {exc}"
-
-
-def env_of(d: Delivery) -> dict[str, Any]:
-    """The envelope a delivery's record is rewritten with: an undecodable
-    message's is the stand-in its record had (with the errors so far)."""
-    if d.message is not None:
-        return d.message.to_dict()
-    tok = d.token
-    if isinstance(tok, R.Token) and tok.env is not None:
-        env = dict(tok.env)
-        env["errors"] = list(env.get("errors") or [])
-        return env
-    return R.raw_env(d.id, d.queue, 1)
-
-
-def queue_of(d: Delivery) -> str:
-    return d.message.queue if d.message is not None else "?"
-
-
-def lease_error(rec: dict[str, Any], now: float) -> dict[str, Any]:
-    worker = str(rec.get(R.WORKER) or "")
-    attempt = int((rec.get(R.ENV) or {}).get("attempt", 0))
-    return ErrorRecord(
-        time=now,
-        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
-        message=f"lease expired: worker {worker or '?'} stopped heartbeating "
-        f"during attempt {attempt}",
-        worker=worker,
-        attempt=attempt,
-    ).to_dict()
-
-
-def _next_pointer(n: Names, seq: int) -> bytes:
-    """A direct get's body: the first pointer at or after ``seq``."""
-    return b'{"seq":%d,"next_by_subj":"%s>"}' % (seq, n.w)
-
-
-def _duplicate_of(r: Reply) -> int:
-    """The sequence a probe's ``Nats-Msg-Id`` is a duplicate of (0: none)."""
-    if b'"duplicate"' not in r.data:
-        return 0
-    d = orjson.loads(r.data)
-    return int(d["seq"]) if d.get("duplicate") else 0
-
-
-def fresh_of(e: Stored, now: float) -> JobInfo:
-    """A fresh job's admin view from its index entry or its pointer (whose
-    server time is the enqueue's)."""
-    env = orjson.loads(e.data)
-    u = float(e.get(b"Dw-U") or 0) or e.time or now
-    ra = float(e.get(b"Dw-Ra") or 0) or u  # 0: ready at once (when enqueued)
-    return R.fresh_info(env, ra, u, now)
-
-
-def fresh_record(e: Stored | None, now: float) -> dict[str, Any]:
-    """A fresh job's index entry as a state record (its first transition)."""
-    assert e is not None
-    env = orjson.loads(e.data)
-    u = float(e.get(b"Dw-U") or 0) or e.time or now
-    ra = float(e.get(b"Dw-Ra") or 0) or u
-    return {
-        R.ST: R.waiting_state(0, ra, now),
-        R.ENV: env,
-        R.GEN: "0",
-        R.RUN_AT: ra,
-        R.UPDATED: u,
-        R.REPLAYS: 0,
-    }
-
-
-def live(cur: Stored | None, now: float) -> bytes | None:
-    if cur is None:
-        return None
-    exp = cur.get(b"Dw-Exp")
-    if exp is not None and float(exp) <= now:
-        return None
-    return cur.data
-
-
-def lock_token(held: dict[str, Any], cur: Stored) -> int:
-    return int(held.get("t") or cur.seq)
-
-
-def delivery_id(event_id: str, queue: str) -> str:
-    """The id of an event's delivery to one group: derived from both, so a
-    second publish of the event makes the same ids (and stores nothing), and
-    time-ordered like the event's own UUIDv7."""
-    h = digest(event_id + "\x00" + queue) + digest(queue + "\x00" + event_id)
-    ts = event_id.replace("-", "")[:12]
-    if len(ts) != 12 or any(c not in "0123456789abcdef" for c in ts):
-        ts = h[20:32]
-    variant = "%x" % (0x8 | (int(h[3], 16) & 0x3))
-    v = ts + "7" + h[0:3] + variant + h[4:19]
-    return f"{v[:8]}-{v[8:12]}-{v[12:16]}-{v[16:20]}-{v[20:]}"

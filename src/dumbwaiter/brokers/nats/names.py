@@ -206,7 +206,7 @@ def stream_names(ns: str) -> tuple[str, ...]:
     return (*(f"DW_{ns}_{s}" for s in ("WORK", "JOBS", "DLQ", "HOLD", "EVENTS")), f"KV_dw_{ns}")
 
 
-class Names:
+class Subjects:
     """Stream names, subjects and consumer names of one namespace."""
 
     def __init__(self, s: Settings) -> None:

@@ -26,7 +26,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .wire import Reply, Unavailable, Wire
+from .protocol import (
+    Reply,
+    Unavailable,
+)
+from .wire import Wire
 
 #: seconds a delivered message may wait in the stash before it is handed back
 GRACE = 0.25
@@ -34,7 +38,8 @@ GRACE = 0.25
 #: a consumer learns of a stored message asynchronously (nats-server 2.9
 #: signals its consumers from a goroutine of its own), so a ``no_wait`` pull
 #: sent right after a PubAck can be answered "404 No Messages" although the
-#: message is stored (5 in 3,000 tries on a loaded machine).  With ``expires``
+#: message is stored (docs/benchmarks.md, "Figures behind the NATS engine's
+#: choices", has how often).  With ``expires``
 #: as well, the server answers at once with what it has, or holds the request
 #: that long for the first message when it has none.
 SETTLE = 0.1

@@ -34,9 +34,9 @@ from typing import Any
 import orjson
 
 from ...errors import MessageDecodeError
-from ...message import Message, from_dict
+from ...message import ErrorRecord, Message, from_dict
 from ...state import State
-from ..base import JobInfo
+from ..base import DeadLetter, JobInfo
 
 #: record field names (short: a record is written at every transition)
 ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, RESULT = (
@@ -161,3 +161,21 @@ def fresh_info(env: dict[str, Any], run_at: float, enqueued: float, now: float) 
     msg = from_dict(env)
     state = State.SCHEDULED if run_at > now else State.READY
     return JobInfo(message=msg, state=state, run_at=run_at, updated_at=enqueued)
+
+
+def dead_letter(env: dict[str, Any]) -> DeadLetter:
+    """The report of a job buried for a lost lease: its envelope (a state
+    record's) carries the ``LeaseExpired`` error just appended, and goes with
+    the report whole (on_dead hooks log its arguments)."""
+    errors = env.get("errors") or [{}]
+    try:
+        msg: Message | None = from_dict(env)
+    except MessageDecodeError:
+        msg = None
+    return DeadLetter(
+        str(env.get("id", "")),
+        str(env.get("queue", "") or "?"),
+        str(env.get("name", "") or "?"),
+        ErrorRecord.from_dict(errors[-1]),
+        msg,
+    )

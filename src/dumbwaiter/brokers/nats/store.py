@@ -29,17 +29,17 @@ from typing import NamedTuple
 import orjson
 
 from ...errors import BrokerError
-from .names import Names
-from .wire import (
+from .names import Subjects
+from .protocol import (
     WRONG_LAST_SEQUENCE,
     JetStreamError,
     PubAck,
     Reply,
-    Wire,
     header,
     headers,
     pub_ack,
 )
+from .wire import Wire
 
 _NS_PER_S = 1_000_000_000
 
@@ -117,7 +117,7 @@ class Scanned:
 
 
 class Store:
-    def __init__(self, wire: Wire, names: Names) -> None:
+    def __init__(self, wire: Wire, names: Subjects) -> None:
         self.wire = wire
         self.n = names
 

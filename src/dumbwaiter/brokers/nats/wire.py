@@ -13,7 +13,7 @@ So ``Wire`` plugs two things into the nats-py client it creates (its own
 instance; nats-py's classes and modules are left alone, and so are other
 clients of the process):
 
-* the ``parser`` hook: a protocol parser (``_Parser``) that takes over that
+* the ``parser`` hook: a protocol parser (``protocol._Parser``) that takes over that
   client's ``_ps``: it walks
   each read buffer once and calls a plain function for the subscriptions
   registered here (``subscribe``), with the raw subject, reply, header block
@@ -51,21 +51,31 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
+import struct
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from nats.aio.client import Client
-from nats.errors import ProtocolError
 
-from ...errors import BrokerAuthError, BrokerError, BrokerUnavailable
+from ...errors import BrokerAuthError
 from .. import hooks
+from .protocol import (
+    Handler,
+    JetStreamError,
+    Reply,
+    Unavailable,
+    _Parser,
+    header_block,
+    header_dict,
+    pub_cmd,
+    refused_login,
+)
 
 log = logging.getLogger("dumbwaiter.nats")
 
-#: (subject, reply, header block or None, payload) -> None; must not block
-Handler = Callable[[bytes, bytes, "bytes | None", bytes], None]
 
 #: bytes waiting in the socket's buffer above which ``flush`` waits for it to drain
 _HIGH_WATER = 4 * 1024 * 1024
@@ -76,57 +86,7 @@ _PARSER_USES = ("_ps", "_process_msg", "_process_ping", "_process_pong", "_proce
 _SEND_USES = ("_pending", "_pending_data_size", "_transport")
 
 
-class Unavailable(BrokerUnavailable):
-    """The connection to NATS is down (the client is reconnecting)."""
-
-
-def refused_login(exc: BaseException) -> bool:
-    """Whether nats-py's ``exc`` is the server refusing the credentials
-    (``-ERR 'Authorization Violation'``, an expired or revoked user): no
-    retry mends that."""
-    from nats.errors import AuthorizationError
-
-    text = str(exc).lower()
-    return isinstance(exc, AuthorizationError) or "authoriz" in text or "authentica" in text
-
-
-class JetStreamError(BrokerError):
-    """JetStream refused a request; ``code``/``err_code`` say why."""
-
-    def __init__(self, description: str, code: int = 0, err_code: int = 0) -> None:
-        super().__init__(description)
-        self.code = code
-        self.err_code = err_code
-
-
-#: JetStream's error code for a failed ``Nats-Expected-Last-Subject-Sequence``
-WRONG_LAST_SEQUENCE = 10071
-#: stream or consumer not found
-STREAM_NOT_FOUND = 10059
-CONSUMER_NOT_FOUND = 10014
-#: a stream with this name exists with another configuration
-STREAM_NAME_IN_USE = 10058
-
-
-class Reply(NamedTuple):
-    """A received message: header block (raw, or None) and payload."""
-
-    hdr: bytes | None
-    data: bytes
-
-    @property
-    def status(self) -> int:
-        """The NATS status code of a status message (404, 408, 503...), else 0."""
-        h = self.hdr
-        if h is None or len(h) < 12 or h[8:9] != b" ":
-            return 0
-        try:
-            return int(h[9:12])
-        except ValueError:
-            return 0
-
-
-class Batch:
+class ReplyBatch:
     """Replies of a batch of requests (``Wire.batch``), in request order."""
 
     __slots__ = ("fut", "left", "replies")
@@ -138,205 +98,6 @@ class Batch:
 
     async def wait(self) -> list[Reply]:
         return await self.fut
-
-
-class PubAck(NamedTuple):
-    seq: int
-    duplicate: bool
-
-
-_new_ack = tuple.__new__
-
-
-def pub_ack(r: Reply, what: str) -> PubAck:
-    """Decode a JetStream publish acknowledgement; raise on its error.
-
-    Two or three of these per job (enqueue, claim, settle), so the usual
-    answers are read without JSON: ``{"stream":"S","seq":N}`` and
-    ``{"stream":"S","seq":N,"duplicate": true}`` (nats-server writes an
-    error first, ``{"error":...``, so it never takes these paths; a
-    ``"domain"`` before ``"seq"`` does no harm).  Anything else goes
-    through JSON."""
-    d = r[1]
-    if d[:10] == b'{"stream":':
-        i = d.find(b'"seq":', 10)
-        if i > 0:
-            j = d.find(b",", i)
-            if j < 0:  # "seq" is the last field: the common answer
-                n = d[i + 6 : -1]
-                if n.isdigit():
-                    return _new_ack(PubAck, (int(n), False))
-            elif b'"error"' not in d:
-                n = d[i + 6 : j]
-                if n.isdigit():
-                    k = d.find(b'"duplicate":', j)  # nats-server writes '"duplicate": true'
-                    dup = k > 0 and d[k + 12 :].lstrip()[:1] == b"t"
-                    return _new_ack(PubAck, (int(n), dup))
-    return _pub_ack_slow(r, what)
-
-
-def _pub_ack_slow(r: Reply, what: str) -> PubAck:
-    if r.status == 503:  # JetStream is (re)starting, or no stream takes the subject
-        raise Unavailable(f"{what}: no stream answered (503 no responders)")
-    try:
-        d = orjson.loads(r.data)
-    except orjson.JSONDecodeError:
-        raise JetStreamError(f"{what}: unexpected reply {r.data[:200]!r}") from None
-    err = d.get("error")
-    if err is not None:
-        if int(err.get("code", 0)) == 503:
-            raise Unavailable(f"{what}: {err.get('description', err)}")
-        raise JetStreamError(
-            f"{what}: {err.get('description', err)}",
-            int(err.get("code", 0)),
-            int(err.get("err_code", 0)),
-        )
-    return PubAck(int(d["seq"]), bool(d.get("duplicate", False)))
-
-
-def header(hdr: bytes | None, name: bytes) -> bytes | None:
-    """The value of header ``name`` (exact case) in a raw header block."""
-    if not hdr:
-        return None
-    key = b"\r\n" + name + b":"
-    i = hdr.find(key)
-    if i < 0:
-        return None
-    i += len(key)
-    j = hdr.find(b"\r\n", i)
-    return hdr[i:j].strip() if j >= 0 else hdr[i:].strip()
-
-
-def headers(*pairs: tuple[bytes, bytes | str | int | float]) -> bytes:
-    """A raw header block (``NATS/1.0``) from (name, value) pairs."""
-    out = [b"NATS/1.0\r\n"]
-    for k, v in pairs:
-        out += (k, b": ", v if isinstance(v, bytes) else str(v).encode(), b"\r\n")
-    out.append(b"\r\n")
-    return b"".join(out)
-
-
-def header_dict(hdr: bytes | None) -> dict[str, str] | None:
-    """A raw header block as the dictionary nats-py's ``publish`` takes."""
-    if not hdr:
-        return None
-    out: dict[str, str] = {}
-    for line in hdr.split(b"\r\n")[1:]:
-        name, sep, value = line.partition(b":")
-        if sep:
-            out[name.decode()] = value.strip().decode()
-    return out
-
-
-def header_block(parsed: dict[str, str] | None) -> bytes | None:
-    """nats-py's parsed headers of a received message as the raw block the
-    handlers read (``header``, ``Reply.status``): an inline status (``Status``,
-    ``Description``) on the first line, as the server wrote it."""
-    if not parsed:
-        return None
-    first = b"NATS/1.0"
-    status = parsed.get("Status")
-    if status:
-        first += b" " + status.encode()
-        desc = parsed.get("Description")
-        if desc:
-            first += b" " + desc.encode()
-    pairs = [(k.encode(), v) for k, v in parsed.items() if k not in ("Status", "Description")]
-    out = [first, b"\r\n"]
-    for k, v in pairs:
-        out += (k, b": ", v.encode(), b"\r\n")
-    out.append(b"\r\n")
-    return b"".join(out)
-
-
-def pub_cmd(subject: bytes, data: bytes, reply: bytes = b"", hdr: bytes | None = None) -> bytes:
-    """The protocol command publishing ``data`` (with an optional header block)."""
-    if hdr is None:
-        if reply:
-            return b"PUB %s %s %d\r\n%s\r\n" % (subject, reply, len(data), data)
-        return b"PUB %s %d\r\n%s\r\n" % (subject, len(data), data)
-    if reply:
-        return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
-            subject, reply, len(hdr), len(hdr) + len(data), hdr, data,
-        )  # fmt: skip
-    return b"HPUB %s %d %d\r\n%s%s\r\n" % (subject, len(hdr), len(hdr) + len(data), hdr, data)
-
-
-class _Parser:
-    """NATS protocol parser that takes over ``Client._ps`` (see the module doc)."""
-
-    def __init__(self, nc: Any, fast: dict[int, Handler]) -> None:
-        self.nc = nc
-        self.fast = fast
-        self.buf = bytearray()
-
-    def reset(self) -> None:
-        self.buf = bytearray()
-
-    async def parse(self, data: bytes = b"") -> None:  # noqa: C901 - one protocol loop
-        buf = self.buf
-        buf += data
-        n = len(buf)
-        pos = 0
-        fast = self.fast
-        nc = self.nc
-        try:
-            while pos < n:
-                e = buf.find(b"\r\n", pos)
-                if e < 0:
-                    break
-                c = buf[pos]
-                if c == 77 or c == 72:  # MSG / HMSG
-                    parts = bytes(buf[pos:e]).split()
-                    if c == 77:
-                        hsize = 0
-                        if len(parts) == 5:
-                            subject, sid, reply, size = parts[1], parts[2], parts[3], int(parts[4])
-                        else:
-                            subject, sid, size, reply = parts[1], parts[2], int(parts[3]), b""
-                    elif len(parts) == 6:
-                        subject, sid, reply = parts[1], parts[2], parts[3]
-                        hsize, size = int(parts[4]), int(parts[5])
-                    else:
-                        subject, sid, reply = parts[1], parts[2], b""
-                        hsize, size = int(parts[3]), int(parts[4])
-                    start = e + 2
-                    end = start + size
-                    if end + 2 > n:
-                        break  # the payload has not fully arrived
-                    hdr = bytes(buf[start : start + hsize]) if hsize else None
-                    payload = bytes(buf[start + hsize : end])
-                    pos = end + 2
-                    isid = int(sid)
-                    handler = fast.get(isid)
-                    if handler is not None:
-                        try:
-                            handler(subject, reply, hdr, payload)
-                        except Exception:
-                            log.exception("nats: handler of subscription %d failed", isid)
-                    else:
-                        await nc._process_msg(isid, subject, reply, payload, hdr)
-                    continue
-                line = bytes(buf[pos:e])
-                pos = e + 2
-                if line.startswith(b"PING"):
-                    await nc._process_ping()
-                elif line.startswith(b"PONG"):
-                    await nc._process_pong()
-                elif line.startswith(b"+OK"):
-                    pass
-                elif line.startswith(b"-ERR"):
-                    await nc._process_err(line[4:].strip().decode(errors="replace").lower())
-                elif line.startswith(b"INFO"):
-                    await nc._process_info(orjson.loads(line[4:].strip()))
-                elif line:
-                    raise _protocol_error(f"nats: unknown protocol line {line[:80]!r}")
-        finally:
-            del buf[:pos]
-
-
-def _protocol_error(text: str) -> Exception:
-    return ProtocolError(text)
 
 
 async def _abandon(attempt: asyncio.Future[Any], nc: Any) -> None:
@@ -351,6 +112,28 @@ async def _abandon(attempt: asyncio.Future[Any], nc: Any) -> None:
         attempt.exception()  # retrieved: no "exception was never retrieved"
     with contextlib.suppress(Exception):
         await asyncio.wait_for(nc.close(), 5.0)
+
+
+def _abort_on_close(nc: Any, abort: bool) -> None:
+    """Make closing this client's socket drop what it has not sent (an
+    abortive close: ``SO_LINGER`` 0), or send it first (the default).
+
+    nats-py closes the socket of a connection it gave up on (no PONG in
+    time: a cable cut, a host gone) and connects anew.  A graceful close
+    leaves the kernel retransmitting what was written into the dead
+    connection, and after the network heals the server receives it behind
+    everything the new connection sent: pull requests made during the cut
+    take messages for a connection nobody reads (those jobs wait out
+    ``AckWait``), and older writes (the holder list) land after newer ones.
+    Aborted, the old connection's unsent commands are gone, as a caller that
+    saw them fail expects (see the module doc).  Our own ``close`` lets them
+    out.  (Only this client's socket; a transport without one is left as it is.)"""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", int(abort), 0))
 
 
 def _has(nc: Any, names: tuple[str, ...]) -> bool:
@@ -381,8 +164,8 @@ class Wire:
         #: outstanding requests: token -> (future, deadline)
         self._pending: dict[bytes, tuple[asyncio.Future[Reply], float]] = {}
         #: outstanding batched requests: token -> (batch, index); batch -> deadline
-        self._slots: dict[bytes, tuple[Batch, int]] = {}
-        self._batches: dict[Batch, float] = {}
+        self._slots: dict[bytes, tuple[ReplyBatch, int]] = {}
+        self._batches: dict[ReplyBatch, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
         #: why the last connect (or reconnect) failed, for the error a
@@ -410,6 +193,7 @@ class Wire:
         the unbounded reconnects the connection keeps afterwards, would try
         an unreachable server, or a wrong password, for ever."""
         refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        where = ", ".join(self.servers)
 
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %s", exc)
@@ -419,12 +203,16 @@ class Wire:
                     refused.set_result(exc)
 
         async def on_disconnected() -> None:
+            if not self._closed:
+                log.warning("nats: the connection to %s was lost; connecting again", where)
             self._fail_all(Unavailable("the connection to NATS was lost"))
             if self._on_disconnect is not None:
                 self._on_disconnect()
 
         async def on_reconnected() -> None:
-            log.info("nats: reconnected to %s", self.nc.connected_url)
+            _abort_on_close(self.nc, True)
+            url = self.nc.connected_url
+            log.info("nats: reconnected to %s", getattr(url, "netloc", url))
             if self._on_reconnect is not None:
                 self._on_reconnect()
 
@@ -443,7 +231,6 @@ class Wire:
                 **self.options,
             )
         )
-        where = ", ".join(self.servers)
         try:
             await asyncio.wait(
                 {attempt, refused}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
@@ -461,6 +248,7 @@ class Wire:
         exc = attempt.exception()
         if exc is not None:
             raise Unavailable(f"cannot connect to NATS at {where}: {exc}") from exc
+        _abort_on_close(nc, True)
         sid = await self._subscribe(self._prefix.decode() + "*", self._on_reply)
         self._fast[sid] = self._on_reply
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -476,6 +264,7 @@ class Wire:
         self._out.clear()
         self._fail_all(Unavailable("the broker was closed"))
         if self.nc is not None and not self.nc.is_closed:
+            _abort_on_close(self.nc, False)  # our own close: what is queued goes out
             try:
                 await self.nc.close()
             except Exception:
@@ -649,12 +438,12 @@ class Wire:
         await self.flush()
         return await fut
 
-    def batch(self, items: list[tuple[bytes, bytes, bytes | None]]) -> Batch:
-        """Queue one request per (subject, data, header block); ``Batch.wait``
+    def batch(self, items: list[tuple[bytes, bytes, bytes | None]]) -> ReplyBatch:
+        """Queue one request per (subject, data, header block); ``ReplyBatch.wait``
         returns every reply in order.  One future for the whole batch: a bulk
         enqueue makes two requests per job."""
         self.check()
-        b = Batch(asyncio.get_running_loop().create_future(), len(items))
+        b = ReplyBatch(asyncio.get_running_loop().create_future(), len(items))
         if not items:
             b.fut.set_result(b.replies)
             return b

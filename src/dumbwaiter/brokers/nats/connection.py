@@ -1,7 +1,7 @@
 """One event loop's connection to NATS, and the process' holder list.
 
 A broker object may serve several event loops (an App's sync calls run on
-its portal loop, a worker on its own loop): each gets a ``Link`` of its own
+its portal loop, a worker on its own loop): each gets a ``LoopLink`` of its own
 with its connection, pullers, caches and background tasks (the promoter and
 the stash reaper).
 """
@@ -15,28 +15,26 @@ import os
 import socket
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from ...errors import BrokerError
 from ...message import uuid7
 from .. import deadline
-from .names import prio_of, untok
-from .puller import GRACE, Puller
-from .store import Store
-from .wire import (
+from ..clock import ServerClock
+from .names import Settings, Subjects, prio_of, untok
+from .protocol import (
     CONSUMER_NOT_FOUND,
     STREAM_NAME_IN_USE,
     JetStreamError,
     Reply,
     Unavailable,
-    Wire,
     pub_ack,
 )
-
-if TYPE_CHECKING:
-    from .core import Core
+from .puller import GRACE, Pulled, Puller
+from .store import Store
+from .wire import Wire
 
 log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000
@@ -49,13 +47,44 @@ DELAY_ACK_WAIT = 5.0
 WRITE_AGAIN = 0.5
 #: at most this long a closing connection tries to leave its final list
 FINAL_WRITE = 5.0
+#: seconds between PINGs, and the PINGs left unanswered before nats-py calls
+#: the connection dead and connects anew: 4 to 6 s after a network cut.  Until
+#: then a cut-off host writes into a connection that may never carry anything
+#: again (TCP retransmits with backoff, seconds apart after a long cut), and
+#: a host whose network heals before that point waits for the next
+#: retransmission, or the verdict, to run anything.  Declared dead during the
+#: cut instead, it keeps trying to connect and is back within a connect retry
+#: of the heal.  Only a server that answers nothing for 4 s trips it (a
+#: blocked event loop holds back both the PINGs and their count).
+PING_INTERVAL = 2
+MAX_OUTSTANDING_PINGS = 2
+
+
+class Owner(Protocol):
+    """What a connection needs of the broker it serves (``core.Core``),
+    written out here so that core.py, which makes connections, and this
+    module do not import each other."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def n(self) -> Subjects: ...
+    @property
+    def clock(self) -> ServerClock: ...
+    @property
+    def retention(self) -> float: ...
+    @property
+    def event_retention(self) -> float: ...
+    async def _config(self, link: LoopLink, name: bytes) -> Any: ...
+    async def _promote(self, link: LoopLink, items: list[Pulled]) -> None: ...
+    async def _reconcile_own(self, link: LoopLink, every: bool = False) -> None: ...
 
 
 class Holder:
     """This connection's running jobs and finish counts, written to its own
     subject of the HOLD stream (see the module doc: leases and stats)."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: LoopLink) -> None:
         self.link = link
         host = "".join(c if c.isalnum() or c in "-_" else "-" for c in socket.gethostname())[:24]
         self.id = f"{host}-{os.getpid()}-{uuid7()[-12:]}"
@@ -198,10 +227,10 @@ class Holder:
             self._again = None
 
 
-class Link:
+class LoopLink:
     """One event loop's connection and what it caches."""
 
-    def __init__(self, broker: Core, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, broker: Owner, loop: asyncio.AbstractEventLoop) -> None:
         self.broker = broker
         self.loop = loop
         s = broker.settings
@@ -211,8 +240,8 @@ class Link:
             "allow_reconnect": True,
             "max_reconnect_attempts": -1,
             "reconnect_time_wait": 0.5,
-            "ping_interval": 5,
-            "max_outstanding_pings": 3,
+            "ping_interval": PING_INTERVAL,
+            "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
         }
         if s.user is not None:
             options["user"] = s.user

@@ -24,14 +24,21 @@ import orjson
 from ...errors import BrokerError
 from ...flow import window_wait
 from ..base import KvWrite, kv_write
-from .core import Core, Hdrs, live, lock_token
-from .link import Link
+from .connection import LoopLink
+from .core import (
+    Core,
+    Hdrs,
+)
 from .names import digest, key_of, tok
-from .store import Stored, is_conflict
-from .wire import (
+from .pointers import (
+    live,
+    lock_token,
+)
+from .protocol import (
     JetStreamError,
     pub_ack,
 )
+from .store import Stored, is_conflict
 
 T = TypeVar("T")
 
@@ -99,7 +106,9 @@ class Coordination(Core):
         if held["o"] == owner and lock_token(held, cur) == token:
             await link.store.delete(self.n.kv, cur.seq)
 
-    async def _kv_put_raw(self, link: Link, subject: bytes, data: bytes, ttl: float | None) -> None:
+    async def _kv_put_raw(
+        self, link: LoopLink, subject: bytes, data: bytes, ttl: float | None
+    ) -> None:
         extra: Hdrs = ((b"Dw-Exp", repr(self.clock.now() + ttl)),) if ttl else ()
         ack = await link.store.put(subject, data, None, extra)
         if ttl:
@@ -190,7 +199,7 @@ class Coordination(Core):
             await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
             delay = min(delay * 2, 0.05)
 
-    async def _kv_lock(self, link: Link, keys: list[str]) -> dict[bytes, int] | None:
+    async def _kv_lock(self, link: LoopLink, keys: list[str]) -> dict[bytes, int] | None:
         """Take the locks of ``keys``: subject -> sequence of our lock, or
         None (and nothing held) when one is held by a live update."""
         subjects = sorted({self.n.c + b"kvl." + digest(k).encode() for k in keys})
@@ -235,7 +244,7 @@ class Coordination(Core):
 
     async def _kv_update_locked(
         self,
-        link: Link,
+        link: LoopLink,
         keys: list[str],
         decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> tuple[bool, T]:
@@ -287,7 +296,7 @@ class Coordination(Core):
 
     async def _kv_update_won(
         self,
-        link: Link,
+        link: LoopLink,
         writes: Mapping[str, tuple[bytes, float | None]],
         read: Mapping[str, tuple[bytes, Stored | None]],
         mine: list[tuple[bytes, Stored | None, int]],
@@ -311,7 +320,9 @@ class Coordination(Core):
         for ttl, items in blind.items():
             await self.kv_set(items, ttl)
 
-    async def _kv_put_back(self, link: Link, mine: list[tuple[bytes, Stored | None, int]]) -> None:
+    async def _kv_put_back(
+        self, link: LoopLink, mine: list[tuple[bytes, Stored | None, int]]
+    ) -> None:
         """Undo a ``kv_update``'s writes (subject, what it replaced, its
         sequence), each only if nothing replaced it since."""
         now = self.clock.now()
@@ -427,14 +438,16 @@ class Coordination(Core):
         value = await self._kv_read(link, self._kv_subject(key))
         return set(orjson.loads(value)) if value is not None else set()
 
-    async def _expire_later(self, link: Link, items: list[tuple[bytes, int]], ttl: float) -> None:
+    async def _expire_later(
+        self, link: LoopLink, items: list[tuple[bytes, int]], ttl: float
+    ) -> None:
         """Note when these writes expire: the sweeper deletes them then (a
         read treats them as absent already)."""
         minute = int((self.clock.now() + ttl) // 60) + 1
         body = orjson.dumps([[s.decode(), seq] for s, seq in items])
         await link.store.put(self.n.t + b"%d" % minute, body)
 
-    async def _sweep_kv(self, link: Link, now: float | None = None) -> None:
+    async def _sweep_kv(self, link: LoopLink, now: float | None = None) -> None:
         """Delete kv entries whose time ran out (see ``_expire_later``)."""
         now_minute = int((self.clock.now() if now is None else now) // 60)
         buckets = await link.store.subjects(self.n.work, self.n.t + b"*")
