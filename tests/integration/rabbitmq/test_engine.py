@@ -279,7 +279,7 @@ async def test_a_job_whose_record_was_lost_still_runs(
 ) -> None:
     """The state store lost a record (a crash of a store that does not sync
     every commit): the copy RabbitMQ confirmed waits a moment, then runs."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.3)
     m = job()
@@ -299,18 +299,18 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     """A producer writes a job's record while RabbitMQ stores its copy: a
     consumer handed the copy before the record commits keeps it and judges it
     again a moment later (not through the delay cascade, 50 ms and more)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.rabbitmq import ledger, transport
+    from dumbwaiter.brokers.record import Record
 
-    monkeypatch.setattr(module, "LOCAL_GRACE", 30.0)  # however slow the machine
+    monkeypatch.setattr(ledger, "LOCAL_GRACE", 30.0)  # however slow the machine
     waiting = asyncio.Event()
-    real_wait = module._wait
+    real_wait = transport._wait
 
     def wait(link: Any, raw: Any, now: float) -> None:
         real_wait(link, raw, now)
         waiting.set()
 
-    monkeypatch.setattr(module, "_wait", wait)
+    monkeypatch.setattr(transport, "_wait", wait)
     parked: list[object] = []
     real_park = broker._park
 
@@ -370,7 +370,7 @@ async def test_copies_go_back_to_the_buffer_when_the_state_store_fails(
 async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
     broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     purged, cancelled = job(), job()
@@ -416,10 +416,10 @@ async def test_a_links_close_leaves_no_task_of_aiormqs_behind() -> None:
     (the reader's done callback closing the writer, the rejection of the
     channels' futures); the link's close waits for them, so a loop may stop
     the moment it returns."""
-    from dumbwaiter.brokers.rabbitmq.link import Link
+    from dumbwaiter.brokers.rabbitmq.link import AmqpLink
 
     before = asyncio.all_tasks()
-    link = Link(server.amqp_base(), "dumbwaiter close-test", asyncio.get_running_loop())
+    link = AmqpLink(server.amqp_base(), "dumbwaiter close-test", asyncio.get_running_loop())
     await link.ensure()
     await link.drop()
     assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
@@ -432,7 +432,7 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     minute past ``RECORD_GRACE``, or not at all."""
     from pamqp import decode, encode
 
-    from dumbwaiter.brokers.rabbitmq.broker import _seen
+    from dumbwaiter.brokers.rabbitmq.ledger import _seen
     from dumbwaiter.brokers.rabbitmq.link import Raw
 
     b = RabbitMQBroker("amqp://guest:guest@127.0.0.1/?state=memory://seen-test")
@@ -480,7 +480,7 @@ async def test_a_reschedule_that_meets_a_lease_leaves_the_running_job_alone(
     with a new version: the worker's ack was then lost and the job ran
     again), and the new copy reschedule sent waits out the live lease
     instead of running beside it once its record grace is over."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     admin, worker, other = make(), make(), make()
@@ -512,7 +512,7 @@ async def test_a_replay_that_meets_a_purge_does_not_bring_the_job_back(
     """Another admin purges the dead job between replay's read and its
     write: the job stays purged (the old read-then-write wrote its record
     back, ready, and it ran)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     admin, other = make(), make()
@@ -839,7 +839,7 @@ async def test_a_fast_worker_is_handed_more_than_twice_its_slots(
     a worker whose jobs end fast is handed what it drains in
     ``PREFETCH_HORIZON`` beyond its slots, so it does not wait for every
     refill (here the horizon is long, so that any drain counts as fast)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
     monkeypatch.setattr(module, "PREFETCH_WINDOW", 0.01, raising=False)
@@ -860,7 +860,7 @@ async def test_a_worker_of_slow_jobs_leaves_the_rest_of_the_queue_to_others(
 
 async def test_a_fixed_prefetch_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``prefetch=`` in the URL is the prefetch, however fast the worker."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
     url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db", prefetch="6")
@@ -913,7 +913,7 @@ async def test_a_bursts_prefetch_does_not_outlive_the_burst(
 ) -> None:
     """After a fast drain, a moment idle brings the prefetch back to twice
     the slots: slow jobs enqueued later are not all pushed to this worker."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     slots = 4
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0)
@@ -939,7 +939,8 @@ async def _two_batches(broker: RabbitMQBroker) -> tuple[list[Any], list[Message]
     first: list[Any] = []
     while len(first) < 3:
         first += await asyncio.wait_for(broker.fetch(["default"], 3 - len(first), 30.0, 10.0), 20)
-    link = broker._links[asyncio.get_running_loop()]
+    link = broker._links.current()
+    assert link is not None
     while len(link.buffer) < 3:  # each delivery sets ``arrived``
         link.arrived.clear()
         await asyncio.wait_for(link.arrived.wait(), 10)
@@ -1105,7 +1106,7 @@ async def test_a_copy_of_another_enqueue_is_dropped_even_before_the_record_runs(
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
@@ -1151,7 +1152,7 @@ async def test_a_producer_killed_between_the_confirm_and_the_record_leaves_one_r
     """SIGKILLed after RabbitMQ confirmed the copy and before the record
     committed: the copy waits for its record, then runs once, from itself
     (its record written by that admission), and no second copy runs."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.5)
     url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
@@ -1269,7 +1270,7 @@ async def test_a_losing_duplicates_copy_ahead_of_the_jobs_own_in_one_batch_leave
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
@@ -1319,7 +1320,7 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
     a tokenless record runs a tokened copy, a tokened record a tokenless copy
     (a rescue's, a retry's), and two tokens that differ drop the copy."""
     await broker.declare(["default"])
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     for record_enq, copy_enq, runs in [
         (None, "mine", True),
@@ -1717,7 +1718,7 @@ async def test_a_producer_killed_in_an_outage_leaves_records_that_still_run(
     with a growing lag.  A worker's rescue sends their copies again once they
     have waited past the producer's retry window, and each job runs, once."""
     import dumbwaiter as dw
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "RECONCILE_EVERY", 0.2)
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.5)
@@ -1774,7 +1775,7 @@ async def test_a_job_sent_again_while_its_first_copy_was_held_still_runs_once(
     consumer (the lane is empty either way): it sends the job's copy again.
     The two are copies of one version, and the job runs once: the first
     copy, given back after the job finished, is dropped."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
     broker.reconnect = 0.0
@@ -1805,7 +1806,7 @@ async def test_a_reconcile_leaves_a_lane_that_holds_messages_alone(
     """Waiting jobs in a lane with messages may have their copies in it (a
     backlog): none is sent again, which would put it behind the backlog and
     grow the queue with every period."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
     broker.reconnect = 0.0
