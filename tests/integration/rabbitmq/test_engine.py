@@ -230,6 +230,49 @@ async def test_a_hung_workers_job_comes_back_and_its_late_ack_does_not_count(
     assert info is not None and info.state is State.SUCCEEDED
 
 
+async def test_an_ack_held_up_past_its_lease_leaves_the_next_runs_record_alone(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker acks with most of its lease to run, so it writes without
+    reading the record first; the write is held up (a host cut off from the
+    network: TCP keeps it until the link is back) while the lease runs out,
+    the job is rescued, and another worker runs and acks it.  When the held
+    write lands, the record must stay the other run's (the partitions test,
+    ``tests/integration/partitions``)."""
+    late, other = make(), make()
+    await late.open()
+    await other.open()
+    m = job()
+    await other.enqueue([m])
+    [d] = await late.fetch(["default"], 1, 3.0, 0, "w-late")
+    store = late.state
+    held: list[str] = []
+
+    def cut_off(name: str) -> None:
+        write = getattr(store, name)
+
+        async def held_up(*args: Any, **kwargs: Any) -> Any:
+            if not held:
+                held.append(name)
+                assert await eventually(other.rescue, lambda n: n > 0, timeout=30.0) == 1
+                [again] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
+                again.result = b'"other"'
+                await other.ack([again])
+            return await write(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, held_up)
+
+    for name in ("kv_set", "kv_update"):
+        cut_off(name)
+    d.result = b'"late"'
+    await late.ack([d])
+    assert held  # the ack's write was the one held up
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+    assert (info.worker, info.result) == ("w-other", b'"other"')
+    assert info.message.attempt == 2
+
+
 async def test_a_crashed_workers_job_waits_out_its_lease_then_runs_elsewhere(
     make: Callable[[], RabbitMQBroker],
 ) -> None:
@@ -954,24 +997,25 @@ async def test_an_ack_rides_with_the_next_admission(
     records in that admission's ``kv_update``: one state-store trip for
     both, and the records are stored before the AMQP ack, as alone."""
     first, jobs = await _two_batches(broker)
-    writes: list[Any] = []
-    real = broker.state.kv_set
+    updates: list[set[str]] = []
+    real = broker.state.kv_update
 
-    async def counted(items: Any, ttl: Any = None) -> None:
-        writes.append(dict(items))
-        await real(items, ttl)
+    async def counted(keys: Any, decide: Any) -> Any:
+        updates.append(set(keys))
+        return await real(keys, decide)
 
-    monkeypatch.setattr(broker.state, "kv_set", counted)
+    monkeypatch.setattr(broker.state, "kv_update", counted)
     acked = asyncio.ensure_future(broker.ack(first))
     await asyncio.sleep(0)  # the ack waits for a ride
     second = await asyncio.wait_for(broker.fetch(["default"], 3, 30.0, 10.0), 20)
     await acked
-    assert second and not writes
+    [admission] = updates  # the ack's records were written in it
+    assert second and {broker.keys.job + d.id for d in first} <= admission
     for d in first:
         info = await broker.get(d.id)
         assert info is not None and info.state is State.SUCCEEDED
     await broker.ack(second)  # no admission comes: written alone, after a few turns
-    assert writes
+    assert updates[1:] == [{broker.keys.job + d.id for d in second}]
     left = [d.id for d in second]
     assert {m.id for m in jobs} >= set(left) | {d.id for d in first}
 

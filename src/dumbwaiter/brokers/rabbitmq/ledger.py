@@ -19,6 +19,7 @@ an outcome cannot clobber a lease, cancel or retry that came in between.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from pamqp import commands as spec
 from ...errors import LeaseExpired, MessageDecodeError
 from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, uuid7
 from ...state import FINAL_STATES, State
-from ..base import Binding, Delivery
+from ..base import Binding, Delivery, KvWrite
 from ..record import Record, delivery_id
 from . import topology as topo
 from .connection import RabbitMQConnection
@@ -54,6 +55,22 @@ REQUEUE, BIND = "requeue", "bind"
 #: no record yet for a first-seen copy: judged again in a moment (``LOCAL_GRACE``)
 WAIT = "wait"
 Verdict = tuple[str, "Record | None"]
+#: what tells one record of a job from the next: its version (a new copy, a
+#: cancel), its fencing token (a lease), its state (an ack) and its lease's
+#: end (a heartbeat: a rescue of the lease it read must lose to it)
+Stamp = tuple[int, int, str, float]
+
+
+@dataclass(slots=True)
+class Ride:
+    """An ack's planned records (key: (the stamp of the lease held, the
+    record with its ttl)), waiting for this link's next admission to write
+    them in its ``kv_update`` (``RabbitMQOutcomes._ride``)."""
+
+    planned: dict[str, tuple[Stamp, KvWrite]]
+    ids: set[str]
+    done: asyncio.Future[None]
+    taken: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +221,6 @@ def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> Verdict |
     return None
 
 
-#: what tells one record of a job from the next: its version (a new copy, a
-#: cancel), its fencing token (a lease), its state (an ack) and its lease's
-#: end (a heartbeat: a rescue of the lease it read must lose to it)
-Stamp = tuple[int, int, str, float]
-
-
 def stamp_of(rec: Record) -> Stamp:
     return rec.ver, rec.token, rec.state.value, rec.lease_until
 
@@ -223,6 +234,26 @@ def swapped(
     for key, (old, new) in planned.items():
         raw = got.get(key)
         if raw is not None and _stamp_raw(raw) == old:
+            writes[key] = new
+    return writes
+
+
+def still_held(
+    planned: Mapping[str, tuple[Stamp, KvWrite]], got: Mapping[str, bytes]
+) -> dict[str, KvWrite]:
+    """The planned outcomes (key: (the stamp of the record whose lease the
+    worker held, what to write)) whose stored record still holds that lease:
+    the same version, fencing token and state.  An outcome is written only
+    there: its worker may trust its lease without a read (``SURE``), and the
+    write may be held up past the lease's end (a host cut off from the
+    network: TCP delivers it when the link is back), after the job was
+    rescued and run again.  The lease's end is not compared: a heartbeat of
+    the same lease may have moved it since, and an outcome must not lose to
+    its own worker's heartbeat."""
+    writes: dict[str, KvWrite] = {}
+    for key, (old, new) in planned.items():
+        raw = got.get(key)
+        if raw is not None and _stamp_raw(raw)[:3] == old[:3]:
             writes[key] = new
     return writes
 

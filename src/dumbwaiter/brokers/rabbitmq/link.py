@@ -27,7 +27,6 @@ from pamqp import commands as spec
 
 from ...errors import BrokerError, BrokerUnavailable
 from .. import deadline, failure, hooks
-from ..base import KvWrite
 from . import direct, outgoing
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
@@ -112,17 +111,6 @@ class Raw:
     recheck_at: float = 0.0
 
 
-@dataclass(slots=True)
-class Ride:
-    """An ack's records (with their ttls), waiting for this link's next
-    admission to write them in its ``kv_update`` (``RabbitMQOutcomes._ride``)."""
-
-    writes: dict[str, KvWrite]
-    ids: set[str]
-    done: asyncio.Future[None]
-    taken: bool = False
-
-
 class AmqpLink:
     """One event loop's connection to RabbitMQ (the module's doc)."""
 
@@ -162,7 +150,7 @@ class AmqpLink:
         self.looked: set[str] = set()
         #: acks waiting for this loop's next admission to write their
         #: records (``RabbitMQOutcomes._ride``)
-        self.riders: list[Ride] = []
+        self.riders: list[Any] = []  # ledger.Ride
         #: the private hooks this connection uses (``ensure`` decides, from
         #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
         #: inline (``_hand_over_inline``), deliveries assembled in the

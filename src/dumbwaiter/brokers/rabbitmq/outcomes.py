@@ -28,8 +28,17 @@ from ...state import State
 from ..base import DeadLetter, Delivery, KvWrite, Rescued
 from ..record import Record
 from . import topology as topo
-from .ledger import RabbitMQLedger, Stamp, Token, lease_error, stamp_of, swapped
-from .link import AMQP_ERRORS, Ride
+from .ledger import (
+    RabbitMQLedger,
+    Ride,
+    Stamp,
+    Token,
+    lease_error,
+    stamp_of,
+    still_held,
+    swapped,
+)
+from .link import AMQP_ERRORS
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -61,7 +70,10 @@ class RabbitMQOutcomes(RabbitMQLedger):
         A lease with more than ``SURE`` seconds to run is ours without asking
         the state store: only an expired lease is rescued or taken over (and
         admin calls never touch running jobs), so the record this broker
-        wrote at fetch or heartbeat is still the record.  Others are read."""
+        wrote at fetch or heartbeat is the record when the outcome is
+        decided.  Others are read.  The outcome's write compares it again
+        (``still_held``, ``_swap``): it may reach the store only after the
+        lease ran out."""
         k = self.keys
         now = await self._now()
         out = []
@@ -106,45 +118,44 @@ class RabbitMQOutcomes(RabbitMQLedger):
             await self._failed(link, "ack", exc)
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
-        """Succeeded records, kept ``retention`` (or their result's time).
+        """Succeeded records, kept ``retention`` (or their result's time),
+        each written only where the record still holds the lease this worker
+        had (``still_held``): a late ack (its write held up past the lease,
+        the job rescued and run again) changes nothing.
 
         A job that holds a unique key keeps it exactly as long as its record
         (a key without a unique mode blocks while its holder's record is
         kept): the key's entry gets the record's ttl in the same
         ``kv_update``, only if it still names the job (a newer job that took
-        the key over keeps it, with no expiry).  Jobs without a key take one
-        plain write, as before."""
+        the key over keeps it, with no expiry).  Jobs without a key ride
+        with this loop's next admission when one comes (``_ride``)."""
         now = await self._now()
-        records: dict[str, tuple[bytes, float]] = {}
+        planned: dict[str, tuple[Stamp, KvWrite]] = {}
         holds: list[tuple[str, str, float]] = []  # (key's entry, job id, ttl)
-        for d, rec in await self._owned(ds):
-            rec.state, rec.updated_at = State.SUCCEEDED, now
-            rec.result = d.result
+        for d, held in await self._owned(ds):
+            # a new record: the held one stays as it is, for an ack made
+            # again after this one failed
+            rec = replace(held, state=State.SUCCEEDED, updated_at=now, result=d.result)
             ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
             ttl = max(ttl, self.retention)
-            records[self.keys.job + d.id] = (rec.dump(), ttl)
+            planned[self.keys.job + d.id] = (stamp_of(held), (rec.dump(), ttl))
             kk = self._entry_of(rec)
             if kk is not None:
                 holds.append((kk, d.id, ttl))
-        if holds:
+        if planned and (holds or not await self._ride(planned, {d.id for d in ds})):
+            job = self.keys.job
 
             def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], None]:
-                writes: dict[str, KvWrite] = dict(records)
+                writes = still_held(planned, got)
                 for kk, id_, ttl in holds:
-                    if got.get(kk, b"").decode() == id_:
+                    if job + id_ in writes and got.get(kk, b"").decode() == id_:
                         writes[kk] = (id_.encode(), ttl)
                 return writes, None
 
-            await self.state.kv_update(sorted({kk for kk, _, _ in holds}), decide)
-        elif records and not await self._ride(records, {d.id for d in ds}):
-            by_ttl: dict[float, dict[str, bytes]] = {}
-            for key, (raw, ttl) in records.items():
-                by_ttl.setdefault(ttl, {})[key] = raw
-            for ttl, items in by_ttl.items():
-                await self.state.kv_set(items, ttl=ttl)
+            await self.state.kv_update([*planned, *sorted({kk for kk, _, _ in holds})], decide)
         await self._finish(ds)
 
-    async def _ride(self, records: dict[str, tuple[bytes, float]], ids: set[str]) -> bool:
+    async def _ride(self, planned: dict[str, tuple[Stamp, KvWrite]], ids: set[str]) -> bool:
         """Write an ack's records with this loop's next admission, if one
         comes within ``RIDE_TURNS`` turns of the loop: True once written that
         way, False if none came (the caller writes them alone).
@@ -152,12 +163,13 @@ class RabbitMQOutcomes(RabbitMQLedger):
         A worker's finished jobs wake its settler (the ack) and its fetch
         loop (the next admission) together, and on a busy worker the
         admission's ``kv_update`` comes a few turns later: the records
-        ride in it, one state-store trip for both.  Either way the records
-        are written before the AMQP ack, as before."""
+        ride in it, one state-store trip for both, compared as the ack's own
+        write compares them.  Either way the records are written before the
+        AMQP ack, as before."""
         link = self._links.current()
         if link is None:
             return False
-        ride = Ride(dict(records), ids, asyncio.get_running_loop().create_future())
+        ride = Ride(dict(planned), ids, asyncio.get_running_loop().create_future())
         link.riders.append(ride)
         try:
             for _ in range(RIDE_TURNS):

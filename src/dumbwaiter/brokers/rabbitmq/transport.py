@@ -40,9 +40,11 @@ from .ledger import (
     TAKE,
     WAIT,
     RabbitMQLedger,
+    Stamp,
     Token,
     Verdict,
     parse_copies,
+    still_held,
 )
 from .link import AMQP_ERRORS, AmqpLink, Raw
 
@@ -320,31 +322,34 @@ class RabbitMQTransport(RabbitMQLedger):
         wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
         wanted += [k.paused + q for q in {raw.queue for raw in raws}]
         rides, link.riders = link.riders, []
-        carried: dict[str, KvWrite] = {}
+        carried: dict[str, tuple[Stamp, KvWrite]] = {}
         for ride in rides:
             ride.taken = True
-            carried.update(ride.writes)
+            carried.update(ride.planned)
         # the lease map's base, read on this thread; the jobs whose acks
         # ride here are finished by the same write
         held = dict(self._held)
         for ride in rides:
             for id_ in ride.ids:
                 held.pop(id_, None)
+        keys = list(dict.fromkeys([*wanted, *carried])) if carried else wanted
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Verdict]]:
             if not carried:
                 return self._decide(parsed, got, held, now, lease, worker)
-            # judged as if the carried acks were written first (a copy of
-            # an acked job is then dropped, not leased over its success)
+            # the acks whose lease still holds are written, and the copies
+            # judged as if they had been first (a copy of an acked job is
+            # then dropped, not leased over its success)
+            acked = still_held(carried, got)
             seen = dict(got)
             for key in wanted:
-                if key in carried:
-                    seen[key] = kv_write(carried[key])[0]
+                if key in acked:
+                    seen[key] = kv_write(acked[key])[0]
             writes, verdicts = self._decide(parsed, seen, held, now, lease, worker)
-            return {**carried, **writes}, verdicts
+            return {**acked, **writes}, verdicts
 
         try:
-            verdicts = await self.state.kv_update(wanted, decide)
+            verdicts = await self.state.kv_update(keys, decide)
         except BaseException as exc:
             for ride in rides:  # not written: their acks raise, and are made again
                 if not ride.done.done():
