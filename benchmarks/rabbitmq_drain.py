@@ -70,7 +70,7 @@ async def _reset() -> None:
 
     from dumbwaiter.brokers.rabbitmq import announce, topology
 
-    names = topology.Names(PREFIX, f"{PREFIX}.delay")
+    names = topology.Topology(PREFIX, f"{PREFIX}.delay")
     conn = await aiormq.connect(AMQP)
     try:
         ch = await conn.channel()

@@ -38,7 +38,7 @@ from pamqp import commands as spec
 import dumbwaiter as dw
 from dumbwaiter.brokers.rabbitmq import announce
 from dumbwaiter.brokers.rabbitmq import topology as topo
-from dumbwaiter.brokers.rabbitmq.link import Link
+from dumbwaiter.brokers.rabbitmq.link import AmqpLink
 
 AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/dwenq-state.db"
@@ -117,29 +117,29 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
     sends: list[float] = []
     broker.state.kv_add = _timed(adds, broker.state.kv_add)
     broker._send = _timed(sends, broker._send)
-    # the usual call sends through the link (``Link.start_one``) instead:
+    # the usual call sends through the link (``AmqpLink.start_one``) instead:
     # from its frames' start to its confirm
     starts: dict[int, float] = {}
     # (absent before b880959: the script also measures older commits)
-    real_start: Any = getattr(Link, "start_one", None)
-    real_confirm: Any = getattr(Link, "confirm_one", None)
+    real_start: Any = getattr(AmqpLink, "start_one", None)
+    real_confirm: Any = getattr(AmqpLink, "confirm_one", None)
 
-    def start_one(self: Link, item: Any) -> Any:
+    def start_one(self: AmqpLink, item: Any) -> Any:
         t = time.perf_counter()
         fut = real_start(self, item)
         if fut is not None:
             starts[id(fut)] = t
         return fut
 
-    async def confirm_one(self: Link, fut: Any) -> None:
+    async def confirm_one(self: AmqpLink, fut: Any) -> None:
         try:
             await real_confirm(self, fut)
         finally:
             sends.append(time.perf_counter() - starts.pop(id(fut)))
 
     if real_start is not None and real_confirm is not None:
-        setattr(Link, "start_one", start_one)  # noqa: B010 (patched for the run)
-        setattr(Link, "confirm_one", confirm_one)  # noqa: B010
+        setattr(AmqpLink, "start_one", start_one)  # noqa: B010 (patched for the run)
+        setattr(AmqpLink, "confirm_one", confirm_one)  # noqa: B010
     conn = await aiormq.connect(AMQP)
     pika = await aio_pika.connect(AMQP)
     try:

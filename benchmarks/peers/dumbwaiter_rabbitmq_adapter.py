@@ -49,7 +49,7 @@ rabbitmq_classic_app, _ = _app(CLASSIC_URL)
 
 
 def _names(prefix: str) -> tuple[list[str], list[str]]:
-    names = topology.Names(prefix, f"{prefix}.delay")
+    names = topology.Topology(prefix, f"{prefix}.delay")
     queues = [
         *names.lanes("default"),
         names.dlq("default"),

@@ -59,8 +59,8 @@ DECLARED: dict[str, str] = {
     "rediss": "dumbwaiter.brokers.redis.broker",
     "postgresql": "dumbwaiter.brokers.postgres.options",
     "postgres": "dumbwaiter.brokers.postgres.options",
-    "amqp": "dumbwaiter.brokers.rabbitmq.broker",
-    "amqps": "dumbwaiter.brokers.rabbitmq.broker",
+    "amqp": "dumbwaiter.brokers.rabbitmq.options",
+    "amqps": "dumbwaiter.brokers.rabbitmq.options",
     "nats": "dumbwaiter.brokers.nats.names",
     "kafka": "dumbwaiter.brokers.kafka.options",
 }

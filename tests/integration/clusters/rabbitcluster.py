@@ -29,7 +29,7 @@ import subprocess
 from pathlib import Path
 from urllib.parse import quote
 
-from dumbwaiter.brokers.rabbitmq.topology import Names
+from dumbwaiter.brokers.rabbitmq.topology import Topology
 from tests.integration.serverproc import free_port
 from tests.waiting import wait_until
 
@@ -40,7 +40,7 @@ SERVER = shutil.which("rabbitmq-server", path=str(BIN))
 CTL = shutil.which("rabbitmqctl", path=str(BIN))
 PREFIX = "dwc"
 #: the queue the scenario's jobs go to: its main lane
-QUEUE = Names(PREFIX, "dw.delay").lane("default")
+QUEUE = Topology(PREFIX, "dw.delay").lane("default")
 #: seconds a node may take to boot (three at once on two cores)
 BOOT_TIMEOUT = 120.0
 

@@ -192,10 +192,9 @@ def _delete_queues(prefix: str, state: str) -> None:
 
         from dumbwaiter.brokers import from_url
         from dumbwaiter.brokers.rabbitmq import announce
-        from dumbwaiter.brokers.rabbitmq.ledger import Keys
-        from dumbwaiter.brokers.rabbitmq.topology import LANES, Names
+        from dumbwaiter.brokers.rabbitmq.topology import LANES, Keys, Topology
 
-        keys, names = Keys(prefix), Names(prefix, "dw.delay")
+        keys, names = Keys(prefix), Topology(prefix, "dw.delay")
         store = from_url(state)
         try:
             queues = {k[len(keys.queue) :] for k in await store.kv_scan(keys.queue)}

@@ -13,7 +13,7 @@ import pytest
 from pamqp import commands as spec
 
 from dumbwaiter.brokers.rabbitmq import direct
-from dumbwaiter.brokers.rabbitmq.link import _DIRECT, Link
+from dumbwaiter.brokers.rabbitmq.link import _DIRECT, AmqpLink
 from tests.integration.rabbitmq import server
 
 
@@ -30,7 +30,7 @@ async def test_consumed_bodies_of_every_size_arrive_whole_and_once(
 
     monkeypatch.setattr(direct._Frames, "_hand", counting)
     url = server.amqp_base()
-    link = Link(url, "dumbwaiter direct-test", asyncio.get_running_loop())
+    link = AmqpLink(url, "dumbwaiter direct-test", asyncio.get_running_loop())
     name = f"dwtest-direct-{uuid.uuid4().hex[:8]}"
     conn = await aiormq.connect(url)
     try:

@@ -230,6 +230,49 @@ async def test_a_hung_workers_job_comes_back_and_its_late_ack_does_not_count(
     assert info is not None and info.state is State.SUCCEEDED
 
 
+async def test_an_ack_held_up_past_its_lease_leaves_the_next_runs_record_alone(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker acks with most of its lease to run, so it writes without
+    reading the record first; the write is held up (a host cut off from the
+    network: TCP keeps it until the link is back) while the lease runs out,
+    the job is rescued, and another worker runs and acks it.  When the held
+    write lands, the record must stay the other run's (the partitions test,
+    ``tests/integration/partitions``)."""
+    late, other = make(), make()
+    await late.open()
+    await other.open()
+    m = job()
+    await other.enqueue([m])
+    [d] = await late.fetch(["default"], 1, 3.0, 0, "w-late")
+    store = late.state
+    held: list[str] = []
+
+    def cut_off(name: str) -> None:
+        write = getattr(store, name)
+
+        async def held_up(*args: Any, **kwargs: Any) -> Any:
+            if not held:
+                held.append(name)
+                assert await eventually(other.rescue, lambda n: n > 0, timeout=30.0) == 1
+                [again] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
+                again.result = b'"other"'
+                await other.ack([again])
+            return await write(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, held_up)
+
+    for name in ("kv_set", "kv_update"):
+        cut_off(name)
+    d.result = b'"late"'
+    await late.ack([d])
+    assert held  # the ack's write was the one held up
+    info = await other.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED
+    assert (info.worker, info.result) == ("w-other", b'"other"')
+    assert info.message.attempt == 2
+
+
 async def test_a_crashed_workers_job_waits_out_its_lease_then_runs_elsewhere(
     make: Callable[[], RabbitMQBroker],
 ) -> None:
@@ -279,7 +322,7 @@ async def test_a_job_whose_record_was_lost_still_runs(
 ) -> None:
     """The state store lost a record (a crash of a store that does not sync
     every commit): the copy RabbitMQ confirmed waits a moment, then runs."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.3)
     m = job()
@@ -299,18 +342,18 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
     """A producer writes a job's record while RabbitMQ stores its copy: a
     consumer handed the copy before the record commits keeps it and judges it
     again a moment later (not through the delay cascade, 50 ms and more)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.rabbitmq import ledger, transport
+    from dumbwaiter.brokers.record import Record
 
-    monkeypatch.setattr(module, "LOCAL_GRACE", 30.0)  # however slow the machine
+    monkeypatch.setattr(ledger, "LOCAL_GRACE", 30.0)  # however slow the machine
     waiting = asyncio.Event()
-    real_wait = module._wait
+    real_wait = transport._wait
 
     def wait(link: Any, raw: Any, now: float) -> None:
         real_wait(link, raw, now)
         waiting.set()
 
-    monkeypatch.setattr(module, "_wait", wait)
+    monkeypatch.setattr(transport, "_wait", wait)
     parked: list[object] = []
     real_park = broker._park
 
@@ -370,7 +413,7 @@ async def test_copies_go_back_to_the_buffer_when_the_state_store_fails(
 async def test_purged_and_cancelled_jobs_never_run_from_their_queued_copies(
     broker: RabbitMQBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     purged, cancelled = job(), job()
@@ -416,10 +459,10 @@ async def test_a_links_close_leaves_no_task_of_aiormqs_behind() -> None:
     (the reader's done callback closing the writer, the rejection of the
     channels' futures); the link's close waits for them, so a loop may stop
     the moment it returns."""
-    from dumbwaiter.brokers.rabbitmq.link import Link
+    from dumbwaiter.brokers.rabbitmq.link import AmqpLink
 
     before = asyncio.all_tasks()
-    link = Link(server.amqp_base(), "dumbwaiter close-test", asyncio.get_running_loop())
+    link = AmqpLink(server.amqp_base(), "dumbwaiter close-test", asyncio.get_running_loop())
     await link.ensure()
     await link.drop()
     assert [t for t in asyncio.all_tasks() - before if not t.done()] == []
@@ -432,7 +475,7 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     minute past ``RECORD_GRACE``, or not at all."""
     from pamqp import decode, encode
 
-    from dumbwaiter.brokers.rabbitmq.broker import _seen
+    from dumbwaiter.brokers.rabbitmq.ledger import _seen
     from dumbwaiter.brokers.rabbitmq.link import Raw
 
     b = RabbitMQBroker("amqp://guest:guest@127.0.0.1/?state=memory://seen-test")
@@ -480,7 +523,7 @@ async def test_a_reschedule_that_meets_a_lease_leaves_the_running_job_alone(
     with a new version: the worker's ack was then lost and the job ran
     again), and the new copy reschedule sent waits out the live lease
     instead of running beside it once its record grace is over."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     admin, worker, other = make(), make(), make()
@@ -512,7 +555,7 @@ async def test_a_replay_that_meets_a_purge_does_not_bring_the_job_back(
     """Another admin purges the dead job between replay's read and its
     write: the job stays purged (the old read-then-write wrote its record
     back, ready, and it ran)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.0)
     admin, other = make(), make()
@@ -839,7 +882,7 @@ async def test_a_fast_worker_is_handed_more_than_twice_its_slots(
     a worker whose jobs end fast is handed what it drains in
     ``PREFETCH_HORIZON`` beyond its slots, so it does not wait for every
     refill (here the horizon is long, so that any drain counts as fast)."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
     monkeypatch.setattr(module, "PREFETCH_WINDOW", 0.01, raising=False)
@@ -860,7 +903,7 @@ async def test_a_worker_of_slow_jobs_leaves_the_rest_of_the_queue_to_others(
 
 async def test_a_fixed_prefetch_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``prefetch=`` in the URL is the prefetch, however fast the worker."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0, raising=False)
     url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db", prefetch="6")
@@ -913,7 +956,7 @@ async def test_a_bursts_prefetch_does_not_outlive_the_burst(
 ) -> None:
     """After a fast drain, a moment idle brings the prefetch back to twice
     the slots: slow jobs enqueued later are not all pushed to this worker."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import transport as module
 
     slots = 4
     monkeypatch.setattr(module, "PREFETCH_HORIZON", 10.0)
@@ -939,7 +982,8 @@ async def _two_batches(broker: RabbitMQBroker) -> tuple[list[Any], list[Message]
     first: list[Any] = []
     while len(first) < 3:
         first += await asyncio.wait_for(broker.fetch(["default"], 3 - len(first), 30.0, 10.0), 20)
-    link = broker._links[asyncio.get_running_loop()]
+    link = broker._links.current()
+    assert link is not None
     while len(link.buffer) < 3:  # each delivery sets ``arrived``
         link.arrived.clear()
         await asyncio.wait_for(link.arrived.wait(), 10)
@@ -953,24 +997,25 @@ async def test_an_ack_rides_with_the_next_admission(
     records in that admission's ``kv_update``: one state-store trip for
     both, and the records are stored before the AMQP ack, as alone."""
     first, jobs = await _two_batches(broker)
-    writes: list[Any] = []
-    real = broker.state.kv_set
+    updates: list[set[str]] = []
+    real = broker.state.kv_update
 
-    async def counted(items: Any, ttl: Any = None) -> None:
-        writes.append(dict(items))
-        await real(items, ttl)
+    async def counted(keys: Any, decide: Any) -> Any:
+        updates.append(set(keys))
+        return await real(keys, decide)
 
-    monkeypatch.setattr(broker.state, "kv_set", counted)
+    monkeypatch.setattr(broker.state, "kv_update", counted)
     acked = asyncio.ensure_future(broker.ack(first))
     await asyncio.sleep(0)  # the ack waits for a ride
     second = await asyncio.wait_for(broker.fetch(["default"], 3, 30.0, 10.0), 20)
     await acked
-    assert second and not writes
+    [admission] = updates  # the ack's records were written in it
+    assert second and {broker.keys.job + d.id for d in first} <= admission
     for d in first:
         info = await broker.get(d.id)
         assert info is not None and info.state is State.SUCCEEDED
     await broker.ack(second)  # no admission comes: written alone, after a few turns
-    assert writes
+    assert updates[1:] == [{broker.keys.job + d.id for d in second}]
     left = [d.id for d in second]
     assert {m.id for m in jobs} >= set(left) | {d.id for d in first}
 
@@ -1105,7 +1150,7 @@ async def test_a_copy_of_another_enqueue_is_dropped_even_before_the_record_runs(
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
@@ -1151,7 +1196,7 @@ async def test_a_producer_killed_between_the_confirm_and_the_record_leaves_one_r
     """SIGKILLed after RabbitMQ confirmed the copy and before the record
     committed: the copy waits for its record, then runs once, from itself
     (its record written by that admission), and no second copy runs."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import ledger as module
 
     monkeypatch.setattr(module, "RECORD_GRACE", 0.5)
     url = server.url(server.new_prefix(), f"sqlite:///{tmp_path}/state.db")
@@ -1269,7 +1314,7 @@ async def test_a_losing_duplicates_copy_ahead_of_the_jobs_own_in_one_batch_leave
     await broker.declare(["default"])
     m = job()
     now = time.time()
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     rec = Record(msg=m, state=State.READY, run_at=now, updated_at=now, enq="mine")
     await broker.state.kv_set({broker.keys.job + m.id: rec.dump()})
@@ -1319,7 +1364,7 @@ async def test_a_copy_without_a_token_or_under_a_record_without_one_is_judged_by
     a tokenless record runs a tokened copy, a tokened record a tokenless copy
     (a rescue's, a retry's), and two tokens that differ drop the copy."""
     await broker.declare(["default"])
-    from dumbwaiter.brokers.rabbitmq.ledger import Record
+    from dumbwaiter.brokers.record import Record
 
     for record_enq, copy_enq, runs in [
         (None, "mine", True),
@@ -1717,7 +1762,7 @@ async def test_a_producer_killed_in_an_outage_leaves_records_that_still_run(
     with a growing lag.  A worker's rescue sends their copies again once they
     have waited past the producer's retry window, and each job runs, once."""
     import dumbwaiter as dw
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "RECONCILE_EVERY", 0.2)
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.5)
@@ -1774,7 +1819,7 @@ async def test_a_job_sent_again_while_its_first_copy_was_held_still_runs_once(
     consumer (the lane is empty either way): it sends the job's copy again.
     The two are copies of one version, and the job runs once: the first
     copy, given back after the job finished, is dropped."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
     broker.reconnect = 0.0
@@ -1805,7 +1850,7 @@ async def test_a_reconcile_leaves_a_lane_that_holds_messages_alone(
     """Waiting jobs in a lane with messages may have their copies in it (a
     backlog): none is sent again, which would put it behind the backlog and
     grow the queue with every period."""
-    from dumbwaiter.brokers.rabbitmq import broker as module
+    from dumbwaiter.brokers.rabbitmq import outcomes as module
 
     monkeypatch.setattr(module, "STRANDED_AFTER", 0.0)
     broker.reconnect = 0.0

@@ -77,7 +77,8 @@ async def own_connections(base):
 
 async def main(url, base):
     app = await one_job(url)
-    link = app.broker._links[asyncio.get_running_loop()]
+    link = app.broker._links.current()
+    assert link is not None
     assert link.fast_publish and link.inline and link.direct  # the hooks were on
     touched = changed(before, snapshot(OWNERS))
     assert touched == [], touched

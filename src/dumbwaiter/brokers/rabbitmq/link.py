@@ -3,7 +3,7 @@ consumer channel, the consumers and the messages they were handed.
 
 A broker may serve several event loops (a worker's, and the App's portal for
 sync callers), and an aiormq connection belongs to one loop, so each loop
-gets a ``Link``.  When the connection or a channel dies the link is dropped
+gets an ``AmqpLink``.  When the connection or a channel dies the link is dropped
 whole and the next call opens a new one with a new ``gen``: delivery tags of
 an older generation are never acked (RabbitMQ has already put those
 messages back), which the ``unacked`` set also guards against double acks
@@ -104,14 +104,16 @@ class Raw:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
     message_id: str = ""
-    #: handed over by a consumer: may wait in ``Link.waiting`` for its record
+    #: handed over by a consumer: may wait in ``AmqpLink.waiting`` for its record
     can_wait: bool = False
     #: when it first waited there, and when to judge it again (``time.time()``)
     waited_since: float = 0.0
     recheck_at: float = 0.0
 
 
-class Link:
+class AmqpLink:
+    """One event loop's connection to RabbitMQ (the module's doc)."""
+
     def __init__(self, url: str, name: str, loop: asyncio.AbstractEventLoop) -> None:
         self.url = url
         self.name = name
@@ -140,15 +142,15 @@ class Link:
         self.prefetch = 0
         self.slots = 0
         #: messages acked or nacked since ``settled_since`` (the drain rate
-        #: that sizes the prefetch, ``RabbitMQBroker._watch``)
+        #: that sizes the prefetch, ``RabbitMQTransport._watch``)
         self.settled = 0
         self.settled_since = 0.0
         #: when ``_watch`` last read pauses and lanes, and for which queues
         self.looked_at = 0.0
         self.looked: set[str] = set()
         #: acks waiting for this loop's next admission to write their
-        #: records (``RabbitMQBroker._ride``)
-        self.riders: list[Any] = []
+        #: records (``RabbitMQOutcomes._ride``)
+        self.riders: list[Any] = []  # ledger.Ride
         #: the private hooks this connection uses (``ensure`` decides, from
         #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
         #: inline (``_hand_over_inline``), deliveries assembled in the

@@ -25,6 +25,9 @@ then the name of the lane it is for; level ``N``'s exchange sends it into the
 level's queue when bit ``N`` is set and straight on when it is not, so it
 rests in exactly the levels of its set bits.  The last exchange routes it by
 the rest of the routing key into its lane.
+
+The jobs' records and the broker's other entries in the state store are
+named by ``Keys``, all under ``_rmq.P:``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ LANES = (HIGH, MAIN, LOW)
 
 
 @dataclass(frozen=True, slots=True)
-class Names:
+class Topology:
+    """The names of one app's queues, exchanges and delay cascade."""
+
     prefix: str
     delays: str
     queue_type: str = "quorum"
@@ -72,6 +77,28 @@ class Names:
 
     def level_queue(self, n: int) -> str:
         return f"{self.delays}.{n}"
+
+
+class Keys:
+    """Key names in the state store, under this app's prefix (user keys of
+    the kv seam pass through unprefixed and never start with ``_rmq``)."""
+
+    def __init__(self, prefix: str) -> None:
+        base = f"_rmq.{prefix}:"
+        self.job = base + "job:"
+        self.key = base + "key:"
+        self.lease = base + "lease:"
+        self.paused = base + "paused:"
+        self.queue = base + "queue:"
+        self.lane = base + "lane:"
+        self.dlq = base + "dlq:"
+        self.binding = base + "bind:"
+        self.event = base + "event:"
+        self.log = base + "log:"
+        self.claim = base + "claim:"
+
+    def log_prefix(self, event_type: str) -> str:
+        return f"{self.log}{event_type}\x1f"
 
 
 def lane_of(priority: int) -> str:
