@@ -36,6 +36,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return make_scheduler(config, log)
 
 
+def pytest_sessionfinish() -> None:
+    from tests import atend
+
+    atend.run()  # before an xdist worker's exit, which may be cut short
+
+
 def require_service(name: str, reachable: bool, why: str) -> None:
     """Skip locally, fail in CI, when a broker's server is not reachable."""
     if reachable:
