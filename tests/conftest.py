@@ -36,6 +36,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return make_scheduler(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest-xdist worker's environment carries ``COLUMNS=80`` and
+    ``LINES=24``, which a plain run's does not: the CLI's tables honour
+    ``$COLUMNS`` (cli/output.py) and would fold at 80 columns there only."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        monkeypatch.delenv("COLUMNS", raising=False)
+        monkeypatch.delenv("LINES", raising=False)
+
+
 def pytest_sessionfinish() -> None:
     from tests import atend
 
