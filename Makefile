@@ -43,8 +43,14 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
+# The suite mostly waits on servers: PYTEST_WORKERS pytest processes
+# (pytest-xdist) run it side by side, the heavy tests on one of them, one
+# after another (tests/conftest.py, SERIAL).  PYTEST_WORKERS=0 runs it in
+# this process, as a plain `pytest` does.
+PYTEST_WORKERS ?= 3
+
 unit: $(VENV)/.dev chromium
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck unit
 

@@ -13,12 +13,14 @@
 # with this checkout (editable), the extras' clients pinned to that end (pip
 # from PyPI), and what the suites import; then tests/conformance for the two
 # brokers and tests/integration/rabbitmq and tests/integration/nats run in it,
-# with CI=true (a server out of reach fails instead of skipping).
+# with CI=true (a server out of reach fails instead of skipping), on
+# PYTEST_WORKERS processes as `make test` runs them (Makefile; 0: one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI=true
 PYTHON=${PYTHON:-python3}
 ENDS=${ENDS:-"oldest newest"}
+PYTEST_WORKERS=${PYTEST_WORKERS:-3}
 WORK=$(mktemp -d /tmp/dw-clients.XXXXXX)
 if [ -z "${KEEP:-}" ]; then trap 'rm -rf "$WORK"' EXIT; else echo "venvs in $WORK"; fi
 
@@ -46,9 +48,10 @@ for end in $ENDS; do
   "$venv/bin/pip" install -q --upgrade pip
   # aio-pika: the isolation tests open a user's own connection beside the broker's
   "$venv/bin/pip" install -q -e ".[redis,postgres]" "${clients[@]}" aio-pika \
-    "pytest>=8.2" "pytest-asyncio>=0.24" "pytest-timeout>=2.3"
+    "pytest>=8.2" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "pytest-xdist>=3.6"
   "$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(aiormq|pamqp|nats-py|aio-pika) '
   if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+      -n "$PYTEST_WORKERS" --dist loadgroup \
       tests/conformance -k "rabbitmq or nats" \
       tests/integration/rabbitmq tests/integration/nats; then
     echo "== the suites failed with the $end clients" >&2

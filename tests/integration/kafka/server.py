@@ -14,7 +14,6 @@ store is a Redis prefix of its own (``kafka_url``).
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import secrets
@@ -29,6 +28,7 @@ from urllib.parse import quote
 import pytest
 
 import dumbwaiter as dw
+from tests import atend
 from tests.conftest import require_service
 from tests.integration.serverproc import ServerProcess, free_port
 
@@ -100,7 +100,7 @@ def _check() -> tuple[bool, str]:
                 return _state
             _server = TansuServer(Path(f"/tmp/dw-tansu-{RUN}"), free_port())
             _server.start()
-            atexit.register(_stop_server)
+            atend.register(_stop_server)
             _state = (True, "")
     return _state
 

@@ -11,7 +11,6 @@ exits.  Tests never touch a stream they did not make.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import itertools
 import os
 import secrets
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from dumbwaiter.brokers.nats.names import stream_names
+from tests import atend
 from tests.conftest import require_service
 
 SERVER = os.environ.get("DW_TEST_NATS", "nats://127.0.0.1:4222")
@@ -97,7 +97,7 @@ def new_namespace() -> str:
     ok, why = _check()
     require_service("NATS", ok, why)
     if not _live:
-        atexit.register(delete_all)
+        atend.register(delete_all)
     else:
         delete(list(_live))  # the previous test's streams
     name = f"t{RUN}x{next(_counter)}"

@@ -14,6 +14,7 @@ Needs root and ``ip`` (iproute2); ``netns_available`` says why not.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -57,10 +58,13 @@ def require_netns() -> None:
 
 class Network:
     """One bridge ``10.200.N.1/24`` and hosts ``10.200.N.2``, ``.3``, ...;
-    every name carries ``N`` so two runs never meet."""
+    every name carries ``N`` so two runs never meet: ``N`` is the first
+    number, counting from the pid's, whose lock file this process could
+    lock (two test processes, pytest-xdist workers or another checkout's
+    run, may have pids equal modulo 200)."""
 
     def __init__(self) -> None:
-        self.n = os.getpid() % 200 + 20
+        self.n, self._lock = _claim_number()
         self.bridge = f"dwbr{self.n}"
         self.gateway = f"10.200.{self.n}.1"
         self.hosts: dict[str, tuple[str, str, str]] = {}  # name -> netns, veth, address
@@ -70,7 +74,8 @@ class Network:
         _ip("link", "set", self.bridge, "up")
 
     def _clear(self) -> None:
-        """Whatever an earlier run with this number left (it was killed)."""
+        """Whatever an earlier run with this number left (it was killed: a
+        live one would hold the number's lock)."""
         for line in _ip("netns", "list").stdout.decode().splitlines():
             ns = line.split()[0] if line.strip() else ""
             if ns.startswith(f"dwh{self.n}-"):
@@ -105,6 +110,23 @@ class Network:
             _ip("netns", "del", ns, check=False)
         self.hosts = {}
         _ip("link", "del", self.bridge, check=False)
+        os.close(self._lock)  # frees the number
+
+
+def _claim_number() -> tuple[int, int]:
+    """A number in 20..219 and the descriptor of its lock (``flock``: the
+    kernel drops it when the process dies, however it dies)."""
+    start = os.getpid() % 200
+    for i in range(200):
+        n = (start + i) % 200 + 20
+        fd = os.open(f"/tmp/dw-netns-{n}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return n, fd
+    raise RuntimeError("every partition network number 20..219 is in use")
 
 
 @contextmanager

@@ -9,13 +9,13 @@ tests never touch a schema they did not make.  Connections carry
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from tests import atend
 from tests.conftest import require_service
 
 SERVER = os.environ.get("DW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -62,7 +62,7 @@ def new_schema() -> str:
     require_service("PostgreSQL", ok, why)
     name = f"dwt_{os.getpid()}_{next(_counter)}_{secrets.token_hex(2)}"
     if not _made:
-        atexit.register(drop_schemas)
+        atend.register(drop_schemas)
     _made[Path(f"/schema/{name}")] = name
     return name
 

@@ -13,7 +13,6 @@ test), or the store a caller names (``rabbitmq_url(tmp_path, state=...)``).
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import secrets
@@ -23,6 +22,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from tests import atend
 from tests.conftest import require_service
 
 SERVER = os.environ.get("DW_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
@@ -98,7 +98,7 @@ def _check() -> tuple[bool, str, str]:
         user = urlsplit(SERVER).username or "guest"
         perms = ("set_permissions", "-p", VHOST, user, ".*", ".*", ".*")
         if _ctl("add_vhost", VHOST) and _ctl(*perms):
-            atexit.register(_delete_vhost, VHOST)
+            atend.register(_delete_vhost, VHOST)
             _state = (True, "", VHOST)
         else:
             _state = (True, "", urlsplit(SERVER).path.lstrip("/") or "/")

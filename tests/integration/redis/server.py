@@ -9,12 +9,12 @@ SCAN over this run's pattern only.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import secrets
 from pathlib import Path
 
+from tests import atend
 from tests.conftest import require_service
 
 SERVER = os.environ.get("DW_TEST_REDIS", "redis://127.0.0.1:6379/15")
@@ -49,7 +49,7 @@ def new_prefix() -> str:
     ok, why = _check()
     require_service("Redis", ok, why)
     if not _made:
-        atexit.register(delete_keys)
+        atend.register(delete_keys)
     name = f"t{RUN}-{next(_counter)}"
     _made[Path(f"/prefix/{name}")] = name
     return name
