@@ -621,17 +621,26 @@ def _when_read(
     """Make the first read of ``key`` by ``b``'s state store run ``meanwhile``
     (another broker's call) after it has read and before it returns.  The
     returned list gets True once it ran."""
-    real = b.state.kv_get
     ran: list[bool] = []
 
-    async def read_then_race(keys: Any) -> Any:
-        got = await real(keys)
-        if not ran and key in keys:
-            ran.append(True)
-            await meanwhile()
-        return got
+    def hook(store: Any) -> None:
+        real = store.kv_get
 
-    monkeypatch.setattr(b.state, "kv_get", read_then_race)
+        async def read_then_race(keys: Any) -> Any:
+            got = await real(keys)
+            if not ran and key in keys:
+                ran.append(True)
+                await meanwhile()
+            return got
+
+        monkeypatch.setattr(store, "kv_get", read_then_race)
+
+    hook(b.state)
+    # a Redis store reads in its home keyspace (redis/router.py): its
+    # kv_update's read is that keyspace's kv_get, not the router's
+    home = getattr(b.state, "home", None)
+    if home is not None:
+        hook(home)
     return ran
 
 
