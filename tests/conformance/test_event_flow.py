@@ -82,11 +82,20 @@ async def test_every_group_gets_every_event(app: dw.App) -> None:
 async def test_workers_in_a_group_share_its_events(app: dw.App) -> None:
     handled: list[str] = []
     all_done = asyncio.Event()
+    # each worker runs at most 4 at once: a fifth running handler proves
+    # that both hold events (the first could otherwise take all 60 before
+    # the second's first fetch on a loaded machine), then all go on
+    running = 0
+    both_hold = asyncio.Event()
 
     @app.subscribe(OrderCreated, group="email")
     async def receipt(event: OrderCreated) -> None:
+        nonlocal running
+        running += 1
+        if running > 4:
+            both_hold.set()
+        await both_hold.wait()
         handled.append(event.order_id)
-        await asyncio.sleep(0.001)
         if len(handled) == 60:
             all_done.set()
 

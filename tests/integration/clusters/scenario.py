@@ -140,9 +140,12 @@ class Start:
 
 
 def _lines(path: Path) -> list[list[str]]:
+    """The whole lines of a log the workers are still appending to: the
+    last one is left out until its newline is written."""
     if not path.exists():
         return []
-    return [line.split() for line in path.read_text().splitlines() if line]
+    text = path.read_text()
+    return [line.split() for line in text[: text.rfind("\n") + 1].splitlines() if line]
 
 
 def starts(path: Path) -> list[Start]:
@@ -270,7 +273,9 @@ def lose_the_leader(cluster: Cluster, tmp_path: Path) -> Figures:
             jobs = task.enqueue_many(range(n, min(n + 500, last)))
             backlog.update(zip(range(n, n + len(jobs)), (j.id for j in jobs), strict=True))
 
-    setup = dw.App(cluster.url())
+    # the backlog before the failure is set-up, not what is measured: a cluster
+    # just booted on a loaded machine may take longer than a producer's 5 s
+    setup = dw.App(cluster.url(), enqueue_timeout=60)
     try:  # the app's queue exists from here on: its leader can be found
         enqueue(setup.task(name="cluster.work")(clusterapp.work.fn), 0, 500)
     finally:

@@ -133,8 +133,8 @@ async def read_topic(b: KafkaEngine, topic: str) -> list[tuple[float, bytes]]:
     consumer = AIOKafkaConsumer(
         **b.config, enable_auto_commit=False, fetch_max_wait_ms=50, auto_offset_reset="earliest"
     )
-    await consumer.start()
-    try:
+    try:  # a failed start leaves the client's connections open too: stop it
+        await consumer.start()
         await consumer.topics()  # the cluster's metadata (this consumer follows no topic)
         parts = consumer.partitions_for_topic(topic)
         if not parts:
@@ -181,8 +181,8 @@ async def lag(b: KafkaEngine) -> list[PartitionLag]:
     n = b.names
     queues = sorted(k[len(n.queue) :] for k in await b.state.kv_scan(n.queue))
     consumer = AIOKafkaConsumer(**b.config, group_id=n.jobs_group, enable_auto_commit=False)
-    await consumer.start()
-    try:
+    try:  # a failed start leaves the client's connections open too: stop it
+        await consumer.start()
         await consumer.topics()
         out: list[PartitionLag] = []
         for q in queues:

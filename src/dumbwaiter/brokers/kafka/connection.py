@@ -16,6 +16,7 @@ generators before it closes the loop, and this one closes the clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
@@ -69,7 +70,7 @@ class Link:
                         enable_idempotence=False,
                         max_request_size=max_request_size,
                     )
-                    await p.start()
+                    await _started(p)
                     self._producer = p
         return self._producer
 
@@ -80,7 +81,7 @@ class Link:
                 if self._admin is None:
                     conf = {k: v for k, v in self.config.items() if k in _ADMIN_KEYS}
                     a = AIOKafkaAdminClient(**conf)
-                    await a.start()
+                    await _started(a)
                     self._admin = a
         return self._admin
 
@@ -122,6 +123,18 @@ class Link:
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             await keeper.aclose()
+
+
+async def _started(client: AIOKafkaProducer | AIOKafkaAdminClient) -> None:
+    """Start ``client``; if the start fails, close what it opened (aiokafka
+    leaves the connections of a failed start open, to be reported unclosed
+    when they are collected) before the error goes on."""
+    try:
+        await client.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await (client.stop() if isinstance(client, AIOKafkaProducer) else client.close())
+        raise
 
 
 async def _keep(link: Link) -> AsyncGenerator[None, None]:

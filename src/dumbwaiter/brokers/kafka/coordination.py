@@ -89,8 +89,8 @@ async def claim(link: Link, topic: str, replication: int, ours: Identity, where:
 async def _first(config: dict[str, Any], topic: str) -> Identity | None:
     """The identity at the lowest offset of ``topic`` (None: not readable)."""
     consumer = AIOKafkaConsumer(**config, enable_auto_commit=False, fetch_max_wait_ms=100)
-    await consumer.start()
-    try:
+    try:  # a failed start leaves the client's connections open too: stop it
+        await consumer.start()
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)

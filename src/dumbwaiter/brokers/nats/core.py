@@ -500,6 +500,14 @@ class Core(Broker):
         meanwhile (the compare-and-set on ``seq`` lost)."""
         env = dict(rec[R.ENV])
         env["attempt"] = max(0, int(env.get("attempt", 0)) - 1)
+        return await self._ready_again(link, rec, env, seq, now)
+
+    async def _ready_again(
+        self, link: LoopLink, rec: dict[str, Any], env: dict[str, Any], seq: int, now: float
+    ) -> bool:
+        """Store the record at ``seq`` as ready now with ``env``, then its new
+        pointer, then ``+ACK`` the delivery it held (an unclaim, a rescue).
+        False if the record changed meanwhile (the compare-and-set lost)."""
         jid = str(env["id"])
         new = {
             R.ST: State.READY.value,

@@ -37,7 +37,7 @@ from .protocol import (
     pub_ack,
 )
 from .puller import Pulled
-from .store import Stored, ack_meta, is_conflict
+from .store import Stored, ack_meta
 
 log = logging.getLogger("dumbwaiter.nats")
 _NS_PER_S = 1_000_000_000
@@ -168,32 +168,7 @@ class Rescue(Coordination):
             if await self._bury(link, rec, seq, now):
                 self._found_dead.append(R.dead_letter(env))
             return False
-        jid = str(env["id"])
-        gen = R.new_gen()
-        reply = str(rec.get(R.ACK) or "")
-        new = {
-            R.ST: State.READY.value,
-            R.ENV: env,
-            R.GEN: gen,
-            R.RUN_AT: now,
-            R.UPDATED: now,
-            R.WORKER: rec.get(R.WORKER),
-            R.BY: R.claim_of(rec, seq),
-            R.REPLAYS: rec.get(R.REPLAYS, 0),
-        }
-        if R.RAW in rec:
-            new[R.RAW] = rec[R.RAW]
-        try:
-            ack = await link.store.put(self.n.js + jid.encode(), R.dumps(new), seq)
-        except JetStreamError as exc:
-            if is_conflict(exc):
-                return False
-            raise
-        await self._ensure_pointer(link, jid, new, ack.seq)
-        if reply:
-            with contextlib.suppress(Unavailable):
-                link.wire.publish(reply.encode(), b"+ACK")
-        return True
+        return await self._ready_again(link, rec, env, seq, now)
 
     async def _promote(self, link: LoopLink, items: list[Pulled]) -> None:
         """Move due delay entries to the work subjects; hold the others."""

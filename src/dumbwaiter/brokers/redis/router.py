@@ -20,8 +20,6 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import ClassVar, TypeVar
 
-from redis.exceptions import RedisError
-
 from ...errors import BrokerError
 from ...message import Message
 from ..base import (
@@ -65,15 +63,9 @@ _DIRECT = (
 class Router(StateDelegation):
     """The seam on an app's keyspaces (mixed into ``RedisBroker``)."""
 
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        sync_enqueue=True,
-        multi_process=True,
-        multi_host=True,
-        limits=True,
-        events=True,
-        native_capacity=True,
-    )
-    client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
+    # what each keyspace offers, the app offers
+    capabilities: ClassVar[Capabilities] = Keyspace.capabilities
+    client_errors: ClassVar[tuple[type[BaseException], ...]] = Keyspace.client_errors
 
     def __init__(self, url: str, name: str, wanted: str, make: Callable[[str], Keyspace]) -> None:
         self._make = make
