@@ -24,7 +24,7 @@ from dumbwaiter_adapter import SCRATCH, DumbwaiterAdapter, _app
 from peers.adapters.base import Adapter
 from peers.common import AMQP_URL, amqp_delete_queues, amqp_queue_depth
 
-from dumbwaiter.brokers.rabbitmq import topology
+from dumbwaiter.brokers.rabbitmq import announce, topology
 
 PREFIX = "dwbench"
 STATE_PATH = SCRATCH / "dumbwaiter-rabbitmq-state.db"
@@ -50,12 +50,22 @@ rabbitmq_classic_app, _ = _app(CLASSIC_URL)
 
 def _names(prefix: str) -> tuple[list[str], list[str]]:
     names = topology.Topology(prefix, f"{prefix}.delay")
+    # reset() deletes the state store's file: a new store, so its
+    # announcement goes too (the next worker would otherwise be refused as
+    # a second store for the same prefix: StateStoreConflict)
+    state = announce.name(prefix)
     queues = [
+        state,
         *names.lanes("default"),
         names.dlq("default"),
         *(names.level_queue(n) for n in range(topology.LEVELS)),
     ]
-    exchanges = [names.dlx, names.events, *(names.level(n) for n in range(-1, topology.LEVELS))]
+    exchanges = [
+        state,
+        names.dlx,
+        names.events,
+        *(names.level(n) for n in range(-1, topology.LEVELS)),
+    ]
     return queues, exchanges
 
 
