@@ -28,7 +28,7 @@ from ..base import (
 )
 from . import records as R
 from .connection import LoopLink
-from .core import Core
+from .moves import Moves
 from .names import Subjects, prio_of, untok
 from .pointers import (
     fresh_of,
@@ -42,7 +42,7 @@ from .protocol import (
 from .store import Stored, is_conflict, stored
 
 
-class Admin(Core):
+class Admin(Moves):
     async def get(self, id: str) -> JobInfo | None:
         return await self._get(await self._link(), id)
 

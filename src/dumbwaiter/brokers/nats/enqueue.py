@@ -19,7 +19,7 @@ from ..base import (
 )
 from ..deadline import Backoff
 from .connection import LoopLink
-from .core import Core
+from .index import Index
 from .pointers import (
     UNIQUE_BLOCKS,
     delivery_id,
@@ -37,7 +37,7 @@ log = logging.getLogger("dumbwaiter.nats")
 SEND_CHUNK = 512
 
 
-class Enqueue(Core):
+class Enqueue(Index):
     """The producer side (see the module doc)."""
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
