@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from . import keys
-from .brokers.base import JobFilter
+from .brokers.types import JobFilter
 from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
 from .redact import mask_url
 from .state import State
@@ -51,7 +51,8 @@ from .text import duration
 
 if TYPE_CHECKING:
     from .app import App
-    from .brokers.base import Broker, JobInfo, QueueStats
+    from .brokers.base import Broker
+    from .brokers.types import JobInfo, QueueStats
     from .worker import Worker
 
 log = logging.getLogger("dumbwaiter.alerts")

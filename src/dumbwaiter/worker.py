@@ -55,7 +55,7 @@ from .retry import Reject, RetryLater
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from .brokers.base import Binding, DeadLetter, Delivery
+    from .brokers.types import Binding, DeadLetter, Delivery
     from .event import Subscription
     from .flow import Flow
     from .task import Task

@@ -20,12 +20,7 @@ import orjson
 
 from ...errors import MessageDecodeError
 from ...state import CANCELLABLE_STATES, State
-from ..base import (
-    JobFilter,
-    JobInfo,
-    Page,
-    QueueStats,
-)
+from ..types import JobFilter, JobInfo, Page, QueueStats
 from . import records as R
 from .connection import LoopLink
 from .moves import Moves

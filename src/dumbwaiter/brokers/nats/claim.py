@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import MessageDecodeError
 from ...message import Message, from_dict
 from ...state import State
-from ..base import Delivery
+from ..types import Delivery
 from . import records as R
 from .connection import LoopLink
 from .moves import Moves

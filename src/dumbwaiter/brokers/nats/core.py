@@ -23,13 +23,10 @@ from ...errors import (
     BrokerUnavailable,
 )
 from .. import failure
-from ..base import (
-    FOUND_DEAD_LIMIT,
-    Broker,
-    DeadLetter,
-)
+from ..base import FOUND_DEAD_LIMIT, Broker
 from ..clock import ServerClock
 from ..perloop import PerLoop
+from ..types import DeadLetter
 from .connection import LoopLink
 from .names import Settings, Subjects, key_tokens, parse_url, tok
 from .pointers import live

@@ -13,11 +13,8 @@ import orjson
 
 from ...errors import BrokerError, BrokerUnavailable, MessageDecodeError
 from ...message import Message, encode_checked, from_dict
-from ..base import (
-    Binding,
-    delivery_of,
-)
 from ..deadline import Backoff
+from ..types import Binding, delivery_of
 from .connection import LoopLink
 from .index import Index
 from .pointers import (

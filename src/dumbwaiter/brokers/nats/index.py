@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..base import JobInfo
+from ..types import JobInfo
 from . import records as R
 from .connection import LoopLink
 from .core import Core

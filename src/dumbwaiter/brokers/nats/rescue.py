@@ -16,9 +16,7 @@ import orjson
 
 from ...errors import BrokerError
 from ...state import State
-from ..base import (
-    Rescued,
-)
+from ..types import Rescued
 from . import records as R
 from .connection import LoopLink
 from .coordination import Coordination

@@ -13,9 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...state import State
-from ..base import (
-    Delivery,
-)
+from ..types import Delivery
 from . import records as R
 from .claim import Claim
 from .connection import LoopLink
