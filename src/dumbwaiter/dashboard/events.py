@@ -30,7 +30,7 @@ from ..app import App
 from ..brokers.base import Broker
 from ..brokers.types import JobFilter, JobInfo, QueueStats
 from ..message import GROUP_PREFIX, Message
-from ..worker import inbox_entry
+from ..settle import inbox_entry
 
 #: events one call returns while looking for the newest
 LOOK_PAGE = 500
