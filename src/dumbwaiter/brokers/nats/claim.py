@@ -3,7 +3,7 @@ job by a compare-and-set on its job's record (its sequence is the
 delivery's fencing token), sent pipelined for pointers that need no look
 at the record first, one by one after a look for the others (a stale
 pointer dropped, an early one held back, a job whose worker died rescued
-or buried); docs/nats.md, "Fetch and claim".
+or buried); docs/nats.md, "How a job moves".
 """
 
 from __future__ import annotations

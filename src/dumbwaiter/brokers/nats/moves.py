@@ -4,9 +4,9 @@ job's pointer taken out, a job given back when its claim never reached a
 worker or buried when it lost its worker out of attempts, and a
 connection's holder list tidied of jobs no longer running there.
 
-The order is always the record first, then the pointer, then the ``+ACK`` of
-the old delivery: a process dying in between leaves something the next
-fetch or rescue repairs (docs/nats.md, "Fetch and claim").
+Where a record and a pointer both change, the record goes first, then the
+pointer, then the ``+ACK`` of the old delivery: a process dying in between
+leaves something the next fetch or rescue repairs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The worker side of the NATS broker: ``fetch`` (pull, then claim each
 pointer by writing its job's record: claim.py), ``ack``, ``retry``,
 ``dead``, ``requeue`` and ``extend`` (a compare-and-set on the record, then
-the pointer's ``+ACK``); docs/nats.md, "Fetch and claim".
+the pointer's ``+ACK``); docs/nats.md, "How a job moves".
 """
 
 from __future__ import annotations
