@@ -35,7 +35,7 @@ import statistics
 import time
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.message import TASK, Message, uuid7
 
 QUEUES = ["default", "mail", "reports", "bulk", "webhooks", "group:ledger"]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from dumbwaiter.brokers.base import Capabilities
+from dumbwaiter.brokers.types import Capabilities
 from tests.conftest import IN_CI
 from tests.integration.kafka.server import kafka_url
 from tests.integration.nats.server import nats_url

@@ -25,6 +25,10 @@ alert is repeated every ``repeat`` s while it holds; when it clears, the one
 evaluator that deletes its key sends ``resolved``.  ``promrules.prometheus_rules()`` writes
 the same rules over the metrics of metrics.py, for those who alert with
 Prometheus instead.
+
+This module configures and evaluates; the rules live in alert_rules.py and
+the notifications with their notifiers in alert_notify.py, and every public
+name of the three is importable from here (``__all__``).
 """
 
 from __future__ import annotations
@@ -34,34 +38,69 @@ import dataclasses
 import logging
 import socket
 import time
-import urllib.request
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from . import keys
-from .brokers.base import JobFilter
-from .metrics import SCHEDULER_SLACK, Snapshot, StatsCache
+from .alert_notify import FIRING, RESOLVED, Alert, LogNotifier, Notifier, WebhookNotifier
+from .alert_rules import (
+    RULES,
+    DeadLetters,
+    Evaluation,
+    Finding,
+    Lag,
+    NoWorkers,
+    QueueDepth,
+    Rule,
+    SchedulerLeader,
+    default_rules,
+)
+from .metrics import StatsCache
 from .redact import mask_url
-from .state import State
-from .text import duration
 
 if TYPE_CHECKING:
     from .app import App
-    from .brokers.base import Broker, JobInfo, QueueStats
+    from .brokers.base import Broker
     from .worker import Worker
+
+__all__ = [
+    "FIRING",
+    "RESOLVED",
+    "RULES",
+    "WEBHOOKS_ENV",
+    "Alert",
+    "AlertConfig",
+    "AlertService",
+    "DeadLetters",
+    "Evaluation",
+    "Finding",
+    "Lag",
+    "LogNotifier",
+    "NoWorkers",
+    "Notifier",
+    "QueueDepth",
+    "Rule",
+    "SchedulerLeader",
+    "WebhookNotifier",
+    "active_alerts",
+    "config_of",
+    "configure",
+    "default_rules",
+    "effective_config",
+    "history",
+]
 
 log = logging.getLogger("dumbwaiter.alerts")
 
 KEY = keys.ALERT
-PENDING, SENT, ACTIVE, SEEN, HISTORY = (
+PENDING, SENT, ACTIVE, HISTORY = (
     KEY + "pending:",
     KEY + "sent:",
     KEY + "active:",
-    KEY + "seen-dead:",
     KEY + "history:",
 )
 #: notifications kept for the dashboard's alerts page
@@ -69,369 +108,6 @@ HISTORY_TTL = 7 * 86400.0
 #: a dead-letter notification's de-duplication key lives this long: long enough
 #: for every evaluator that saw the same change to find it taken
 EVENT_DEDUP_TTL = 600.0
-#: seconds each dead-letter window overlaps the previous one
-DEAD_OVERLAP = 5.0
-#: dead letters read per queue and pass (the message says "100+" beyond)
-DEAD_PAGE = 100
-#: the SEEN key of the broker-wide start of the dead-letter watch
-WATCH = "*"
-
-FIRING, RESOLVED = "firing", "resolved"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A rule's condition holds for ``subject`` (a queue, or ``scheduler``)."""
-
-    subject: str
-    value: float
-    threshold: float
-    summary: str
-    #: part of the de-duplication key of event-like rules (dead letters)
-    change: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    """One notification, as sent to the log and POSTed as JSON to webhooks."""
-
-    rule: str
-    subject: str
-    status: str
-    severity: str
-    summary: str
-    value: float
-    threshold: float
-    since: float
-    at: float
-    app: str = ""
-    source: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": 1,
-            "status": self.status,
-            "rule": self.rule,
-            "subject": self.subject,
-            "severity": self.severity,
-            "summary": self.summary,
-            "value": self.value,
-            "threshold": self.threshold,
-            "since": self.since,
-            "at": self.at,
-            "app": self.app,
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Alert:
-        return cls(
-            rule=str(d.get("rule", "")),
-            subject=str(d.get("subject", "")),
-            status=str(d.get("status", FIRING)),
-            severity=str(d.get("severity", "warning")),
-            summary=str(d.get("summary", "")),
-            value=float(d.get("value", 0.0)),
-            threshold=float(d.get("threshold", 0.0)),
-            since=float(d.get("since", 0.0)),
-            at=float(d.get("at", 0.0)),
-            app=str(d.get("app", "")),
-            source=str(d.get("source", "")),
-        )
-
-
-# -- rules ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rule:
-    """Base of the rules: a name, a severity, a hold time, per-queue overrides."""
-
-    name: ClassVar[str] = ""
-    #: condition rules fire while they hold and resolve; event rules fire once per change
-    event: ClassVar[bool] = False
-    title: ClassVar[str] = ""
-
-    severity: str = "warning"
-    #: seconds the condition must hold before the alert fires
-    for_: float = 0.0
-    enabled: bool = True
-    #: queue -> fields of this rule to change for that queue
-    per_queue: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def for_queue(self, queue: str) -> Rule:
-        over = self.per_queue.get(queue)
-        if not over:
-            return self
-        return dataclasses.replace(self, **dict(over), per_queue={})
-
-    def enabled_for(self, queue: str) -> bool:
-        return self.for_queue(queue).enabled
-
-    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
-        """The subjects the condition holds for now."""
-        out: list[Finding] = []
-        for s in snap.stats:
-            rule = self.for_queue(s.queue)
-            if rule.enabled:
-                f = rule.check_queue(s, snap)
-                if f is not None:
-                    out.append(f)
-        return out
-
-    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
-        return None
-
-    def describe(self) -> str:
-        """One line for ``dumbwaiter alerts rules`` and the dashboard."""
-        return self.title
-
-    def promql(self, selector: str) -> str:
-        """The Prometheus expression of this rule over ``selector`` (label matchers)."""
-        raise NotImplementedError
-
-    def prom_summary(self) -> str:
-        return self.title
-
-
-def _fmt_int(n: float) -> str:
-    return f"{int(n):,}"
-
-
-def _fmt_secs(s: float) -> str:
-    """``10 min``, ``1 h``, ``90 s``: thresholds read as people write them."""
-    whole = int(s)
-    if whole == s and whole >= 3600 and whole % 3600 == 0:
-        return f"{whole // 3600} h"
-    if whole == s and whole >= 60 and whole % 60 == 0:
-        return f"{whole // 60} min"
-    if s >= 60:
-        return duration(s)
-    return f"{s:.3g} s"
-
-
-@dataclass(frozen=True, kw_only=True)
-class QueueDepth(Rule):
-    """More than ``threshold`` jobs ready on a queue for ``for_`` seconds."""
-
-    name: ClassVar[str] = "queue_depth"
-    title: ClassVar[str] = "queue deeper than a threshold for a while"
-    threshold: int = 1000
-    for_: float = 600.0
-
-    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
-        if s.ready <= self.threshold:
-            return None
-        return Finding(
-            s.queue,
-            s.ready,
-            self.threshold,
-            f"queue {s.queue} has {_fmt_int(s.ready)} ready jobs "
-            f"(more than {_fmt_int(self.threshold)} for {_fmt_secs(self.for_)})",
-        )
-
-    def describe(self) -> str:
-        return f"more than {_fmt_int(self.threshold)} ready jobs for {_fmt_secs(self.for_)}"
-
-    def promql(self, selector: str) -> str:
-        return f"max by (queue) (dumbwaiter_queue_ready{selector}) > {self.threshold}"
-
-    def prom_summary(self) -> str:
-        return "queue {{ $labels.queue }} has {{ $value }} ready jobs"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeadLetters(Rule):
-    """A dead letter was added to a queue since the last evaluation.
-
-    The time of the last pass is kept in the broker per queue, so every
-    evaluator looks at the same window: the dead letters that died since
-    (``list_jobs`` with ``since``, one page).  Counting is not enough: a
-    replayed dead letter that dies again between two passes leaves the count
-    as it was.  The first pass on a broker only records the time (older dead
-    letters are on the dashboard)."""
-
-    name: ClassVar[str] = "dead_letters"
-    event: ClassVar[bool] = True
-    title: ClassVar[str] = "dead letter added"
-    severity: str = "critical"
-
-    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
-        queues = [s for s in snap.stats if self.enabled_for(s.queue)]
-        seen = await ev.broker.kv_get([SEEN + WATCH, *(SEEN + s.queue for s in queues)])
-        # the broker-wide start of the watch: a queue first seen later (it was
-        # created since) is watched from then, so its first dead letters count
-        started = _mark(seen.get(SEEN + WATCH))
-        if started is None:
-            await ev.broker.kv_add(SEEN + WATCH, orjson.dumps({"at": snap.at, "floor": snap.at}))
-            started = _mark((await ev.broker.kv_get([SEEN + WATCH])).get(SEEN + WATCH))
-        watch_floor = started[1] if started is not None else snap.at
-        out: list[Finding] = []
-        floors: dict[str, float] = {}
-        for s in queues:
-            mark = _mark(seen.get(SEEN + s.queue))
-            if mark is None:
-                if watch_floor >= snap.at:
-                    floors[s.queue] = snap.at  # the very first look: from now on
-                    continue
-                mark = (watch_floor, watch_floor)  # a new queue: since the watch began
-            last, floor = mark
-            floors[s.queue] = floor
-            if s.dead == 0:
-                continue
-            # dead letters that died since the last pass (a few seconds of
-            # overlap for clocks and races, never before the first look; the
-            # de-duplication key absorbs the overlap)
-            page = await ev.broker.list_jobs(
-                JobFilter(queue=s.queue, state=State.DEAD, since=max(floor, last - DEAD_OVERLAP)),
-                limit=DEAD_PAGE + 1,
-            )
-            if not page.items:
-                continue
-            newest = max(page.items, key=lambda i: (i.updated_at or 0.0, i.message.id))
-            n = len(page.items)
-            count = f"{DEAD_PAGE}+" if n > DEAD_PAGE else str(n)
-            out.append(
-                Finding(
-                    s.queue,
-                    s.dead,
-                    0,
-                    f"{count} dead letter{'s' if n != 1 else ''} added to {s.queue} "
-                    f"({_fmt_int(s.dead)} in its dead-letter queue; last: "
-                    f"{newest.message.name}, {_last_error(newest)})",
-                    change=f"{newest.message.id}:{newest.updated_at or 0.0:.6f}",
-                )
-            )
-        if queues:
-            await ev.broker.kv_set(
-                {
-                    SEEN + q: orjson.dumps({"at": snap.at, "floor": floor})
-                    for q, floor in floors.items()
-                }
-            )
-        return out
-
-    def describe(self) -> str:
-        return "any dead letter added"
-
-    def promql(self, selector: str) -> str:
-        return (
-            f"max by (queue) (dumbwaiter_queue_dead{selector})"
-            f" > max by (queue) (dumbwaiter_queue_dead{selector} offset 5m)"
-        )
-
-    def prom_summary(self) -> str:
-        return "dead letters added to {{ $labels.queue }} (now {{ $value }})"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Lag(Rule):
-    """The oldest ready job of a queue has waited more than ``threshold`` seconds."""
-
-    name: ClassVar[str] = "lag"
-    title: ClassVar[str] = "lag above a threshold"
-    threshold: float = 300.0
-
-    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
-        if s.ready == 0 or s.lag <= self.threshold:
-            return None
-        return Finding(
-            s.queue,
-            s.lag,
-            self.threshold,
-            f"queue {s.queue} lags {_fmt_secs(s.lag)} (its oldest ready job; "
-            f"threshold {_fmt_secs(self.threshold)})",
-        )
-
-    def describe(self) -> str:
-        return f"oldest ready job older than {_fmt_secs(self.threshold)}"
-
-    def promql(self, selector: str) -> str:
-        return f"max by (queue) (dumbwaiter_queue_lag_seconds{selector}) > {self.threshold:g}"
-
-    def prom_summary(self) -> str:
-        return "queue {{ $labels.queue }} lags {{ $value }} s"
-
-
-@dataclass(frozen=True, kw_only=True)
-class NoWorkers(Rule):
-    """Jobs are ready on a queue that is not paused, and no live worker (no
-    ``worker:*`` heartbeat) works on it."""
-
-    name: ClassVar[str] = "no_workers"
-    title: ClassVar[str] = "no worker heartbeat while jobs are ready"
-    severity: str = "critical"
-    for_: float = 60.0
-
-    def check_queue(self, s: QueueStats, snap: Snapshot) -> Finding | None:
-        if s.ready == 0 or s.paused or snap.workers_on(s.queue):
-            return None
-        return Finding(
-            s.queue,
-            s.ready,
-            0,
-            f"{_fmt_int(s.ready)} jobs are ready on {s.queue} and no live worker works on it",
-        )
-
-    def describe(self) -> str:
-        return f"jobs ready and no worker heartbeat for {_fmt_secs(self.for_)}"
-
-    def promql(self, selector: str) -> str:
-        return (
-            f"(max by (queue) (dumbwaiter_queue_ready{selector}) > 0)"
-            f" and on (queue) (max by (queue) (dumbwaiter_queue_workers{selector}) == 0)"
-            f" and on (queue) (max by (queue) (dumbwaiter_queue_paused{selector}) == 0)"
-        )
-
-    def prom_summary(self) -> str:
-        return "jobs are ready on {{ $labels.queue }} and no worker works on it"
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerLeader(Rule):
-    """A schedule's tick is overdue and no scheduler leader wrote state since.
-
-    Without schedules (or without the scheduler module) it never fires."""
-
-    name: ClassVar[str] = "scheduler_leader"
-    title: ClassVar[str] = "scheduler without a leader"
-    severity: str = "critical"
-    slack: float = SCHEDULER_SLACK
-
-    async def check(self, snap: Snapshot, ev: Evaluation) -> list[Finding]:
-        health = snap.scheduler
-        if not self.enabled or health is None or health.leader(self.slack):
-            return []
-        late = health.lateness(self.slack)
-        return [
-            Finding(
-                "scheduler",
-                round(late, 3),
-                self.slack,
-                f"no scheduler leader: {', '.join(health.overdue(self.slack))} overdue by "
-                f"{_fmt_secs(round(late))} (run `dumbwaiter scheduler` or a worker "
-                "with --with-scheduler)",
-            )
-        ]
-
-    def describe(self) -> str:
-        return f"a schedule's tick overdue by {_fmt_secs(self.slack)} with no leader"
-
-    def promql(self, selector: str) -> str:
-        return "min(dumbwaiter_scheduler_leader) == 0"
-
-    def prom_summary(self) -> str:
-        return "no scheduler leader: schedules are not run"
-
-
-RULES: dict[str, type[Rule]] = {
-    r.name: r for r in (QueueDepth, DeadLetters, Lag, NoWorkers, SchedulerLeader)
-}
-
-
-def default_rules() -> tuple[Rule, ...]:
-    return (QueueDepth(), DeadLetters(), Lag(), NoWorkers(), SchedulerLeader())
-
 
 # -- configuration -------------------------------------------------------------------
 
@@ -505,77 +181,7 @@ def effective_config(app: App, webhooks: Sequence[str] = ()) -> AlertConfig:
     return dataclasses.replace(cfg, webhooks=urls)
 
 
-# -- notifiers -------------------------------------------------------------------------
-
-
-class Notifier:
-    async def send(self, alert: Alert) -> bool:
-        """Deliver one notification; False if it could not be delivered."""
-        raise NotImplementedError
-
-
-class LogNotifier(Notifier):
-    async def send(self, alert: Alert) -> bool:
-        level = logging.INFO if alert.status == RESOLVED else logging.WARNING
-        if alert.severity == "critical" and alert.status == FIRING:
-            level = logging.ERROR
-        log.log(
-            level,
-            "alert %s %s: %s",
-            alert.status,
-            alert.rule,
-            alert.summary,
-            extra={"action": "alert", "alert": alert.to_dict()},
-        )
-        return True
-
-
-class WebhookNotifier(Notifier):
-    """POST the alert as JSON to ``url`` (Slack-style bridges, Alertmanager
-    webhook receivers, PagerDuty Events via a relay...).  The URL is masked in
-    logs: webhook URLs often carry their secret in the path or query."""
-
-    def __init__(
-        self, url: str, *, timeout: float = 10.0, headers: Mapping[str, str] | None = None
-    ) -> None:
-        self.url = url
-        self.timeout = timeout
-        self.headers = dict(headers or {})
-
-    def _post(self, body: bytes) -> int:
-        req = urllib.request.Request(
-            self.url,
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "User-Agent": "dumbwaiter-alerts",
-                **self.headers,
-            },
-        )
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            status: int = resp.status
-            return status
-
-    async def send(self, alert: Alert) -> bool:
-        body = orjson.dumps(alert.to_dict())
-        try:
-            status = await asyncio.to_thread(self._post, body)
-        except Exception as exc:
-            log.error("alert webhook %s failed: %s", mask_url(self.url, path=True), exc)
-            return False
-        return 200 <= status < 300
-
-
 # -- evaluation ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Evaluation:
-    """What a rule may use while it checks: the broker and the time."""
-
-    broker: Broker
-    now: float
 
 
 class AlertService:
@@ -758,26 +364,6 @@ class AlertService:
 
 def _f(x: float) -> bytes:
     return repr(float(x)).encode()
-
-
-def _mark(raw: bytes | None) -> tuple[float, float] | None:
-    """(last pass, first look) of a queue's dead-letter watch."""
-    if raw is None:
-        return None
-    try:
-        d = orjson.loads(raw)
-        return float(d["at"]), float(d["floor"])
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
-
-
-def _last_error(info: JobInfo) -> str:
-    errors = info.message.errors
-    if not errors:
-        return "no error recorded"
-    e = errors[-1]
-    text = f"{e.type}: {e.message}" if e.message else e.type
-    return text if len(text) <= 120 else text[:119] + "…"
 
 
 def _pid() -> int:

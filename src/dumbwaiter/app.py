@@ -19,8 +19,9 @@ from .batch import Batch
 from .batch import start as start_batch
 from .blocking import warn_if_loop_running
 from .brokers import DEFAULT_URL, deadline, from_url
-from .brokers.base import DEFAULT_EVENT_RETENTION, Binding, Broker
+from .brokers.base import DEFAULT_EVENT_RETENTION, Broker
 from .brokers.capacity import WhenFull, check_bound, wait_for_room
+from .brokers.types import Binding
 from .drain import eager_run, eager_running
 from .errors import ConfigurationError, InvalidArguments
 from .flow import OPTIONS as FLOW_OPTIONS

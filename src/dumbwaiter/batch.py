@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from . import keys
-from .brokers.base import JobFilter
+from .brokers.types import JobFilter
 from .errors import ConfigurationError
 from .message import Message, uuid7
 from .state import State

@@ -33,7 +33,8 @@ from .message import dumps, loads
 from .state import State
 
 if TYPE_CHECKING:
-    from .brokers.base import Broker, JobInfo
+    from .brokers.base import Broker
+    from .brokers.types import JobInfo
     from .context import Context
 
 #: kv prefix of the requests to cancel running jobs: ``cancel:JOB_ID``

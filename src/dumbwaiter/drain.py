@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .brokers.base import JobFilter, QueueStats
+from .brokers.types import JobFilter, QueueStats
 from .message import TASK, Message
 from .state import State
 from .worker import Worker, WorkerApp, WorkerConfig

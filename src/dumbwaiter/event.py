@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pydantic
 
-from .brokers.base import Binding, delivery_of
+from .brokers.types import Binding, delivery_of
 from .context import caused_headers, context_param
 from .errors import ConfigurationError, InvalidArguments
 from .message import EVENT, GROUP_PREFIX, Message, check_json, uuid7

@@ -17,7 +17,8 @@ from .state import FINAL_STATES, State
 from .typevars import T
 
 if TYPE_CHECKING:
-    from .brokers.base import Broker, JobInfo
+    from .brokers.base import Broker
+    from .brokers.types import JobInfo
 
 _V = TypeVar("_V")
 

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from .app import App
-    from .brokers.base import Broker, QueueStats
+    from .brokers.base import Broker
+    from .brokers.types import QueueStats
     from .context import Context
     from .message import ErrorRecord, Message
     from .worker import Worker

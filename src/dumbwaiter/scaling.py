@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .brokers.base import QueueStats
+from .brokers.types import QueueStats
 
 #: seconds in which the ready backlog should be cleared (``DUMBWAITER_DRAIN_TARGET``)
 DEFAULT_DRAIN_TARGET = 60.0

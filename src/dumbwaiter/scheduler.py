@@ -46,7 +46,7 @@ from . import keys
 from .errors import ConfigurationError
 from .message import TASK, Message, uuid7
 from .schedule import Plan, Schedule, Timetable, tick_label
-from .worker import default_worker_id
+from .worker_config import default_worker_id
 
 if TYPE_CHECKING:
     from .app import App

@@ -8,9 +8,10 @@
 * Async handlers run on the loop; sync handlers in a thread pool.
 * Every fetched job holds a lease; one heartbeat per worker extends all of
   them in one call, so a killed worker's jobs come back within one lease.
-* Outcomes are settled in batches: while one batch is being written, the
-  next collects (group commit), so a busy worker makes few broker calls and
-  an idle one adds no delay.
+* Each job's attempt runs through its middleware (attempt.py); outcomes are
+  settled in batches: while one batch is being written, the next collects
+  (group commit, settle.py), so a busy worker makes few broker calls and an
+  idle one adds no delay.
 * On ``stop()`` (SIGTERM/SIGINT) it stops fetching, lets in-flight jobs finish
   within the grace period, then gives the rest back without charging an
   attempt.
@@ -20,92 +21,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import difflib
 import logging
-import os
-import random
-import secrets
-import socket
 import time
-import traceback
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from . import keys, logs
-from .cancel import CANCEL_PREFIX, Cancels
-from .context import Context, reset_current, set_current
-from .errors import (
-    BrokerUnavailable,
-    InvalidArguments,
-    JobTimeout,
-    MessageDecodeError,
-    SerializationError,
-    UnknownTask,
-)
+from .attempt import Attempt
+from .cancel import Cancels
+from .context import Context
+from .errors import BrokerUnavailable
 from .loop import loop_name
-from .message import TASK, ErrorRecord, Message, check_json, dumps, undecodable
-from .ports import Runtime
-from .redact import mask_url
-from .retry import Reject, RetryLater
+from .message import TASK, Message, dumps
+from .settle import ACK, CANCEL, DEAD, REQUEUE, RETRY, Settler, inbox_key
+
+# part of the worker's API: its settings and its view of the app
+from .worker_config import WorkerApp as WorkerApp
+from .worker_config import WorkerConfig as WorkerConfig
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
-
-    from .brokers.base import Binding, DeadLetter, Delivery
-    from .event import Subscription
-    from .flow import Flow
-    from .task import Task
-
-    #: what runs a message: a task, or a group's event handler
-    Handler: TypeAlias = Task | Subscription
+    from .brokers.types import DeadLetter, Delivery
 
 log = logging.getLogger("dumbwaiter.worker")
 
 
-class Hooks(Protocol):
-    """The app's middleware as the worker runs it (``MiddlewareStack``)."""
-
-    @property
-    def enqueue_hooks(self) -> bool: ...
-
-    def has(self, hook: str) -> bool: ...
-
-    def call(self, hook: str, *args: Any) -> None: ...
-
-    async def around(self, ctx: Context, innermost: Callable[[], Awaitable[Any]]) -> Any: ...
-
-    async def acall(self, hook: str, *args: Any) -> None: ...
-
-    async def after_success(self, ctx: Context) -> None: ...
-
-
-class WorkerApp(Runtime, Protocol):
-    """The app as a worker sees it (``App`` is one): its registry's answers
-    (what runs a message, which queues and bindings) and its middleware."""
-
-    @property
-    def middleware(self) -> Hooks: ...
-
-    @property
-    def url(self) -> str: ...
-
-    def queues(self) -> list[str]: ...
-
-    def bindings(self) -> list[Binding]: ...
-
-    def handler(self, msg: Message) -> Task[..., Any] | Subscription | None: ...
-
-
 #: a side service: ``await service(worker)`` runs until cancelled
 Service = Callable[["Worker"], Awaitable[None]]
-
-ACK, RETRY, DEAD, REQUEUE = "ack", "retry", "dead", "requeue"
-#: a job someone asked to stop while it ran (``dumbwaiter.cancel``)
-CANCEL = "cancel"
 
 #: kv key prefix under which live workers announce themselves (see Worker._announce)
 WORKER_KEY = keys.WORKER
@@ -116,48 +59,7 @@ PREFETCH_HORIZON = 0.05
 PREFETCH_SLOTS = 2
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """How one worker process runs (``DUMBWAITER_*`` variables map onto these)."""
-
-    #: queues to work on; empty: every queue of the app's tasks and groups
-    queues: tuple[str, ...] = ()
-    concurrency: int = 32
-    #: seconds a fetched job is ours without a heartbeat
-    lease: float = 15.0
-    #: seconds between heartbeats (well under ``lease``)
-    heartbeat: float = 5.0
-    #: seconds in-flight jobs get to finish after ``stop()``
-    grace: float = 25.0
-    #: longest a fetch blocks before the worker looks around again
-    fetch_wait: float = 1.0
-    #: seconds between rescues of expired leases
-    rescue_interval: float = 1.0
-    worker_id: str = field(default_factory=default_worker_id)
-    #: ``text`` or ``json``: the worker writes the ``dumbwaiter`` loggers'
-    #: lines to stderr in that format while it runs (``logs.install``); None
-    #: leaves logging to the program (``dumbwaiter worker --log-format``
-    #: sets it for the whole process instead)
-    log_format: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.log_format is not None and self.log_format not in logs.FORMATS:
-            raise ValueError(
-                f"log_format must be one of {', '.join(logs.FORMATS)}, got {self.log_format!r}"
-            )
-        if self.heartbeat >= self.lease:
-            raise ValueError(
-                f"heartbeat ({self.heartbeat} s) must be shorter than the lease ({self.lease} s)"
-            )
-
-
-class Worker:
+class Worker(Attempt):
     def __init__(
         self,
         app: WorkerApp,
@@ -190,11 +92,11 @@ class Worker:
         self._fetching: asyncio.Future[list[Delivery]] | None = None
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
         self._fetch_time = 0.0
-        self._settler = _Settler(self)
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
         self.counts["rescued"] = 0  # jobs of other (dead) workers this one gave back
         self.counts["throttled"] = 0  # jobs held back by a rate or concurrency limit
         self.counts["cancelled"] = 0  # jobs stopped on request (dumbwaiter.cancel)
+        self._settler = Settler(app, self.counts)
         self._cancels = Cancels()
         self._task_time: dict[str, float] = {}  # per task: moving average run time
         #: per queue: moving average run time, announced for the scaling signal
@@ -515,18 +417,6 @@ class Worker:
                     await self._cancelled(d, None)
                 self._settler.add(kind, d)
 
-    async def _settle_cancelled(self, ds: Sequence[Delivery]) -> None:
-        done = await self.broker.cancel_running(ds)
-        # a job not cancelled runs elsewhere (its lease was lost): its request stays
-        await self.broker.kv_delete([CANCEL_PREFIX + i for i in done])
-        if done:
-            log.info(
-                "cancelled %d job(s) on request: %s",
-                len(done),
-                ", ".join(done),
-                extra={"action": "cancelled"},
-            )
-
     async def _announce(self) -> None:
         """Publish this worker's liveness under ``worker:ID`` in the broker's kv
         store (expiring after two leases), for ``stats``, alerts and the
@@ -694,124 +584,6 @@ class Worker:
             },
         )
 
-    async def _execute(self, d: Delivery) -> str:
-        msg = d.message
-        if msg is None:
-            return self._dead(d, None, MessageDecodeError(undecodable(d.raw, d.decode_error)))
-        if d.duplicate:
-            log.debug("event %s already handled by %s: acked", msg.id, msg.queue)
-            self.counts["duplicates"] += 1
-            return ACK
-        task = self.app.handler(msg)
-        if task is None:
-            return self._dead(d, None, self._unknown(msg))
-        try:
-            args, kwargs = task.bind(msg)
-        except InvalidArguments as exc:
-            return self._dead(d, None, exc)
-        started_at = time.time()
-        flow = getattr(task, "flow", None)
-        if flow is not None and flow.limited:
-            if not await self._admit(d, task.name, flow, started_at):
-                return REQUEUE
-            started_at = d.started_at
-        d.started_at = started_at
-        ctx = Context(
-            message=msg,
-            app=self.app,
-            worker_id=self.id,
-            deadline=None if task.timeout is None else time.monotonic() + task.timeout,
-            started_at=started_at,
-            loop=self._loop,
-        )
-        self._cancels.attach(d.id, ctx)
-        if task.context_param is not None:
-            kwargs[task.context_param] = ctx
-        return await self._run_handler(d, task, args, kwargs, ctx)
-
-    async def _run_handler(
-        self,
-        d: Delivery,
-        task: Handler,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        ctx: Context,
-    ) -> str:
-        """One attempt through the middleware; the outcome's kind."""
-        mw = self.app.middleware
-        result: Any = None
-        try:
-            if mw.has("before_process"):
-                mw.call("before_process", ctx)
-            if mw.has("around_process"):
-                result = await mw.around(ctx, lambda: self._call(task, args, kwargs, ctx))
-            else:
-                result = await self._call(task, args, kwargs, ctx)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # every failure is recorded
-            if mw.has("after_process"):
-                mw.call("after_process", ctx, None, exc)
-            return self._failed(d, ctx, task, exc)
-        ctx.state["result"] = result
-        try:
-            await self._after_success(ctx)
-        except Exception as exc:
-            return self._failed(d, ctx, task, exc)
-        if mw.has("after_process"):
-            mw.call("after_process", ctx, result, None)
-        d.result = _encode_result(result, task, d.started_at)
-        if task.keep_result is not None:
-            d.result_ttl = task.keep_result
-        return ACK
-
-    async def _call(
-        self, task: Handler, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: Context
-    ) -> Any:
-        timeout = task.timeout
-        if task.is_async:
-            token = set_current(ctx)
-            try:
-                if timeout is None:
-                    return await task.fn(*args, **kwargs)
-                try:
-                    async with asyncio.timeout(timeout):
-                        return await task.fn(*args, **kwargs)
-                except TimeoutError:
-                    raise JobTimeout(
-                        f"{task.name} ran longer than its timeout of {timeout:g} s"
-                    ) from None
-            finally:
-                reset_current(token)
-        assert self._loop is not None and self._pool is not None
-        cv = contextvars.copy_context()
-        cv.run(set_current, ctx)
-        fut = self._loop.run_in_executor(self._pool, _call_kw, cv, task.fn, args, kwargs)
-        if timeout is None:
-            return await fut
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            # A thread cannot be interrupted: the job is failed now, but its
-            # thread runs on and keeps its slot until it returns.
-            self._stuck += 1
-            fut.add_done_callback(self._unstick)
-            raise JobTimeout(
-                f"{task.name} ran longer than its timeout of {timeout:g} s "
-                "(a sync task's thread cannot be stopped; it runs to its end)"
-            ) from None
-
-    async def _after_success(self, ctx: Context) -> None:
-        """What a success sets off, before its ack (a crash in between runs the
-        job again, and each of these is idempotent): the ``after_success``
-        hooks (the next workflow step, the batch's progress), then
-        forgetting the job's checkpoint."""
-        mw = self.app.middleware
-        if mw.has("after_success"):
-            await mw.after_success(ctx)
-        if ctx.state.get("checkpointed"):
-            await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
-
     async def _cancelled(self, d: Delivery, ctx: Context | None) -> None:
         """``on_cancelled`` for a job stopped on request (``ctx``: its handler's,
         None for one fetched and not started)."""
@@ -821,233 +593,3 @@ class Worker:
         if ctx is None:
             ctx = Context(message=d.message, app=self.app, worker_id=self.id)
         await mw.acall("on_cancelled", ctx)
-
-    def _unknown(self, msg: Message) -> UnknownTask:
-        if msg.kind == "task":
-            what = f"no task named {msg.name!r} is registered in this worker"
-            near = did_you_mean(msg.name, self.app.tasks)
-            if near:
-                what += f" (did you mean {' or '.join(repr(n) for n in near)}?)"
-        else:
-            what = f"no handler of event {msg.name!r} for queue {msg.queue!r} in this worker"
-        return UnknownTask(f"{what} (app {mask_url(self.app.url)}); replay it once one is")
-
-    async def _admit(self, d: Delivery, name: str, flow: Flow, now: float) -> bool:
-        """Take the job's concurrency slot and rate permit, or hold it back.
-
-        A job over a limit is given back without charging its attempt, to run
-        when a permit should be free: a rate limit says when; for a
-        concurrency limit the task's recent run time is the guess.  Nothing
-        polls.  Returns True when the job may start now (``d.started_at`` is
-        the start time its rate permit was stamped with)."""
-        assert d.message is not None
-        base = f"{name}:{d.message.headers.get('limit_key', '')}"
-        if flow.concurrency is not None:
-            slot = keys.CONCURRENCY + base
-            if not await self.broker.slot_acquire(slot, flow.concurrency, d.id, self.config.lease):
-                guess = self._task_time.get(name, 1.0)
-                d.retry_at = now + guess * random.uniform(1.0, 2.0)
-                return self._held_back(d, "concurrency", base)
-            d.holds.append((slot, d.id))
-        if flow.rate is not None:
-            n, per = flow.rate
-            at = time.time()
-            wait = await self.broker.rate_limit(keys.RATE + base, n, per, at)
-            if wait > 0:
-                if d.holds:
-                    await self.broker.slot_release(d.holds)
-                    d.holds.clear()
-                # spread the held-back jobs over the window instead of all at once
-                d.retry_at = at + wait + random.uniform(0.0, per / n)
-                return self._held_back(d, "rate", base)
-            d.started_at = at
-        else:
-            d.started_at = now
-        return True
-
-    def _held_back(self, d: Delivery, limit: str, key: str) -> bool:
-        self.counts["throttled"] += 1
-        log.debug("job %s held back by the %s limit of %s", d.id, limit, key)
-        return False
-
-    def _unstick(self, _fut: object) -> None:
-        self._stuck -= 1
-        self._slot.set()
-
-    def _failed(self, d: Delivery, ctx: Context, task: Handler, exc: BaseException) -> str:
-        msg = ctx.message
-        if isinstance(exc, Reject):
-            return self._dead(d, ctx, exc)
-        if isinstance(exc, RetryLater):
-            if msg.attempt >= msg.max_attempts:
-                return self._dead(d, ctx, exc)
-            return self._retry(d, ctx, exc, time.time() + exc.after)
-        if task.retry.should_retry(exc, msg.attempt, msg.max_attempts):
-            return self._retry(d, ctx, exc, time.time() + task.retry.wait(msg.attempt))
-        return self._dead(d, ctx, exc)
-
-    def _retry(self, d: Delivery, ctx: Context, exc: BaseException, at: float) -> str:
-        d.error = _record(exc, d, self.id)
-        d.retry_at = at
-        self.app.middleware.call("on_retry", ctx, d.error, at)
-        return RETRY  # logged with the job's duration by _process
-
-    def _dead(self, d: Delivery, ctx: Context | None, exc: BaseException) -> str:
-        d.error = _record(exc, d, self.id)
-        self._dying[d.id] = ctx  # on_dead runs in _process, which awaits it
-        # logged by _process: the message names its task even when no
-        # handler ran (unknown task, arguments that no longer fit); only an
-        # undecodable body has no name
-        return DEAD
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> list[str]:
-    """Registered task names close to ``name`` (a typo, a moved module), at
-    most three: by the function's name (the last part: ``jobs.send_welcom``
-    finds ``myproject.jobs.send_welcome`` and not its neighbour
-    ``myproject.jobs.send_receipt``, which shares the long prefix), else by the
-    whole name."""
-    names = sorted(known)
-    by_short: dict[str, list[str]] = {}
-    for n in names:
-        by_short.setdefault(n.rsplit(".", 1)[-1], []).append(n)
-    close = difflib.get_close_matches(name.rsplit(".", 1)[-1], by_short, n=3, cutoff=0.75)
-    found = [n for s in close for n in by_short[s]]
-    if not found:
-        return difflib.get_close_matches(name, names, n=3, cutoff=0.75)
-
-    def likeness(n: str) -> float:
-        return difflib.SequenceMatcher(None, name, n).ratio()
-
-    return sorted(found, key=likeness, reverse=True)[:3]
-
-
-def inbox_key(d: Delivery) -> str | None:
-    """The broker-side inbox entry of an event delivery: its group's queue and
-    the event's id (None for tasks, and for replays forced past the inbox)."""
-    m = d.message
-    if m is None or m.kind != "event" or m.headers.get("inbox") == "skip":
-        return None
-    return inbox_entry(m.queue, str(m.headers.get("event_id") or m.id))
-
-
-def inbox_entry(queue: str, event_id: str) -> str:
-    """The kv key that marks event ``event_id`` handled by the group of ``queue``
-    (the dashboard's events page reads them too)."""
-    return keys.inbox(queue, event_id)
-
-
-def _call_kw(
-    cv: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    return cv.run(fn, *args, **kwargs)
-
-
-def _record(exc: BaseException, d: Delivery, worker: str) -> ErrorRecord:
-    t = type(exc)
-    module = t.__module__
-    name = t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
-    tb = "".join(traceback.format_exception(exc)) if exc.__traceback__ is not None else ""
-    return ErrorRecord(
-        time=time.time(),
-        type=name,
-        message=str(exc),
-        traceback=tb[-8000:],
-        worker=worker,
-        attempt=d.message.attempt if d.message is not None else 0,
-        started=d.started_at,
-    )
-
-
-def _encode_result(result: Any, task: Handler, started: float) -> bytes:
-    """The record of a successful attempt the broker keeps with the job: when
-    it started and finished (its duration, on the dashboard), and its result
-    (``value``) when the task keeps results (``JobInfo.outcome``)."""
-    timing = {"started": started, "finished": time.time()}
-    if task.keep_result is None:
-        return dumps(timing)
-    try:
-        check_json(result, f"the result of {task.name}()")
-    except SerializationError as exc:
-        log.error("%s; it is not stored", exc)
-        return dumps({"error": str(exc), **timing})
-    return dumps({"value": result, **timing})
-
-
-class _Settler:
-    """Writes outcomes to the broker in batches (group commit)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.pending: dict[str, list[Delivery]] = {
-            ACK: [],
-            RETRY: [],
-            DEAD: [],
-            REQUEUE: [],
-            CANCEL: [],
-        }
-        self._wake = asyncio.Event()
-        self._closing = False
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    def add(self, kind: str, d: Delivery) -> None:
-        self.pending[kind].append(d)
-        self.idle.clear()
-        self._wake.set()
-
-    async def run(self) -> None:
-        w = self.worker
-        calls: dict[str, Callable[[Sequence[Delivery]], Awaitable[None]]] = {
-            ACK: w.broker.ack,
-            RETRY: w.broker.retry,
-            DEAD: w.broker.dead,
-            REQUEUE: w.broker.requeue,
-            CANCEL: w._settle_cancelled,
-        }
-        counter = {ACK: "succeeded", RETRY: "retried", DEAD: "dead", REQUEUE: "requeued"}
-        counter[CANCEL] = "cancelled"
-        backoff = 0.05
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            for kind, call in calls.items():
-                batch = self.pending[kind]
-                if not batch:
-                    continue
-                self.pending[kind] = []
-                try:
-                    if kind == ACK:
-                        await self._mark_inbox(batch)
-                    await call(batch)
-                    holds = [h for d in batch for h in d.holds]
-                    if holds:
-                        await w.broker.slot_release(holds)
-                    backoff = 0.05
-                except Exception:
-                    # keep them: the broker may be back in a moment; if not,
-                    # their leases expire and they run again elsewhere
-                    log.exception("could not record %d %s outcome(s); retrying", len(batch), kind)
-                    self.pending[kind] = batch + self.pending[kind]
-                    self._wake.set()
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                w.counts[counter[kind]] += len(batch)
-            if not any(self.pending.values()):
-                self.idle.set()
-                if self._closing:
-                    return
-
-    async def _mark_inbox(self, batch: list[Delivery]) -> None:
-        """Record handled events before their ack: if we die between the two,
-        the redelivery is recognised as a duplicate."""
-        marks = {k: b"1" for d in batch if not d.duplicate and (k := inbox_key(d)) is not None}
-        if marks:
-            await self.worker.broker.kv_set(marks, ttl=self.worker.app.event_retention)
-
-    async def close(self) -> None:
-        self._closing = True
-        self._wake.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), timeout=30)

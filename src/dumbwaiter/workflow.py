@@ -61,7 +61,7 @@ from .retry import Reject
 from .state import State
 
 if TYPE_CHECKING:
-    from .brokers.base import JobInfo
+    from .brokers.types import JobInfo
     from .ports import Runtime, TaskRef
 
 #: results and workflow records stay this long in the broker (seconds)

@@ -7,7 +7,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from dumbwaiter.brokers.base import Broker, Delivery
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Delivery
 from dumbwaiter.message import ErrorRecord
 
 T = TypeVar("T")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 
 from .conftest import msg

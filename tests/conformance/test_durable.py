@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.durable import WorkflowStateError
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dumbwaiter.brokers.base import Binding, Broker
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Binding
 from dumbwaiter.message import EVENT, Message, uuid7
 from tests.brokers import require_capability
 

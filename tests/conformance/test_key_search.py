@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from dumbwaiter.brokers.base import Binding, Broker, JobFilter
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Binding, JobFilter
 from dumbwaiter.message import EVENT, Message, uuid7
 from dumbwaiter.state import State
 from tests.brokers import require_capability

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import Broker, DeadLetter
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import DeadLetter
 from dumbwaiter.message import ErrorRecord
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain

@@ -19,7 +19,7 @@ import pytest
 
 import dumbwaiter as dw
 from dumbwaiter import worker as worker_module
-from dumbwaiter.brokers.base import QueueStats
+from dumbwaiter.brokers.types import QueueStats
 from dumbwaiter.metrics import queue_stats
 
 

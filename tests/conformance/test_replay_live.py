@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter, QueueStats
+from dumbwaiter.brokers.types import JobFilter, QueueStats
 from dumbwaiter.state import State
 
 from .helpers import eventually

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 
-from dumbwaiter.brokers.base import Broker, Capabilities
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Capabilities
 from dumbwaiter.state import State
 from tests.brokers import CAPABILITIES
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
 

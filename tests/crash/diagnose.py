@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 
 #: jobs described in full (the rest are counted)

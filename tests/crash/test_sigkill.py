@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from tests.brokers import BROKERS, CROSS_PROCESS
 from tests.crash import crashapp, diagnose

@@ -13,7 +13,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.dashboard import create_app
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain

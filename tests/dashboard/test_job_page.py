@@ -108,7 +108,7 @@ def test_duration_of_a_finished_job_and_of_each_failed_attempt(
 
     seeded.flag.touch()  # the mail server is up: flaky succeeds
 
-    async def run(app: dw.App) -> dw.brokers.base.JobInfo:
+    async def run(app: dw.App) -> dw.brokers.types.JobInfo:
         job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
         await drain(app, ["mail"], scheduled=False)
         info = await app.broker.get(job.id)
@@ -127,7 +127,7 @@ def test_duration_of_a_finished_job_and_of_each_failed_attempt(
 
 
 def test_next_retry_time_of_a_retrying_job(client: TestClient, seeded: Seeded) -> None:
-    async def fail_once(app: dw.App) -> dw.brokers.base.JobInfo:
+    async def fail_once(app: dw.App) -> dw.brokers.types.JobInfo:
         job = await app.tasks["dashapp.sync_crm"].aenqueue(7)
         await drain(app, ["crm"], scheduled=False)
         info = await app.broker.get(job.id)

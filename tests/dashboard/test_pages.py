@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.dashboard import create_app
 from dumbwaiter.metrics import Snapshot
 from dumbwaiter.state import State

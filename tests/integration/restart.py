@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from tests.crash import crashapp
 from tests.waiting import wait_until

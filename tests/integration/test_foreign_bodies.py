@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.cli import main
 from dumbwaiter.message import uuid7
 from dumbwaiter.state import State

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.scheduler import LOCK
 from tests.apps import schedapp
 from tests.brokers import BROKERS, CROSS_PROCESS

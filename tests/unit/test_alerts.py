@@ -31,7 +31,7 @@ from dumbwaiter.alerts import (
     default_rules,
     history,
 )
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.promrules import prometheus_rules, to_yaml
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain

@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter, JobInfo
+from dumbwaiter.brokers.types import JobFilter, JobInfo
 from dumbwaiter.cli import dlq as dlq_module
 from dumbwaiter.cli import main
 from dumbwaiter.cli.output import duration, parse_time

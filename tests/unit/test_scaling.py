@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dumbwaiter.brokers.base import QueueStats
+from dumbwaiter.brokers.types import QueueStats
 from dumbwaiter.scaling import DEFAULT_CONCURRENCY, drain_target, scale, scales
 from dumbwaiter.worker import WorkerConfig
 

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.scheduler import (
     LOCK,
     Scheduler,

@@ -17,9 +17,10 @@ import pytest
 
 import dumbwaiter as dw
 from dumbwaiter import logs
+from dumbwaiter.attempt import did_you_mean
 from dumbwaiter.message import TASK, Message, uuid7
 from dumbwaiter.testing import drain
-from dumbwaiter.worker import Worker, did_you_mean
+from dumbwaiter.worker import Worker
 
 FAST = dw.Retry(attempts=2, backoff=0.01, jitter=0)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from dumbwaiter.webhooks import verify
 from tests.brokers import BROKERS, CROSS_PROCESS

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidURL, MissingDependency
 from ..redact import mask_url
-from .base import (
+from .base import Broker
+from .types import (
     Binding,
-    Broker,
     Capabilities,
     DeadLetter,
     Delivery,

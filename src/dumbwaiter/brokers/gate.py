@@ -20,17 +20,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from ..message import Message
-from .base import (
-    Binding,
-    Broker,
-    Delivery,
-    JobFilter,
-    JobInfo,
-    KvWrite,
-    Page,
-    QueueStats,
-    Rescued,
-)
+from .base import Broker, KvWrite
+from .types import Binding, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ import orjson
 
 from ..message import Message, from_dict
 from ..state import State
-from .base import JobInfo
+from .types import JobInfo
 
 _WAITING = frozenset({State.READY.value, State.SCHEDULED.value})
 

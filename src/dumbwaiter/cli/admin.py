@@ -22,8 +22,9 @@ from rich.text import Text
 
 from ..app import App
 from ..brokers import deadline
-from ..brokers.base import Broker, QueueStats
+from ..brokers.base import Broker
 from ..brokers.partitions import PartitionLag
+from ..brokers.types import QueueStats
 from ..errors import ConfigurationError, DumbwaiterError, InvalidArguments, SerializationError
 from ..message import TASK, Message, check_json, check_size, encode, uuid7
 from ..metrics import queue_stats

@@ -30,7 +30,8 @@ from rich.progress import (
 )
 
 from ..app import App
-from ..brokers.base import Broker, JobFilter
+from ..brokers.base import Broker
+from ..brokers.types import JobFilter
 from ..state import State
 from .admin import call, no_match, task_filter
 from .common import app_options, resolve_app

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from rich.text import Text
 
-from ..brokers.base import JobFilter, JobInfo, Page
+from ..brokers.types import JobFilter, JobInfo, Page
 from ..cancel import CANCELLED, REQUESTED, request_cancel
 from ..state import State
 from ..workflow import steps_of

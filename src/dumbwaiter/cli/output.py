@@ -29,7 +29,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..brokers.base import JobInfo
+from ..brokers.types import JobInfo
 from ..message import ErrorRecord
 from ..text import duration as duration  # the CLI's tables and the alerts read alike
 

@@ -21,7 +21,8 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from ..brokers.base import Broker, JobFilter
+from ..brokers.base import Broker
+from ..brokers.types import JobFilter
 from ..cancel import CANCELLED, REQUESTED, request_cancel
 from ..durable import admin as runs_admin
 from ..durable.errors import WorkflowNotFound, WorkflowStateError

@@ -27,9 +27,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..app import App
-from ..brokers.base import Broker, JobFilter, JobInfo, QueueStats
+from ..brokers.base import Broker
+from ..brokers.types import JobFilter, JobInfo, QueueStats
 from ..message import GROUP_PREFIX, Message
-from ..worker import inbox_entry
+from ..settle import inbox_entry
 
 #: events one call returns while looking for the newest
 LOOK_PAGE = 500

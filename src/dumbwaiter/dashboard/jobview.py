@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..app import App
-from ..brokers.base import JobInfo
+from ..brokers.types import JobInfo
 from ..message import Message
 from ..state import State
 

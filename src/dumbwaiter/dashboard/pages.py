@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from ..app import App
-from ..brokers.base import JobFilter, QueueStats
+from ..brokers.types import JobFilter, QueueStats
 from ..cancel import pending
 from ..cli.output import parse_time, raw_text
 from ..doctor import host_scope

@@ -21,7 +21,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..brokers.base import Broker, JobFilter, JobInfo
+from ..brokers.base import Broker
+from ..brokers.types import JobFilter, JobInfo
 from ..state import State
 
 #: the states of a queue's "all" tab, in the order the tabs show them

@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 
 from ..app import App
-from ..brokers.base import Broker, JobFilter, JobInfo
+from ..brokers.base import Broker
+from ..brokers.types import JobFilter, JobInfo
 from . import queries
 from .jobview import by_name
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from ..brokers.base import QueueStats
+from ..brokers.types import QueueStats
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ..brokers.base import JobFilter, JobInfo, QueueStats
+from ..brokers.types import JobFilter, JobInfo, QueueStats
 from ..state import State
 from . import (
     BREAKER_THRESHOLD,

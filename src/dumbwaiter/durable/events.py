@@ -26,7 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..brokers.base import Binding
+from ..brokers.types import Binding
 from ..errors import ConfigurationError
 from ..message import GROUP_PREFIX, Message, check_json
 from ..retry import Retry

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from ..brokers.base import JobFilter, JobInfo
+from ..brokers.types import JobFilter, JobInfo
 from ..errors import ConfigurationError
 from ..flow import Flow
 from ..job import Job

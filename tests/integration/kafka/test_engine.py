@@ -15,9 +15,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Delivery
 from dumbwaiter.brokers.kafka import KafkaBroker
 from dumbwaiter.brokers.kafka.admin import lag
+from dumbwaiter.brokers.types import Delivery
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, until_fetch_waits
 from tests.integration.kafka.server import bootstrap, needs_apache_kafka, new_prefix, url

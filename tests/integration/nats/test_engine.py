@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter, KvWrite, QueueStats
+from dumbwaiter.brokers.base import Broker, KvWrite
 from dumbwaiter.brokers.nats import NatsBroker
 from dumbwaiter.brokers.nats import records as R
 from dumbwaiter.brokers.nats.names import key_of, key_tokens, parse_url, tok, untok
@@ -30,6 +30,7 @@ from dumbwaiter.brokers.nats.protocol import (
     pub_ack,
 )
 from dumbwaiter.brokers.nats.store import parse_time
+from dumbwaiter.brokers.types import JobFilter, QueueStats
 from dumbwaiter.cli import main as cli_main
 from dumbwaiter.errors import BrokerError, InvalidURL
 from dumbwaiter.message import ErrorRecord, encode

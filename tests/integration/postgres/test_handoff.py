@@ -18,10 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from dumbwaiter.brokers.base import Binding
 from dumbwaiter.brokers.postgres import PostgresBroker
 from dumbwaiter.brokers.postgres.broker import NOTIFY_MAX
 from dumbwaiter.brokers.postgres.listen import INBOX_HOLD
+from dumbwaiter.brokers.types import Binding
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
 from tests.conformance.test_events import event

@@ -13,11 +13,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from dumbwaiter.brokers.base import Binding, JobFilter
 from dumbwaiter.brokers.postgres import PostgresBroker, migrations
 from dumbwaiter.brokers.postgres.broker import COPY_MIN
 from dumbwaiter.brokers.postgres.migrations import migration_sql
 from dumbwaiter.brokers.sql.filters import POSTGRES, where
+from dumbwaiter.brokers.types import Binding, JobFilter
 from dumbwaiter.cli import main
 from dumbwaiter.errors import ConfigurationError
 from dumbwaiter.message import EVENT, Message, encode, uuid7

@@ -22,8 +22,9 @@ import pytest
 from pamqp import commands as spec
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding, Broker, JobFilter, Page
+from dumbwaiter.brokers.base import Broker
 from dumbwaiter.brokers.rabbitmq import RabbitMQBroker, topology
+from dumbwaiter.brokers.types import Binding, JobFilter, Page
 from dumbwaiter.errors import BrokerError
 from dumbwaiter.message import EVENT, TASK, Message, uuid7
 from dumbwaiter.state import State

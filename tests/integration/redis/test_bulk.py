@@ -12,8 +12,8 @@ import redis
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import JobFilter
 from dumbwaiter.brokers.redis import RedisBroker, bulk
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.errors import PayloadTooLarge
 from dumbwaiter.message import Message, decode
 from dumbwaiter.state import State

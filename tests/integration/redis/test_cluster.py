@@ -9,7 +9,7 @@ from redis.crc import key_slot
 
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding
+from dumbwaiter.brokers.types import Binding
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import fetch_all, until_fetch_waits
 from tests.conformance.test_events import event

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import dumbwaiter as dw
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from tests.crash.test_sigkill import _killed_on_failure, _lines, _wait
 from tests.integration.redis import eventcrashapp

@@ -16,8 +16,9 @@ import redis
 import redis.asyncio
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding, Broker
+from dumbwaiter.brokers.base import Broker
 from dumbwaiter.brokers.redis.broker import RedisBroker
+from dumbwaiter.brokers.types import Binding
 from tests.conformance.helpers import eventually, fetch_all
 from tests.conformance.test_events import event
 from tests.integration.redis.server import SERVER, new_prefix, url

@@ -9,7 +9,8 @@ import redis
 from redis.crc import key_slot
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding, Broker, JobFilter
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Binding, JobFilter
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, eventually, until_fetch_waits

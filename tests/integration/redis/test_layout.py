@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import JobFilter
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.errors import BrokerConfigError
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import until_fetch_waits

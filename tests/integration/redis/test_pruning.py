@@ -8,7 +8,8 @@ from typing import cast
 import redis
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, JobFilter
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import JobFilter
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, eventually, fetch_all

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding
+from dumbwaiter.brokers.types import Binding
 from dumbwaiter.errors import BrokerError
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually

@@ -36,7 +36,8 @@ from typing import Any
 import pytest
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Broker, Delivery
+from dumbwaiter.brokers.base import Broker
+from dumbwaiter.brokers.types import Delivery
 from dumbwaiter.message import TASK, Message, uuid7
 from tests.conftest import IN_CI
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from dumbwaiter.brokers import from_url
-from dumbwaiter.brokers.base import Binding, JobFilter
 from dumbwaiter.brokers.sqlite.broker import SCHEMA_VERSION, SQLiteBroker
+from dumbwaiter.brokers.types import Binding, JobFilter
 from dumbwaiter.errors import ConfigurationError
 from dumbwaiter.message import EVENT, Message, encode, uuid7
 from dumbwaiter.sqldb import adapt

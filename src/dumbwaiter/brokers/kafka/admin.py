@@ -15,8 +15,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ...message import Message, decode
 from ...state import State
-from ..base import JobFilter, KvWrite, Page, QueueStats, events_page, stats_rows
+from ..base import KvWrite
 from ..partitions import PartitionLag
+from ..types import JobFilter, Page, QueueStats, events_page, stats_rows
 from .engine import KafkaEngine
 from .records import Record
 

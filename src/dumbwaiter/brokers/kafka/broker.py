@@ -37,22 +37,12 @@ from aiokafka.errors import (
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, Message, encode, encode_checked
 from .. import failure, identity
-from ..base import (
-    Binding,
-    Broker,
-    Capabilities,
-    Delivery,
-    JobFilter,
-    JobInfo,
-    Page,
-    QueueStats,
-    Rescued,
-    StateDelegation,
-)
+from ..base import Broker, StateDelegation
 from ..clock import ServerClock
 from ..gate import Gate
 from ..partitions import PartitionLag
 from ..perloop import PerLoop
+from ..types import Binding, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 from . import admin, coordination, jobs
 from . import options as o
 from .connection import Link, abandon

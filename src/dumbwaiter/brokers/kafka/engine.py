@@ -10,8 +10,9 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from ...message import Message
-from ..base import Binding, Broker
+from ..base import Broker
 from ..clock import ServerClock
+from ..types import Binding
 from .names import Names
 
 #: copies to write: (topic, key, value, headers)

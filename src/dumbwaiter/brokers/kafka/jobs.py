@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import CANCELLABLE_STATES, FINAL_STATES, State
-from ..base import DeadLetter, Delivery, KvWrite, Rescued, delivery_of, kv_write
+from ..base import KvWrite, kv_write
+from ..types import DeadLetter, Delivery, Rescued, delivery_of
 from . import foreign
 from .engine import KafkaEngine
 from .foreign import foreign_id, origin

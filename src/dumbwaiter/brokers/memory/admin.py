@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 
 from ...state import State
-from ..base import Broker, JobFilter, JobInfo, Page, QueueStats, stats_rows
+from ..base import Broker
+from ..types import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from .store import Row, Store
 
 

@@ -6,7 +6,7 @@ from typing import ClassVar
 from urllib.parse import urlsplit
 
 from .. import urlopts
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import Admin
 from .coordination import Coordination
 from .store import Store, named

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ...message import Message
 from ...state import CANCELLABLE_STATES, State
-from ..base import Binding, Delivery, JobInfo
+from ..types import Binding, Delivery, JobInfo
 
 
 @dataclass(slots=True)

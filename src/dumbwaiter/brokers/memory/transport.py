@@ -18,7 +18,8 @@ from ...errors import LeaseExpired
 from ...message import ErrorRecord, Message, encode_checked, uuid7
 from ...state import State
 from .. import capacity
-from ..base import Binding, Broker, DeadLetter, Delivery, Rescued, delivery_of, events_page
+from ..base import Broker
+from ..types import Binding, DeadLetter, Delivery, Rescued, delivery_of, events_page
 from .store import Row, Store
 
 #: header "unique" -> the states in which a key's holder blocks a new job with that key

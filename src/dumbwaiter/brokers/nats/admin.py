@@ -20,15 +20,10 @@ import orjson
 
 from ...errors import MessageDecodeError
 from ...state import CANCELLABLE_STATES, State
-from ..base import (
-    JobFilter,
-    JobInfo,
-    Page,
-    QueueStats,
-)
+from ..types import JobFilter, JobInfo, Page, QueueStats
 from . import records as R
 from .connection import LoopLink
-from .core import Core
+from .moves import Moves
 from .names import Subjects, prio_of, untok
 from .pointers import (
     fresh_of,
@@ -42,7 +37,7 @@ from .protocol import (
 from .store import Stored, is_conflict, stored
 
 
-class Admin(Core):
+class Admin(Moves):
     async def get(self, id: str) -> JobInfo | None:
         return await self._get(await self._link(), id)
 

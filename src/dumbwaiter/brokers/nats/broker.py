@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import Admin
 from .coordination import Coordination
 from .enqueue import Enqueue

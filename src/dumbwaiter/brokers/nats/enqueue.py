@@ -13,13 +13,10 @@ import orjson
 
 from ...errors import BrokerError, BrokerUnavailable, MessageDecodeError
 from ...message import Message, encode_checked, from_dict
-from ..base import (
-    Binding,
-    delivery_of,
-)
 from ..deadline import Backoff
+from ..types import Binding, delivery_of
 from .connection import LoopLink
-from .core import Core
+from .index import Index
 from .pointers import (
     UNIQUE_BLOCKS,
     delivery_id,
@@ -37,7 +34,7 @@ log = logging.getLogger("dumbwaiter.nats")
 SEND_CHUNK = 512
 
 
-class Enqueue(Core):
+class Enqueue(Index):
     """The producer side (see the module doc)."""
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:

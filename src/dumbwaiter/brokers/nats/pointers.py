@@ -15,10 +15,7 @@ from ...errors import (
     MessageDecodeError,
 )
 from ...message import ErrorRecord, from_dict
-from ..base import (
-    Delivery,
-    JobInfo,
-)
+from ..types import Delivery, JobInfo
 from . import records as R
 from .names import Subjects, digest, untok
 from .protocol import (

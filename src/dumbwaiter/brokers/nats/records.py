@@ -36,7 +36,7 @@ import orjson
 from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message, from_dict
 from ...state import State
-from ..base import DeadLetter, JobInfo
+from ..types import DeadLetter, JobInfo
 
 #: record field names (short: a record is written at every transition)
 ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, RESULT = (

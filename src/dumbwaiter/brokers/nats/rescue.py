@@ -16,9 +16,7 @@ import orjson
 
 from ...errors import BrokerError
 from ...state import State
-from ..base import (
-    Rescued,
-)
+from ..types import Rescued
 from . import records as R
 from .connection import LoopLink
 from .coordination import Coordination
@@ -26,6 +24,7 @@ from .core import (
     MAX_HOLD,
     SWEEP_EVERY,
 )
+from .moves import Moves
 from .names import untok
 from .pointers import lease_error
 from .protocol import (
@@ -48,7 +47,7 @@ _LOCK_RESCUE = "dw:rescue"
 INDEX_BUDGET = 0.2
 
 
-class Rescue(Coordination):
+class Rescue(Moves, Coordination):
     """Rescue and promotion (see the module doc)."""
 
     async def rescue(self) -> Rescued:

@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 
-from ..base import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from ..sql.filters import POSTGRES, where
 from ..sql.rows import info_row, is_uuid, jobs_page
+from ..types import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from .connection import PostgresConnection
 
 

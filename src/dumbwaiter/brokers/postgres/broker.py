@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import PostgresAdmin
 from .capacity import PostgresCapacity
 from .coordination import PostgresCoordination

@@ -35,9 +35,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import BrokerError
 from .. import deadline, failure
-from ..base import Broker, Delivery
+from ..base import Broker
 from ..clock import ServerClock
 from ..perloop import PerLoop
+from ..types import Delivery
 from . import migrations
 from .listen import Listener
 from .options import Options, parse_url

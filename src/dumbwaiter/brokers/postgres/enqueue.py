@@ -32,9 +32,9 @@ from psycopg.copy import QueuedLibpqWriter
 from psycopg.rows import tuple_row
 
 from ...message import Message, encode_checked, uuid7
-from ..base import Binding, delivery_of
 from ..deadline import Backoff
 from ..sql.rows import events_page, is_uuid
+from ..types import Binding, delivery_of
 from .connection import PostgresConnection, refusal
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
 from .rows import NIL_UUID, ROW_FIELDS, CopyRows, merge_ids

@@ -38,7 +38,7 @@ import psycopg
 from psycopg import sql
 
 from .. import deadline
-from ..base import Delivery
+from ..types import Delivery
 from .rows import handed
 
 log = logging.getLogger("dumbwaiter.postgres")

@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import psycopg
 
-from ..base import Delivery
 from ..sql.rows import delivery_row
+from ..types import Delivery
 
 #: field names of a stored row (see PostgresBroker._row), as query parameters
 ROW_FIELDS = (

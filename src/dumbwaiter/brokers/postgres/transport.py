@@ -35,8 +35,8 @@ import psycopg
 
 from ... import keys
 from ...message import ErrorRecord
-from ..base import DeadLetter, Delivery, Rescued
 from ..sql.rows import delivery_row, err_json, stored_message
+from ..types import DeadLetter, Delivery, Rescued
 from .connection import LoopState, PostgresConnection, Ride
 from .listen import Listener, Waiter
 from .queries import LEASE_EXPIRED

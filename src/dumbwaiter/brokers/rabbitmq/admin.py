@@ -18,8 +18,9 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import EVENT
 from ...state import CANCELLABLE_STATES, State
-from ..base import JobFilter, JobInfo, KvWrite, Page, QueueStats, stats_rows
+from ..base import KvWrite
 from ..record import Record
+from ..types import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from .ledger import KEY_ROUNDS, RabbitMQLedger, Stamp, stamp_of, swapped
 from .link import AMQP_ERRORS
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import RabbitMQAdmin
 from .enqueue import RabbitMQEnqueue
 from .outcomes import RabbitMQOutcomes

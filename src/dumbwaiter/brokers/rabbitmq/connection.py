@@ -35,12 +35,13 @@ from pamqp import commands as spec
 from ...errors import BrokerConfigError, BrokerError, StateStoreConflict
 from ...redact import mask_url
 from .. import identity
-from ..base import FOUND_DEAD_LIMIT, Binding, Broker, DeadLetter, StateDelegation
+from ..base import FOUND_DEAD_LIMIT, Broker, StateDelegation
 from ..clock import ServerClock
 from ..deadline import Backoff
 from ..gate import Gate
 from ..perloop import PerLoop
 from ..record import Record
+from ..types import Binding, DeadLetter
 from . import announce, coordination
 from . import options as o
 from . import topology as topo

@@ -25,7 +25,8 @@ from urllib.parse import quote, unquote, urlsplit
 from ...errors import InvalidURL
 from ...redact import mask_url
 from .. import from_url, identity
-from ..base import Broker, Capabilities
+from ..base import Broker
+from ..types import Capabilities
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 

@@ -24,8 +24,8 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import TASK, Message, encode_checked, from_dict
 from ...state import State
-from ..base import Binding, delivery_of, events_page
 from ..record import Record, delivery_id
+from ..types import Binding, delivery_of, events_page
 from . import topology as topo
 from .ledger import KEY_ROUNDS, RabbitMQLedger
 from .link import AMQP_ERRORS

@@ -30,8 +30,9 @@ from pamqp import commands as spec
 from ...errors import LeaseExpired, MessageDecodeError
 from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, uuid7
 from ...state import FINAL_STATES, State
-from ..base import Binding, Delivery, KvWrite
+from ..base import KvWrite
 from ..record import Record, delivery_id
+from ..types import Binding, Delivery
 from . import topology as topo
 from .connection import RabbitMQConnection
 from .link import Raw

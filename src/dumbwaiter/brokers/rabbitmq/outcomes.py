@@ -25,8 +25,9 @@ from pamqp import commands as spec
 from ...errors import MessageDecodeError
 from ...message import TASK, ErrorRecord, Message
 from ...state import State
-from ..base import DeadLetter, Delivery, KvWrite, Rescued
+from ..base import KvWrite
 from ..record import Record
+from ..types import DeadLetter, Delivery, Rescued
 from . import topology as topo
 from .ledger import (
     RabbitMQLedger,

@@ -28,8 +28,9 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import Message
 from ...state import State
-from ..base import Binding, DeadLetter, Delivery, KvWrite, delivery_of, kv_write
+from ..base import KvWrite, kv_write
 from ..record import Record
+from ..types import Binding, DeadLetter, Delivery, delivery_of
 from . import topology as topo
 from .ledger import (
     BIND,

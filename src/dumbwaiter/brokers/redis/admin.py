@@ -17,7 +17,8 @@ from redis.exceptions import RedisError
 from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...state import State
-from ..base import Broker, JobFilter, JobInfo, Page, QueueStats, normalize_error_type
+from ..base import Broker
+from ..types import JobFilter, JobInfo, Page, QueueStats, normalize_error_type
 from .connection import Arg, Connection
 from .lua import Script, Scripts
 from .transport import HOUSEKEEPING_CHUNK, message

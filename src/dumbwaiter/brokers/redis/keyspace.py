@@ -15,7 +15,7 @@ from typing import ClassVar
 from redis.exceptions import RedisError
 
 from ...errors import BrokerError
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import Admin
 from .capacity import RedisCapacity
 from .connection import Connection, Target

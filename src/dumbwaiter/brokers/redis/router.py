@@ -22,17 +22,8 @@ from typing import ClassVar, TypeVar
 
 from ...errors import BrokerError
 from ...message import Message
-from ..base import (
-    Binding,
-    Capabilities,
-    Delivery,
-    JobFilter,
-    JobInfo,
-    Page,
-    QueueStats,
-    Rescued,
-    StateDelegation,
-)
+from ..base import StateDelegation
+from ..types import Binding, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 from . import layout
 from .connection import Connection
 from .keyspace import Keyspace

@@ -31,7 +31,8 @@ from redis.exceptions import RedisError
 from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
-from ..base import Binding, Broker, DeadLetter, Delivery, Rescued
+from ..base import Broker
+from ..types import Binding, DeadLetter, Delivery, Rescued
 from . import bulk, events
 from .bulk import drive, run_sync
 from .connection import TRANSIENT, Arg, Connection

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ...state import State
-from ..base import JobFilter, normalize_error_type
+from ..types import JobFilter, normalize_error_type
 from .rows import is_uuid
 
 

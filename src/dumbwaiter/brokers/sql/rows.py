@@ -21,7 +21,7 @@ from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message, decode
 from ...message import from_dict as message_from_dict
 from ...state import State
-from ..base import Delivery, JobInfo, Page
+from ..types import Delivery, JobInfo, Page
 
 
 def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import orjson
 
-from ..base import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from ..sql.filters import SQLITE, where
 from ..sql.rows import info_row, jobs_page
+from ..types import JobFilter, JobInfo, Page, QueueStats, stats_rows
 from .connection import SQLiteConnection
 
 _INFO_COLS = (

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from typing import ClassVar
 
-from ..base import Capabilities
+from ..types import Capabilities
 from .admin import SQLiteAdmin
 from .coordination import SQLiteCoordination
 from .enqueue import SQLiteEnqueue

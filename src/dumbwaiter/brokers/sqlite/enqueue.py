@@ -23,8 +23,8 @@ from ...errors import ConfigurationError
 from ...message import Message, encode_checked, uuid7
 from ...sqldb import Sql
 from .. import capacity, deadline
-from ..base import Binding, delivery_of
 from ..sql.rows import events_page
+from ..types import Binding, delivery_of
 from .connection import SQLiteConnection
 from .schema import apply_schema
 

@@ -23,8 +23,8 @@ import orjson
 
 from ...errors import LeaseExpired
 from ...message import ErrorRecord
-from ..base import DeadLetter, Delivery, Rescued
 from ..sql.rows import delivery_row, err_json, stored_message
+from ..types import DeadLetter, Delivery, Rescued
 from .connection import SQLiteConnection
 
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"

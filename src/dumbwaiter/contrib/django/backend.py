@@ -51,7 +51,7 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules, import_string
 
 from ...app import App
-from ...brokers.base import JobInfo
+from ...brokers.types import JobInfo
 from ...context import Context
 from ...message import ErrorRecord, Message, decode, loads
 from ...retry import Retry
