@@ -432,8 +432,13 @@ class KafkaBroker(StateDelegation):
                     if not got:
                         break  # what is left waits for a key's earlier event
                 await reader.commit()
-            if out or time.monotonic() >= deadline:
+            if out:
                 return out
+            if time.monotonic() >= deadline:
+                if wait > 0 or not _rejoining(readers, join_by):
+                    return out
+                first = True  # rejoined: catch up on what it holds now
+                continue
             left = deadline - time.monotonic()
             per = left if len(readers) == 1 else min(left, 0.1)
             for reader, _ in readers:
@@ -519,3 +524,13 @@ class KafkaBroker(StateDelegation):
 
 async def _close(link: Link) -> None:
     await link.close()
+
+
+def _rejoining(readers: Sequence[tuple[Reader, str | None]], join_by: float) -> bool:
+    """Whether a rebalance met by a fetch that does not wait is still going
+    on (a reader lost its partitions and has not got its new ones): its
+    "nothing" would not mean the queues are empty, as the copies it let go
+    may come back to it."""
+    if time.monotonic() >= join_by:
+        return False
+    return any(r.topics and not r.joined.is_set() for r, _ in readers)
