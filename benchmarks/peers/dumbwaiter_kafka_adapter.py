@@ -39,12 +39,15 @@ class DumbwaiterKafkaAdapter(AsyncDumbwaiterAdapter):
     """Copies on Kafka, judged against records in a Redis state store."""
 
     dists = ("dumbwaiter", "orjson", "aiokafka", "redis", "hiredis")
-    bulk_api = "await task.aenqueue_many(ids) (the records in one update, then pipelined sends)"
+    bulk_api = (
+        "await task.aenqueue_many(ids) (records 1,000 at a time, one update each; a chunk's copies "
+        "in record batches while the next chunk's records are written)"
+    )
     notes = (
         "Kafka (tansu 0.6, in memory) with a Redis state store (db 1): each enqueue writes the "
-        "job's record (one script call) and then its copy (acks=all); the worker judges each "
-        "copy against its record (one script call per fetch) and commits the low-water mark; "
-        "topics of 3 partitions, fetch_wait 0.1 s."
+        "job's record (one script call) and then its copy (acks=all); the worker judges the "
+        "copies it read against their records (one update per fetch), settles each outcome in "
+        "the records and commits the low-water mark; topics of 3 partitions, fetch_wait 0.1 s."
     )
 
     def __init__(self) -> None:
