@@ -106,6 +106,40 @@ class DumbwaiterAdapter(Adapter):
         ]
 
 
+class AsyncDumbwaiterAdapter(DumbwaiterAdapter):
+    """An async producer (``await task.aenqueue(i)``), for brokers whose
+    client is asyncio-only (NATS, Kafka): the sync ``task.enqueue`` would
+    reach them through the App's portal thread, one thread hop per call,
+    while the peers and the bare-client anchors there are awaited on the
+    runner's loop.  The worker is named by this adapter's own module."""
+
+    is_async = True
+
+    async def open(self) -> None:  # type: ignore[override]
+        # Producer-side connections (and a broker's streams or topics) are
+        # set up here (not timed).
+        self._app, self._tasks = _app(self.url)
+        await self._app.broker.open()
+
+    async def close(self) -> None:  # type: ignore[override]
+        if self._app is not None:
+            await self._app.aclose()
+            self._app, self._tasks = None, {}
+
+    async def enqueue_one(self, task: str, i: int) -> None:  # type: ignore[override]
+        await self._tasks[task].aenqueue(i)
+
+    async def enqueue_bulk(self, task: str, ids: range) -> None:  # type: ignore[override]
+        await self._tasks[task].aenqueue_many(ids)
+
+    def worker_cmd(self, concurrency: int) -> list[str]:
+        # the base class names its own module in --app; the App is defined
+        # in the subclass's
+        cmd = super().worker_cmd(concurrency)
+        cmd[cmd.index("--app") + 1] = f"{type(self).__module__}:{self.app_attr}"
+        return cmd
+
+
 class DumbwaiterSQLiteAdapter(DumbwaiterAdapter):
     """The embedded broker: one database file in WAL mode, no server."""
 

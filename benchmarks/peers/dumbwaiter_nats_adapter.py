@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from dumbwaiter_adapter import DumbwaiterAdapter, _app
+from dumbwaiter_adapter import AsyncDumbwaiterAdapter, _app
 from peers.adapters.base import Adapter
 from peers.common import NATS_URL, nats_connect, nats_delete_streams, run_sync
 
@@ -35,11 +35,10 @@ STREAMS = stream_names(PREFIX)
 nats_app, NATS_TASKS = _app(NATS_APP_URL)
 
 
-class DumbwaiterNatsAdapter(DumbwaiterAdapter):
+class DumbwaiterNatsAdapter(AsyncDumbwaiterAdapter):
     """Pull consumers per queue; a job index with compare-and-set records."""
 
     dists = ("dumbwaiter", "orjson", "nats-py")
-    is_async = True
     bulk_api = "await task.aenqueue_many(ids) (pipelined: every publish sent, then every PubAck)"
     notes = (
         "NATS JetStream (nats-py connection, dumbwaiter's own protocol fast path), namespace "
@@ -50,28 +49,6 @@ class DumbwaiterNatsAdapter(DumbwaiterAdapter):
 
     def __init__(self) -> None:
         super().__init__("dumbwaiter-nats", "nats", NATS_APP_URL, "nats_app")
-
-    async def open(self) -> None:  # type: ignore[override]
-        # Producer-side connection and streams are set up here (not timed).
-        self._app, self._tasks = _app(self.url)
-        await self._app.broker.open()
-
-    async def close(self) -> None:  # type: ignore[override]
-        if self._app is not None:
-            await self._app.aclose()
-            self._app, self._tasks = None, {}
-
-    async def enqueue_one(self, task: str, i: int) -> None:  # type: ignore[override]
-        await self._tasks[task].aenqueue(i)
-
-    async def enqueue_bulk(self, task: str, ids: range) -> None:  # type: ignore[override]
-        await self._tasks[task].aenqueue_many(ids)
-
-    def worker_cmd(self, concurrency: int) -> list[str]:
-        # the base class names its own module in --app; the App is defined here
-        cmd = super().worker_cmd(concurrency)
-        cmd[cmd.index("--app") + 1] = f"{__name__}:{self.app_attr}"
-        return cmd
 
     def reset(self) -> None:
         nats_delete_streams(*STREAMS)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from dumbwaiter_adapter import SCRATCH, DumbwaiterAdapter, _app
+from dumbwaiter_adapter import SCRATCH, AsyncDumbwaiterAdapter, DumbwaiterAdapter, _app
 from peers.adapters.base import Adapter
 from peers.common import AMQP_URL, amqp_delete_queues, amqp_queue_depth
 
@@ -69,11 +69,10 @@ def _names(prefix: str) -> tuple[list[str], list[str]]:
     return queues, exchanges
 
 
-class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
+class DumbwaiterRabbitMQAdapter(AsyncDumbwaiterAdapter):
     """Quorum queues, confirms, consumers; records in a SQLite state store."""
 
     dists = ("dumbwaiter", "orjson", "aio-pika", "aiormq")
-    is_async = True
     bulk_api = "await task.aenqueue_many(ids) (records in one transaction, confirms pipelined)"
     notes = (
         "RabbitMQ quorum queue (durable, persistent messages, publisher confirms awaited), "
@@ -97,24 +96,7 @@ class DumbwaiterRabbitMQAdapter(DumbwaiterAdapter):
         self.queues, self.exchanges = _names(prefix)
 
     async def open(self) -> None:  # type: ignore[override]
-        super().open()
-
-    async def close(self) -> None:  # type: ignore[override]
-        if self._app is not None:
-            await self._app.aclose()
-            self._app, self._tasks = None, {}
-
-    async def enqueue_one(self, task: str, i: int) -> None:  # type: ignore[override]
-        await self._tasks[task].aenqueue(i)
-
-    async def enqueue_bulk(self, task: str, ids: range) -> None:  # type: ignore[override]
-        await self._tasks[task].aenqueue_many(ids)
-
-    def worker_cmd(self, concurrency: int) -> list[str]:
-        # the base class names its own module in --app; the App is defined here
-        cmd = super().worker_cmd(concurrency)
-        cmd[cmd.index("--app") + 1] = f"{__name__}:{self.app_attr}"
-        return cmd
+        DumbwaiterAdapter.open(self)  # a fresh App; it connects on the first enqueue
 
     def reset(self) -> None:
         amqp_delete_queues(*self.queues)

@@ -49,6 +49,7 @@ from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
 from .names import TIERS, Names, tier_for
+from .produce import BATCH_FROM, send_batched
 from .records import Record
 from .topics import Topics
 from .transport import JOIN_WAIT, Reader
@@ -234,9 +235,12 @@ class KafkaBroker(StateDelegation):
 
     # -- sending copies ----------------------------------------------------------------
 
-    def copy_of(self, msg: Message, ver: int, run_at: float, now: float) -> Out:
+    def copy_of(
+        self, msg: Message, ver: int, run_at: float, now: float, body: bytes | None = None
+    ) -> Out:
         """The copy of a job at version ``ver``: to its queue's topic, or to a
-        delay tier when ``run_at`` is ahead."""
+        delay tier when ``run_at`` is ahead.  ``body``: the envelope, where
+        the caller encoded it already (an enqueue, for its size check)."""
         headers = [
             ("dw-id", msg.id.encode()),
             ("dw-v", str(ver).encode()),
@@ -247,10 +251,11 @@ class KafkaBroker(StateDelegation):
         ]
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()
+        value = encode(msg) if body is None else body
         if run_at > now:
             tier = self.names.tier_topic(tier_for(run_at - now))
-            return [(tier, key, encode(msg), tier_headers(headers, topic, run_at))]
-        return [(topic, key, encode(msg), headers)]
+            return [(tier, key, value, tier_headers(headers, topic, run_at))]
+        return [(topic, key, value, headers)]
 
     def dead_copy(self, msg: Message, raw: bytes | None = None) -> Out:
         """A dead letter for the DLQ topic: the envelope (or the ``raw`` bytes
@@ -282,16 +287,19 @@ class KafkaBroker(StateDelegation):
         if not items:
             return
         topics = {t for t, *_ in items}
-        tiers = {self.names.tier_topic(i) for i in range(len(TIERS))}
+        tiers = self.names.tiers
         await self.ensure_topics(t for t in topics if t not in tiers)
         if topics & tiers:
             await self.ensure_topics(tiers, 1)
         producer = await self.link().producer(self._request_size())
         try:
-            futures = [
-                await producer.send(topic, value, key=key, headers=headers)
-                for topic, key, value, headers in items
-            ]
+            if len(items) >= BATCH_FROM:
+                futures = await send_batched(producer, items)
+            else:
+                futures = [
+                    await producer.send(topic, value, key=key, headers=headers)
+                    for topic, key, value, headers in items
+                ]
             await asyncio.gather(*futures)
         except KafkaError:
             self._topics.check_soon()  # a topic may be gone: the next fetch looks
@@ -317,7 +325,7 @@ class KafkaBroker(StateDelegation):
         batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
         if not batch:
             return []
-        return await jobs.enqueue(self, [m for m, _ in batch])
+        return await jobs.enqueue(self, [m for m, _ in batch], {m.id: e for m, e in batch})
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         batch = [m for m in msgs if encode_checked(m, self.max_message_size) is not None]
@@ -422,8 +430,13 @@ class KafkaBroker(StateDelegation):
                     if not got:
                         break  # what is left waits for a key's earlier event
                 await reader.commit()
-            if out or time.monotonic() >= deadline:
+            if out:
                 return out
+            if time.monotonic() >= deadline:
+                if wait > 0 or not _rejoining(readers, join_by):
+                    return out
+                first = True  # rejoined: catch up on what it holds now
+                continue
             left = deadline - time.monotonic()
             per = left if len(readers) == 1 else min(left, 0.1)
             for reader, _ in readers:
@@ -509,3 +522,13 @@ class KafkaBroker(StateDelegation):
 
 async def _close(link: Link) -> None:
     await link.close()
+
+
+def _rejoining(readers: Sequence[tuple[Reader, str | None]], join_by: float) -> bool:
+    """Whether a rebalance met by a fetch that does not wait is still going
+    on (a reader lost its partitions and has not got its new ones): its
+    "nothing" would not mean the queues are empty, as the copies it let go
+    may come back to it."""
+    if time.monotonic() >= join_by:
+        return False
+    return any(r.topics and not r.joined.is_set() for r, _ in readers)

@@ -10,6 +10,7 @@ version, a final state) is dropped when it is read.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,10 @@ UNIQUE_BLOCKS = {
 }
 #: rounds of a unique key changing hands before an enqueue gives up
 KEY_ROUNDS = 20
+#: jobs of a bulk enqueue whose records are written in one update: a
+#: chunk's copies are sent (after its records) while the next chunk's
+#: records are written
+CHUNK = 1000
 _AGAIN = "again"
 #: a copy up to this many seconds before its record's time is taken (clocks differ)
 EARLY = 0.05
@@ -44,10 +49,13 @@ FOREIGN = -1
 # -- enqueue and publish ---------------------------------------------------------------
 
 
-async def enqueue(b: KafkaEngine, msgs: list[Message]) -> list[str]:
+async def enqueue(
+    b: KafkaEngine, msgs: list[Message], bodies: Mapping[str, bytes] | None = None
+) -> list[str]:
     """Write the records of new jobs (a duplicate id or a held unique key
     answers the id already there), then their copies; nothing of the batch
-    stays if the copies cannot be written."""
+    stays if the copies cannot be written.  ``bodies``: the envelopes by id,
+    where the caller encoded them already."""
     n = b.names
     now = await b.now()
     ids: list[str] = []
@@ -70,10 +78,44 @@ async def enqueue(b: KafkaEngine, msgs: list[Message]) -> list[str]:
     if not fresh:
         return ids
 
+    new: list[Message] = []
+    sends: list[asyncio.Future[None]] = []
+    try:
+        for i in range(0, len(fresh), CHUNK):
+            part = await _records(b, fresh[i : i + CHUNK], now)
+            new += part
+            unknown = {m.queue for m in part} - b.known_queues
+            if unknown:  # the admin's list of queues
+                await b.state.kv_set({n.queue + q: b"1" for q in unknown})
+                b.known_queues |= unknown
+            body = (bodies or {}).get
+            out = [c for m in part for c in b.copy_of(m, 0, _due(b, m, now), now, body(m.id))]
+            if len(fresh) <= CHUNK:
+                await b.send(out)
+            else:  # sent while the next chunk's records are written
+                sends.append(asyncio.ensure_future(b.send(out)))
+        await asyncio.gather(*sends)
+    except BaseException:
+        for f in sends:
+            f.cancel()
+        await asyncio.gather(*sends, return_exceptions=True)
+        try:
+            await b.state.kv_delete([n.job + m.id for m in new] + [n.key + k for k in taken_keys])
+        except Exception:  # the send's error is the one to report
+            pass
+        raise
+    return ids
+
+
+async def _records(b: KafkaEngine, msgs: list[Message], now: float) -> list[Message]:
+    """Write the records of new jobs in one update; the jobs whose record
+    was written (not those whose id was there already)."""
+    n = b.names
+
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Message]]:
         writes: dict[str, KvWrite] = {}
         new: list[Message] = []
-        for m in fresh:
+        for m in msgs:
             if n.job + m.id in got:
                 continue
             due = _due(b, m, now)
@@ -82,27 +124,12 @@ async def enqueue(b: KafkaEngine, msgs: list[Message]) -> list[str]:
             new.append(m)
         return writes, new
 
-    if len(fresh) == 1:  # the usual producer call: one add, no read
-        m = fresh[0]
+    if len(msgs) == 1:  # the usual producer call: one add, no read
+        m = msgs[0]
         writes, maybe = decide({})
         added = await b.state.kv_add(n.job + m.id, bytes(kv_write(writes[n.job + m.id])[0]))
-        new = maybe if added else []
-    else:
-        new = await b.state.kv_update([n.job + m.id for m in fresh], decide)
-    unknown = {m.queue for m in new} - b.known_queues
-    if unknown:  # the admin's list of queues
-        await b.state.kv_set({n.queue + q: b"1" for q in unknown})
-        b.known_queues |= unknown
-    out = [c for m in new for c in b.copy_of(m, 0, _due(b, m, now), now)]
-    try:
-        await b.send(out)
-    except BaseException:
-        try:
-            await b.state.kv_delete([n.job + m.id for m in new] + [n.key + k for k in taken_keys])
-        except Exception:  # the send's error is the one to report
-            pass
-        raise
-    return ids
+        return maybe if added else []
+    return await b.state.kv_update([n.job + m.id for m in msgs], decide)
 
 
 def _due(b: KafkaEngine, m: Message, now: float) -> float:

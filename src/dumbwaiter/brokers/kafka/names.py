@@ -49,16 +49,23 @@ class Names:
         self.keylock = base + "keylock:"
         #: the lock of the process that looks for stranded jobs
         self.reconciler = base + "reconciler"
+        #: the delay tiers' topics
+        self.tiers = frozenset(self.tier_topic(i) for i in range(len(TIERS)))
+        # topic names made (each copy written names its topic: made once)
+        self._made: dict[tuple[str, str], str] = {}
 
     def keylock_of(self, queue: str, key: str) -> str:
         """The entry naming the delivery of ``key`` a group ``queue`` runs now."""
         return f"{self.keylock}{queue}\x1f{key}"
 
     def _topic(self, kind: str, name: str) -> str:
-        topic = f"{self.prefix}.{kind}.{safe(name)}"
-        if len(topic) > MAX_TOPIC:  # still one topic per name: a digest tells them apart
-            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-            topic = f"{topic[: MAX_TOPIC - 17]}-{digest}"
+        topic = self._made.get((kind, name))
+        if topic is None:
+            topic = f"{self.prefix}.{kind}.{safe(name)}"
+            if len(topic) > MAX_TOPIC:  # still one topic per name: a digest tells them apart
+                digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+                topic = f"{topic[: MAX_TOPIC - 17]}-{digest}"
+            self._made[(kind, name)] = topic
         return topic
 
     def queue_topic(self, queue: str) -> str:

@@ -220,16 +220,35 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
     async def catch_up(self) -> None:
         """Read what was written before now to the partitions held: a fetch
         must find a job whose enqueue returned before it started.  Reads
-        until one comes back empty, not up to the end offsets: tansu 0.6
-        answers a ListOffsets after a batched produce with the batch's first
-        offset, not one past its last."""
+        until a read comes back empty *and* every partition held was
+        answered by a fetch since the catch-up began, read up to the
+        high-water mark that answer gave: an empty read alone also comes
+        from a consumer that just joined and is still looking up where to
+        start (a loaded machine), which is not an empty partition.  Not
+        up to ``end_offsets``: tansu 0.6 answers a ListOffsets after a
+        batched produce with the batch's first offset, not one past its last."""
         if not self.consumer.assignment():
             return
+        since = time.time() * 1000  # aiokafka stamps an answer with the wall clock, in ms
         stop = time.monotonic() + CATCH_UP_MAX
         # longer than the server holds a fetch: a fetch it holds answers by then
         read = self.fetch_wait + CATCH_UP_READ
-        while time.monotonic() < stop and await self.pull(read):
-            pass
+        while time.monotonic() < stop:
+            if not await self.pull(read) and await self._read_to_answers(since):
+                return
+
+    async def _read_to_answers(self, since: float) -> bool:
+        """Whether each partition held had a fetch answered after ``since``
+        (ms) and was read up to the high-water mark of that answer."""
+        c = self.consumer
+        try:
+            for tp in list(c.assignment()):
+                seen, high = c.last_poll_timestamp(tp), c.highwater(tp)
+                if seen is None or seen < since or high is None or await c.position(tp) < high:
+                    return False
+        except (IllegalStateError, AssertionError):  # revoked meanwhile: look again
+            return False
+        return True
 
     def take(self, n: int) -> list[Copy]:
         """The ``n`` copies to judge first: higher priority, then older."""
