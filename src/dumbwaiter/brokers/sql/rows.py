@@ -22,6 +22,7 @@ from ...message import ErrorRecord, Message, decode
 from ...message import from_dict as message_from_dict
 from ...state import State
 from ..base import Delivery, JobInfo, Page
+from ..finished import COMPACT_PREFIX, compact_message
 
 
 def message_of(body: bytes, queue: str, attempt: int, errors: str | None) -> Message:
@@ -85,8 +86,12 @@ def info_row(row: Sequence[Any]) -> JobInfo:
         replays,
     ) = row
     raw = None
+    compact = bytes(body[: len(COMPACT_PREFIX)]) == COMPACT_PREFIX
     try:
-        msg = message_of(body, queue, attempt, errors)
+        if compact:
+            msg = compact_message(id_, str(orjson.loads(body).get("name", "?")), queue, attempt)
+        else:
+            msg = message_of(body, queue, attempt, errors)
     except (orjson.JSONDecodeError, MessageDecodeError):
         # keep what the row itself says, so the dead letter shows why it died
         raw = bytes(body)
@@ -111,6 +116,7 @@ def info_row(row: Sequence[Any]) -> JobInfo:
         result=None if result is None else bytes(result),
         replays=replays,
         raw=raw,
+        compact=compact,
     )
 
 
