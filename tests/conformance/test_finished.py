@@ -104,8 +104,8 @@ async def test_succeeded_jobs_are_listed_newest_first_whatever_they_keep(
         page = await broker.list_jobs(JobFilter(queue="default", state=state), cursor, 3)
         seen += [i.message.id for i in page.items]
         assert all(i.state is State.SUCCEEDED and i.message.name == "t.list" for i in page.items)
-        for i in page.items:
-            i.to_dict()  # what `jobs ls --json` prints
+        for info in page.items:
+            info.to_dict()  # what `jobs ls --json` prints
         cursor = page.cursor
         if cursor is None:
             break

@@ -36,6 +36,15 @@ def broker_call(fn: Callable[[dw.App], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
+async def _flaky_succeeds(app: dw.App) -> dw.brokers.base.JobInfo:
+    """Run a ``flaky`` job to success (its flag says the mail server is up)."""
+    job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
+    await drain(app, ["mail"], scheduled=False)
+    info = await app.broker.get(job.id)
+    assert info is not None
+    return info
+
+
 def args_on(page: str) -> dict[str, object]:
     """The arguments table: name -> value (as JSON), defaults marked with a '~'."""
     out: dict[str, object] = {}
@@ -108,14 +117,7 @@ def test_duration_of_a_finished_job_and_of_each_failed_attempt(
 
     seeded.flag.touch()  # the mail server is up: flaky succeeds
 
-    async def run(app: dw.App) -> dw.brokers.base.JobInfo:
-        job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
-        await drain(app, ["mail"], scheduled=False)
-        info = await app.broker.get(job.id)
-        assert info is not None
-        return info
-
-    info = broker_call(run)
+    info = broker_call(_flaky_succeeds)
     assert info.state is State.SUCCEEDED
     done = info.outcome()
     assert done["started"] <= done["finished"]
@@ -231,14 +233,7 @@ def test_a_compact_record_is_listed_and_shown_without_its_arguments(
 
     seeded.flag.touch()  # the mail server is up: flaky succeeds
 
-    async def run(app: dw.App) -> dw.brokers.base.JobInfo:
-        job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
-        await drain(app, ["mail"], scheduled=False)
-        info = await app.broker.get(job.id)
-        assert info is not None
-        return info
-
-    info = broker_call(run)
+    info = broker_call(_flaky_succeeds)
     assert info.state is State.SUCCEEDED and info.compact
     listed = client.get("/queues/mail", params={"state": "succeeded"})
     # the drain ran the seed's ready welcome jobs too: compact records all
