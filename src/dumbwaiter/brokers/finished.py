@@ -7,7 +7,7 @@ again) and a line in a listing (id, task, queue, state, when it ran).
 Nothing reads its arguments, headers or error history once it succeeded:
 counters and the dashboard's throughput come from aggregates.  So each
 engine keeps, for the retention, only a *compact record* of it: id, task,
-queue, state, started and finished, no body.  ``JobInfo.compact`` says a
+queue, state, attempt, started and finished, no body.  ``JobInfo.compact`` says a
 record is one (its message then has no args, kwargs, headers or errors).
 
 Kept whole: a task with ``keep_result`` (its result and its record), an

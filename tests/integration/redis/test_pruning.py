@@ -112,8 +112,8 @@ async def test_one_rescue_prunes_more_than_one_call_does() -> None:
         await broker.close()
 
 
-async def test_compact_records_hold_five_fields_and_are_pruned_with_their_count() -> None:
-    """A succeeded task without ``keep_result`` keeps a hash of five small
+async def test_compact_records_hold_six_fields_and_are_pruned_with_their_count() -> None:
+    """A succeeded task without ``keep_result`` keeps a hash of six small
     fields, in no sorted set (ack.lua), and the rescuer prunes it from the
     head of ``fin`` after the retention, its count with it."""
     prefix = new_prefix()
@@ -131,6 +131,7 @@ async def test_compact_records_hold_five_fields_and_are_pruned_with_their_count(
                 b"st",
                 b"q",
                 b"n",
+                b"a",
                 b"s",
                 b"u",
             }

@@ -8,7 +8,7 @@
 --
 -- Compact record: a succeeded task without `keep_result` keeps only what its
 -- status, the listing and the id's de-duplication read: a hash of its state,
--- queue, task, when it started and finished (`st q n s u`; no body, errors,
+-- queue, task, attempt, when it started and finished (`st q n a s u`; no body, errors,
 -- result), out of `ids` and `done` (a sorted-set member costs about as much
 -- as the hash), its id appended to `fin`, the list the rescuer prunes from
 -- the head (in finishing order) and the listing reads from the tail.  A job
@@ -19,11 +19,12 @@ local running, done = P .. ':running', P .. ':done'
 for n = 2, #ARGV, 5 do
   local id = ARGV[n]
   local jk = jkey(id)
-  local v = redis.call('HMGET', jk, 'st', 'tk', 'q', 'k', 'n')
+  local v = redis.call('HMGET', jk, 'st', 'tk', 'q', 'k', 'n', 'a')
   if v[1] == 'running' and v[2] == ARGV[n + 1] then
     if ARGV[n + 4] ~= '' and not v[4] then
       redis.call('DEL', jk)
-      redis.call('HSET', jk, 'st', 'succeeded', 'q', v[3], 'n', v[5], 's', ARGV[n + 4], 'u', now)
+      redis.call('HSET', jk, 'st', 'succeeded', 'q', v[3], 'n', v[5], 'a', v[6] or '1', 's',
+        ARGV[n + 4], 'u', now)
       redis.call('ZREM', P .. ':ids', id)
       redis.call('RPUSH', P .. ':fin', id)
     else
