@@ -241,6 +241,7 @@ def _info(id_: bytes, v: Sequence[Any]) -> JobInfo:
             state=State.SUCCEEDED,
             updated_at=fin,
             result=orjson.dumps({"started": float(s), "finished": fin}) if s and fin else None,
+            replays=int(rp or 0),
             compact=True,
         )
     raw = None

@@ -19,12 +19,15 @@ local running, done = P .. ':running', P .. ':done'
 for n = 2, #ARGV, 5 do
   local id = ARGV[n]
   local jk = jkey(id)
-  local v = redis.call('HMGET', jk, 'st', 'tk', 'q', 'k', 'n', 'a')
+  local v = redis.call('HMGET', jk, 'st', 'tk', 'q', 'k', 'n', 'a', 'rp')
   if v[1] == 'running' and v[2] == ARGV[n + 1] then
     if ARGV[n + 4] ~= '' and not v[4] then
       redis.call('DEL', jk)
       redis.call('HSET', jk, 'st', 'succeeded', 'q', v[3], 'n', v[5], 'a', v[6] or '1', 's',
         ARGV[n + 4], 'u', now)
+      if v[7] then -- replayed from the dead letters: how often stays shown
+        redis.call('HSET', jk, 'rp', v[7])
+      end
       redis.call('ZREM', P .. ':ids', id)
       redis.call('RPUSH', P .. ':fin', id)
     else

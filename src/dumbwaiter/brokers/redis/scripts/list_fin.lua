@@ -23,13 +23,13 @@ while looked < budget do
   for j = #ids, 1, -1 do
     local id = ids[j]
     if cursor == '' or id < cursor then
-      local v = redis.call('HMGET', jkey(id), 'st', 'q', 'n', 's', 'u', 'body', 'a')
+      local v = redis.call('HMGET', jkey(id), 'st', 'q', 'n', 's', 'u', 'body', 'a', 'rp')
       local u = tonumber(v[5] or '0')
       if v[1] == 'succeeded' and not v[6]
         and (F_queue == '' or v[2] == F_queue) and (F_name == '' or v[3] == F_name)
         and not (F_since and u < F_since) and not (F_until and u > F_until) then
-        found[#found + 1] = {id, '', v[2], v[1], v[7] or '', '', '', v[5], '', '', '', '', v[3],
-          v[4] or ''}
+        found[#found + 1] = {id, '', v[2], v[1], v[7] or '', '', '', v[5], '', '', '', v[8] or '',
+          v[3], v[4] or ''}
       end
     end
   end
