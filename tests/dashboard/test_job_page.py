@@ -247,7 +247,7 @@ def test_a_compact_record_is_listed_and_shown_without_its_arguments(
     shown = CliRunner().invoke(
         main, ["jobs", "show", info.message.id, "--url", seeded.url], catch_exceptions=False
     )
-    assert shown.exit_code == 0 and "not kept (succeeded without keep_result)" in shown.stdout
+    assert shown.exit_code == 0 and "not kept once it succeeded" in shown.stdout
     listed_cli = CliRunner().invoke(
         main, ["jobs", "ls", "--state", "succeeded", "--url", seeded.url], catch_exceptions=False
     )

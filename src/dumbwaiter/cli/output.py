@@ -243,7 +243,7 @@ def _fields(info: JobInfo) -> Table:
         rows.append(("took", Text(f"{took(finished - started)} (started {when(started)})")))
     rows.append(("replays", Text(str(info.replays))))
     if info.compact:
-        rows.append(("args", Text("not kept (succeeded without keep_result)", style="dim")))
+        rows.append(("args", Text("not kept once it succeeded", style="dim")))
     elif m.payload is not None:
         rows.append(("payload", _json_text(m.payload)))
     else:

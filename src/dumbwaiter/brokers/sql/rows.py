@@ -89,7 +89,9 @@ def info_row(row: Sequence[Any]) -> JobInfo:
     compact = bytes(body[: len(COMPACT_PREFIX)]) == COMPACT_PREFIX
     try:
         if compact:
-            msg = compact_message(id_, str(orjson.loads(body).get("name", "?")), queue, attempt)
+            c = orjson.loads(body)
+            msg = compact_message(id_, str(c.get("name", "?")), queue, attempt)
+            msg.key = c.get("key")  # the key search and unique ticks read it
         else:
             msg = message_of(body, queue, attempt, errors)
     except (orjson.JSONDecodeError, MessageDecodeError):
