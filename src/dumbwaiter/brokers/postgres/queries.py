@@ -172,7 +172,7 @@ class Queries:
         def _compact(when: str) -> str:
             return (
                 f"body = CASE WHEN {when} THEN convert_to("
-                "'{\"c\":1,\"name\":' || to_json(j.name)::text || ',\"key\":'"
+                '\'{"c":1,"name":\' || to_json(j.name)::text || \',"key":\''
                 " || coalesce(to_json(j.msg_key)::text, 'null') || '}', 'UTF8') ELSE j.body END,"
                 f" errors = CASE WHEN {when} THEN NULL ELSE j.errors END,"
                 f" last_error_type = CASE WHEN {when} THEN NULL ELSE j.last_error_type END"

@@ -36,7 +36,7 @@ _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
 _ACK = (
     "UPDATE dw_jobs SET state='succeeded', updated_at=?1, result=?2, expires_at=?3,"
     " lease_until=NULL, token=NULL,"
-    " body=CASE WHEN ?4 THEN CAST('{\"c\":1,\"name\":' || json_quote(name)"
+    ' body=CASE WHEN ?4 THEN CAST(\'{"c":1,"name":\' || json_quote(name)'
     " || ',\"key\":' || json_quote(msg_key) || '}' AS BLOB)"
     " ELSE body END,"
     " errors=CASE WHEN ?4 THEN NULL ELSE errors END,"
