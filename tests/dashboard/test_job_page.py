@@ -36,6 +36,15 @@ def broker_call(fn: Callable[[dw.App], Awaitable[T]]) -> T:
     return asyncio.run(go())
 
 
+async def _flaky_succeeds(app: dw.App) -> dw.brokers.types.JobInfo:
+    """Run a ``flaky`` job to success (its flag says the mail server is up)."""
+    job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
+    await drain(app, ["mail"], scheduled=False)
+    info = await app.broker.get(job.id)
+    assert info is not None
+    return info
+
+
 def args_on(page: str) -> dict[str, object]:
     """The arguments table: name -> value (as JSON), defaults marked with a '~'."""
     out: dict[str, object] = {}
@@ -108,14 +117,7 @@ def test_duration_of_a_finished_job_and_of_each_failed_attempt(
 
     seeded.flag.touch()  # the mail server is up: flaky succeeds
 
-    async def run(app: dw.App) -> dw.brokers.types.JobInfo:
-        job = await app.tasks["dashapp.flaky"].aenqueue("cy@example.com")
-        await drain(app, ["mail"], scheduled=False)
-        info = await app.broker.get(job.id)
-        assert info is not None
-        return info
-
-    info = broker_call(run)
+    info = broker_call(_flaky_succeeds)
     assert info.state is State.SUCCEEDED
     done = info.outcome()
     assert done["started"] <= done["finished"]
@@ -216,3 +218,37 @@ def test_search_reads_a_bounded_window_and_goes_on_from_it(
 
 def _q(extra: str) -> dict[str, str]:
     return dict(p.split("=", 1) for p in extra.split("&") if p)
+
+
+def test_a_compact_record_is_listed_and_shown_without_its_arguments(
+    client: TestClient, seeded: Seeded
+) -> None:
+    """A task without ``keep_result`` keeps a compact record once it succeeded
+    (brokers/finished.py): the queue's listing still shows it, its page says
+    what was not kept instead of an empty arguments table, and so does
+    ``dumbwaiter jobs show``."""
+    from click.testing import CliRunner
+
+    from dumbwaiter.cli import main
+
+    seeded.flag.touch()  # the mail server is up: flaky succeeds
+
+    info = broker_call(_flaky_succeeds)
+    assert info.state is State.SUCCEEDED and info.compact
+    listed = client.get("/queues/mail", params={"state": "succeeded"})
+    # the drain ran the seed's ready welcome jobs too: compact records all
+    assert listed.status_code == 200
+    assert set(ids_on(listed.text)) == {info.message.id, *seeded.ready}
+    assert info.message.id in ids_on(client.get("/queues/mail").text)
+    page = client.get(f"/jobs/{info.message.id}")
+    assert page.status_code == 200 and 'id="compact"' in page.text
+    assert 'id="args"' not in page.text
+
+    shown = CliRunner().invoke(
+        main, ["jobs", "show", info.message.id, "--url", seeded.url], catch_exceptions=False
+    )
+    assert shown.exit_code == 0 and "not kept once it succeeded" in shown.stdout
+    listed_cli = CliRunner().invoke(
+        main, ["jobs", "ls", "--state", "succeeded", "--url", seeded.url], catch_exceptions=False
+    )
+    assert listed_cli.exit_code == 0 and info.message.id[:8] in listed_cli.stdout

@@ -201,6 +201,9 @@ class JobInfo:
     #: times it was replayed from the dead-letter queue
     replays: int = 0
     raw: bytes | None = None
+    #: a succeeded task without ``keep_result``: only its id, task, queue,
+    #: state and times were kept, no args, kwargs, headers or errors (finished.py)
+    compact: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = self.message.to_dict()
@@ -212,6 +215,8 @@ class JobInfo:
             lease_until=self.lease_until,
             replays=self.replays,
         )
+        if self.compact:
+            d["compact"] = True
         done = self.outcome()
         if "value" in done:
             d["result"] = done["value"]

@@ -242,12 +242,15 @@ def _fields(info: JobInfo) -> Table:
     if isinstance(started, (int, float)) and isinstance(finished, (int, float)) and started:
         rows.append(("took", Text(f"{took(finished - started)} (started {when(started)})")))
     rows.append(("replays", Text(str(info.replays))))
-    if m.payload is not None:
+    if info.compact:
+        rows.append(("args", Text("not kept once it succeeded", style="dim")))
+    elif m.payload is not None:
         rows.append(("payload", _json_text(m.payload)))
     else:
         rows.append(("args", _json_text(m.args)))
         rows.append(("kwargs", _json_text(m.kwargs)))
-    rows.append(("headers", _json_text(m.headers)))
+    if not info.compact:
+        rows.append(("headers", _json_text(m.headers)))
     if info.result is not None and ("value" in done or "error" in done):
         rows.append(("result", _result_text(info.result)))
     if info.raw is not None:

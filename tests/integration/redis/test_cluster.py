@@ -130,6 +130,6 @@ async def test_a_tag_per_queue_spreads_one_app_over_the_primaries(
     for q, owner in queues.items():
         client = redis.Redis(port=owner)
         try:
-            assert client.exists(f"{{dw:{prefix}/q:{q}}}:ids")
+            assert client.exists(f"{{dw:{prefix}/q:{q}}}:fin")  # compact records
         finally:
             client.close()

@@ -111,3 +111,43 @@ async def test_one_rescue_prunes_more_than_one_call_does() -> None:
         assert set(seen) <= {0, n}  # nothing yet, or everything in one rescue()
     finally:
         await broker.close()
+
+
+async def test_compact_records_hold_six_fields_and_are_pruned_with_their_count() -> None:
+    """A succeeded task without ``keep_result`` keeps a hash of six small
+    fields, in no sorted set (ack.lua), and the rescuer prunes it from the
+    head of ``fin`` after the retention, its count with it."""
+    prefix = new_prefix()
+    broker = from_url(url(prefix, retention="0.3"))
+    client = redis.Redis.from_url(SERVER)
+    p = f"{{dw:{prefix}}}"
+    try:
+        ms = [msg(args=["x" * 500]) for _ in range(3)]
+        await broker.enqueue(ms)
+        for d in await fetch_all(broker):
+            d.result = b'{"started": 1.0, "finished": 2.0}'
+            await broker.ack([d])
+        for m in ms:
+            assert set(cast(dict[bytes, bytes], client.hgetall(f"{p}:job:{m.id}"))) == {
+                b"st",
+                b"q",
+                b"n",
+                b"a",
+                b"s",
+                b"u",
+            }
+            assert client.zscore(f"{p}:ids", m.id) is None
+            assert client.zscore(f"{p}:done", m.id) is None
+        assert client.lrange(f"{p}:fin", 0, -1) == [m.id.encode() for m in ms]
+        [stats] = await broker.stats()
+        assert stats.succeeded == 3
+
+        for m in ms:
+            await _gone(broker, m.id)
+        [stats] = await broker.stats()
+        assert stats.succeeded == 0
+        assert client.exists(f"{p}:fin") == 0
+        assert not {k for k in _keys(prefix) if b":job:" in k}
+    finally:
+        client.close()
+        await broker.close()

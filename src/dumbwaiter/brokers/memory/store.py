@@ -38,6 +38,8 @@ class Row:
     result: bytes | None = None
     expires_at: float | None = None
     replays: int = 0
+    #: only a compact record is kept (finished.py)
+    compact: bool = False
 
     def info(self) -> JobInfo:
         state = self.state
@@ -52,6 +54,7 @@ class Row:
             lease_until=self.lease_until if self.state is State.RUNNING else None,
             result=self.result,
             replays=self.replays,
+            compact=self.compact,
         )
 
 

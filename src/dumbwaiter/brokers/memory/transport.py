@@ -19,6 +19,7 @@ from ...message import ErrorRecord, Message, encode_checked, uuid7
 from ...state import State
 from .. import capacity
 from ..base import Broker
+from ..finished import compacted, compacts
 from ..types import Binding, DeadLetter, Delivery, Rescued, delivery_of, events_page
 from .store import Row, Store
 
@@ -225,6 +226,8 @@ class Transport(Broker):
                 row.state = State.SUCCEEDED
                 row.updated_at = now
                 row.result = d.result
+                if compacts(d):
+                    row.msg, row.compact = compacted(row.msg), True
                 ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
                 row.expires_at = now + max(ttl, self.retention)
 

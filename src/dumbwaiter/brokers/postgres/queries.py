@@ -165,10 +165,22 @@ class Queries:
         # two never meet.
         _settled = "lease_until = NULL, token = NULL, updated_at = now()"
         _held = "j.id = u.id AND j.token = u.token AND j.state = 'running'"
+        _is_task = "j.kind = 'task'"
+
+        # A task without keep_result keeps a compact record (finished.py):
+        # its body shrinks to its task name, its error history goes.
+        def _compact(when: str) -> str:
+            return (
+                f"body = CASE WHEN {when} THEN convert_to("
+                '\'{"c":1,"name":\' || to_json(j.name)::text || \',"key":\''
+                " || coalesce(to_json(j.msg_key)::text, 'null') || '}', 'UTF8') ELSE j.body END,"
+                f" errors = CASE WHEN {when} THEN NULL ELSE j.errors END,"
+                f" last_error_type = CASE WHEN {when} THEN NULL ELSE j.last_error_type END"
+            )
 
         def ack(pairs: str) -> str:
             return (
-                f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
+                f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, {_compact(_is_task)},"
                 " expires_at = now() + make_interval(secs => %(retention)s)"
                 f" FROM {pairs} AS u(id, token) WHERE {_held}"
             )
@@ -257,6 +269,7 @@ class Queries:
         self.ack = q(ack(_PAIRS))
         self.ack_results = q(
             f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"
+            f" {_compact('u.keep IS NULL AND ' + _is_task)},"
             " expires_at = now() + make_interval(secs => greatest(%(retention)s,"
             " coalesce(u.keep, 0)))"
             " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"

@@ -18,6 +18,7 @@ from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...state import State
 from ..base import Broker
+from ..finished import compact_message
 from ..types import JobFilter, JobInfo, Page, QueueStats, normalize_error_type
 from .connection import Arg, Connection
 from .lua import Script, Scripts
@@ -28,7 +29,11 @@ WALK_BUDGET = 10_000
 #: the same for a search by key, which reads each unheld job's body too
 KEY_WALK_BUDGET = 2_000
 #: fields of a job as ``get`` and ``list`` read them
-_INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp")
+_INFO = (b"body", b"q", b"st", b"a", b"err", b"ra", b"u", b"w", b"lu", b"res", b"rp", b"n", b"s")
+#: fields per job of a page (the id, then ``_INFO``)
+_ROW = 1 + len(_INFO)
+#: compact records a listing looks at, the newest finished (list_fin.lua)
+FIN_BUDGET = 10_000
 
 
 class Admin(Broker):
@@ -90,10 +95,12 @@ class Admin(Broker):
         index = "dead" if filter.state is State.DEAD else "ids"
         items: list[JobInfo] = []
         await self.conn.read_clock()  # for _walk_args
+        if _has_compact(filter):
+            return await self._with_compact(filter, cursor, limit)
         while True:
             args = self._walk_args(filter, index, cursor, limit - len(items))
             r = await self.conn.run(self.lua.list, args)
-            items += [_info(r[i], r[i + 1 : i + 12]) for i in range(1, len(r), 12)]
+            items += _infos(r)
             cursor = r[0].decode() or None
             # A key search reads bodies and matches few jobs, so one call's
             # budget (KEY_WALK_BUDGET jobs) may end with an empty page and a
@@ -102,6 +109,33 @@ class Admin(Broker):
             # answers in one page instead of a trail of empty ones.
             if filter.key is None or cursor is None or len(items) >= limit:
                 return Page(items=items, cursor=cursor)
+
+    async def _with_compact(self, f: JobFilter, cursor: str | None, limit: int) -> Page:
+        """A page of the id index merged with the compact records (which are
+        in no id index), newest id first, paged by ``id < cursor`` as every
+        listing is.  Only the newest ``FIN_BUDGET`` compact records are
+        looked at: a listing of succeeded jobs shows the recent ones."""
+        r = await self.conn.run(self.lua.list, self._walk_args(f, "ids", cursor, limit))
+        fin = await self.conn.run(
+            self.lua.list_fin,
+            [
+                cursor or "",
+                limit,
+                FIN_BUDGET,
+                f.queue or "",
+                f.name or "",
+                repr(self.conn.clock.to_server(f.since)) if f.since is not None else "",
+                repr(self.conn.clock.to_server(f.until)) if f.until is not None else "",
+            ],
+        )
+        walked = r[0].decode() or None  # the id index is read down to here
+        compact = [_info(fin[i], fin[i + 1 : i + _ROW]) for i in range(0, len(fin), _ROW)]
+        if walked is not None:
+            compact = [i for i in compact if i.message.id > walked]
+        items = sorted([*_infos(r), *compact], key=lambda i: i.message.id, reverse=True)
+        if len(items) > limit:
+            return Page(items=items[:limit], cursor=items[limit - 1].message.id)
+        return Page(items=items, cursor=walked)
 
     async def get(self, id: str) -> JobInfo | None:
         try:
@@ -183,9 +217,34 @@ def _opt_float(v: bytes | None) -> float | None:
     return float(v) if v else None
 
 
+def _has_compact(f: JobFilter) -> bool:
+    """Whether compact records (succeeded, no key, no error) may match ``f``."""
+    return (
+        f.state in (None, State.SUCCEEDED)
+        and f.error_type is None
+        and f.key is None
+        and f.ids is None
+    )
+
+
+def _infos(r: Sequence[Any]) -> list[JobInfo]:
+    """The jobs of a list.lua reply (a cursor, then ``_ROW`` fields per job)."""
+    return [_info(r[i], r[i + 1 : i + _ROW]) for i in range(1, len(r), _ROW)]
+
+
 def _info(id_: bytes, v: Sequence[Any]) -> JobInfo:
-    body, q, st, a, err, ra, u, w, lu, res, rp = v
+    body, q, st, a, err, ra, u, w, lu, res, rp, n, s = v
     queue, attempt = q.decode(), int(a or 0)
+    if not body and st == b"succeeded":  # a compact record (see ack.lua)
+        fin = _opt_float(u)
+        return JobInfo(
+            message=compact_message(id_.decode(), (n or b"?").decode(), queue, attempt or 1),
+            state=State.SUCCEEDED,
+            updated_at=fin,
+            result=orjson.dumps({"started": float(s), "finished": fin}) if s and fin else None,
+            replays=int(rp or 0),
+            compact=True,
+        )
     raw = None
     try:
         msg = message(body, queue, attempt, err or None)

@@ -60,6 +60,7 @@ NAMES = (
     "cancel",
     "reschedule",
     "list",
+    "list_fin",
     "replay",
     "purge",
     "stats",
@@ -103,6 +104,7 @@ class Scripts:
     cancel: Script
     reschedule: Script
     list: Script
+    list_fin: Script
     replay: Script
     purge: Script
     stats: Script

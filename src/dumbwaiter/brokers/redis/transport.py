@@ -32,6 +32,7 @@ from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message
 from ...message import from_dict as message_from_dict
 from ..base import Broker
+from ..finished import compacts
 from ..types import Binding, DeadLetter, Delivery, Rescued
 from . import bulk, events
 from .bulk import drive, run_sync
@@ -274,7 +275,15 @@ class Transport(Broker):
         args: list[Arg] = [repr(now)]
         for d in ds:
             keep = max(retention, d.result_ttl or 0.0) if d.result is not None else retention
-            args += (d.id, d.token, repr(now + keep), d.result if d.result is not None else b"")
+            args += (
+                d.id,
+                d.token,
+                repr(now + keep),
+                d.result if d.result is not None else b"",
+                repr(self.conn.clock.to_server(d.started_at) if d.started_at else now)
+                if compacts(d)
+                else b"",
+            )
         await self.conn.run(self.lua.ack, args)
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
@@ -329,7 +338,12 @@ class Transport(Broker):
         stop = time.monotonic() + 0.5
         while True:
             now = await self.conn.now()
-            args: list[Arg] = [repr(now), HOUSEKEEPING_CHUNK, repr(now - self.event_retention)]
+            args: list[Arg] = [
+                repr(now),
+                HOUSEKEEPING_CHUNK,
+                repr(now - self.event_retention),
+                repr(self.retention),
+            ]
             n, more, buried = await self.conn.run(self.lua.rescue, args)
             rescued += int(n)
             # id, queue, name, error record (JSON), attempt, body, errors (JSON)

@@ -21,6 +21,7 @@ from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message, decode
 from ...message import from_dict as message_from_dict
 from ...state import State
+from ..finished import COMPACT_PREFIX, compact_message
 from ..types import Delivery, JobInfo, Page
 
 
@@ -85,8 +86,14 @@ def info_row(row: Sequence[Any]) -> JobInfo:
         replays,
     ) = row
     raw = None
+    compact = bytes(body[: len(COMPACT_PREFIX)]) == COMPACT_PREFIX
     try:
-        msg = message_of(body, queue, attempt, errors)
+        if compact:
+            c = orjson.loads(body)
+            msg = compact_message(id_, str(c.get("name", "?")), queue, attempt)
+            msg.key = c.get("key")  # the key search and unique ticks read it
+        else:
+            msg = message_of(body, queue, attempt, errors)
     except (orjson.JSONDecodeError, MessageDecodeError):
         # keep what the row itself says, so the dead letter shows why it died
         raw = bytes(body)
@@ -111,6 +118,7 @@ def info_row(row: Sequence[Any]) -> JobInfo:
         result=None if result is None else bytes(result),
         replays=replays,
         raw=raw,
+        compact=compact,
     )
 
 

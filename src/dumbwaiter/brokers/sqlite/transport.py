@@ -23,11 +23,26 @@ import orjson
 
 from ...errors import LeaseExpired
 from ...message import ErrorRecord
+from ..finished import compacts
 from ..sql.rows import delivery_row, err_json, stored_message
 from ..types import DeadLetter, Delivery, Rescued
 from .connection import SQLiteConnection
 
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
+
+
+#: the ack; a task without ``keep_result`` keeps a compact record (finished.py):
+#: its body shrinks to its task name, its error history goes
+_ACK = (
+    "UPDATE dw_jobs SET state='succeeded', updated_at=?1, result=?2, expires_at=?3,"
+    " lease_until=NULL, token=NULL,"
+    ' body=CASE WHEN ?4 THEN CAST(\'{"c":1,"name":\' || json_quote(name)'
+    " || ',\"key\":' || json_quote(msg_key) || '}' AS BLOB)"
+    " ELSE body END,"
+    " errors=CASE WHEN ?4 THEN NULL ELSE errors END,"
+    " last_error_type=CASE WHEN ?4 THEN NULL ELSE last_error_type END"
+    " WHERE id=?5 AND token=?6 AND state='running'"
+)
 
 
 class SQLiteTransport(SQLiteConnection):
@@ -126,18 +141,13 @@ class SQLiteTransport(SQLiteConnection):
                 now,
                 d.result,
                 now + max(self.retention, d.result_ttl or 0.0),
+                compacts(d),
                 d.id,
                 d.token,
             )
             for d in ds
         ]
-        self._wtx(
-            lambda c: c.executemany(
-                "UPDATE dw_jobs SET state='succeeded', updated_at=?, result=?, expires_at=?,"
-                " lease_until=NULL, token=NULL WHERE id=? AND token=? AND state='running'",
-                rows,
-            )
-        )
+        self._wtx(lambda c: c.executemany(_ACK, rows))
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if ds:

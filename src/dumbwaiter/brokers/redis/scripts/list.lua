@@ -1,7 +1,7 @@
 --@include _lib
 --@include _filter
 -- One page of jobs matching a filter, newest first (see _filter.lua).
--- Returns {cursor, then 12 fields per job}; cursor '' means no more pages.
+-- Returns {cursor, then 14 fields per job}; cursor '' means no more pages.
 -- It looks for one match beyond `limit`, so a page that ends exactly at the
 -- last match says so instead of leading to an empty page.
 local out = {''}
@@ -14,9 +14,9 @@ local cursor, found = walk(function(id, _)
     shown = shown + 1
     last = id
     local v = redis.call('HMGET', jkey(id), 'body', 'q', 'st', 'a', 'err', 'ra', 'u', 'w', 'lu',
-      'res', 'rp')
+      'res', 'rp', 'n', 's')
     out[#out + 1] = id
-    for j = 1, 11 do
+    for j = 1, 13 do
       out[#out + 1] = v[j] or ''
     end
   end

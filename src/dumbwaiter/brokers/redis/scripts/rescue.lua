@@ -10,7 +10,7 @@
 --    read yet (see alive below), and their ids leave the set publish
 --    de-duplicates with.
 -- ARGV: now, limit (per kind and call), event cutoff (now - retention; ''
--- = keep events).  Returns {leases rescued, 1 if there
+-- = keep events), retention (seconds compact records are kept).  Returns {leases rescued, 1 if there
 -- is more to do than one call does, {id, queue, name, error record JSON,
 -- attempt, body, errors JSON} of each job it dead-lettered (flat)}.
 -- With nothing to do it costs three range reads on small sets.
@@ -100,6 +100,29 @@ end
 if #old > 0 then
   redis.call('ZREM', done, unpack(old))
 end
+-- compact records (see ack.lua) past the retention, oldest finished first:
+-- the head of `fin` until one is not due.  An entry whose record is not a
+-- compact one any more (purged, and its id enqueued again) is only dropped.
+local fin = P .. ':fin'
+local due = tonumber(now) - tonumber(ARGV[4])
+local pruned = 0
+while pruned < limit do
+  local id = redis.call('LINDEX', fin, 0)
+  if not id then
+    break
+  end
+  local jk = jkey(id)
+  local v = redis.call('HMGET', jk, 'st', 'q', 'u', 'body')
+  if v[1] == 'succeeded' and not v[4] then
+    if tonumber(v[3]) > due then
+      break
+    end
+    count(v[2], 'succeeded', -1)
+    redis.call('DEL', jk)
+  end
+  redis.call('LPOP', fin)
+  pruned = pruned + 1
+end
 -- expired key-value entries
 local kvx = P .. ':kvx'
 local gone = redis.call('ZRANGEBYSCORE', kvx, '-inf', now, 'LIMIT', 0, limit)
@@ -176,5 +199,6 @@ if cutoff and cutoff ~= '' then
 end
 flush_counts()
 -- more than one call's worth: the caller calls again
-local more = (#expired >= limit or #old >= limit or old_events >= limit) and 1 or 0
+local more = (#expired >= limit or #old >= limit or pruned >= limit or old_events >= limit)
+  and 1 or 0
 return {rescued, more, buried}

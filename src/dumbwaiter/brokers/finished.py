@@ -1,0 +1,51 @@
+"""What a succeeded job keeps: its whole record, or a compact one.
+
+A succeeded task that keeps no result (no ``keep_result``) is read later
+only for its state (``job.status()``, a workflow's step, a durable run's
+first job), the de-duplication of its id (an outbox relay sending a batch
+again) and a line in a listing (id, task, queue, state, when it ran).
+Nothing reads its arguments, headers or error history once it succeeded:
+counters and the dashboard's throughput come from aggregates.  So each
+engine keeps, for the retention, only a *compact record* of it: id, task,
+queue, state, attempt, started and finished, no body.  ``JobInfo.compact`` says a
+record is one (its message then has no args, kwargs, headers or errors).
+
+Kept whole: a task with ``keep_result`` (its result and its record), an
+event's delivery (the dashboard's events page finds its event through the
+``event_id`` header), and every job that did not succeed.  The bytes each
+engine keeps per finished job are in docs/benchmarks.md ("What finished jobs
+cost the broker").
+"""
+
+from __future__ import annotations
+
+from ..message import TASK, Message
+from .types import Delivery
+
+#: the body the SQL engines store for a compact record: ``{"c":1,"name":...}``
+#: (the queue, attempt and times are columns of the row)
+COMPACT_PREFIX = b'{"c":1,'
+
+
+def compacts(d: Delivery) -> bool:
+    """Whether a successful delivery leaves only a compact record."""
+    m = d.message
+    return d.result_ttl is None and m is not None and m.kind == TASK
+
+
+def compact_message(id: str, name: str, queue: str, attempt: int = 1) -> Message:
+    """The message a compact record shows: who and where, no arguments."""
+    return Message(id=id, kind=TASK, name=name, queue=queue, attempt=attempt)
+
+
+def compacted(m: Message) -> Message:
+    """``m`` without its arguments, headers and errors (the memory engine's
+    compact record); its key stays, which the engine's unique keys read."""
+    out = compact_message(m.id, m.name, m.queue, m.attempt)
+    out.max_attempts, out.created_at, out.priority, out.key = (
+        m.max_attempts,
+        m.created_at,
+        m.priority,
+        m.key,
+    )
+    return out
