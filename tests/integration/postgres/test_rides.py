@@ -55,6 +55,31 @@ async def test_an_ack_made_as_a_claim_starts_rides_with_it(make_broker: Make) ->
     assert st.boarding == 0 and not st.riders
 
 
+async def test_an_ack_with_its_attempts_record_rides_and_keeps_it(make_broker: Make) -> None:
+    """The worker sends every success with its record (when the attempt
+    started and finished, and the value of a task that keeps results): such
+    acks ride too, and each row keeps its record, a kept result for longer."""
+    b = make_broker()
+    await b.open()
+    await b.enqueue([msg(queue="q") for _ in range(5)])
+    first = await b.fetch(["q"], 3, 30.0, 0)
+    for k, d in enumerate(first):
+        d.result = b'{"started":1.5,"finished":2.5}' if k else b'{"value":7}'
+    first[0].result_ttl = 10 * b.retention
+    _no_lone_acks(b)
+    _, second = await asyncio.gather(b.ack(first), b.fetch(["q"], 10, 30.0, 0))
+    rows = _sql(
+        f"SELECT id::text, state, result, coalesce(date_part('epoch', expires_at - now()), 0)"
+        f' FROM "{b.schema}".dw_jobs'
+    )
+    got = {str(i): (s, r, float(str(left))) for i, s, r, left in rows}
+    assert [got[d.id][:2] for d in first] == [("succeeded", d.result) for d in first]
+    assert got[first[0].id][2] > 5 * b.retention  # kept as long as its task asked
+    assert b.retention / 2 < got[first[1].id][2] <= b.retention
+    assert len(second) == 2 and {got[d.id][0] for d in second} == {"running"}
+    assert await _stats(b) == _counted(b.schema)
+
+
 async def test_an_ack_with_no_claim_coming_goes_alone(make_broker: Make) -> None:
     b = make_broker()
     await b.open()

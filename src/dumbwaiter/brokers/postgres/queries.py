@@ -178,15 +178,26 @@ class Queries:
                 f" last_error_type = CASE WHEN {when} THEN NULL ELSE j.last_error_type END"
             )
 
-        def ack(pairs: str) -> str:
+        # An ack stores each job's record of its attempt (``result``: when it
+        # started and finished, and the value of a task that keeps results;
+        # the worker sends one with every success), alone or riding: one
+        # statement either way, its parameters named ``prefix``... (the
+        # records binary, ``%b``: a list of bytes dumped as text costs far
+        # more; transport.py's ``_acks``).
+        def ack(prefix: str) -> str:
+            p = f"%({prefix}"
             return (
-                f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, {_compact(_is_task)},"
-                " expires_at = now() + make_interval(secs => %(retention)s)"
-                f" FROM {pairs} AS u(id, token) WHERE {_held}"
+                f"UPDATE {jobs} j SET state = 'succeeded', {_settled},"
+                f" {_compact('u.keep IS NULL AND ' + _is_task)},"
+                " result = coalesce(u.result, j.result), expires_at = now()"
+                " + make_interval(secs => greatest(%(retention)s, coalesce(u.keep, 0)))"
+                f" FROM unnest(string_to_array({p}id)s, ',')::uuid[],"
+                f" string_to_array({p}token)s, ',')::int8[], {p}result)b::bytea[],"
+                f" string_to_array({p}keep)s, ',', '')::float8[])"
+                f" AS u(id, token, result, keep) WHERE {_held}"
             )
 
-        ack_pairs = _PAIRS.replace("%(id)s", "%(ack_id)s").replace("%(token)s", "%(ack_token)s")
-        acked = f"a AS ({ack(ack_pairs)}), "
+        acked = f"a AS ({ack('ack_')}), "
         take_one = (
             f"{promote}, c AS (UPDATE {jobs} j SET {_TAKE} FROM (SELECT id FROM {jobs}"
             " WHERE state = 'ready' AND queue = %(queue)s"
@@ -266,16 +277,7 @@ class Queries:
         self.prune_waiters = q(
             f"DELETE FROM {waiters} WHERE expires < now() - make_interval(secs => %s)"
         )
-        self.ack = q(ack(_PAIRS))
-        self.ack_results = q(
-            f"UPDATE {jobs} j SET state = 'succeeded', {_settled}, result = u.result,"
-            f" {_compact('u.keep IS NULL AND ' + _is_task)},"
-            " expires_at = now() + make_interval(secs => greatest(%(retention)s,"
-            " coalesce(u.keep, 0)))"
-            " FROM unnest(string_to_array(%(id)s, ',')::uuid[],"
-            " string_to_array(%(token)s, ',')::int8[], %(result)s::bytea[], %(keep)s::float8[])"
-            " AS u(id, token, result, keep) WHERE " + _held
-        )
+        self.ack = q(ack(""))
         _record = (
             "errors = CASE WHEN u.err IS NULL THEN j.errors"
             " ELSE coalesce(j.errors, '[]'::jsonb) || jsonb_build_array(u.err) END,"

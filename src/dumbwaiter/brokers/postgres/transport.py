@@ -267,9 +267,7 @@ class PostgresTransport(PostgresConnection):
         rides = ticket.take() if ticket is not None else []
         stmt = claim
         if rides:
-            ds = [d for r in rides for d in r.ds]
-            params["ack_id"] = ",".join([d.id for d in ds])
-            params["ack_token"] = ",".join([str(d.token) for d in ds])
+            params.update(_acks([d for r in rides for d in r.ds], "ack_"))
             params["retention"] = self.retention
             stmt = fused
         rows: list[tuple[Any, int]] = []  # (row, its token)
@@ -335,15 +333,14 @@ class PostgresTransport(PostgresConnection):
     async def ack(self, ds: Sequence[Delivery]) -> None:
         if not ds:
             return
-        params = self._batch(ds)
-        stmt = self.q.ack
-        if any(d.result is not None for d in ds):
-            stmt = self.q.ack_results
-            params["result"] = [d.result for d in ds]
-            params["keep"] = [d.result_ttl if d.result is not None else None for d in ds]
-        elif await self._ack_with_claim(ds):
+        # Every ack may ride, results or not: the worker sends each success's
+        # record (its times), so an ack that could not carry one would never
+        # ride (docs/benchmarks.md, "Issue 19.5").
+        if await self._ack_with_claim(ds):
             return
-        await self._run(lambda c: c.execute(stmt, params), work=True)
+        params = _acks(ds)
+        params["retention"] = self.retention
+        await self._run(lambda c: c.execute(self.q.ack, params), work=True)
 
     async def _ack_with_claim(self, ds: Sequence[Delivery]) -> bool:
         """Ack ``ds`` with a claim of this loop, if one is about to be sent:
@@ -552,6 +549,21 @@ def _read_idle_claim(
     if not registered:
         listener.pending.pop(token, None)
     return promoted, due
+
+
+def _acks(ds: Sequence[Delivery], prefix: str = "") -> dict[str, Any]:
+    """The parameters of an ack of ``ds`` (queries.py's ``ack``): ids, tokens
+    and kept-for seconds as comma-joined strings (a text parameter costs far
+    less to send than a list dumped as an array), the records as one binary
+    array."""
+    return {
+        prefix + "id": ",".join([d.id for d in ds]),
+        prefix + "token": ",".join([str(d.token) for d in ds]),
+        prefix + "result": [d.result for d in ds],
+        prefix + "keep": ",".join(
+            ["" if d.result is None or d.result_ttl is None else repr(d.result_ttl) for d in ds]
+        ),
+    }
 
 
 def _unsettled(exc: BaseException) -> BaseException:
