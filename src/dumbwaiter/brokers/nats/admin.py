@@ -26,6 +26,7 @@ from ..base import (
     Page,
     QueueStats,
 )
+from ..listing import jobs_page
 from . import records as R
 from .connection import LoopLink
 from .core import Core
@@ -274,12 +275,7 @@ class Admin(Core):
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
         link = await self._link()
-        rows = sorted(await self._matching(link, filter), key=lambda i: i.message.id, reverse=True)
-        if cursor is not None:
-            rows = [i for i in rows if i.message.id < cursor]
-        page = rows[:limit]
-        more = len(rows) > limit
-        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+        return jobs_page(await self._matching(link, filter), cursor, limit)
 
     async def replay(self, filter: JobFilter) -> int:
         link = await self._link()

@@ -17,9 +17,11 @@ from pamqp import commands as spec
 
 from ...errors import BrokerError
 from ...message import EVENT
-from ...state import CANCELLABLE_STATES, State
+from ...state import State
+from .. import transitions as T
 from ..base import JobFilter, JobInfo, KvWrite, Page, QueueStats, stats_rows
-from ..record import Record
+from ..listing import jobs_page
+from ..record import Record, count_states
 from .ledger import KEY_ROUNDS, RabbitMQLedger, Stamp, stamp_of, still_unchanged
 from .link import AMQP_ERRORS
 
@@ -39,12 +41,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         queues = {q[len(k.queue) :] for q in await self.state.kv_scan(k.queue)}
         paused = {q[len(k.paused) :] for q in await self.state.kv_scan(k.paused)}
         counts: dict[str, dict[str, float]] = {q: {} for q in queues | paused}
-        for rec in await self._records():
-            c = counts.setdefault(rec.msg.queue, {})
-            st = rec.shown_state(now)
-            c[st.value] = c.get(st.value, 0) + 1
-            if st is State.READY:
-                c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
+        count_states(await self._records(), now, counts)
         return stats_rows(counts, paused)
 
     async def _matching(self, filter: JobFilter) -> list[Record]:
@@ -60,12 +57,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
         now = self.clock.now()
-        recs = sorted(await self._matching(filter), key=lambda r: r.msg.id, reverse=True)
-        if cursor is not None:
-            recs = [r for r in recs if r.msg.id < cursor]
-        page = [r.info(now) for r in recs[:limit]]
-        more = len(recs) > limit
-        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+        return jobs_page([r.info(now) for r in await self._matching(filter)], cursor, limit)
 
     async def get(self, id: str) -> JobInfo | None:
         got = await self.state.kv_get([self.keys.job + id])
@@ -93,13 +85,9 @@ class RabbitMQAdmin(RabbitMQLedger):
         copies = []
         raws: dict[str, Record] = {}
         for rec in await self._matching(filter):
-            if rec.state is not State.DEAD:
-                continue
             before = stamp_of(rec)
-            rec.msg.attempt = 0
-            rec.replays += 1
-            rec.ver += 1
-            rec.state, rec.run_at, rec.updated_at = State.READY, now, now
+            if not T.replay(rec, now):
+                continue
             key = self.keys.job + rec.msg.id
             if rec.raw is not None:
                 raws[key] = rec
@@ -230,14 +218,13 @@ class RabbitMQAdmin(RabbitMQLedger):
                     if raw is None:
                         continue
                     rec = Record.load(raw)
-                    if rec.shown_state(now) not in CANCELLABLE_STATES:
+                    if not T.cancellable(rec, now):
                         continue
                     kk = self._entry_of(rec)
                     if kk is not None and kk not in known:
                         missing.add(kk)
                         continue
-                    rec.state, rec.updated_at = State.CANCELLED, now
-                    rec.ver += 1  # its queued copy is stale now
+                    T.cancel(rec, now)  # a new version: its queued copy is stale
                     ttl = self._ttl_past_due(rec, now)
                     writes[key] = (rec.dump(), ttl)
                     id_ = key[len(k.job) :]
@@ -277,13 +264,10 @@ class RabbitMQAdmin(RabbitMQLedger):
             if raw is None or key in planned:
                 continue
             rec = Record.load(raw)
-            if rec.shown_state(now) not in CANCELLABLE_STATES:
-                continue
             before = stamp_of(rec)
-            rec.ver += 1
-            rec.run_at, rec.updated_at = at, now
-            rec.state = State.SCHEDULED if at > now else State.READY
-            copies.append(self._copy(rec.msg, rec.ver, at))
+            if not T.reschedule(rec, at, now):
+                continue
+            copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
             planned[key] = (before, rec.dump())
         if not planned:
             return []

@@ -27,9 +27,10 @@ from typing import Any
 import orjson
 from pamqp import commands as spec
 
-from ...errors import LeaseExpired, MessageDecodeError
-from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, uuid7
+from ...errors import MessageDecodeError
+from ...message import EVENT, TASK, Message, decode, encode, uuid7
 from ...state import FINAL_STATES, State
+from .. import transitions as T
 from ..base import Binding, Delivery, KvWrite
 from ..record import Record, delivery_id
 from . import topology as topo
@@ -264,16 +265,6 @@ def _stamp_raw(raw: bytes) -> Stamp:
     return int(d["v"]), int(d["t"]), str(d["s"]), float(d.get("l") or 0.0)
 
 
-def lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
-    return ErrorRecord(
-        time=now,
-        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
-        message=f"lease expired: worker {rec.worker or '?'} lost attempt {rec.msg.attempt} ({why})",
-        worker=rec.worker or "",
-        attempt=rec.msg.attempt,
-    )
-
-
 class RabbitMQLedger(RabbitMQConnection):
     """The records' side of every part: the copies they send, the compared
     writes, the judgement of a copy (the module's doc)."""
@@ -440,11 +431,9 @@ class RabbitMQLedger(RabbitMQConnection):
                 return DROP, None  # a copy sent twice (a publish tried again)
             if rec.lease_until > now:
                 return PARK, rec  # its worker's connection closed: wait out the lease
-            # its worker's connection died and its lease ran out
-            rec.msg.errors.append(lease_error(rec, now, "its connection closed"))
-            if rec.msg.attempt >= rec.msg.max_attempts:
-                rec.state, rec.updated_at = State.DEAD, now
-                rec.ver += 1
+            # its worker's connection died and its lease ran out: this copy,
+            # still the current one, takes the job over (``T.take_lease``)
+            if T.lose_lease(rec, now, "lost its connection") is State.DEAD:
                 return DEAD, rec
             return TAKE, rec
         if rec.run_at > now + 0.001:

@@ -25,6 +25,7 @@ from pamqp import commands as spec
 from ...errors import MessageDecodeError
 from ...message import TASK, ErrorRecord, Message
 from ...state import State
+from .. import transitions as T
 from ..base import DeadLetter, Delivery, KvWrite, Rescued
 from ..record import Record
 from . import topology as topo
@@ -33,7 +34,6 @@ from .ledger import (
     RabbitMQLedger,
     Stamp,
     Token,
-    lease_error,
     stamp_of,
     still_held,
     still_unchanged,
@@ -136,9 +136,10 @@ class RabbitMQOutcomes(RabbitMQLedger):
         for d, held in await self._still_leased(ds):
             # a new record: the held one stays as it is, for an ack made
             # again after this one failed
-            rec = replace(held, state=State.SUCCEEDED, updated_at=now, result=d.result)
-            ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
-            ttl = max(ttl, self.retention)
+            rec = replace(held)
+            if not T.succeed(rec, held.token, now, d.result):
+                continue
+            ttl = T.kept_for(self.retention, d.result, d.result_ttl)
             planned[self.keys.job + d.id] = (stamp_of(held), (rec.dump(), ttl))
             kk = self._entry_of(rec)
             if kk is not None:
@@ -207,14 +208,11 @@ class RabbitMQOutcomes(RabbitMQLedger):
         copies = []
         for d, rec in await self._still_leased(ds):
             before = stamp_of(rec)
-            if charge and d.error is not None:
-                rec.msg.errors.append(d.error)
-            if not charge:
-                rec.msg.attempt = max(0, rec.msg.attempt - 1)
-            rec.ver += 1
-            rec.updated_at = now
-            rec.run_at = max(self.clock.to_server(d.retry_at), now)
-            rec.state = State.SCHEDULED if rec.run_at > now else State.READY
+            at = self.clock.to_server(d.retry_at)
+            if charge:
+                T.retry(rec, rec.token, at, now, d.error)
+            else:
+                T.requeue(rec, rec.token, at, now)
             copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
             writes[self.keys.job + d.id] = (before, rec.dump())
         await self._send(copies, True)
@@ -230,10 +228,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
         copies = []
         for d, rec in await self._still_leased(ds):
             before = stamp_of(rec)
-            if d.error is not None:
-                rec.msg.errors.append(d.error)
-            rec.state, rec.updated_at = State.DEAD, now
-            rec.ver += 1
+            T.bury(rec, rec.token, now, d.error)
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
         undecodable = [d for d in ds if d.message is None and isinstance(d.token, Token)]
@@ -317,7 +312,8 @@ class RabbitMQOutcomes(RabbitMQLedger):
         planned: dict[str, tuple[Stamp, bytes]] = {}
         renewed: dict[str, tuple[Delivery, Record]] = {}
         for d, rec in await self._still_leased(ds):
-            new = replace(rec, lease_until=now + lease)
+            new = replace(rec)
+            T.extend(new, rec.token, now + lease)
             planned[k.job + d.id] = (stamp_of(rec), new.dump())
             renewed[k.job + d.id] = (d, new)
         lease_key = k.lease + self.instance
@@ -480,24 +476,19 @@ class RabbitMQOutcomes(RabbitMQLedger):
             if found is None:
                 continue
             rec = Record.load(found)
-            if rec.state is not State.RUNNING or rec.token != token or rec.lease_until >= now:
+            if rec.token != token or not T.expired(rec, now):
                 continue
             claim = f"{k.claim}rescue:{id_}:{token}"
             if not await self.state.kv_add(claim, b"1", ttl=3600):
                 continue
             claims.append(claim)
             stamp = stamp_of(rec)
-            rec.msg.errors.append(lease_error(rec, now, "it stopped heartbeating"))
-            rec.ver += 1
-            rec.updated_at = now
-            if rec.msg.attempt >= rec.msg.max_attempts:
-                rec.state = State.DEAD
+            if T.rescue(rec, now) is State.DEAD:
                 copies.append(self._dead_copy(rec.msg, rec.msg.queue))
                 dead[k.job + id_] = DeadLetter(
                     id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy()
                 )
             else:
-                rec.state, rec.run_at = State.READY, now
                 copies.append(self._copy(rec.msg, rec.ver, now))
             planned[k.job + id_] = (stamp, rec.dump())
         # The copies go first (a rescuer that dies next loses nothing: a copy

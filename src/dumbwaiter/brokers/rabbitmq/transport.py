@@ -28,6 +28,7 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import Message
 from ...state import State
+from .. import transitions as T
 from ..base import Binding, DeadLetter, Delivery, KvWrite, delivery_of, kv_write
 from ..record import Record
 from . import topology as topo
@@ -263,7 +264,7 @@ class RabbitMQTransport(RabbitMQLedger):
                 msg = delivery_of(ev, binding, did)
                 verdict = TAKE
                 rec = Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
-                self._lease(rec, now, lease, worker)
+                T.take_lease(rec, now + lease, worker, now)
                 late[k.job + did] = rec.dump()
             if verdict is PARK:
                 assert rec is not None
@@ -417,7 +418,9 @@ class RabbitMQTransport(RabbitMQLedger):
             elif verdict is TAKE and rec is not None:
                 if rec.msg is m:  # the parsed copy's: not this call's to change
                     rec.msg = m.copy()
-                self._lease(rec, now, lease, worker)
+                if not T.take_lease(rec, now + lease, worker, now):
+                    verdicts.append((DROP, None))  # judged takeable: never refused
+                    continue
                 writes[k.job + did] = rec.dump()
                 leased[did] = (rec.token, rec.lease_until)
                 taken.add(did)
@@ -425,16 +428,6 @@ class RabbitMQTransport(RabbitMQLedger):
         if writes:
             writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
         return writes, verdicts
-
-    @staticmethod
-    def _lease(rec: Record, now: float, lease: float, worker: str) -> None:
-        """Make ``rec`` the record of a job leased to ``worker`` from ``now``."""
-        rec.state = State.RUNNING
-        rec.msg.attempt += 1
-        rec.token += 1
-        rec.lease_until = now + lease
-        rec.worker = worker or None
-        rec.updated_at = now
 
     async def _binding(self, queue: str, event_type: str) -> Binding:
         for refresh in (False, True):
