@@ -206,8 +206,11 @@ class RabbitMQOutcomes(RabbitMQLedger):
         now = await self._now()
         writes: dict[str, tuple[Stamp, bytes]] = {}
         copies = []
-        for d, rec in await self._still_leased(ds):
-            before = stamp_of(rec)
+        for d, held in await self._still_leased(ds):
+            before = stamp_of(held)
+            # a new record, as ``ack``'s: the held one (this broker's cache)
+            # stays as it is, for a call made again after this one failed
+            rec = replace(held, msg=held.msg.copy())
             at = self.clock.to_server(d.retry_at)
             if charge:
                 T.retry(rec, rec.token, at, now, d.error)
@@ -226,8 +229,9 @@ class RabbitMQOutcomes(RabbitMQLedger):
         now = await self._now()
         writes: dict[str, tuple[Stamp, bytes]] = {}
         copies = []
-        for d, rec in await self._still_leased(ds):
-            before = stamp_of(rec)
+        for d, held in await self._still_leased(ds):
+            before = stamp_of(held)
+            rec = replace(held, msg=held.msg.copy())  # as ``_wait_again``'s
             T.bury(rec, rec.token, now, d.error)
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
