@@ -219,3 +219,16 @@ def test_records_written_before_the_shared_transitions_still_load() -> None:
     assert rec.shown_state(NOW) is State.RETRYING and rec.info(NOW).lease_until is None
     assert T.take_lease(rec, NOW + 60, "w-2", NOW + 10)
     assert rec.state is State.RUNNING and rec.token == 8
+
+
+@pytest.mark.parametrize("state", sorted(ALL))
+def test_a_copy_is_the_same_record_and_changes_alone(state: State) -> None:
+    """``Record.copy`` (what an outcome changes, leaving the held record as
+    it was for a call made again) keeps every field."""
+    rec = record(state)
+    rec.result, rec.enq, rec.raw, rec.replays = b"r", "e1", b"\xff", 2
+    copy = rec.copy()
+    assert copy.dump() == rec.dump()
+    before = rec.dump()
+    if T.succeed(copy, TOKEN, NOW) or T.cancel(copy, NOW) or T.replay(copy, NOW):
+        assert rec.dump() == before

@@ -51,6 +51,25 @@ class Record:
     #: back on the queue as it came by a replay
     raw: bytes | None = None
 
+    def copy(self) -> Record:
+        """A copy to change, its message shared (copy that too before
+        changing it).  Field by field: ``dataclasses.replace`` introspects
+        the class on every call, and an ack makes one per job."""
+        return Record(
+            self.msg,
+            self.state,
+            self.ver,
+            self.token,
+            self.run_at,
+            self.updated_at,
+            self.worker,
+            self.lease_until,
+            self.result,
+            self.replays,
+            self.enq,
+            self.raw,
+        )
+
     def dump(self) -> bytes:
         d: dict[str, Any] = {
             "m": self.msg.to_dict(),

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -136,7 +135,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
         for d, held in await self._still_leased(ds):
             # a new record: the held one stays as it is, for an ack made
             # again after this one failed
-            rec = replace(held)
+            rec = held.copy()
             if not T.succeed(rec, held.token, now, d.result):
                 continue
             ttl = T.kept_for(self.retention, d.result, d.result_ttl)
@@ -210,7 +209,8 @@ class RabbitMQOutcomes(RabbitMQLedger):
             before = stamp_of(held)
             # a new record, as ``ack``'s: the held one (this broker's cache)
             # stays as it is, for a call made again after this one failed
-            rec = replace(held, msg=held.msg.copy())
+            rec = held.copy()
+            rec.msg = held.msg.copy()
             at = self.clock.to_server(d.retry_at)
             if charge:
                 T.retry(rec, rec.token, at, now, d.error)
@@ -231,7 +231,8 @@ class RabbitMQOutcomes(RabbitMQLedger):
         copies = []
         for d, held in await self._still_leased(ds):
             before = stamp_of(held)
-            rec = replace(held, msg=held.msg.copy())  # as ``_wait_again``'s
+            rec = held.copy()  # as ``_wait_again``'s
+            rec.msg = held.msg.copy()
             T.bury(rec, rec.token, now, d.error)
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
@@ -316,7 +317,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
         planned: dict[str, tuple[Stamp, bytes]] = {}
         renewed: dict[str, tuple[Delivery, Record]] = {}
         for d, rec in await self._still_leased(ds):
-            new = replace(rec)
+            new = rec.copy()
             T.extend(new, rec.token, now + lease)
             planned[k.job + d.id] = (stamp_of(rec), new.dump())
             renewed[k.job + d.id] = (d, new)
