@@ -224,11 +224,20 @@ def test_records_written_before_the_shared_transitions_still_load() -> None:
 @pytest.mark.parametrize("state", sorted(ALL))
 def test_a_copy_is_the_same_record_and_changes_alone(state: State) -> None:
     """``Record.copy`` (what an outcome changes, leaving the held record as
-    it was for a call made again) keeps every field."""
+    it was for a call made again) keeps every field; its message is shared,
+    so a transition that changes the message gets a copy of that too."""
     rec = record(state)
     rec.result, rec.enq, rec.raw, rec.replays = b"r", "e1", b"\xff", 2
     copy = rec.copy()
     assert copy.dump() == rec.dump()
+    copy.msg = rec.msg.copy()
     before = rec.dump()
-    if T.succeed(copy, TOKEN, NOW) or T.cancel(copy, NOW) or T.replay(copy, NOW):
-        assert rec.dump() == before
+    changes: tuple[Callable[[Record], object], ...] = (
+        lambda r: T.succeed(r, TOKEN, NOW),
+        lambda r: T.cancel(r, NOW),
+        lambda r: T.replay(r, NOW),
+        lambda r: T.take_lease(r, NOW + 60, "w-2", NOW),
+    )
+    applied = [change(copy) for change in changes]
+    assert any(applied) or state in (State.SUCCEEDED, State.CANCELLED)  # final: none applies
+    assert rec.dump() == before
