@@ -7,13 +7,14 @@ record in the state store (any dumbwaiter broker, through its key-value
 seam): the envelope, its state, a version that grows with each copy of it
 sent to the transport, and the fencing token of its current lease.  A copy
 whose version is not its record's is stale and dropped.  One record format
-and one set of state changes for both engines.
+for both engines, and one set of state changes (``transitions.py``).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,25 @@ class Record:
     #: keep theirs, so that ``get`` shows what was on the queue, and put
     #: back on the queue as it came by a replay
     raw: bytes | None = None
+
+    def copy(self) -> Record:
+        """A copy to change, its message shared (copy that too before
+        changing it).  Field by field: ``dataclasses.replace`` introspects
+        the class on every call, and an ack makes one per job."""
+        return Record(
+            self.msg,
+            self.state,
+            self.ver,
+            self.token,
+            self.run_at,
+            self.updated_at,
+            self.worker,
+            self.lease_until,
+            self.result,
+            self.replays,
+            self.enq,
+            self.raw,
+        )
 
     def dump(self) -> bytes:
         d: dict[str, Any] = {
@@ -117,26 +137,19 @@ class Record:
             raw=self.raw,
         )
 
-    def held_by(self, token: int) -> bool:
-        return self.state is State.RUNNING and self.token == token
 
-    def lease(self, until: float, worker: str, now: float) -> None:
-        """Running under a new lease: the next attempt, a new fencing token."""
-        self.state = State.RUNNING
-        self.msg.attempt += 1
-        self.token += 1
-        self.lease_until = until
-        self.worker = worker
-        self.updated_at = now
-
-    def wait_until(self, at: float, now: float) -> None:
-        """Waiting again for a new copy, due at ``at`` (now if past)."""
-        self.ver += 1
-        self.run_at = max(at, now)
-        self.state = State.SCHEDULED if at > now else State.READY
-        self.updated_at = now
-        self.worker = None
-        self.lease_until = 0.0
+def count_states(
+    records: Iterable[Record], now: float, counts: dict[str, dict[str, float]]
+) -> None:
+    """Add ``stats``' counts of ``records`` to ``counts`` (queue -> state ->
+    jobs, and ``lag``: the longest a ready job has waited), as
+    ``base.stats_rows`` reads them."""
+    for rec in records:
+        c = counts.setdefault(rec.msg.queue, {})
+        state = rec.shown_state(now)
+        c[state.value] = c.get(state.value, 0) + 1
+        if state is State.READY:
+            c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
 
 
 def delivery_id(event_id: str, queue: str) -> str:

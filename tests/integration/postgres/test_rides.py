@@ -1,4 +1,4 @@
-"""Acks that travel with a claim (broker._ride): one statement settles a
+"""Acks that travel with a claim (_ack_with_claim): one statement settles a
 worker's finished jobs and claims its next ones, the counters stay exact, and
 an ack whose claim fails is not lost (its caller sees the error and retries)."""
 
@@ -52,7 +52,7 @@ async def test_an_ack_made_as_a_claim_starts_rides_with_it(make_broker: Make) ->
     assert later.id in {d.id for d in second}
     assert await _stats(b) == _counted(b.schema)
     st = b._state()
-    assert st.boarding == 0 and not st.riders
+    assert st.boarding == 0 and not st.acks_on_claim
 
 
 async def test_an_ack_with_its_attempts_record_rides_and_keeps_it(make_broker: Make) -> None:

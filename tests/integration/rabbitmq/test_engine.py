@@ -348,21 +348,21 @@ async def test_a_copy_that_beats_its_record_waits_in_the_worker(
 
     monkeypatch.setattr(ledger, "LOCAL_GRACE", 30.0)  # however slow the machine
     waiting = asyncio.Event()
-    real_wait = transport._wait
+    real_wait = transport._wait_for_record
 
     def wait(link: Any, raw: Any, now: float) -> None:
         real_wait(link, raw, now)
         waiting.set()
 
-    monkeypatch.setattr(transport, "_wait", wait)
+    monkeypatch.setattr(transport, "_wait_for_record", wait)
     parked: list[object] = []
-    real_park = broker._park
+    real_park = broker._copy_delayed_until
 
     def park(raw: Any, until: float) -> Any:
         parked.append(raw)
         return real_park(raw, until)
 
-    monkeypatch.setattr(broker, "_park", park)
+    monkeypatch.setattr(broker, "_copy_delayed_until", park)
     await broker.declare(["default"])
     m = job()
     await broker._send([broker._copy(m, 0, time.time())], True)  # the copy, no record yet
@@ -476,20 +476,20 @@ def test_a_parked_copy_keeps_when_it_was_first_seen_to_the_millisecond() -> None
     minute past ``RECORD_GRACE``, or not at all."""
     from pamqp import decode, encode
 
-    from dumbwaiter.brokers.rabbitmq.ledger import _seen
+    from dumbwaiter.brokers.rabbitmq.ledger import _first_seen
     from dumbwaiter.brokers.rabbitmq.link import Raw
 
     b = RabbitMQBroker("amqp://guest:guest@127.0.0.1/?state=memory://seen-test")
     raw = Raw(queue="default", lane=topology.MAIN, tag=1, gen=1, redelivered=False, body=b"{}")
     before = time.time()
-    _, _, _, props = b._park(raw, before + 1.0)
+    _, _, _, props = b._copy_delayed_until(raw, before + 1.0)
     assert props.headers is not None
     _, headers = decode.field_table(encode.field_table(props.headers))  # as a delivery has them
     back = Raw(queue="default", lane=topology.MAIN, tag=2, gen=1, redelivered=False, body=b"{}")
     back.headers = headers
-    assert before - 0.001 <= _seen(back, 0.0) <= time.time() + 0.001
+    assert before - 0.001 <= _first_seen(back, 0.0) <= time.time() + 0.001
     # parked again: the first sighting is kept
-    _, _, _, props2 = b._park(back, time.time() + 1.0)
+    _, _, _, props2 = b._copy_delayed_until(back, time.time() + 1.0)
     assert props2.headers is not None and props2.headers["dw-seen"] == headers["dw-seen"]
 
 
@@ -1463,7 +1463,7 @@ async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
     said so)."""
     slow, rescuer, other, m, d = await _leased_briefly(make)
     taken: list[Any] = []
-    real_owned = slow._owned
+    real_owned = slow._still_leased
 
     async def owned_then_a_takeover(ds: Any) -> Any:
         out = await real_owned(ds)
@@ -1472,7 +1472,7 @@ async def test_a_heartbeat_that_meets_a_takeover_reports_the_lease_lost(
             taken.extend(await other.fetch(["default"], 1, 30.0, 10.0, "w-other"))
         return out
 
-    monkeypatch.setattr(slow, "_owned", owned_then_a_takeover)
+    monkeypatch.setattr(slow, "_still_leased", owned_then_a_takeover)
     lost = await slow.extend([d], 30.0)
     [t] = taken
     assert [x.id for x in lost] == [m.id]
@@ -1568,14 +1568,14 @@ async def test_a_replays_copy_that_beats_its_record_waits_for_it(
     await admin.open()
     await worker.open()
     ids = await _dead_jobs(admin, 3)
-    real_swap = admin._swap
+    real_swap = admin._write_if_unchanged
 
     async def swap_after_the_worker_looked(planned: Any) -> Any:
         # every copy is in the lane: the worker judges each against a dead record
         assert await worker.fetch(["default"], 10, 30.0, 0) == []
         return await real_swap(planned)
 
-    monkeypatch.setattr(admin, "_swap", swap_after_the_worker_looked)
+    monkeypatch.setattr(admin, "_write_if_unchanged", swap_after_the_worker_looked)
     assert await admin.replay(JobFilter(state=State.DEAD)) == 3
     got: list[str] = []
     while len(got) < 3:

@@ -15,8 +15,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from ...message import Message, decode
 from ...state import State
+from .. import transitions as T
 from ..base import KvWrite
+from ..listing import jobs_page
 from ..partitions import PartitionLag
+from ..record import count_states
 from ..types import JobFilter, Page, QueueStats, events_page, stats_rows
 from .engine import KafkaEngine
 from .records import Record
@@ -31,12 +34,7 @@ async def stats(b: KafkaEngine) -> list[QueueStats]:
     now = await b.now()
     queues = {k[len(n.queue) :] for k in await b.state.kv_scan(n.queue)}
     counts: dict[str, dict[str, float]] = {q: {} for q in queues}
-    for rec in await records(b):
-        c = counts.setdefault(rec.msg.queue, {})
-        state = rec.shown_state(now)
-        c[state.value] = c.get(state.value, 0) + 1
-        if state is State.READY:
-            c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
+    count_states(await records(b), now, counts)
     paused = {k[len(n.paused) :] for k in await b.state.kv_scan(n.paused)}
     return stats_rows(counts, paused)
 
@@ -44,13 +42,7 @@ async def stats(b: KafkaEngine) -> list[QueueStats]:
 async def list_jobs(b: KafkaEngine, filter: JobFilter, cursor: str | None, limit: int) -> Page:
     now = await b.now()
     infos = [r.info(now) for r in await records(b)]
-    found = sorted(
-        (i for i in infos if filter.matches(i) and (cursor is None or i.message.id < cursor)),
-        key=lambda i: i.message.id,
-        reverse=True,
-    )
-    page = found[:limit]
-    return Page(items=page, cursor=page[-1].message.id if len(found) > limit and page else None)
+    return jobs_page((i for i in infos if filter.matches(i)), cursor, limit)
 
 
 async def replay(b: KafkaEngine, filter: JobFilter) -> int:
@@ -71,11 +63,8 @@ async def replay(b: KafkaEngine, filter: JobFilter) -> int:
             if raw is None:
                 continue
             rec = Record.load(raw)
-            if rec.state is not State.DEAD:
+            if not T.replay(rec, now):
                 continue
-            rec.msg.attempt = 0
-            rec.replays += 1
-            rec.wait_until(now, now)
             writes[n.job + i] = rec.dump()
             out.append(rec)
         return writes, out

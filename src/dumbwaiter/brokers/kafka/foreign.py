@@ -43,7 +43,7 @@ def origin(c: Copy) -> str:
 
 def buried_record(c: Copy, id_: str, queue: str, now: float) -> Record:
     """The stub record a foreign copy gets when it is first read (then
-    leased: ``Record.lease``), its bytes kept as the raw body."""
+    leased: ``transitions.take_lease``), its bytes kept as the raw body."""
     stub = Message(
         id=id_,
         kind=TASK,

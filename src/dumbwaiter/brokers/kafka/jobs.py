@@ -17,13 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
-from ...state import CANCELLABLE_STATES, FINAL_STATES, State
+from ...state import FINAL_STATES, State
+from .. import transitions as T
 from ..base import KvWrite, kv_write
 from ..types import DeadLetter, Delivery, Rescued, delivery_of
 from . import foreign
 from .engine import KafkaEngine
 from .foreign import foreign_id, origin
-from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id, lease_error
+from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id
 from .transport import Copy
 
 log = logging.getLogger("dumbwaiter.kafka")
@@ -269,7 +270,8 @@ async def judge(
             if rec.run_at > now + EARLY:
                 early.append(rec)  # ahead of its time: back to a delay tier
                 continue
-            rec.lease(now + lease, worker, now)
+            if not T.take_lease(rec, now + lease, worker, now):
+                continue  # not waiting: ``_verdict`` takes none such
             writes[key] = rec.dump()
             writes[n.lease + cid] = f"{rec.lease_until:.6f}".encode()
             if lock is not None:
@@ -362,43 +364,31 @@ def _parsed(
 
 # -- outcomes ------------------------------------------------------------------------------
 
-#: what an outcome does to a held record: how long to keep it (None: for
-#: good) and the copies to write after
-Change = Callable[[KafkaEngine, Record, Delivery, float], tuple[float | None, bool, bool]]
+#: what an outcome does to a record (the transitions: ``brokers/transitions.py``):
+#: how long to keep it (None: for good) and the copies to write after (a new
+#: one, a dead letter); None when the delivery's lease is no longer held
+Settled = tuple[float | None, bool, bool]
+Change = Callable[[KafkaEngine, Record, Delivery, float], "Settled | None"]
 
 
-def acked(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
-    rec.state = State.SUCCEEDED
-    rec.updated_at = now
-    rec.result = d.result
-    ttl = d.result_ttl if d.result is not None and d.result_ttl else 0.0
-    return max(ttl, b.retention), False, False
+def acked(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> Settled | None:
+    if not T.succeed(rec, d.token, now, d.result):
+        return None
+    return T.kept_for(b.retention, d.result, d.result_ttl), False, False
 
 
-def retried(
-    b: KafkaEngine, rec: Record, d: Delivery, now: float
-) -> tuple[float | None, bool, bool]:
-    if d.error is not None:
-        rec.msg.errors.append(d.error)
-    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
-    return None, True, False
+def retried(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> Settled | None:
+    at = b.clock.to_server(d.retry_at)  # set on this host's clock
+    return (None, True, False) if T.retry(rec, d.token, at, now, d.error) else None
 
 
-def requeued(
-    b: KafkaEngine, rec: Record, d: Delivery, now: float
-) -> tuple[float | None, bool, bool]:
-    rec.msg.attempt = max(0, rec.msg.attempt - 1)
-    rec.wait_until(b.clock.to_server(d.retry_at), now)  # set on this host's clock
-    return None, True, False
+def requeued(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> Settled | None:
+    at = b.clock.to_server(d.retry_at)  # set on this host's clock
+    return (None, True, False) if T.requeue(rec, d.token, at, now) else None
 
 
-def died(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> tuple[float | None, bool, bool]:
-    if d.error is not None:
-        rec.msg.errors.append(d.error)
-    rec.state = State.DEAD
-    rec.updated_at = now
-    rec.ver += 1
-    return None, False, True
+def died(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> Settled | None:
+    return (None, False, True) if T.bury(rec, d.token, now, d.error) else None
 
 
 async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None:
@@ -419,9 +409,10 @@ async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None
             if raw is None:
                 continue
             rec = Record.load(raw)
-            if not rec.held_by(d.token):
+            settled = change(b, rec, d, now)
+            if settled is None:  # its lease was lost: the fence
                 continue
-            ttl, again, dead = change(b, rec, d, now)
+            ttl, again, dead = settled
             writes[n.job + d.id] = (rec.dump(), ttl)
             writes[n.lease + d.id] = (SETTLED, SETTLED_TTL)
             release(b, rec, got, writes)
@@ -450,10 +441,9 @@ async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[D
         for d in ds:
             raw = got.get(n.job + d.id)
             rec = None if raw is None else Record.load(raw)
-            if rec is None or not rec.held_by(d.token):
+            if rec is None or not T.extend(rec, d.token, now + lease):
                 lost.append(d)
                 continue
-            rec.lease_until = now + lease
             writes[n.job + d.id] = rec.dump()
             writes[n.lease + d.id] = f"{rec.lease_until:.6f}".encode()
         return writes, lost
@@ -494,18 +484,14 @@ async def rescue(b: KafkaEngine) -> Rescued:
             if raw is None:
                 continue
             rec = Record.load(raw)
-            if rec.state is not State.RUNNING or rec.lease_until > now:
+            state = T.rescue(rec, now)
+            if state is None:
                 if rec.state is State.RUNNING:  # extended since the scan
                     writes[n.lease + i] = f"{rec.lease_until:.6f}".encode()
                 continue
-            rec.msg.errors.append(lease_error(rec, now))
-            if rec.msg.attempt >= rec.msg.max_attempts:
-                rec.state, rec.updated_at, rec.ver = State.DEAD, now, rec.ver + 1
+            if state is State.DEAD:
                 release(b, rec, got, writes)
-                out.append((rec, True))
-            else:
-                rec.wait_until(now, now)
-                out.append((rec, False))
+            out.append((rec, state is State.DEAD))
             writes[n.job + i] = rec.dump()
         return writes, out
 
@@ -553,10 +539,9 @@ async def reconcile(b: KafkaEngine) -> int:
             if r.state in WAITING and r.run_at < old
         ]
 
-        def change(rec: Record, now: float) -> tuple[float | None, bool]:
-            if rec.run_at >= old:
-                return None, False  # changed since the scan: its copy is new
-            rec.wait_until(now, now)
+        def change(rec: Record, now: float) -> tuple[float | None, bool] | None:
+            if rec.run_at >= old or not T.reschedule(rec, now, now):
+                return None  # changed since the scan: its copy is new
             return None, True
 
         moved = await change_waiting(b, ids, change)
@@ -571,11 +556,11 @@ async def reconcile(b: KafkaEngine) -> int:
 async def change_waiting(
     b: KafkaEngine,
     ids: Sequence[str],
-    change: Callable[[Record, float], tuple[float | None, bool]],
-    states: frozenset[State] = CANCELLABLE_STATES,
+    change: Callable[[Record, float], tuple[float | None, bool] | None],
 ) -> list[str]:
-    """Apply ``change`` to the records of ``ids`` whose shown state is in
-    ``states``; write a new copy where it says so."""
+    """Apply ``change`` (a transition: None where it refuses) to the records
+    of ``ids``: how long to keep each (None: for good), and whether to write
+    a new copy."""
     if not ids:
         return []
     n = b.names
@@ -589,9 +574,10 @@ async def change_waiting(
             if raw is None:
                 continue
             rec = Record.load(raw)
-            if rec.shown_state(now) not in states:
+            changed = change(rec, now)
+            if changed is None:
                 continue
-            ttl, again = change(rec, now)
+            ttl, again = changed
             writes[n.job + i] = (rec.dump(), ttl)
             release(b, rec, got, writes)
             out.append((rec, again))
@@ -607,9 +593,8 @@ async def change_waiting(
 
 
 async def cancel(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
-    def change(rec: Record, now: float) -> tuple[float | None, bool]:
-        rec.state, rec.updated_at, rec.ver = State.CANCELLED, now, rec.ver + 1
-        return b.retention, False
+    def change(rec: Record, now: float) -> tuple[float | None, bool] | None:
+        return (b.retention, False) if T.cancel(rec, now) else None
 
     return await change_waiting(b, ids, change)
 
@@ -617,9 +602,8 @@ async def cancel(b: KafkaEngine, ids: Sequence[str]) -> list[str]:
 async def reschedule(b: KafkaEngine, ids: Sequence[str], at: float) -> list[str]:
     at = b.clock.to_server(at)
 
-    def change(rec: Record, now: float) -> tuple[float | None, bool]:
-        rec.wait_until(at, now)
-        return None, True
+    def change(rec: Record, now: float) -> tuple[float | None, bool] | None:
+        return (None, True) if T.reschedule(rec, at, now) else None
 
     return await change_waiting(b, ids, change)
 

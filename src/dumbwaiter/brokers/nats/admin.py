@@ -20,6 +20,7 @@ import orjson
 
 from ...errors import MessageDecodeError
 from ...state import CANCELLABLE_STATES, State
+from ..listing import jobs_page
 from ..types import JobFilter, JobInfo, Page, QueueStats
 from . import records as R
 from .connection import LoopLink
@@ -269,12 +270,7 @@ class Admin(Moves):
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
         link = await self._link()
-        rows = sorted(await self._matching(link, filter), key=lambda i: i.message.id, reverse=True)
-        if cursor is not None:
-            rows = [i for i in rows if i.message.id < cursor]
-        page = rows[:limit]
-        more = len(rows) > limit
-        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+        return jobs_page(await self._matching(link, filter), cursor, limit)
 
     async def replay(self, filter: JobFilter) -> int:
         link = await self._link()

@@ -83,7 +83,7 @@ class LoopState:
         #: claims whose fetch was cancelled mid-flight, being given back
         self.giving_back: set[asyncio.Task[None]] = set()
         #: acks waiting to travel with the next claim (transport.py: ack, _claim)
-        self.riders: list[Ride] = []
+        self.acks_on_claim: list[AckOnClaim] = []
         #: claims started on this loop that have not yet sent their first statement
         self.boarding = 0
         #: the last idle-capable claim of this loop found jobs: the worker is
@@ -91,7 +91,7 @@ class LoopState:
         self.busy = False
 
 
-class Ride:
+class AckOnClaim:
     """A batch of acks travelling with a claim: one statement settles the
     worker's finished jobs and claims its next ones (a round trip and a send
     fewer per batch).  ``done`` is True once acked, False if no claim took it

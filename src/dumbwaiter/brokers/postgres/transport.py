@@ -37,7 +37,7 @@ from ... import keys
 from ...message import ErrorRecord
 from ..sql.rows import delivery_row, err_json, stored_message
 from ..types import DeadLetter, Delivery, Rescued
-from .connection import LoopState, PostgresConnection, Ride
+from .connection import AckOnClaim, LoopState, PostgresConnection
 from .listen import Listener, Waiter
 from .queries import LEASE_EXPIRED
 
@@ -50,7 +50,7 @@ MAINTENANCE_LOCK = keys.MAINTENANCE_LOCK
 PRUNE_BATCH = 5000
 PRUNE_ROUND = 100_000
 #: turns of the event loop an ack waits for a claim to carry it (see ``_ack_with_claim``)
-RIDE_TURNS = 6
+ACK_WAIT_TURNS = 6
 #: seconds a waiter's row is kept past its expiry before maintenance deletes it
 WAITER_GRACE = 60.0
 #: the most seconds a cancelled fetch's withdrawal waits for a handoff that
@@ -255,7 +255,7 @@ class PostgresTransport(PostgresConnection):
     ) -> tuple[list[Delivery], float | None]:
         """Claim up to ``limit`` jobs; with none, also say in how many seconds
         the next scheduled job of ``queues`` is due (None: none is).  The
-        first statement also acks the rides waiting on this loop, if any.
+        first statement also acks the acks waiting on this loop, if any.
 
         With a ``waiter`` (an idle fetch's claim) it also settles the waits
         of this loop that ``waiter`` carries (adopting a job handed to one
@@ -264,10 +264,10 @@ class PostgresTransport(PostgresConnection):
         token = secrets.randbits(62)
         params: dict[str, Any] = {"token": token, "lease": lease, "worker": worker, "limit": limit}
         claim, fused = self._claims(params, queues, listener is not None and waiter is not None)
-        rides = ticket.take() if ticket is not None else []
+        pending_acks = ticket.take() if ticket is not None else []
         stmt = claim
-        if rides:
-            params.update(_acks([d for r in rides for d in r.ds], "ack_"))
+        if pending_acks:
+            params.update(_acks([d for r in pending_acks for d in r.ds], "ack_"))
             params["retention"] = self.retention
             stmt = fused
         rows: list[tuple[Any, int]] = []  # (row, its token)
@@ -282,17 +282,17 @@ class PostgresTransport(PostgresConnection):
                 cur = await conn.execute(stmt, params, binary=True)
                 got = await cur.fetchall()
             except BaseException as exc:
-                for r in rides:  # not acked: their callers retry them
+                for r in pending_acks:  # not acked: their callers retry them
                     if not r.done.done():
                         r.done.set_exception(_unsettled(exc))
                 raise
             finally:
                 if listener is not None:
                     listener.registering.discard(token)
-            for r in rides:
+            for r in pending_acks:
                 if not r.done.done():
                     r.done.set_result(True)
-            rides, stmt = [], claim
+            pending_acks, stmt = [], claim
             if listener is not None:
                 promoted, due = _read_idle_claim(listener, got, token, carried, rows)
             else:
@@ -349,24 +349,24 @@ class PostgresTransport(PostgresConnection):
         A worker's finished job wakes its settler (the ack) and its fetch loop
         (the next claim) together; the claim boards a few turns of the loop
         later (the fetch's task, then the claim's).  So the ack waits at most
-        ``RIDE_TURNS`` turns for a claim to board, then travels alone (how many
-        ride: docs/benchmarks-postgres.md).  Either way it is one transaction:
+        ``ACK_WAIT_TURNS`` turns for a claim to board, then travels alone (how many
+        go with a claim: docs/benchmarks-postgres.md).  Either way it is one transaction:
         the job is acked, or not at all and retried."""
         st = self._state()
-        ride = Ride(ds, st.loop.create_future())
-        st.riders.append(ride)
+        pending = AckOnClaim(ds, st.loop.create_future())
+        st.acks_on_claim.append(pending)
         try:
-            for _ in range(RIDE_TURNS):
-                if st.boarding or ride.done.done():
+            for _ in range(ACK_WAIT_TURNS):
+                if st.boarding or pending.done.done():
                     break
                 await asyncio.sleep(0)
-            if not st.boarding and not ride.done.done():
-                st.riders.remove(ride)
+            if not st.boarding and not pending.done.done():
+                st.acks_on_claim.remove(pending)
                 return False
-            return await ride.done
+            return await pending.done
         finally:
-            if ride in st.riders:  # cancelled while waiting
-                st.riders.remove(ride)
+            if pending in st.acks_on_claim:  # cancelled while waiting
+                st.acks_on_claim.remove(pending)
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if not ds:
@@ -477,23 +477,23 @@ class _Ticket:
         self.aboard = True
         st.boarding += 1
 
-    def take(self) -> list[Ride]:
-        """The rides waiting now; the claim has left the boarding."""
-        rides, self.st.riders = self.st.riders, []
+    def take(self) -> list[AckOnClaim]:
+        """The acks waiting now; the claim has left the boarding."""
+        pending_acks, self.st.acks_on_claim = self.st.acks_on_claim, []
         self.leave()
-        return rides
+        return pending_acks
 
     def leave(self) -> None:
         """Done boarding (sent, failed or cancelled).  The last claim to leave
-        sends the rides it did not take off alone."""
+        sends the acks it did not take off alone."""
         if not self.aboard:
             return
         self.aboard = False
         st = self.st
         st.boarding -= 1
         if not st.boarding:
-            rides, st.riders = st.riders, []
-            for r in rides:
+            pending_acks, st.acks_on_claim = st.acks_on_claim, []
+            for r in pending_acks:
                 if not r.done.done():
                     r.done.set_result(False)
 
@@ -567,7 +567,7 @@ def _acks(ds: Sequence[Delivery], prefix: str = "") -> dict[str, Any]:
 
 
 def _unsettled(exc: BaseException) -> BaseException:
-    """What a rider's ack raises when its claim failed."""
+    """What an ack that waited for a claim raises when the claim failed."""
     if isinstance(exc, Exception):
         return exc
     return psycopg.OperationalError(f"the claim carrying this ack did not complete: {exc!r}")

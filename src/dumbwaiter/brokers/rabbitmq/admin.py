@@ -4,7 +4,7 @@ counts, pages of jobs, replay, purge, cancel, reschedule, pause.
 Every job has a record in the state store (ledger.py), so the admin reads
 records, not queues.  A call that changes jobs sends their new copies
 first and then writes the records, each only if it is still the record
-read (``_swap``): a job a worker leased, or another call changed, in
+read (``_write_if_unchanged``): a job a worker leased, or another call changed, in
 between is left as it is, and the new copy is dropped as stale.
 """
 
@@ -17,11 +17,13 @@ from pamqp import commands as spec
 
 from ...errors import BrokerError
 from ...message import EVENT
-from ...state import CANCELLABLE_STATES, State
+from ...state import State
+from .. import transitions as T
 from ..base import KvWrite
-from ..record import Record
+from ..listing import jobs_page
+from ..record import Record, count_states
 from ..types import JobFilter, JobInfo, Page, QueueStats, stats_rows
-from .ledger import KEY_ROUNDS, RabbitMQLedger, Stamp, stamp_of, swapped
+from .ledger import KEY_ROUNDS, RabbitMQLedger, Stamp, stamp_of, still_unchanged
 from .link import AMQP_ERRORS
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
@@ -40,12 +42,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         queues = {q[len(k.queue) :] for q in await self.state.kv_scan(k.queue)}
         paused = {q[len(k.paused) :] for q in await self.state.kv_scan(k.paused)}
         counts: dict[str, dict[str, float]] = {q: {} for q in queues | paused}
-        for rec in await self._records():
-            c = counts.setdefault(rec.msg.queue, {})
-            st = rec.shown_state(now)
-            c[st.value] = c.get(st.value, 0) + 1
-            if st is State.READY:
-                c["lag"] = max(c.get("lag", 0.0), now - rec.run_at)
+        count_states(await self._records(), now, counts)
         return stats_rows(counts, paused)
 
     async def _matching(self, filter: JobFilter) -> list[Record]:
@@ -61,12 +58,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         self, filter: JobFilter, cursor: str | None = None, limit: int = 50
     ) -> Page:
         now = self.clock.now()
-        recs = sorted(await self._matching(filter), key=lambda r: r.msg.id, reverse=True)
-        if cursor is not None:
-            recs = [r for r in recs if r.msg.id < cursor]
-        page = [r.info(now) for r in recs[:limit]]
-        more = len(recs) > limit
-        return Page(items=page, cursor=page[-1].message.id if more and page else None)
+        return jobs_page([r.info(now) for r in await self._matching(filter)], cursor, limit)
 
     async def get(self, id: str) -> JobInfo | None:
         got = await self.state.kv_get([self.keys.job + id])
@@ -78,7 +70,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         crash before the records are written loses nothing: a copy ahead of
         its record waits for it, even while it still says dead, and wins
         after ``RECORD_GRACE``), then the records change in one
-        ``kv_update``, each only if it is still the record read (``_swap``):
+        ``kv_update``, each only if it is still the record read (``_write_if_unchanged``):
         a job purged or replayed by another call meanwhile is left as that
         call made it, and its new copy here is dropped (stale, or a second
         copy of the same version).
@@ -94,13 +86,9 @@ class RabbitMQAdmin(RabbitMQLedger):
         copies = []
         raws: dict[str, Record] = {}
         for rec in await self._matching(filter):
-            if rec.state is not State.DEAD:
-                continue
             before = stamp_of(rec)
-            rec.msg.attempt = 0
-            rec.replays += 1
-            rec.ver += 1
-            rec.state, rec.run_at, rec.updated_at = State.READY, now, now
+            if not T.replay(rec, now):
+                continue
             key = self.keys.job + rec.msg.id
             if rec.raw is not None:
                 raws[key] = rec
@@ -110,7 +98,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         if not planned:
             return 0
         await self._send(copies, True)
-        won = await self._swap(planned)
+        won = await self._write_if_unchanged(planned)
         if won:
             await self._sweep_dlq({key[len(self.keys.job) :] for key in won})
         await self._send([self._raw_copy(raws[key]) for key in won if key in raws], True)
@@ -120,7 +108,7 @@ class RabbitMQAdmin(RabbitMQLedger):
         """Delete the matching jobs that are not running.
 
         One ``kv_update`` marks the records cancelled (a new version), each
-        only if it is still the record read (``_swap``'s rule): a job a
+        only if it is still the record read (``_write_if_unchanged``'s rule): a job a
         worker leased (or another call changed) since the read is left
         alone, and a marked job can no longer be leased, replayed or
         rescheduled (every queued copy of it is dropped).  The same update
@@ -146,13 +134,13 @@ class RabbitMQAdmin(RabbitMQLedger):
             mark.state, mark.updated_at = State.CANCELLED, now
             mark.ver += 1
             planned[k.job + r.msg.id] = (before, mark.dump())
-            ttls[k.job + r.msg.id] = self._outlive(r, now)
+            ttls[k.job + r.msg.id] = self._ttl_past_due(r, now)
             kk = self._entry_of(r)
             if kk is not None:
                 holds[k.job + r.msg.id] = kk
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], set[str]]:
-            marks = swapped(planned, got)
+            marks = still_unchanged(planned, got)
             writes: dict[str, KvWrite] = {key: (v, ttls[key]) for key, v in marks.items()}
             for key in marks:
                 kk = holds.get(key)
@@ -206,7 +194,7 @@ class RabbitMQAdmin(RabbitMQLedger):
 
         Each cancelled record is written once, in that update, with its ttl:
         kept until its queued copy has come up and been dropped
-        (``_outlive``; a second write after the update would bring back a
+        (``_ttl_past_due``; a second write after the update would bring back a
         record that a purge deleted in between).  The unique key a cancelled
         job still holds gets the same ttl in the same update (it blocks as
         long as the record is kept, as a finished job's does).  Which
@@ -231,15 +219,14 @@ class RabbitMQAdmin(RabbitMQLedger):
                     if raw is None:
                         continue
                     rec = Record.load(raw)
-                    if rec.shown_state(now) not in CANCELLABLE_STATES:
+                    if not T.cancellable(rec, now):
                         continue
                     kk = self._entry_of(rec)
                     if kk is not None and kk not in known:
                         missing.add(kk)
                         continue
-                    rec.state, rec.updated_at = State.CANCELLED, now
-                    rec.ver += 1  # its queued copy is stale now
-                    ttl = self._outlive(rec, now)
+                    T.cancel(rec, now)  # a new version: its queued copy is stale
+                    ttl = self._ttl_past_due(rec, now)
                     writes[key] = (rec.dump(), ttl)
                     id_ = key[len(k.job) :]
                     if kk is not None and got.get(kk, b"").decode() == id_:
@@ -255,7 +242,7 @@ class RabbitMQAdmin(RabbitMQLedger):
             known = out
         raise BrokerError("rabbitmq cancel: the jobs' unique keys kept changing")
 
-    def _outlive(self, rec: Record, now: float) -> float:
+    def _ttl_past_due(self, rec: Record, now: float) -> float:
         """Seconds a record or tombstone must stay so that the job's queued
         copy (due at ``run_at``) finds it: retention past the due time."""
         keep = self.event_retention if rec.msg.kind == EVENT else self.retention
@@ -263,7 +250,7 @@ class RabbitMQAdmin(RabbitMQLedger):
 
     async def reschedule(self, ids: Sequence[str], at: float) -> list[str]:
         """Waiting jobs to run at ``at``: copies first, then the records in one
-        ``_swap`` (see ``replay``).  A job a worker leased, or another call
+        ``_write_if_unchanged`` (see ``replay``).  A job a worker leased, or another call
         changed, between the read and the write is not rescheduled (and not
         returned); its new copy is stale, or parks behind the live lease
         (``_judge``) and is dropped once the job is done."""
@@ -278,18 +265,15 @@ class RabbitMQAdmin(RabbitMQLedger):
             if raw is None or key in planned:
                 continue
             rec = Record.load(raw)
-            if rec.shown_state(now) not in CANCELLABLE_STATES:
-                continue
             before = stamp_of(rec)
-            rec.ver += 1
-            rec.run_at, rec.updated_at = at, now
-            rec.state = State.SCHEDULED if at > now else State.READY
-            copies.append(self._copy(rec.msg, rec.ver, at))
+            if not T.reschedule(rec, at, now):
+                continue
+            copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
             planned[key] = (before, rec.dump())
         if not planned:
             return []
         await self._send(copies, True)
-        won = set(await self._swap(planned))
+        won = set(await self._write_if_unchanged(planned))
         return [key[len(self.keys.job) :] for key in planned if key in won]
 
     async def pause(self, queue: str) -> None:

@@ -105,9 +105,9 @@ class RabbitMQConnection(StateDelegation):
             lambda loop: AmqpLink(self.amqp_url, name, loop), AmqpLink.drop, _abandon
         )
         #: jobs this broker object leased: id -> (token, lease_until)
-        self._held: dict[str, tuple[int, float]] = {}
+        self._leases_held: dict[str, tuple[int, float]] = {}
         #: the records of those jobs as this broker last wrote them
-        self._recs: dict[str, Record] = {}
+        self._leased_records: dict[str, Record] = {}
         #: jobs a fetch dead-lettered (their worker died on the last attempt),
         #: for the next ``rescue`` to report
         self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)

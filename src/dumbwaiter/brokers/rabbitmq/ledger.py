@@ -10,11 +10,11 @@ fencing token of its current lease.  A copy that arrives with an older
 version than its record is stale (retried, rescued, rescheduled or
 cancelled since) and is dropped (``RabbitMQLedger._judge``).
 
-Writes that follow a read compare first: ``_swap`` writes a record only if
+Writes that follow a read compare first: ``_write_if_unchanged`` writes a record only if
 it is still the one read (its ``stamp_of``), so an admin call, a rescue or
 an outcome cannot clobber a lease, cancel or retry that came in between.
 ``RabbitMQLedger`` also builds the copies every part sends (``_copy``,
-``_park``, ``_dead_copy``).
+``_copy_delayed_until``, ``_dead_copy``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from typing import Any
 import orjson
 from pamqp import commands as spec
 
-from ...errors import LeaseExpired, MessageDecodeError
-from ...message import EVENT, TASK, ErrorRecord, Message, decode, encode, uuid7
+from ...errors import MessageDecodeError
+from ...message import EVENT, TASK, Message, decode, encode, uuid7
 from ...state import FINAL_STATES, State
+from .. import transitions as T
 from ..base import KvWrite
 from ..record import Record, delivery_id
 from ..types import Binding, Delivery
@@ -40,7 +41,7 @@ from .link import Raw
 #: seconds a copy newer than its record waits for the record to be written
 RECORD_GRACE = 5.0
 #: seconds a first-seen copy without its record may wait in the worker
-#: (``transport._wait``), judged again after a growing pause, before it goes
+#: (``transport._wait_for_record``), judged again after a growing pause, before it goes
 #: to the delay cascade (``topology.UNIT`` and more): a producer writes a
 #: job's record while RabbitMQ stores its copy, and a worker may see the
 #: copy a moment before the record's commit
@@ -63,10 +64,10 @@ Stamp = tuple[int, int, str, float]
 
 
 @dataclass(slots=True)
-class Ride:
+class AckOnAdmission:
     """An ack's planned records (key: (the stamp of the lease held, the
     record with its ttl)), waiting for this link's next admission to write
-    them in its ``kv_update`` (``RabbitMQOutcomes._ride``)."""
+    them in its ``kv_update`` (``RabbitMQOutcomes._ack_with_admission``)."""
 
     planned: dict[str, tuple[Stamp, KvWrite]]
     ids: set[str]
@@ -83,7 +84,7 @@ class Token:
     tag: int
 
 
-def _seen(raw: Raw, now: float) -> float:
+def _first_seen(raw: Raw, now: float) -> float:
     """When a parked copy was first seen (``dw-seen``, a decimal string; a
     float from an older version, 32 bits wide, is read as it is), or ``now``."""
     value = raw.headers.get("dw-seen")
@@ -177,12 +178,12 @@ def parse_copies(
     return parsed, bad
 
 
-def _unrecorded(raw: Raw, m: Message, ver: int, now: float) -> Verdict:
+def _judge_unrecorded(raw: Raw, m: Message, ver: int, now: float) -> Verdict:
     """``_judge`` of a copy without a record (nor a tombstone): its enqueue
     is between the publish and a failed compensation, or the state store
     lost it (a crash of a store that does not sync every commit).  Wait a
     moment for it; then the copy, which RabbitMQ confirmed, is the truth."""
-    seen = _seen(raw, now)
+    seen = _first_seen(raw, now)
     if now - seen < RECORD_GRACE:
         if _may_wait(raw, now):
             return WAIT, None
@@ -192,7 +193,7 @@ def _unrecorded(raw: Raw, m: Message, ver: int, now: float) -> Verdict:
     )
 
 
-def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> Verdict | None:
+def _judge_ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> Verdict | None:
     """``_judge`` of a copy newer than its record: a verdict, or None when the
     copy wins (``rec`` is then its job's record as the copy makes it).
 
@@ -204,10 +205,10 @@ def _ahead(raw: Raw, m: Message, rec: Record, ver: int, now: float) -> Verdict |
     and the copy wins over a waiting record or a dead one (the replay's),
     but never over a live lease or a finished job: an admin call or a
     rescue whose record write found the job leased since its read
-    (``_swap``) leaves such a copy behind, and it waits the lease out (the
+    (``_write_if_unchanged``) leaves such a copy behind, and it waits the lease out (the
     job is then done, and the copy dropped; or retried, rescued or its
     lease lost, and the copy stale, a twin or the winner)."""
-    seen = _seen(raw, now)
+    seen = _first_seen(raw, now)
     if now - seen < RECORD_GRACE:
         if _may_wait(raw, now):
             return WAIT, None
@@ -226,7 +227,7 @@ def stamp_of(rec: Record) -> Stamp:
     return rec.ver, rec.token, rec.state.value, rec.lease_until
 
 
-def swapped(
+def still_unchanged(
     planned: Mapping[str, tuple[Stamp, bytes]], got: Mapping[str, bytes]
 ) -> dict[str, bytes]:
     """The planned records (key: (the read record's stamp, the new record))
@@ -265,16 +266,6 @@ def _stamp_raw(raw: bytes) -> Stamp:
     return int(d["v"]), int(d["t"]), str(d["s"]), float(d.get("l") or 0.0)
 
 
-def lease_error(rec: Record, now: float, why: str) -> ErrorRecord:
-    return ErrorRecord(
-        time=now,
-        type=f"dumbwaiter.errors.{LeaseExpired.__name__}",
-        message=f"lease expired: worker {rec.worker or '?'} lost attempt {rec.msg.attempt} ({why})",
-        worker=rec.worker or "",
-        attempt=rec.msg.attempt,
-    )
-
-
 class RabbitMQLedger(RabbitMQConnection):
     """The records' side of every part: the copies they send, the compared
     writes, the judgement of a copy (the module's doc)."""
@@ -304,7 +295,9 @@ class RabbitMQLedger(RabbitMQConnection):
             return self.names.level(topo.LEVELS - 1), topo.delay_key(units, target), raw, props
         return "", target, raw, props
 
-    def _park(self, raw: Raw, until: float) -> tuple[str, str, bytes, spec.Basic.Properties]:
+    def _copy_delayed_until(
+        self, raw: Raw, until: float
+    ) -> tuple[str, str, bytes, spec.Basic.Properties]:
         """Send a copy as it came back into the cascade until ``until``."""
         lane_queue = self.names.lane(raw.queue, raw.lane)
         units = max(1, topo.delay_units(until - self.clock.now()))
@@ -314,7 +307,7 @@ class RabbitMQLedger(RabbitMQConnection):
             message_id=raw.message_id or None,
             headers={
                 # a string: AMQP tables carry a Python float as a 32-bit float,
-                # which is up to a minute off at today's epoch (_seen)
+                # which is up to a minute off at today's epoch (_first_seen)
                 "dw-seen": f"{self.clock.now():.6f}",
                 **{k: v for k, v in raw.headers.items() if k.startswith("dw-")},
             },
@@ -384,7 +377,7 @@ class RabbitMQLedger(RabbitMQConnection):
             return None
         return self.keys.key + rec.msg.key
 
-    async def _swap(self, planned: Mapping[str, tuple[Stamp, bytes]]) -> list[str]:
+    async def _write_if_unchanged(self, planned: Mapping[str, tuple[Stamp, bytes]]) -> list[str]:
         """Write each planned record (key: (the read record's ``stamp_of``, the
         new record)) only if the record is still the one read, in one
         ``kv_update`` (atomic on a SQLite state store): an admin call's
@@ -394,7 +387,7 @@ class RabbitMQLedger(RabbitMQConnection):
         ``decide`` only parses what it was given: pure, safe to run twice."""
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], list[str]]:
-            writes = swapped(planned, got)
+            writes = still_unchanged(planned, got)
             return writes, list(writes)
 
         return await self.state.kv_update(list(planned), decide)
@@ -420,7 +413,7 @@ class RabbitMQLedger(RabbitMQConnection):
         if rec_raw is None:
             if k.claim + "gone:" + did in got:
                 return DROP, None  # purged: its tombstone outlives its copies
-            return _unrecorded(raw, m, ver, now)
+            return _judge_unrecorded(raw, m, ver, now)
         rec = Record.load(rec_raw, None if ev is not None else m, ver)
         if _other_enqueue(_enq_of(raw), rec.enq):
             return DROP, None  # another enqueue's copy: that one's record won
@@ -429,7 +422,7 @@ class RabbitMQLedger(RabbitMQConnection):
         if ver > rec.ver:
             # judged before the state: a replay's copy is sent while its
             # record still says dead, and must wait for the record
-            ahead = _ahead(raw, m, rec, ver, now)
+            ahead = _judge_ahead(raw, m, rec, ver, now)
             if ahead is not None:
                 return ahead
         elif rec.state in FINAL_STATES:
@@ -439,11 +432,9 @@ class RabbitMQLedger(RabbitMQConnection):
                 return DROP, None  # a copy sent twice (a publish tried again)
             if rec.lease_until > now:
                 return PARK, rec  # its worker's connection closed: wait out the lease
-            # its worker's connection died and its lease ran out
-            rec.msg.errors.append(lease_error(rec, now, "its connection closed"))
-            if rec.msg.attempt >= rec.msg.max_attempts:
-                rec.state, rec.updated_at = State.DEAD, now
-                rec.ver += 1
+            # its worker's connection died and its lease ran out: this copy,
+            # still the current one, takes the job over (``T.take_lease``)
+            if T.lose_lease(rec, now, "lost its connection") is State.DEAD:
                 return DEAD, rec
             return TAKE, rec
         if rec.run_at > now + 0.001:

@@ -149,8 +149,8 @@ class AmqpLink:
         self.looked_at = 0.0
         self.looked: set[str] = set()
         #: acks waiting for this loop's next admission to write their
-        #: records (``RabbitMQOutcomes._ride``)
-        self.riders: list[Any] = []  # ledger.Ride
+        #: records (``RabbitMQOutcomes._ack_with_admission``)
+        self.acks_on_admission: list[Any] = []  # ledger.AckOnAdmission
         #: the private hooks this connection uses (``ensure`` decides, from
         #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
         #: inline (``_hand_over_inline``), deliveries assembled in the

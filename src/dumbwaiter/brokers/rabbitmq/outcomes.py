@@ -4,10 +4,10 @@
 An outcome is written to the job's record first, then the AMQP message is
 acked (a worker that dies in between leaves a copy the ledger drops as
 finished).  A lease with more than ``SURE`` seconds to run is the worker's
-without asking the state store (``_owned``); the writes that follow compare
-the record first (``_swap``), so a lease that ran out meanwhile is never
-written over.  An ack's records ride with this loop's next admission when
-one comes within a few turns (``_ride``): one state-store trip for both.
+without asking the state store (``_still_leased``); the writes that follow compare
+the record first (``_write_if_unchanged``), so a lease that ran out meanwhile is never
+written over.  An ack's records are written by this loop's next admission when
+one comes within a few turns (``_ack_with_admission``): one state-store trip for both.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -25,19 +24,19 @@ from pamqp import commands as spec
 from ...errors import MessageDecodeError
 from ...message import TASK, ErrorRecord, Message
 from ...state import State
+from .. import transitions as T
 from ..base import KvWrite
 from ..record import Record
 from ..types import DeadLetter, Delivery, Rescued
 from . import topology as topo
 from .ledger import (
+    AckOnAdmission,
     RabbitMQLedger,
-    Ride,
     Stamp,
     Token,
-    lease_error,
     stamp_of,
     still_held,
-    swapped,
+    still_unchanged,
 )
 from .link import AMQP_ERRORS
 
@@ -46,8 +45,8 @@ log = logging.getLogger("dumbwaiter.rabbitmq")
 #: seconds of lease left under which an outcome reads the record (fencing)
 SURE = 1.0
 #: turns of the event loop an ack waits for this loop's next admission to
-#: carry its records (``_ride``); then it writes them alone
-RIDE_TURNS = 6
+#: carry its records (``_ack_with_admission``); then it writes them alone
+ACK_WAIT_TURNS = 6
 #: seconds between reconciles of the records with the lanes (``_reconcile``):
 #: each process tries once per period, and one process of the app does it
 RECONCILE_EVERY = 60.0
@@ -65,7 +64,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
     """The seam's outcome methods and ``rescue`` on RabbitMQ (mixed into
     ``RabbitMQBroker``)."""
 
-    async def _owned(self, ds: Sequence[Delivery]) -> list[tuple[Delivery, Record]]:
+    async def _still_leased(self, ds: Sequence[Delivery]) -> list[tuple[Delivery, Record]]:
         """The deliveries whose lease is still theirs, with their records.
 
         A lease with more than ``SURE`` seconds to run is ours without asking
@@ -73,7 +72,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
         admin calls never touch running jobs), so the record this broker
         wrote at fetch or heartbeat is the record when the outcome is
         decided.  Others are read.  The outcome's write compares it again
-        (``still_held``, ``_swap``): it may reach the store only after the
+        (``still_held``, ``_write_if_unchanged``): it may reach the store only after the
         lease ran out."""
         k = self.keys
         now = await self._now()
@@ -83,7 +82,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
             tok = d.token
             if d.message is None or not isinstance(tok, Token):
                 continue
-            rec = self._recs.get(d.id)
+            rec = self._leased_records.get(d.id)
             if rec is not None and rec.token == tok.record and d.lease_until > now + SURE:
                 out.append((d, rec))
             else:
@@ -102,9 +101,9 @@ class RabbitMQOutcomes(RabbitMQLedger):
     async def _finish(self, ds: Sequence[Delivery]) -> None:
         """Ack the deliveries' AMQP messages and forget their leases."""
         for d in ds:
-            if self._held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
-                self._held.pop(d.id, None)
-                self._recs.pop(d.id, None)
+            if self._leases_held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
+                self._leases_held.pop(d.id, None)
+                self._leased_records.pop(d.id, None)
         link = self._links.current()
         if link is None:
             return
@@ -128,22 +127,24 @@ class RabbitMQOutcomes(RabbitMQLedger):
         (a key without a unique mode blocks while its holder's record is
         kept): the key's entry gets the record's ttl in the same
         ``kv_update``, only if it still names the job (a newer job that took
-        the key over keeps it, with no expiry).  Jobs without a key ride
-        with this loop's next admission when one comes (``_ride``)."""
+        the key over keeps it, with no expiry).  Jobs without a key are
+        written by this loop's next admission when one comes
+        (``_ack_with_admission``)."""
         now = await self._now()
         planned: dict[str, tuple[Stamp, KvWrite]] = {}
         holds: list[tuple[str, str, float]] = []  # (key's entry, job id, ttl)
-        for d, held in await self._owned(ds):
+        for d, held in await self._still_leased(ds):
             # a new record: the held one stays as it is, for an ack made
             # again after this one failed
-            rec = replace(held, state=State.SUCCEEDED, updated_at=now, result=d.result)
-            ttl = d.result_ttl if d.result is not None and d.result_ttl else self.retention
-            ttl = max(ttl, self.retention)
+            rec = held.copy()
+            if not T.succeed(rec, held.token, now, d.result):
+                continue
+            ttl = T.kept_for(self.retention, d.result, d.result_ttl)
             planned[self.keys.job + d.id] = (stamp_of(held), (rec.dump(), ttl))
             kk = self._entry_of(rec)
             if kk is not None:
                 holds.append((kk, d.id, ttl))
-        if planned and (holds or not await self._ride(planned, {d.id for d in ds})):
+        if planned and (holds or not await self._ack_with_admission(planned, {d.id for d in ds})):
             job = self.keys.job
 
             def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], None]:
@@ -156,46 +157,48 @@ class RabbitMQOutcomes(RabbitMQLedger):
             await self.state.kv_update([*planned, *sorted({kk for kk, _, _ in holds})], decide)
         await self._finish(ds)
 
-    async def _ride(self, planned: dict[str, tuple[Stamp, KvWrite]], ids: set[str]) -> bool:
+    async def _ack_with_admission(
+        self, planned: dict[str, tuple[Stamp, KvWrite]], ids: set[str]
+    ) -> bool:
         """Write an ack's records with this loop's next admission, if one
-        comes within ``RIDE_TURNS`` turns of the loop: True once written that
+        comes within ``ACK_WAIT_TURNS`` turns of the loop: True once written that
         way, False if none came (the caller writes them alone).
 
         A worker's finished jobs wake its settler (the ack) and its fetch
         loop (the next admission) together, and on a busy worker the
         admission's ``kv_update`` comes a few turns later: the records
-        ride in it, one state-store trip for both, compared as the ack's own
+        are written in it, one state-store trip for both, compared as the ack's own
         write compares them.  Either way the records are written before the
         AMQP ack, as before."""
         link = self._links.current()
         if link is None:
             return False
-        ride = Ride(dict(planned), ids, asyncio.get_running_loop().create_future())
-        link.riders.append(ride)
+        pending = AckOnAdmission(dict(planned), ids, asyncio.get_running_loop().create_future())
+        link.acks_on_admission.append(pending)
         try:
-            for _ in range(RIDE_TURNS):
-                if ride.taken:
+            for _ in range(ACK_WAIT_TURNS):
+                if pending.taken:
                     break
                 await asyncio.sleep(0)
-            if not ride.taken:
+            if not pending.taken:
                 return False
-            await ride.done
+            await pending.done
             return True
         finally:
-            if ride in link.riders:  # not taken (or cancelled while waiting)
-                link.riders.remove(ride)
+            if pending in link.acks_on_admission:  # not taken (or cancelled while waiting)
+                link.acks_on_admission.remove(pending)
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
-        await self._again(ds, charge=True)
+        await self._wait_again(ds, charge=True)
 
     async def requeue(self, ds: Sequence[Delivery]) -> None:
-        await self._again(ds, charge=False)
+        await self._wait_again(ds, charge=False)
 
-    async def _again(self, ds: Sequence[Delivery], charge: bool) -> None:
+    async def _wait_again(self, ds: Sequence[Delivery], charge: bool) -> None:
         """A new copy, due at ``d.retry_at``; then the old one goes.
 
         The record is written only where it is still the lease read
-        (``_swap``): ``_owned`` trusts a lease with more than ``SURE`` to
+        (``_write_if_unchanged``): ``_still_leased`` trusts a lease with more than ``SURE`` to
         run, and a publish slower than that lets the lease run out, the job
         be rescued and another worker take it.  A blind write then set the
         record back under that worker's running job (its ack fenced off, the
@@ -203,46 +206,46 @@ class RabbitMQOutcomes(RabbitMQLedger):
         now = await self._now()
         writes: dict[str, tuple[Stamp, bytes]] = {}
         copies = []
-        for d, rec in await self._owned(ds):
-            before = stamp_of(rec)
-            if charge and d.error is not None:
-                rec.msg.errors.append(d.error)
-            if not charge:
-                rec.msg.attempt = max(0, rec.msg.attempt - 1)
-            rec.ver += 1
-            rec.updated_at = now
-            rec.run_at = max(self.clock.to_server(d.retry_at), now)
-            rec.state = State.SCHEDULED if rec.run_at > now else State.READY
+        for d, held in await self._still_leased(ds):
+            before = stamp_of(held)
+            # a new record, as ``ack``'s: the held one (this broker's cache)
+            # stays as it is, for a call made again after this one failed
+            rec = held.copy()
+            rec.msg = held.msg.copy()
+            at = self.clock.to_server(d.retry_at)
+            if charge:
+                T.retry(rec, rec.token, at, now, d.error)
+            else:
+                T.requeue(rec, rec.token, at, now)
             copies.append(self._copy(rec.msg, rec.ver, rec.run_at))
             writes[self.keys.job + d.id] = (before, rec.dump())
         await self._send(copies, True)
         if writes:
-            await self._swap(writes)
+            await self._write_if_unchanged(writes)
         await self._finish(ds)
 
     async def dead(self, ds: Sequence[Delivery]) -> None:
         """The job's copy to the DLQ, its record dead where it is still the
-        lease read (``_swap``, as ``_again``)."""
+        lease read (``_write_if_unchanged``, as ``_wait_again``)."""
         now = await self._now()
         writes: dict[str, tuple[Stamp, bytes]] = {}
         copies = []
-        for d, rec in await self._owned(ds):
-            before = stamp_of(rec)
-            if d.error is not None:
-                rec.msg.errors.append(d.error)
-            rec.state, rec.updated_at = State.DEAD, now
-            rec.ver += 1
+        for d, held in await self._still_leased(ds):
+            before = stamp_of(held)
+            rec = held.copy()  # as ``_wait_again``'s
+            rec.msg = held.msg.copy()
+            T.bury(rec, rec.token, now, d.error)
             copies.append(self._dead_copy(rec.msg, rec.msg.queue))
             writes[self.keys.job + d.id] = (before, rec.dump())
         undecodable = [d for d in ds if d.message is None and isinstance(d.token, Token)]
         if undecodable:
-            copies += await self._bury(undecodable, now)
+            copies += await self._bury_undecodable(undecodable, now)
         await self._send(copies, True)
         if writes:
-            await self._swap(writes)
+            await self._write_if_unchanged(writes)
         await self._finish(ds)
 
-    async def _bury(
+    async def _bury_undecodable(
         self, ds: Sequence[Delivery], now: float
     ) -> list[tuple[str, str, bytes, spec.Basic.Properties]]:
         """Dead records of messages that are not envelopes, written before
@@ -303,9 +306,9 @@ class RabbitMQOutcomes(RabbitMQLedger):
         """Move each lease still this worker's ``lease`` seconds ahead.
 
         The record is written only where it is still the one this worker
-        holds (``_swap``'s compare, in one ``kv_update`` with the lease map):
+        holds (``_write_if_unchanged``'s compare, in one ``kv_update`` with the lease map):
         a rescue, or another worker's takeover of the expired lease, may
-        have come between ``_owned``'s look and this write, and a blind
+        have come between ``_still_leased``'s look and this write, and a blind
         write would set the job back under that worker (its ack fenced off)
         or undo a rescue's dead letter.  Such a lease is reported lost.  The
         rescuer's compare includes the lease's end, so of a heartbeat and a
@@ -314,15 +317,16 @@ class RabbitMQOutcomes(RabbitMQLedger):
         k = self.keys
         planned: dict[str, tuple[Stamp, bytes]] = {}
         renewed: dict[str, tuple[Delivery, Record]] = {}
-        for d, rec in await self._owned(ds):
-            new = replace(rec, lease_until=now + lease)
+        for d, rec in await self._still_leased(ds):
+            new = rec.copy()
+            T.extend(new, rec.token, now + lease)
             planned[k.job + d.id] = (stamp_of(rec), new.dump())
             renewed[k.job + d.id] = (d, new)
         lease_key = k.lease + self.instance
-        held = dict(self._held)
+        held = dict(self._leases_held)
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], set[str]]:
-            writes = swapped(planned, got)
+            writes = still_unchanged(planned, got)
             mine = dict(held)
             for key, (d, rec) in renewed.items():
                 if key in writes:
@@ -337,13 +341,13 @@ class RabbitMQOutcomes(RabbitMQLedger):
         for key, (d, rec) in renewed.items():
             if key in won:
                 d.lease_until = rec.lease_until
-                self._held[d.id] = (rec.token, rec.lease_until)
-                self._recs[d.id] = rec
+                self._leases_held[d.id] = (rec.token, rec.lease_until)
+                self._leased_records[d.id] = rec
         lost = [d for d in ds if d.message is not None and k.job + d.id not in won]
         for d in lost:
-            if self._held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
-                self._held.pop(d.id, None)
-                self._recs.pop(d.id, None)
+            if self._leases_held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
+                self._leases_held.pop(d.id, None)
+                self._leased_records.pop(d.id, None)
         return lost
 
     async def rescue(self) -> Rescued:
@@ -478,24 +482,19 @@ class RabbitMQOutcomes(RabbitMQLedger):
             if found is None:
                 continue
             rec = Record.load(found)
-            if rec.state is not State.RUNNING or rec.token != token or rec.lease_until >= now:
+            if rec.token != token or not T.expired(rec, now):
                 continue
             claim = f"{k.claim}rescue:{id_}:{token}"
             if not await self.state.kv_add(claim, b"1", ttl=3600):
                 continue
             claims.append(claim)
             stamp = stamp_of(rec)
-            rec.msg.errors.append(lease_error(rec, now, "it stopped heartbeating"))
-            rec.ver += 1
-            rec.updated_at = now
-            if rec.msg.attempt >= rec.msg.max_attempts:
-                rec.state = State.DEAD
+            if T.rescue(rec, now) is State.DEAD:
                 copies.append(self._dead_copy(rec.msg, rec.msg.queue))
                 dead[k.job + id_] = DeadLetter(
                     id_, rec.msg.queue, rec.msg.name, rec.msg.errors[-1], rec.msg.copy()
                 )
             else:
-                rec.state, rec.run_at = State.READY, now
                 copies.append(self._copy(rec.msg, rec.ver, now))
             planned[k.job + id_] = (stamp, rec.dump())
         # The copies go first (a rescuer that dies next loses nothing: a copy
@@ -506,7 +505,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
         # would set that job back to ready after its new copy was judged
         # stale, a record no copy serves (the crash test's stuck jobs).  A
         # copy whose write lost is ahead of its record: dropped once the job
-        # is finished, parked while it is leased (``_ahead``).
+        # is finished, parked while it is leased (``_judge_ahead``).
         try:
             await self._send(copies, True)
         except BaseException:
@@ -517,7 +516,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
             except Exception:
                 log.exception("could not release the claims of a failed rescue")
             raise
-        won = await self._swap(planned) if planned else []
+        won = await self._write_if_unchanged(planned) if planned else []
         dead_letters = [dead[key] for key in won if key in dead]
         # tidy other owners' lease maps: what is rescued or finished leaves them
         gone = [

@@ -28,6 +28,7 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import Message
 from ...state import State
+from .. import transitions as T
 from ..base import KvWrite, kv_write
 from ..record import Record
 from ..types import Binding, DeadLetter, Delivery, delivery_of
@@ -257,19 +258,19 @@ class RabbitMQTransport(RabbitMQLedger):
                 requeue.append(raw.tag)
                 continue
             if verdict is WAIT:  # unacked, in the link, judged again shortly
-                _wait(link, raw, now)
+                _wait_for_record(link, raw, now)
                 continue
             if verdict is BIND and ev is not None:
                 binding = await self._binding(raw.queue, ev.name)
                 msg = delivery_of(ev, binding, did)
                 verdict = TAKE
                 rec = Record(msg=msg, state=State.READY, run_at=now, updated_at=now)
-                self._lease(rec, now, lease, worker)
+                T.take_lease(rec, now + lease, worker, now)
                 late[k.job + did] = rec.dump()
             if verdict is PARK:
                 assert rec is not None
                 until = rec.lease_until + topo.UNIT if rec.state is State.RUNNING else rec.run_at
-                parks.append(self._park(raw, until))
+                parks.append(self._copy_delayed_until(raw, until))
             elif verdict is DEAD:
                 assert rec is not None
                 deads.append(self._dead_copy(rec.msg, raw.queue))
@@ -281,8 +282,8 @@ class RabbitMQTransport(RabbitMQLedger):
             if verdict is not TAKE or rec is None:
                 drop.append(raw.tag)
                 continue
-            self._held[did] = (rec.token, rec.lease_until)
-            self._recs[did] = rec
+            self._leases_held[did] = (rec.token, rec.lease_until)
+            self._leased_records[did] = rec
             out.append(
                 Delivery(
                     id=did,
@@ -322,16 +323,16 @@ class RabbitMQTransport(RabbitMQLedger):
         wanted = [k.job + did for _, _, did, _ in parsed]
         wanted += [k.claim + "gone:" + did for _, _, did, _ in parsed]
         wanted += [k.paused + q for q in {raw.queue for raw in raws}]
-        rides, link.riders = link.riders, []
+        pending_acks, link.acks_on_admission = link.acks_on_admission, []
         carried: dict[str, tuple[Stamp, KvWrite]] = {}
-        for ride in rides:
-            ride.taken = True
-            carried.update(ride.planned)
+        for pending in pending_acks:
+            pending.taken = True
+            carried.update(pending.planned)
         # the lease map's base, read on this thread; the jobs whose acks
-        # ride here are finished by the same write
-        held = dict(self._held)
-        for ride in rides:
-            for id_ in ride.ids:
+        # carried here are finished by the same write
+        held = dict(self._leases_held)
+        for pending in pending_acks:
+            for id_ in pending.ids:
                 held.pop(id_, None)
         keys = list(dict.fromkeys([*wanted, *carried])) if carried else wanted
 
@@ -352,9 +353,9 @@ class RabbitMQTransport(RabbitMQLedger):
         try:
             verdicts = await self.state.kv_update(keys, decide)
         except BaseException as exc:
-            for ride in rides:  # not written: their acks raise, and are made again
-                if not ride.done.done():
-                    ride.done.set_exception(
+            for pending in pending_acks:  # not written: their acks raise, and are made again
+                if not pending.done.done():
+                    pending.done.set_exception(
                         BrokerError(f"rabbitmq ack: the admission carrying it failed: {exc!r}")
                     )
             # the state store failed (or the fetch was cancelled): the copies
@@ -364,9 +365,9 @@ class RabbitMQTransport(RabbitMQLedger):
             if raws and raws[0].gen == link.gen:
                 link.buffer.extendleft(reversed(raws))
             raise
-        for ride in rides:
-            if not ride.done.done():
-                ride.done.set_result(None)
+        for pending in pending_acks:
+            if not pending.done.done():
+                pending.done.set_result(None)
         return verdicts
 
     def _decide(
@@ -418,7 +419,9 @@ class RabbitMQTransport(RabbitMQLedger):
             elif verdict is TAKE and rec is not None:
                 if rec.msg is m:  # the parsed copy's: not this call's to change
                     rec.msg = m.copy()
-                self._lease(rec, now, lease, worker)
+                if not T.take_lease(rec, now + lease, worker, now):
+                    verdicts.append((DROP, None))  # judged takeable: never refused
+                    continue
                 writes[k.job + did] = rec.dump()
                 leased[did] = (rec.token, rec.lease_until)
                 taken.add(did)
@@ -426,16 +429,6 @@ class RabbitMQTransport(RabbitMQLedger):
         if writes:
             writes[k.lease + self.instance] = orjson.dumps({"at": now, "held": leased})
         return writes, verdicts
-
-    @staticmethod
-    def _lease(rec: Record, now: float, lease: float, worker: str) -> None:
-        """Make ``rec`` the record of a job leased to ``worker`` from ``now``."""
-        rec.state = State.RUNNING
-        rec.msg.attempt += 1
-        rec.token += 1
-        rec.lease_until = now + lease
-        rec.worker = worker or None
-        rec.updated_at = now
 
     async def _binding(self, queue: str, event_type: str) -> Binding:
         for refresh in (False, True):
@@ -446,10 +439,10 @@ class RabbitMQTransport(RabbitMQLedger):
         return Binding(event_type, queue)
 
     def _lease_map(self, now: float) -> bytes:
-        return orjson.dumps({"at": now, "held": self._held})
+        return orjson.dumps({"at": now, "held": self._leases_held})
 
 
-def _wait(link: AmqpLink, raw: Raw, now: float) -> None:
+def _wait_for_record(link: AmqpLink, raw: Raw, now: float) -> None:
     """Keep a copy without its record in ``link.waiting`` (unacked) to be
     judged again after ``FIRST_RECHECK``, then after pauses that double."""
     if raw.waited_since == 0.0:
