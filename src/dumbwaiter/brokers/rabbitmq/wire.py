@@ -240,6 +240,7 @@ class Wire:
                 and number == self.channel.number
                 and _INDEX.unpack_from(raw, pos + _HEAD_SIZE)[0] == _DELIVER
                 and self.channel.frames.empty()
+                and not self.channel.is_closed
             ):
                 try:
                     after = self._deliver(raw, pos, stop, end, number)
