@@ -31,7 +31,7 @@ import asyncio
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pamqp.constants
 from aiormq.connection import TransportFactory
@@ -331,8 +331,8 @@ class _Protocol(asyncio.StreamReaderProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        assert isinstance(transport, asyncio.Transport)
-        self.wire.transport = transport
+        # uvloop's transports are not ``asyncio.Transport`` subclasses
+        self.wire.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.wire.feed(data)
