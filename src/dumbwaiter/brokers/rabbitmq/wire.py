@@ -157,6 +157,21 @@ def _header(buf: bytearray, at: int, end: int) -> tuple[int, dict[str, Any], str
     return size, headers, message_id
 
 
+def _next(raw: bytearray, at: int, end: int, kind: int, number: int) -> int:
+    """Where the frame at ``raw[at:]`` ends if it is a whole frame of type
+    ``kind`` on channel ``number``; ``_INCOMPLETE`` if it is not all in
+    yet, 0 if it is another frame."""
+    if end - at < _HEAD_SIZE:
+        return _INCOMPLETE
+    got, channel, size = _HEAD.unpack_from(raw, at)
+    stop = int(at + _HEAD_SIZE + size + 1)
+    if got != kind or channel != number:
+        return 0
+    if stop > end:
+        return _INCOMPLETE
+    return stop if raw[stop - 1] == _END else 0
+
+
 class Wire:
     """One connection's bytes: deliveries to the registered consumers, the
     rest to aiormq's reader (the module's doc)."""
@@ -280,34 +295,18 @@ class Wire:
         at += 1 + n
         tag = int(_TAG.unpack_from(raw, at)[0])
         redelivered = bool(raw[at + 8] & 1)
-        # the content header
-        if end - stop < _HEAD_SIZE:
-            return _INCOMPLETE
-        kind, hnumber, hsize = _HEAD.unpack_from(raw, stop)
-        hstop = stop + _HEAD_SIZE + hsize + 1
-        if kind != _HEADER or hnumber != number:
-            return 0
-        if hstop > end:
-            return _INCOMPLETE
-        if raw[hstop - 1] != _END:
-            return 0
+        hstop = _next(raw, stop, end, _HEADER, number)
+        if hstop <= 0:
+            return hstop
         size, headers, message_id = _header(raw, stop + _HEAD_SIZE, hstop - 1)
-        # its body frames
         parts: list[bytes] = []
         at, left = hstop, size
         while left > 0:
-            if end - at < _HEAD_SIZE:
-                return _INCOMPLETE
-            kind, bnumber, bsize = _HEAD.unpack_from(raw, at)
-            bstop = at + _HEAD_SIZE + bsize + 1
-            if kind != _BODY or bnumber != number:
-                return 0
-            if bstop > end:
-                return _INCOMPLETE
-            if raw[bstop - 1] != _END:
-                return 0
+            bstop = _next(raw, at, end, _BODY, number)
+            if bstop <= 0:
+                return bstop
             parts.append(bytes(raw[at + _HEAD_SIZE : bstop - 1]))
-            left -= bsize
+            left -= bstop - at - _HEAD_SIZE - 1
             at = bstop
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         consumer(tag, redelivered, body, headers, message_id)
