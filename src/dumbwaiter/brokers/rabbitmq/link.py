@@ -27,7 +27,7 @@ from pamqp import commands as spec
 
 from ...errors import BrokerError, BrokerUnavailable
 from .. import deadline, failure, hooks
-from . import direct, outgoing
+from . import outgoing, wire
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -153,11 +153,13 @@ class AmqpLink:
         self.acks_on_admission: list[Any] = []  # ledger.AckOnAdmission
         #: the private hooks this connection uses (``ensure`` decides, from
         #: ``DUMBWAITER_HOOKS_OFF``): ``outgoing.publish``, consumers called
-        #: inline (``_hand_over_inline``), deliveries assembled in the
-        #: consumer channel's frame queue (``direct.py``, with ``inline``)
+        #: inline (``_hand_over_inline``)
         self.fast_publish = False
         self.inline = False
-        self.direct = False
+        #: the connection's socket, read by ``wire.Wire`` (aiormq's public
+        #: ``transport_factory``): deliveries to the consumers without
+        #: aiormq's frame reader; None with the switch ``direct`` off
+        self.wire: wire.Wire | None = None
         #: (exchange, routing key) of copies this connection published
         #: after declaring their queue: the next one needs no declare
         self.targets: set[tuple[str, str]] = set()
@@ -180,12 +182,13 @@ class AmqpLink:
                 return
             await self.drop()
             inline, fast_publish = _INLINE and hooks.on("inline"), hooks.on("publish")
-            direct_on = inline and _DIRECT and hooks.on("direct")
+            w = wire.Wire() if hooks.on("direct") else None
+            extra: dict[str, Any] = {} if w is None else {"transport_factory": wire.Factory(w)}
             try:
                 # a producer's connect waits no longer than its deadline
                 async with asyncio.timeout(deadline.remaining(CONNECT_TIMEOUT)):
                     conn = await aiormq.connect(
-                        self.url, client_properties={"connection_name": self.name}
+                        self.url, client_properties={"connection_name": self.name}, **extra
                     )
                     pub = await conn.channel(publisher_confirms=True)
                     cons = await conn.channel(publisher_confirms=False)
@@ -194,7 +197,9 @@ class AmqpLink:
             self.inline, self.fast_publish = inline, fast_publish
             if inline:
                 _hand_over_inline(cons)
-            self.direct = direct_on and direct.install(cons)
+            if w is not None:
+                w.channel = cons
+            self.wire = w
             self.conn, self.pub, self.cons = conn, pub, cons
             self.gen = next(_GENS)
             conn.closing.add_done_callback(self._closed)
@@ -206,6 +211,8 @@ class AmqpLink:
         """Forget the connection (its unacked messages go back to their queues)."""
         conn = self.conn
         self.conn = self.pub = self.cons = None
+        if self.wire is not None:
+            self.wire.consumers.clear()
         self.targets.clear()
         self.buffer.clear()
         self.waiting.clear()
@@ -245,13 +252,11 @@ class AmqpLink:
             self.prefetch = prefetch
         gen = self.gen
 
-        def on_message(m: DeliveredMessage) -> Any:
+        def take(
+            tag: int, redelivered: bool, body: bytes, headers: dict[str, Any], message_id: str
+        ) -> None:
             if gen != self.gen:
-                return _HANDED
-            d = m.delivery
-            assert isinstance(d, spec.Basic.Deliver)
-            props = m.header.properties
-            tag = int(d.delivery_tag or 0)
+                return
             self.unacked[tag] = None
             self.buffer.append(
                 Raw(
@@ -259,26 +264,38 @@ class AmqpLink:
                     lane=lane,
                     tag=tag,
                     gen=gen,
-                    redelivered=bool(d.redelivered),
-                    body=m.body,
-                    headers=dict(props.headers or {}),
-                    message_id=props.message_id or "",
+                    redelivered=redelivered,
+                    body=body,
+                    headers=headers,
+                    message_id=message_id,
                     can_wait=True,
                 )
             )
             self.arrived.set()
+
+        def on_message(m: DeliveredMessage) -> Any:
+            d = m.delivery
+            assert isinstance(d, spec.Basic.Deliver)
+            props = m.header.properties
+            tag = int(d.delivery_tag or 0)
+            headers = dict(props.headers or {})
+            take(tag, bool(d.redelivered), m.body, headers, props.message_id or "")
             return _HANDED
 
         ok = await ch.basic_consume(lane_queue, on_message, no_ack=False)
         tag = str(ok.consumer_tag)
         if self.inline:
-            _inline_consumer(ch, tag, direct.mark(on_message) if self.direct else on_message)
+            _inline_consumer(ch, tag, on_message)
+        if self.wire is not None:
+            self.wire.consumers[tag] = take
         self.consumers[lane_queue] = tag
         self.lanes[lane_queue] = (queue, lane)
 
     async def cancel(self, lane_queue: str) -> None:
         tag = self.consumers.pop(lane_queue, None)
         self.lanes.pop(lane_queue, None)
+        if tag is not None and self.wire is not None:
+            self.wire.consumers.pop(tag, None)  # what comes before its CancelOk: aiormq's
         if tag is not None and self.cons is not None and not self.cons.is_closed:
             await self.cons.basic_cancel(tag)
 
@@ -299,6 +316,8 @@ class AmqpLink:
             await self.consume(lane_queue, queue, lane, prefetch)
         ch = self.consumer_channel()
         for tag in old.values():
+            if self.wire is not None:
+                self.wire.consumers.pop(tag, None)
             await ch.basic_cancel(tag)
 
     async def get(self, lane_queue: str, queue: str, lane: str) -> Raw | None:
@@ -500,5 +519,3 @@ def _inline_ok() -> bool:
 
 #: whether this aiormq calls consumers the way ``_hand_over_inline`` expects
 _INLINE = _inline_ok()
-#: whether its channels read frames from a queue ``direct.py`` can assemble in
-_DIRECT = _INLINE and direct.ok()

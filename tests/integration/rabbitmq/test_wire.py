@@ -1,6 +1,6 @@
-"""Deliveries a link's consumer takes straight from the frame reader
-(``direct.py``) arrive whole and once, bodies of every size (none, one
-frame, several frames), after ``basic.get`` replies on the same channel."""
+"""Deliveries a link's consumer takes straight off the socket (``wire.py``)
+arrive whole and once, bodies of every size (none, one frame, several
+frames), after ``basic.get`` replies on the same channel (which aiormq reads)."""
 
 from __future__ import annotations
 
@@ -12,26 +12,27 @@ import aiormq
 import pytest
 from pamqp import commands as spec
 
-from dumbwaiter.brokers.rabbitmq import direct
-from dumbwaiter.brokers.rabbitmq.link import _DIRECT, AmqpLink
+from dumbwaiter.brokers.rabbitmq import wire
+from dumbwaiter.brokers.rabbitmq.link import AmqpLink
 from tests.integration.rabbitmq import server
 
 
 async def test_consumed_bodies_of_every_size_arrive_whole_and_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert _DIRECT, "this aiormq's channel has no frame queue to deliver from"
-    handed: list[int] = []
-    hand = direct._Frames._hand
+    handed: list[int] = []  # the bytes of each delivery the wire took
+    deliver = wire.Wire._deliver
 
-    def counting(self: Any, held: list[tuple[int, Any]]) -> None:
-        handed.append(len(held))
-        hand(self, held)
+    def counting(self: Any, raw: bytearray, pos: int, stop: int, end: int, number: int) -> int:
+        after = deliver(self, raw, pos, stop, end, number)
+        if after > 0:
+            handed.append(after - pos)
+        return after
 
-    monkeypatch.setattr(direct._Frames, "_hand", counting)
+    monkeypatch.setattr(wire.Wire, "_deliver", counting)
     url = server.amqp_base()
-    link = AmqpLink(url, "dumbwaiter direct-test", asyncio.get_running_loop())
-    name = f"dwtest-direct-{uuid.uuid4().hex[:8]}"
+    link = AmqpLink(url, "dumbwaiter wire-test", asyncio.get_running_loop())
+    name = f"dwtest-wire-{uuid.uuid4().hex[:8]}"
     conn = await aiormq.connect(url)
     try:
         ch = await conn.channel(publisher_confirms=True)
@@ -61,8 +62,8 @@ async def test_consumed_bodies_of_every_size_arrive_whole_and_once(
                 got[raw.message_id] = raw.body
                 await link.ack(raw.gen, [raw.tag])
         assert got == bodies
-        assert handed, "no delivery took the direct way"
-        assert max(handed) > 3, "no delivery of several body frames took the direct way"
+        assert handed, "no delivery was taken off the socket"
+        assert max(handed) > 3 * frame_max, "no delivery of several body frames was taken"
     finally:
         await link.drop()
         try:
