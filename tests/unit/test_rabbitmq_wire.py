@@ -111,9 +111,17 @@ async def test_aiormq_reads_what_is_passed_and_a_heartbeat_while_deliveries_are_
     w, got = _wire()
     ok = pamqp.frame.marshal(spec.Basic.QosOk(), 1)
     reading = asyncio.ensure_future(w.readexactly(len(ok)))
-    await asyncio.sleep(0)
-    w.feed(ok)
+    waiting: list[bool] = []
+
+    def feed() -> None:
+        # the loop runs its callbacks in order: the read's first step (it
+        # waits for bytes) comes before this one
+        waiting.append(w.waiter is not None)
+        w.feed(ok)
+
+    asyncio.get_running_loop().call_soon(feed)
     assert await reading == ok
+    assert waiting == [True]  # the bytes woke a read that was waiting for them
     w.passed_at -= wire.KEEPALIVE + 1
     w.feed(_delivery(1, b"a"))
     assert len(got) == 1 and bytes(w.ready) == wire.HEARTBEAT
