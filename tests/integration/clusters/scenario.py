@@ -128,6 +128,9 @@ class Figures:
     #: seconds from the workers' start until every job had finished
     drain: float = 0.0
     errors: list[str] = field(default_factory=list)
+    #: what the broker says of a few jobs that never finished (state,
+    #: worker, lease end, attempt): a failure's first clue
+    lost_records: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,35 @@ def starts(path: Path) -> list[Start]:
 
 def done_ids(path: Path) -> set[str]:
     return {f[0] for f in _lines(path)}
+
+
+def _records(app: dw.App, ids: list[str]) -> list[str]:
+    """The broker's record of each job ``ids`` names, in a line each."""
+    out = []
+    for id_ in ids:
+        try:
+            info = app.job(id_).info()
+        except Exception as exc:  # a clue, not the test's verdict
+            out.append(f"{id_}: {exc!r}")
+            continue
+        if info is None:
+            out.append(f"{id_}: no record")
+        else:
+            out.append(
+                f"{id_}: {info.state.value} worker={info.worker} attempt={info.message.attempt}"
+                f" lease_until={info.lease_until} run_at={info.run_at} now={time.time():.3f}"
+            )
+    return out
+
+
+def _warnings(tmp_path: Path, ids: set[str]) -> list[str]:
+    """The workers' log lines that name one of ``ids``, and their last lines."""
+    out: list[str] = []
+    for log in sorted(tmp_path.glob("worker*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        out += [f"{log.name}: {line}" for line in lines if any(i in line for i in ids)][:10]
+        out += [f"{log.name} (end): {line}" for line in lines[-5:]]
+    return out
 
 
 def resumed_at(times: list[float], since: float, until: float) -> float | None:
@@ -317,7 +349,11 @@ def lose_the_leader(cluster: Cluster, tmp_path: Path) -> Figures:
         assert not producer.is_alive(), "a producer call has not returned"
         figures.slowest_enqueue = producer.slowest
         confirmed = {**backlog, **producer.ids}
-        _until(lambda: set(confirmed.values()) <= done_ids(done_log), "every job", DRAIN_TIMEOUT)
+        if not _until(
+            lambda: set(confirmed.values()) <= done_ids(done_log), "every job", DRAIN_TIMEOUT
+        ):
+            missing = set(confirmed.values()) - done_ids(done_log)
+            figures.lost_records = _records(app, sorted(missing)[:5])
         figures.drain = time.time() - t_start
         # a failover took place: another node leads now (none moves back)
         assert cluster.leader() != leader, "the killed node leads again: was it the leader?"
@@ -357,7 +393,12 @@ def lose_the_leader(cluster: Cluster, tmp_path: Path) -> Figures:
     print(f"\ncluster figures: {json.dumps(asdict(figures))}")
     (tmp_path / "figures.json").write_text(json.dumps(asdict(figures), indent=1))
 
-    assert not lost, f"{len(lost)} confirmed jobs never finished, e.g. {list(lost.items())[:5]}"
+    assert not lost, (
+        f"{len(lost)} confirmed jobs never finished, e.g. {list(lost.items())[:5]}; "
+        f"their records: {figures.lost_records}; started: "
+        f"{[s for s in log if s.id in set(lost.values())][:5]}; the workers' warnings: "
+        f"{_warnings(tmp_path, set(lost.values()))}"
+    )
     assert not several, f"job numbers that ran under several ids: {list(several.items())[:5]}"
     assert not wrong, f"jobs that ran under another id than enqueue returned: {wrong}"
     assert twice == in_flight, (

@@ -28,6 +28,7 @@ from pamqp import commands as spec
 from ...errors import BrokerError, BrokerUnavailable
 from .. import deadline, failure, hooks
 from . import outgoing, wire
+from .tags import Unacked
 
 log = logging.getLogger("dumbwaiter.rabbitmq")
 
@@ -132,10 +133,9 @@ class AmqpLink:
         self.consumers: dict[str, str] = {}
         #: lane queue name -> (logical queue, lane) of its consumer
         self.lanes: dict[str, tuple[str, str]] = {}
-        #: delivery tags of ``cons`` not yet acked or nacked, in ascending
-        #: order (a channel's tags grow, and a dict keeps insertion order):
-        #: an ack finds the run of oldest tags it covers without a sort
-        self.unacked: dict[int, None] = {}
+        #: delivery tags of ``cons`` not yet acked or nacked (``tags.py``:
+        #: which of them one ``multiple`` ack may cover)
+        self.unacked = Unacked()
         #: logical queue -> time to look again whether it is still paused
         self.paused_until: dict[str, float] = {}
         #: the consumers' prefetch, and the worker's slots it was sized for
@@ -257,7 +257,7 @@ class AmqpLink:
         ) -> None:
             if gen != self.gen:
                 return
-            self.unacked[tag] = None
+            self.unacked.add(tag)
             self.buffer.append(
                 Raw(
                     queue=queue,
@@ -327,7 +327,7 @@ class AmqpLink:
             return None
         props = m.header.properties
         tag = int(d.delivery_tag or 0)
-        self.unacked[tag] = None
+        self.unacked.add(tag)
         return Raw(
             queue=queue,
             lane=lane,
@@ -343,32 +343,18 @@ class AmqpLink:
         """Ack the tags of generation ``gen`` still unacked (others are gone)."""
         if gen != self.gen or self.cons is None or self.cons.is_closed:
             return
-        unacked = self.unacked
-        mine = {t for t in tags if t in unacked}
-        if not mine:
-            return
-        self.settled += len(mine)
-        # One frame with ``multiple`` covers the longest run of the oldest
-        # unacked tags that are all being acked (jobs mostly end in order).
-        upto = 0
-        for t in unacked:  # ascending
-            if t not in mine:
-                break
-            upto = t
-        for t in mine:
-            del unacked[t]
+        upto, one_by_one, n = self.unacked.settle(tags)
+        self.settled += n
         if upto:
             await self.cons.basic_ack(upto, multiple=True, wait=False)
-        for t in sorted(mine):
-            if t > upto:
-                await self.cons.basic_ack(t, wait=False)
+        for t in one_by_one:
+            await self.cons.basic_ack(t, wait=False)
 
     async def nack(self, gen: int, tags: list[int]) -> None:
         if gen != self.gen or self.cons is None or self.cons.is_closed:
             return
         for tag in tags:
-            if tag in self.unacked:
-                del self.unacked[tag]
+            if self.unacked.discard(tag):
                 self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
 

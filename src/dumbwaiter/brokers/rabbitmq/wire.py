@@ -16,8 +16,9 @@ Every other frame goes on, byte for byte and in order, to aiormq's reader
 A delivery is taken here only when nothing is ahead of it: no bytes wait
 for aiormq's reader and the consumer channel's frame queue is empty, so a
 ``ConsumeOk``, ``CancelOk``, ``GetOk`` or an earlier delivery aiormq is
-handling is never overtaken (the link's unacked tags stay in ascending
-order: its ``multiple`` acks rely on it).  A delivery whose header carries
+reading is never overtaken.  One aiormq has read but hands over later (by
+a task, or a ``basic_get`` that has yet to resume) may still come after a
+later one taken here: ``tags.py`` keeps the link's acks right then.  A delivery whose header carries
 properties ``_header`` does not read goes aiormq's way whole.  aiormq
 counts a connection stuck when no frame reached it for three heartbeats;
 while every frame is a delivery taken here, a heartbeat frame is passed on
