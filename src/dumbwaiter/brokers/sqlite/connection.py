@@ -53,6 +53,11 @@ QUICK_KEYS = 4
 #: commits on callers' threads between two WAL checkpoints, which run on the
 #: broker's thread (a checkpoint fsyncs: it must not stall an event loop)
 QUICK_CHECKPOINT = 1000
+#: a claim that finds the write lock taken polls it this often (seconds) ...
+CLAIM_LOCK_POLL = 0.0001
+#: ... for at most this long, then leaves the rest of the wait to SQLite's
+#: busy handler (``_begin_claim``)
+CLAIM_LOCK_SPIN = 0.005
 _BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 #: primary result codes that say the file cannot serve as this database,
 #: whatever the wait: not a database, corrupt, not openable, not writable
@@ -258,7 +263,12 @@ class SQLiteConnection(Broker):
         conn.execute("COMMIT")
         return out
 
-    def _tx(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    def _tx(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[sqlite3.Connection], T],
+        begin: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> T:
         """One write transaction.
 
         A cursor that ``fn`` returns (``lambda c: c.executemany(...)``) is
@@ -268,9 +278,14 @@ class SQLiteConnection(Broker):
         transaction that runs the same statement on the broker's thread.
         That race is the SQLITE_MISUSE (InterfaceError) seen under load; should
         CPython report one anyway, the transaction was rolled back whole, so it
-        is run once more."""
+        is run once more.  ``begin`` opens the transaction when the plain
+        ``BEGIN IMMEDIATE`` (which waits through the busy handler) will not
+        do (``_begin_claim``)."""
         for attempt in (1, 2):
-            conn.execute("BEGIN IMMEDIATE")
+            if begin is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                begin(conn)
             try:
                 out = fn(conn)
                 if isinstance(out, sqlite3.Cursor):
@@ -313,6 +328,43 @@ class SQLiteConnection(Broker):
     def _wtx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """A write transaction on the broker thread's connection."""
         return self._tx(self._worker_conn(), fn)
+
+    def _claim_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A claim's write transaction on the broker thread's connection,
+        opened by ``_begin_claim``."""
+        return self._tx(self._worker_conn(), fn, self._begin_claim)
+
+    def _begin_claim(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` for a claim, polling a taken write lock every
+        ``CLAIM_LOCK_POLL`` s for up to ``CLAIM_LOCK_SPIN`` s before leaving the
+        rest of the wait to SQLite's busy handler.
+
+        An idle worker is woken by a producer's first write to the WAL
+        (wake.py), which comes before that producer's commit has synced the
+        WAL and let go of the lock; its claim then finds the lock taken.
+        SQLite's own busy handler tries again only after sleeping 1 ms (then
+        2, 5, 10 ms ...), while the commit it waits for ends a fraction of a
+        millisecond later: every job handed to an idle worker waited out that
+        sleep, or not, depending on whether the claim came before or after
+        the producer's sync.  Polling the lock finely for a few milliseconds
+        claims the job as soon as the commit ends; a lock held longer (a
+        bulk enqueue, another worker's claim) is waited for as before."""
+        self._set_busy(conn, 0)
+        try:
+            until = time.monotonic() + CLAIM_LOCK_SPIN
+            while True:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode & 0xFF not in _BUSY:
+                        raise
+                if time.monotonic() >= until:
+                    break
+                time.sleep(CLAIM_LOCK_POLL)
+        finally:
+            self._set_busy(conn, round(self.busy_timeout * 1000))
+        conn.execute("BEGIN IMMEDIATE")
 
     # -- open, close -------------------------------------------------------
 

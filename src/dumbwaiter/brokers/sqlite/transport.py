@@ -128,7 +128,7 @@ class SQLiteTransport(SQLiteConnection):
             rows.sort(key=lambda r: (-r[5], r[6]))
             return [delivery_row(r, token, until) for r in rows], next_due
 
-        return self._wtx(run)
+        return self._claim_tx(run)
 
     async def ack(self, ds: Sequence[Delivery]) -> None:
         if ds:
