@@ -19,7 +19,8 @@ storage grew by is divided by the jobs:
 - NATS: the bytes of the namespace's streams and KV bucket.
 - RabbitMQ, Kafka: their state store's bytes (the records, on the private
   Redis; RabbitMQ's queues hold nothing once jobs are acked, Kafka's topics
-  keep the messages for the topic's own retention, not counted).
+  keep the messages for the topic's own retention, not counted), once a
+  rescue dropped the settled jobs' lease entries (``settled_leases_gone``).
 
 "beyond args" subtracts the argument's bytes when the broker still keeps
 them (one job's record is read back to see: ``JobInfo.compact``).  The
@@ -162,12 +163,30 @@ async def on_state_store(name: str, base: str, r: PrivateRedis, n: int) -> Figur
     state = f"{r.url}?prefix={prefix}s"
     await warm_up(r)
     before = r.used()
+    url = f"{base}?prefix={prefix}&state={quote(state, safe='')}"
     try:
-        _, compact = await run_jobs(f"{base}?prefix={prefix}&state={quote(state, safe='')}", n)
+        _, compact = await run_jobs(url, n)
+        await settled_leases_gone(url)
         return figure(name, n, r.used() - before, compact, "the state store (Redis)")
     finally:
         if name == "rabbitmq":
             await _drop_rabbitmq(prefix)
+
+
+async def settled_leases_gone(url: str) -> None:
+    """Kafka keeps a settled job's lease entry a moment (``SETTLED_TTL``),
+    then a worker's next rescue drops it: wait that moment and rescue once,
+    so the figure is what stays for the retention, not what goes within
+    seconds.  (RabbitMQ keeps one lease entry per worker, not per job.)"""
+    from dumbwaiter.brokers.kafka.records import SETTLED_TTL
+
+    await asyncio.sleep(SETTLED_TTL + 0.5)
+    app = dw.App(url)
+    try:
+        await app.broker.open()
+        await app.broker.rescue()
+    finally:
+        await app.aclose()
 
 
 async def _drop_rabbitmq(prefix: str) -> None:

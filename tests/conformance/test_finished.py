@@ -19,7 +19,19 @@ from .helpers import error, fetch_all
 
 #: the engines that keep only a compact record (the record engines,
 #: RabbitMQ, Kafka and NATS, keep their whole record so far)
-COMPACTING = frozenset({"memory", "sqlite", "postgres", "redis", "redis-queues"})
+COMPACTING = frozenset(
+    {
+        "memory",
+        "sqlite",
+        "postgres",
+        "redis",
+        "redis-queues",
+        "rabbitmq",
+        "rabbitmq+redis",
+        "rabbitmq+postgres",
+        "kafka",
+    }
+)
 
 ARG = "x" * 500
 
