@@ -2,6 +2,7 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/finished_cost.py [--jobs 20000]
         [--brokers sqlite,redis,postgres,nats,rabbitmq,kafka] [--json]
+    PYTHONPATH=src .venv/bin/python benchmarks/finished_cost.py --kv-floor
 
 Each broker gets a fresh namespace.  ``--jobs`` no-op jobs whose one
 argument is a 500-character string are bulk-enqueued and run by a
@@ -294,6 +295,30 @@ async def on_nats(n: int) -> Figure:
         await nc.close()
 
 
+async def kv_floor(redis_port: int, n: int) -> None:
+    """What one entry of a Redis state store costs before its value: ``n``
+    entries named as RabbitMQ names a job's record (54 characters), each with
+    a one-byte value and a ttl (the retention), written with ``kv_set``.  The
+    record engines' figures are this plus their record's bytes."""
+    from dumbwaiter.message import uuid7
+
+    r = PrivateRedis(redis_port)
+    try:
+        await warm_up(r)
+        app = dw.App(f"{r.url}?prefix=fl{uuid.uuid4().hex[:6]}s")
+        await app.broker.open()
+        await app.broker.kv_set({"warm": b"1"}, ttl=3600)
+        before = r.used()
+        for start in range(0, n, 1000):
+            names = [f"_rmq.fc123456:job:{uuid7()}" for _ in range(min(1000, n - start))]
+            await app.broker.kv_set(dict.fromkeys(names, b"v"), ttl=3600)
+        per = (r.used() - before) / n
+        await app.aclose()
+        print(f"a Redis state-store entry (54-character name, 1-byte value, a ttl): {per:.0f} B")
+    finally:
+        r.close()
+
+
 async def measure(names: list[str], n: int, redis_port: int) -> list[Figure]:
     out: list[Figure] = []
     r = PrivateRedis(redis_port)
@@ -334,7 +359,15 @@ def main() -> None:
     ap.add_argument("--brokers", default=",".join(ALL))
     ap.add_argument("--redis-port", type=int, default=6395)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument(
+        "--kv-floor",
+        action="store_true",
+        help="measure what one Redis state-store entry costs before its value, and stop",
+    )
     a = ap.parse_args()
+    if a.kv_floor:
+        asyncio.run(kv_floor(a.redis_port, a.jobs))
+        return
     names = [b.strip() for b in a.brokers.split(",") if b.strip()]
     unknown = set(names) - set(ALL)
     if unknown:

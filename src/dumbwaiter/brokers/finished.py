@@ -19,6 +19,8 @@ cost the broker").
 
 from __future__ import annotations
 
+import orjson
+
 from ..message import TASK, Message
 from .types import Delivery
 
@@ -49,3 +51,15 @@ def compacted(m: Message) -> Message:
         m.key,
     )
     return out
+
+
+def started_only(result: bytes | None) -> float | None:
+    """When ``result`` is only the worker's timing of the attempt (a task
+    without ``keep_result``: ``settle.result_record``), the time it started;
+    else None (the result is kept as it is)."""
+    if result is None or not result.startswith(b'{"started":'):
+        return None
+    d = orjson.loads(result)
+    if d.keys() == {"started", "finished"} and isinstance(d["started"], float):
+        return float(d["started"])
+    return None

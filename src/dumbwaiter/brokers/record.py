@@ -27,7 +27,7 @@ import orjson
 
 from ..message import Message, from_dict
 from ..state import State
-from .finished import compact_message
+from .finished import compact_message, started_only
 from .types import JobInfo
 
 _WAITING = frozenset({State.READY.value, State.SCHEDULED.value})
@@ -118,7 +118,7 @@ class Record:
             "t": self.token,
             "u": self.updated_at,
         }
-        started = _started_only(self.result)
+        started = started_only(self.result)
         if started is not None:
             d["g"] = started  # the result rebuilt from it and ``u`` (as Redis does)
         elif self.result is not None:
@@ -200,18 +200,6 @@ class Record:
             replays=self.replays,
             raw=self.raw,
         )
-
-
-def _started_only(result: bytes | None) -> float | None:
-    """When ``result`` is only the worker's timing of the attempt (a task
-    without ``keep_result``: ``settle.result_record``), the time it started;
-    else None (the result is kept as it is)."""
-    if result is None or not result.startswith(b'{"started":'):
-        return None
-    d = orjson.loads(result)
-    if d.keys() == {"started", "finished"} and isinstance(d["started"], float):
-        return float(d["started"])
-    return None
 
 
 def count_states(
