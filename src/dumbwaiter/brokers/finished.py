@@ -10,9 +10,16 @@ engine keeps, for the retention, only a *compact record* of it: id, task,
 queue, state, attempt, started and finished, no body.  ``JobInfo.compact`` says a
 record is one (its message then has no args, kwargs, headers or errors).
 
+Where each engine writes it: the SQL engines' ack (the body shrinks to
+``COMPACT_PREFIX``), Redis' ``ack.lua``, the memory store (``compacted``),
+the record engines' ``transitions.succeed`` (RabbitMQ and Kafka:
+``Record.compact``) and NATS' ``records.compact_record``.
+
 Kept whole: a task with ``keep_result`` (its result and its record), an
 event's delivery (the dashboard's events page finds its event through the
-``event_id`` header), and every job that did not succeed.  The bytes each
+``event_id`` header), and every job that did not succeed; on Redis,
+RabbitMQ, Kafka and NATS also a job holding a unique key (they free the key
+with the job's whole record).  The bytes each
 engine keeps per finished job are in docs/benchmarks.md ("What finished jobs
 cost the broker").
 """
