@@ -18,8 +18,8 @@ the record engines' ``transitions.succeed`` (RabbitMQ and Kafka:
 Kept whole: a task with ``keep_result`` (its result and its record), an
 event's delivery (the dashboard's events page finds its event through the
 ``event_id`` header), and every job that did not succeed; on Redis,
-RabbitMQ, Kafka and NATS also a job holding a unique key (they free the key
-with the job's whole record).  The bytes each
+RabbitMQ, Kafka and NATS also a job holding a unique key (its record keeps
+the key: what frees it, and what a search by key finds).  The bytes each
 engine keeps per finished job are in docs/benchmarks.md ("What finished jobs
 cost the broker").
 """
