@@ -241,3 +241,59 @@ def test_a_copy_is_the_same_record_and_changes_alone(state: State) -> None:
     applied = [change(copy) for change in changes]
     assert any(applied) or state in (State.SUCCEEDED, State.CANCELLED)  # final: none applies
     assert rec.dump() == before
+
+
+def test_a_success_without_a_kept_result_leaves_a_compact_record() -> None:
+    """``compact`` (a task without ``keep_result``): the record keeps what
+    ``get``, the listing and the ledger's stamp read, not the envelope; the
+    record the worker held is left whole (a call made again reads it)."""
+    held = record(State.RUNNING, attempt=2)
+    held.msg.args, held.msg.headers, held.msg.errors = ["x" * 500], {"trace": "abc"}, [ERR]
+    held.enq = "e1"
+    rec = held.copy()
+    assert T.succeed(rec, TOKEN, NOW, b'{"started":990.0,"finished":999.0}', compact=True)
+    assert rec.compact and held.msg.args == ["x" * 500] and not held.compact
+    raw = rec.dump()
+    assert b"x" * 500 not in raw and b"trace" not in raw and len(raw) < 160
+    back = Record.load(raw)
+    assert back.compact and back.dump() == raw
+    assert (back.state, back.ver, back.token, back.updated_at) == (
+        State.SUCCEEDED,
+        4,
+        TOKEN,
+        NOW,
+    )
+    info = back.info(NOW)
+    assert info.compact and info.state is State.SUCCEEDED
+    m = info.message
+    assert (m.id, m.name, m.queue, m.attempt) == ("j1", "t", "q", 2)
+    assert (m.args, m.headers, m.errors) == ([], {}, [])
+    # the timing is kept as its start; it finished when the record says
+    assert info.outcome() == {"started": 990.0, "finished": NOW}
+    assert not T.succeed(back, TOKEN, NOW), "final: a late ack changes nothing"
+
+    other = record(State.RUNNING)  # any other result is kept as it is
+    assert T.succeed(other, TOKEN, NOW, b'{"error":"e","started":1.5}', compact=True)
+    assert Record.load(other.dump()).info(NOW).outcome() == {"error": "e", "started": 1.5}
+
+
+def test_a_job_holding_a_unique_key_keeps_its_whole_record() -> None:
+    rec = record(State.RUNNING)
+    rec.msg.key = "k1"
+    assert T.succeed(rec, TOKEN, NOW, None, compact=True)
+    assert not rec.compact and Record.load(rec.dump()).msg.key == "k1"
+
+
+def test_a_succeeded_record_written_whole_before_still_loads() -> None:
+    """A succeeded record as the engines wrote it before compact records
+    (the whole envelope) loads whole, its arguments shown."""
+    old = (
+        b'{"m":{"id":"j1","kind":"task","name":"t","queue":"q","args":["a"],"attempt":1,'
+        b'"max_attempts":3},"s":"succeeded","v":4,"t":7,"r":990.0,"u":1000.0,'
+        b'"w":"w-1","l":1030.0,"p":0,"x":"{\\"started\\":995.0,\\"finished\\":999.0}"}'
+    )
+    rec = Record.load(old)
+    info = rec.info(NOW)
+    assert not rec.compact and not info.compact and info.message.args == ["a"]
+    assert info.state is State.SUCCEEDED and info.worker == "w-1"
+    assert info.outcome()["finished"] == 999.0

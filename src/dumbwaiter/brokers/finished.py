@@ -10,14 +10,23 @@ engine keeps, for the retention, only a *compact record* of it: id, task,
 queue, state, attempt, started and finished, no body.  ``JobInfo.compact`` says a
 record is one (its message then has no args, kwargs, headers or errors).
 
+Where each engine writes it: the SQL engines' ack (the body shrinks to
+``COMPACT_PREFIX``), Redis' ``ack.lua``, the memory store (``compacted``),
+the record engines' ``transitions.succeed`` (RabbitMQ and Kafka:
+``Record.compact``) and NATS' ``records.compact_record``.
+
 Kept whole: a task with ``keep_result`` (its result and its record), an
 event's delivery (the dashboard's events page finds its event through the
-``event_id`` header), and every job that did not succeed.  The bytes each
+``event_id`` header), and every job that did not succeed; on Redis,
+RabbitMQ, Kafka and NATS also a job holding a unique key (its record keeps
+the key: what frees it, and what a search by key finds).  The bytes each
 engine keeps per finished job are in docs/benchmarks.md ("What finished jobs
 cost the broker").
 """
 
 from __future__ import annotations
+
+import orjson
 
 from ..message import TASK, Message
 from .types import Delivery
@@ -49,3 +58,15 @@ def compacted(m: Message) -> Message:
         m.key,
     )
     return out
+
+
+def started_only(result: bytes | None) -> float | None:
+    """When ``result`` is only the worker's timing of the attempt (a task
+    without ``keep_result``: ``settle.result_record``), the time it started;
+    else None (the result is kept as it is)."""
+    if result is None or not result.startswith(b'{"started":'):
+        return None
+    d = orjson.loads(result)
+    if d.keys() == {"started", "finished"} and isinstance(d["started"], float):
+        return float(d["started"])
+    return None

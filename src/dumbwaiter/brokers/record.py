@@ -8,6 +8,11 @@ seam): the envelope, its state, a version that grows with each copy of it
 sent to the transport, and the fencing token of its current lease.  A copy
 whose version is not its record's is stale and dropped.  One record format
 for both engines, and one set of state changes (``transitions.py``).
+
+A succeeded task without ``keep_result`` keeps a *compact* record
+(``finished.py``): ``{"c":1,...}``, its id, task, queue, attempt, state,
+version, token, finish time, result (the worker's timing) and replays, no
+envelope.  A record written whole (``"m"``) loads as it always did.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import orjson
 
 from ..message import Message, from_dict
 from ..state import State
+from .finished import compact_message, started_only
 from .types import JobInfo
 
 _WAITING = frozenset({State.READY.value, State.SCHEDULED.value})
@@ -50,6 +56,10 @@ class Record:
     #: keep theirs, so that ``get`` shows what was on the queue, and put
     #: back on the queue as it came by a replay
     raw: bytes | None = None
+    #: a compact record (``finished.py``): ``msg`` names the job's id, task,
+    #: queue and attempt only, and ``dump`` writes no envelope, run time,
+    #: worker or enqueue token (nothing reads them once it succeeded)
+    compact: bool = False
 
     def copy(self) -> Record:
         """A copy to change, its message shared (copy that too before
@@ -68,9 +78,12 @@ class Record:
             self.replays,
             self.enq,
             self.raw,
+            self.compact,
         )
 
     def dump(self) -> bytes:
+        if self.compact:
+            return self._dump_compact()
         d: dict[str, Any] = {
             "m": self.msg.to_dict(),
             "s": self.state.value,
@@ -90,12 +103,38 @@ class Record:
             d["b"] = base64.b64encode(self.raw).decode()  # any bytes, not only UTF-8
         return orjson.dumps(d)
 
+    def _dump_compact(self) -> bytes:
+        """The compact record: what ``get``, the listing and the ledger's
+        stamp (version, token, state) read, in the fewest bytes."""
+        m = self.msg
+        d: dict[str, Any] = {
+            "c": 1,
+            "i": m.id,
+            "n": m.name,
+            "q": m.queue,
+            "a": m.attempt,
+            "s": self.state.value,
+            "v": self.ver,
+            "t": self.token,
+            "u": self.updated_at,
+        }
+        started = started_only(self.result)
+        if started is not None:
+            d["g"] = started  # the result rebuilt from it and ``u`` (as Redis does)
+        elif self.result is not None:
+            d["x"] = self.result.decode()
+        if self.replays:
+            d["p"] = self.replays
+        return orjson.dumps(d)
+
     @classmethod
     def load(cls, raw: bytes, copy: Message | None = None, ver: int = -1) -> Record:
         """Parse a record.  ``copy`` is the message of a copy of version
         ``ver``: a waiting job's record holds the very envelope its current
         copy carries, so the fetch path takes that one and skips a parse."""
         d = orjson.loads(raw)
+        if "c" in d:
+            return cls._load_compact(d)
         x = d.get("x")
         b = d.get("b")
         same = copy is not None and d["v"] == ver and d["s"] in _WAITING
@@ -114,6 +153,22 @@ class Record:
             raw=None if b is None else base64.b64decode(b),
         )
 
+    @classmethod
+    def _load_compact(cls, d: dict[str, Any]) -> Record:
+        x, g = d.get("x"), d.get("g")
+        if g is not None:
+            x = orjson.dumps({"started": g, "finished": d["u"]}).decode()
+        return cls(
+            msg=compact_message(d["i"], d["n"], d["q"], int(d.get("a") or 1)),
+            state=State(d["s"]),
+            ver=int(d["v"]),
+            token=int(d["t"]),
+            updated_at=float(d["u"]),
+            result=None if x is None else x.encode(),
+            replays=int(d.get("p") or 0),
+            compact=True,
+        )
+
     def shown_state(self, now: float) -> State:
         """The state as the seam reports it: a scheduled job that failed
         before is ``retrying``; one whose time has come is ``ready``."""
@@ -125,6 +180,15 @@ class Record:
         return self.state
 
     def info(self, now: float) -> JobInfo:
+        if self.compact:  # no run time, worker or lease was kept
+            return JobInfo(
+                message=self.msg,
+                state=self.state,
+                updated_at=self.updated_at,
+                result=self.result,
+                replays=self.replays,
+                compact=True,
+            )
         return JobInfo(
             message=self.msg,
             state=self.shown_state(now),

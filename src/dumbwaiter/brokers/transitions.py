@@ -25,6 +25,7 @@ from __future__ import annotations
 from ..errors import LeaseExpired
 from ..message import ErrorRecord
 from ..state import CANCELLABLE_STATES, State
+from .finished import compact_message
 from .record import Record
 
 #: stored states whose record waits for a copy to be taken (``retrying`` is
@@ -73,14 +74,23 @@ def extend(rec: Record, token: int, until: float) -> bool:
     return True
 
 
-def succeed(rec: Record, token: int, now: float, result: bytes | None = None) -> bool:
+def succeed(
+    rec: Record, token: int, now: float, result: bytes | None = None, compact: bool = False
+) -> bool:
     """Running under ``token`` -> succeeded, with its result (kept
-    ``kept_for``)."""
+    ``kept_for``).  ``compact``: the job keeps no result (``finished.compacts``),
+    so only a compact record is kept (``Record.compact``), unless the job
+    holds a unique key: the key is kept as long as the job's whole record,
+    as on Redis."""
     if not holds(rec, token):
         return False
     rec.state = State.SUCCEEDED
     rec.updated_at = now
     rec.result = result
+    if compact and rec.raw is None and rec.msg.key is None:
+        m = rec.msg
+        rec.msg = compact_message(m.id, m.name, m.queue, m.attempt)  # the held one stays
+        rec.compact = True
     return True
 
 

@@ -553,9 +553,10 @@ async def test_queues_keys_and_event_types_with_any_characters(
 # -- what a dead process leaves behind ---------------------------------------------------
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["whole", "compact"])
 @pytest.mark.parametrize("list_written_meanwhile", [False, True])
 async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
-    make: Callable[..., NatsBroker], list_written_meanwhile: bool
+    make: Callable[..., NatsBroker], list_written_meanwhile: bool, compact: bool
 ) -> None:
     """The process wrote the final record, then died before rewriting its holder
     list: rescue sees the job listed as running, finds the record settled by
@@ -563,7 +564,9 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     ``list_written_meanwhile``, another task of the process wrote the list
     while the settle was on its way (the job still running in it, the list
     newer than the record): the count is still owed.  The SIGKILL crash test
-    found that one (a wall-clock comparison of list and record missed it)."""
+    found that one (a wall-clock comparison of list and record missed it).
+    With ``compact``, the record is the compact one a task without
+    ``keep_result`` leaves (no ack subject): counted alike."""
     dying, rescuer = make(), make()
     await dying.open()
     await rescuer.open()
@@ -575,7 +578,11 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     assert listed is not None and m.id in orjson.loads(listed.data)["run"]
     # the settle's record write, without the list write that follows it
     tok = d.token
-    rec = dying._settled(d, tok, State.SUCCEEDED.value, time.time())
+    if compact:
+        env = {"id": m.id, "name": m.name, "queue": m.queue, "attempt": 1}
+        rec = R.compact_record(env, tok.gen, time.time(), tok.claim, 0, None)
+    else:
+        rec = dying._settled(d, tok, State.SUCCEEDED.value, time.time())
     rec[R.SETTLED_BY] = link.holder.id
     await link.store.put(dying.n.js + m.id.encode(), R.dumps(rec), tok.seq)
     if list_written_meanwhile:
@@ -598,7 +605,8 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
 
     await eventually(rescue, lambda ss: [(s.succeeded, s.running) for s in ss] == [(1, 0)])
     assert set(rescued) == {0}  # nothing was given back to run again
-    assert (await rescuer.get(m.id)).state is State.SUCCEEDED  # type: ignore[union-attr]
+    info = await rescuer.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.compact is compact
 
 
 async def test_a_finished_job_a_gone_process_still_lists_is_not_counted_as_running(

@@ -257,7 +257,8 @@ async def test_an_ack_held_up_past_its_lease_leaves_the_next_runs_record_alone(
                 held.append(name)
                 assert await eventually(other.rescue, lambda n: n > 0, timeout=30.0) == 1
                 [again] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
-                again.result = b'"other"'
+                # results kept: the whole record shows whose run it is
+                again.result, again.result_ttl = b'"other"', 60.0
                 await other.ack([again])
             return await write(*args, **kwargs)
 
@@ -265,7 +266,7 @@ async def test_an_ack_held_up_past_its_lease_leaves_the_next_runs_record_alone(
 
     for name in ("kv_set", "kv_update"):
         cut_off(name)
-    d.result = b'"late"'
+    d.result, d.result_ttl = b'"late"', 60.0
     await late.ack([d])
     assert held  # the ack's write was the one held up
     info = await other.get(m.id)
@@ -1145,6 +1146,8 @@ async def test_a_duplicate_enqueues_copy_never_runs_with_its_own_arguments(
     assert await broker.enqueue([twin]) == [m.id]
     got = await asyncio.wait_for(broker.fetch(["default"], 10, 30.0, 1.0), 20)
     assert [d.message.payload for d in got if d.message is not None] == [{"n": 1}]
+    for d in got:  # a kept result: the whole record stays, its payload shown
+        d.result, d.result_ttl = b"1", 60.0
     await broker.ack(got)
     assert await broker.fetch(["default"], 10, 30.0, 0.5) == []  # the twin's copy: dropped
     info = await broker.get(m.id)

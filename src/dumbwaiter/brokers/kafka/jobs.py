@@ -20,6 +20,7 @@ from ...message import GROUP_PREFIX, TASK, Message, encode
 from ...state import FINAL_STATES, State
 from .. import transitions as T
 from ..base import KvWrite, kv_write
+from ..finished import compacts
 from ..types import DeadLetter, Delivery, Rescued, delivery_of
 from . import foreign
 from .engine import KafkaEngine
@@ -372,7 +373,7 @@ Change = Callable[[KafkaEngine, Record, Delivery, float], "Settled | None"]
 
 
 def acked(b: KafkaEngine, rec: Record, d: Delivery, now: float) -> Settled | None:
-    if not T.succeed(rec, d.token, now, d.result):
+    if not T.succeed(rec, d.token, now, d.result, compacts(d)):
         return None
     return T.kept_for(b.retention, d.result, d.result_ttl), False, False
 

@@ -21,6 +21,13 @@ counted, dead-lettered, replayed and purged: its record carries a stand-in
 envelope (task ``?``) and the body itself (``raw``, base64: it may be any
 bytes), and every pointer published for it again carries that body, marked
 ``Dw-Raw``, so a worker gets it as the undecodable message it is.
+
+A succeeded task without ``keep_result`` leaves a *compact* record
+(``brokers/finished.py``, ``compact_record``): its envelope cut to id, task,
+queue and attempt, the worker's timing cut to when it started, and only the
+fields a settle's retry, a holder's rescue and a pointer's claim read of a
+succeeded record (generation, claim, settling holder).  A record written
+whole loads as it always did.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import orjson
 from ...errors import MessageDecodeError
 from ...message import ErrorRecord, Message, from_dict
 from ...state import State
+from ..finished import compact_message, started_only
 from ..types import DeadLetter, JobInfo
 
 #: record field names (short: a record is written at every transition)
@@ -46,6 +54,9 @@ ST, ENV, GEN, RUN_AT, UPDATED, WORKER, LEASE, CLAIM, ACK, HOLDER, BY, REPLAYS, R
 SETTLED_BY = "sh"
 #: an undecodable message's body (base64), kept with its stand-in envelope
 RAW = "raw"
+#: a compact record's mark, and the time its job started (the worker's
+#: timing rebuilt from it and ``u``, as Redis does)
+COMPACT, STARTED = "cr", "rs"
 
 RUNNING = State.RUNNING.value
 WAITING = frozenset({State.READY.value, State.SCHEDULED.value, State.RETRYING.value})
@@ -118,11 +129,59 @@ def raw_of(rec: dict[str, Any]) -> bytes | None:
         return kept.encode()
 
 
+def compact_record(
+    env: dict[str, Any], gen: str, now: float, by: int, replays: int, result: bytes | None
+) -> dict[str, Any]:
+    """The compact record of a succeeded task (the module doc); the settle
+    adds the holder that counts it (``SETTLED_BY``)."""
+    rec: dict[str, Any] = {
+        ST: State.SUCCEEDED.value,
+        COMPACT: 1,
+        ENV: {k: env[k] for k in ("id", "name", "queue", "attempt") if k in env},
+        GEN: gen,
+        UPDATED: now,
+        BY: by,
+    }
+    if replays:
+        rec[REPLAYS] = replays
+    started = started_only(result)
+    if started is not None:
+        rec[STARTED] = started
+    elif result is not None:
+        rec[RESULT] = result.decode()
+    return rec
+
+
+def _compact_info(rec: dict[str, Any]) -> JobInfo:
+    env = rec.get(ENV) or {}
+    updated = rec.get(UPDATED)
+    started = rec.get(STARTED)
+    if started is not None:
+        result: bytes | None = orjson.dumps({"started": started, "finished": updated})
+    else:
+        result = rec[RESULT].encode() if rec.get(RESULT) is not None else None
+    return JobInfo(
+        message=compact_message(
+            str(env.get("id", "?")),
+            str(env.get("name", "?")),
+            str(env.get("queue", "?")),
+            int(env.get("attempt") or 1),
+        ),
+        state=State.SUCCEEDED,
+        updated_at=updated,
+        result=result,
+        replays=int(rec.get(REPLAYS, 0)),
+        compact=True,
+    )
+
+
 def info_of(rec: dict[str, Any], now: float) -> JobInfo | None:
     """The admin view of a state record (None for a purged job)."""
     st = rec.get(ST)
     if st == PURGED or st is None:
         return None
+    if rec.get(COMPACT) and st == State.SUCCEEDED.value:
+        return _compact_info(rec)
     msg = message_of(rec)
     state = State(st)
     return JobInfo(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...state import State
+from ..finished import compacts
 from ..types import Delivery
 from . import records as R
 from .claim import Claim
@@ -95,6 +96,12 @@ class Transport(Claim, Coordination):
         now = self.clock.now()
 
         def final(d: Delivery, tok: Token) -> dict[str, Any]:
+            m = d.message
+            if compacts(d) and m is not None and m.key is None and tok.raw is None:
+                # a compact record (records.py): a job holding a unique key
+                # keeps its whole record, as on the other engines
+                env = {"id": m.id, "name": m.name, "queue": m.queue, "attempt": m.attempt}
+                return R.compact_record(env, tok.gen, now, tok.claim, tok.replays, d.result)
             rec = self._settled(d, tok, State.SUCCEEDED.value, now)
             if d.result is not None:
                 rec[R.RESULT] = d.result.decode()

@@ -26,6 +26,7 @@ from ...message import TASK, ErrorRecord, Message
 from ...state import State
 from .. import transitions as T
 from ..base import KvWrite
+from ..finished import compacts
 from ..record import Record
 from ..types import DeadLetter, Delivery, Rescued
 from . import topology as topo
@@ -137,7 +138,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
             # a new record: the held one stays as it is, for an ack made
             # again after this one failed
             rec = held.copy()
-            if not T.succeed(rec, held.token, now, d.result):
+            if not T.succeed(rec, held.token, now, d.result, compacts(d)):
                 continue
             ttl = T.kept_for(self.retention, d.result, d.result_ttl)
             planned[self.keys.job + d.id] = (stamp_of(held), (rec.dump(), ttl))
