@@ -54,13 +54,11 @@ async def noop(i: int) -> None:
 STEPS = ("ptr", "claim", "w0", "w1", "reply", "fetched", "start")
 
 
-def _instrument(path: str) -> None:
-    """Wrap the worker's pickup steps (in the worker process)."""
+def event_log(path: str) -> Callable[[str], None]:
+    """``note(step)``: records the step's wall and thread-CPU time; the
+    steps are written to ``path`` (``step wall cpu`` a line) at exit.  The
+    worker-side half of every ``*_w3_steps.py``."""
     import atexit
-
-    from dumbwaiter.brokers.nats import broker as B
-    from dumbwaiter.brokers.nats import puller as P
-    from dumbwaiter.brokers.nats import wire as W
 
     ev: list[tuple[str, float, float]] = []
     now, cpu = time.time, time.thread_time
@@ -73,6 +71,27 @@ def _instrument(path: str) -> None:
             f.writelines(f"{n} {t:.6f} {c:.6f}\n" for n, t, c in ev)
 
     atexit.register(dump)
+    return note
+
+
+def run_worker(module: str, instrument: Callable[[str], None]) -> None:
+    """The worker process of a ``*_w3_steps.py``: ``instrument`` its steps
+    (into the file ``W3_STEPS`` names), then ``dumbwaiter worker`` on the
+    module's app."""
+    instrument(os.environ["W3_STEPS"])
+    from dumbwaiter.cli import main
+
+    sys.argv = ["dumbwaiter", "worker", "--app", f"{module}:app", "-q", "default", "-c", "32"]
+    main()
+
+
+def _instrument(path: str) -> None:
+    """Wrap the worker's pickup steps (in the worker process)."""
+    from dumbwaiter.brokers.nats import broker as B
+    from dumbwaiter.brokers.nats import puller as P
+    from dumbwaiter.brokers.nats import wire as W
+
+    note = event_log(path)
     handler = P.Puller._handler
 
     def _handler(self: Any, waits: Any) -> Any:
@@ -122,11 +141,7 @@ def _instrument(path: str) -> None:
 
 
 def worker() -> None:
-    _instrument(os.environ["W3_STEPS"])
-    from dumbwaiter.cli import main
-
-    sys.argv = ["dumbwaiter", "worker", "--app", "nats_w3_steps:app", "-q", "default", "-c", "32"]
-    main()
+    run_worker("nats_w3_steps", _instrument)
 
 
 def _lines(path: str) -> list[str]:
@@ -170,9 +185,13 @@ async def produce(n: int, d: str) -> None:
     report(calls, f"{d}/done", f"{d}/steps")
 
 
-async def w3(app: dw.App, noop: Any, n: int, d: str, script: str) -> dict[int, float]:
+async def w3(
+    app: dw.App, noop: Any, n: int, d: str, script: str, sync: bool = False
+) -> dict[int, float]:
     """W3's producer side: ``script``'s worker started, a warm-up job, 2 s
-    idle, then ``n`` jobs 5 ms apart; the time of each call, by job."""
+    idle, then ``n`` jobs 5 ms apart; the time of each call, by job.
+    ``sync``: the jobs enqueued with the sync call on the loop's thread, as
+    the harness' SQLite adapter does."""
     await app.broker.open()
     done, steps = f"{d}/done", f"{d}/steps"
     w = _spawn(done, steps, script)
@@ -187,7 +206,10 @@ async def w3(app: dw.App, noop: Any, n: int, d: str, script: str) -> dict[int, f
             if delay > 0:
                 await asyncio.sleep(delay)
             calls[k] = time.time()
-            await noop.aenqueue(k)
+            if sync:
+                noop.enqueue(k)
+            else:
+                await noop.aenqueue(k)
         await _started(done, n + 1, 20)
     finally:
         w.send_signal(signal.SIGTERM)

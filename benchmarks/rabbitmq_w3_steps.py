@@ -32,13 +32,12 @@ import atexit
 import collections
 import itertools
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nats_w3_steps import main, report, started, w3
+from nats_w3_steps import event_log, main, report, run_worker, started, w3
 from rabbitmq_enqueue import delete_topology
 
 import dumbwaiter as dw
@@ -67,16 +66,10 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
     from dumbwaiter.brokers.rabbitmq import link as L
     from dumbwaiter.brokers.sqlite import broker as S
 
-    ev: list[tuple[str, float, float]] = []
+    note = event_log(path)
     calls: list[tuple[str, int, float, float]] = []
-    now, cpu = time.time, time.thread_time
-
-    def note(name: str) -> None:
-        ev.append((name, now(), cpu()))
 
     def dump() -> None:
-        with open(path, "w") as f:
-            f.writelines(f"{n} {t:.6f} {c:.6f}\n" for n, t, c in ev)
         by: dict[tuple[str, int], list[tuple[float, float]]] = collections.defaultdict(list)
         for n, k, w, c in calls:
             by[(n, k)].append((w, c))
@@ -154,12 +147,7 @@ def _instrument(path: str) -> None:  # noqa: C901 (one wrapper a step)
 
 
 def worker() -> None:
-    _instrument(os.environ["W3_STEPS"])
-    from dumbwaiter.cli import main
-
-    sys.argv = ["dumbwaiter", "worker", "--app", "rabbitmq_w3_steps:app", "-q", "default"]
-    sys.argv += ["-c", "32"]
-    main()
+    run_worker("rabbitmq_w3_steps", _instrument)
 
 
 def _fresh_state() -> None:

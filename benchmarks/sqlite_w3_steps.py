@@ -24,17 +24,14 @@ The database is ``w3s.db`` in ``DUMBWAITER_BENCH_DIR`` (default
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
-import signal
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from nats_w3_steps import _spawn, _started, main, report, started
+from nats_w3_steps import event_log, main, report, run_worker, started, w3
 
 import dumbwaiter as dw
 
@@ -56,16 +53,10 @@ def _instrument(path: str) -> None:
     from dumbwaiter.brokers.sqlite import broker as B
     from dumbwaiter.brokers.sqlite import wake as W
 
-    ev: list[tuple[str, float, float]] = []
+    note = event_log(path)
     claims: list[tuple[float, int]] = []
-    now, cpu = time.time, time.thread_time
-
-    def note(name: str) -> None:
-        ev.append((name, now(), cpu()))
 
     def dump() -> None:
-        with open(path, "w") as f:
-            f.writelines(f"{n} {t:.6f} {c:.6f}\n" for n, t, c in ev)
         with open(path + ".claims", "w") as f:
             f.writelines(f"{w:.6f} {n}\n" for w, n in claims)
 
@@ -101,12 +92,7 @@ def _instrument(path: str) -> None:
 
 
 def worker() -> None:
-    _instrument(os.environ["W3_STEPS"])
-    from dumbwaiter.cli import main
-
-    sys.argv = ["dumbwaiter", "worker", "--app", "sqlite_w3_steps:app", "-q", "default"]
-    sys.argv += ["-c", "32"]
-    main()
+    run_worker("sqlite_w3_steps", _instrument)
 
 
 def _fresh_db() -> None:
@@ -128,27 +114,9 @@ def _claims(steps: str) -> None:
 
 async def produce(n: int, d: str) -> None:
     _fresh_db()
-    done, steps = f"{d}/done", f"{d}/steps"
-    w = _spawn(done, steps, __file__)
-    calls: dict[int, float] = {}
-    try:
-        noop.enqueue(-1)
-        await _started(done, 1, 60)
-        await asyncio.sleep(2.0)
-        base = time.time() + 0.01
-        for k in range(n):
-            delay = base + k * 0.005 - time.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            calls[k] = time.time()
-            noop.enqueue(k)  # sync, on the loop's thread, as the harness' adapter
-        await _started(done, n + 1, 20)
-    finally:
-        w.send_signal(signal.SIGTERM)
-        w.wait(30)
-        app.close()
-    report(calls, done, steps, STEPS, STEPS[:-1], (("claim0", "claim1"),))
-    _claims(steps)
+    calls = await w3(app, noop, n, d, __file__, sync=True)
+    report(calls, f"{d}/done", f"{d}/steps", STEPS, STEPS[:-1], (("claim0", "claim1"),))
+    _claims(f"{d}/steps")
 
 
 if __name__ == "__main__":
