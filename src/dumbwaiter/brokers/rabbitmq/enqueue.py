@@ -166,7 +166,10 @@ class RabbitMQEnqueue(RabbitMQLedger):
         link = self._links.get()
         started = None
         if self._claimed.get(link) == link.gen:
-            started = await link.start_one(copy)
+            try:
+                started = await link.start_one(copy)
+            except SEND_ERRORS as exc:  # nothing sent: ``_send`` tries again
+                log.debug("rabbitmq publish failed (%r); sending again", exc)
         if started is None:
             # written while RabbitMQ (a quorum queue: its log's commit)
             # confirms the copy, so it normally commits long before the
@@ -182,9 +185,9 @@ class RabbitMQEnqueue(RabbitMQLedger):
         # frames wait for aiormq's writer task, which one turn of the loop
         # puts on the socket; then the record is written here, without a
         # task, while RabbitMQ confirms the copy.
-        await asyncio.sleep(0)
         written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
+            await asyncio.sleep(0)
             written.set_result(await self.state.kv_add(key, rec.dump()))
         except BaseException as exc:
             written.set_exception(exc)
