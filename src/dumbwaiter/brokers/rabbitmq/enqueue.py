@@ -27,6 +27,7 @@ from ...state import State
 from ..record import Record, delivery_id
 from ..types import Binding, delivery_of, events_page
 from . import topology as topo
+from .connection import SEND_ERRORS
 from .ledger import KEY_ROUNDS, RabbitMQLedger
 from .link import AMQP_ERRORS
 
@@ -162,14 +163,46 @@ class RabbitMQEnqueue(RabbitMQLedger):
         )
         key = self.keys.job + m.id
         copy = self._copy(m, 0, due, raw, enq)
-        # written while RabbitMQ (a quorum queue: its log's commit) confirms
-        # the copy, so it normally commits long before the copy is handed out
-        add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
+        link = self._links.get()
+        started = None
+        if self._claimed.get(link) == link.gen:
+            try:
+                started = await link.start_one(copy)
+            except SEND_ERRORS as exc:  # nothing sent: ``_send`` tries again
+                log.debug("rabbitmq publish failed (%r); sending again", exc)
+        if started is None:
+            # written while RabbitMQ (a quorum queue: its log's commit)
+            # confirms the copy, so it normally commits long before the
+            # copy is handed out
+            add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
+            try:
+                await self._send([copy], True)
+            except BaseException as exc:
+                return await self._unsent(m, key, add, exc)
+            await add  # raises if the record could not be written
+            return m.id
+        # The usual call (a lane this connection published to): the copy's
+        # frames wait for aiormq's writer task, which one turn of the loop
+        # puts on the socket; then the record is written here, without a
+        # task, while RabbitMQ confirms the copy.
+        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            await self._send([copy], True)
+            await asyncio.sleep(0)
+            written.set_result(await self.state.kv_add(key, rec.dump()))
         except BaseException as exc:
-            return await self._unsent(m, key, add, exc)
-        await add  # raises if the record could not be written
+            written.set_exception(exc)
+            if not isinstance(exc, Exception):  # cancelled: the outcome is unknown
+                return await self._unsent(m, key, written, exc)
+        try:
+            try:
+                await link.confirm_one(started)
+            except SEND_ERRORS as exc:  # again, on a new connection if need be
+                log.debug("rabbitmq publish failed (%r); sending again", exc)
+                await self._failed(link, "publish", exc)
+                await self._send([copy], True)
+        except BaseException as exc:
+            return await self._unsent(m, key, written, exc)
+        await written  # raises if the record could not be written (see above)
         return m.id
 
     async def _unsent(

@@ -93,6 +93,10 @@ def _vhost_refused(exc: BaseException | str) -> bool:
     )
 
 
+#: a copy ``AmqpLink.start_one`` queued: its channel and pending confirmation
+Started = tuple[aiormq.Channel, "asyncio.Future[Any]"]
+
+
 @dataclass(slots=True)
 class Raw:
     """A message as RabbitMQ handed it to us, before the ledger judged it."""
@@ -357,6 +361,27 @@ class AmqpLink:
             if self.unacked.discard(tag):
                 self.settled += 1
                 await self.cons.basic_nack(tag, requeue=True, wait=False)
+
+    async def start_one(
+        self, item: tuple[str, str, bytes, spec.Basic.Properties]
+    ) -> Started | None:
+        """Queue one copy to a target this connection published to before
+        for aiormq's writer (``outgoing.start``, the ``publish`` hook): the
+        channel and the copy's pending confirmation, for ``confirm_one``;
+        None when it must go through ``publish``."""
+        ex, rk, body, props = item
+        if not self.fast_publish or (ex, rk) not in self.targets or not self.ok():
+            return None
+        ch = cast(aiormq.Channel, self.pub)
+        confirmation = await outgoing.start(ch, ex, rk, body, props)
+        return None if confirmation is None else (ch, confirmation)
+
+    async def confirm_one(self, started: Started) -> None:
+        """Wait for a ``start_one`` copy's confirm, as ``publish`` does."""
+        async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
+            r = await outgoing.confirmed(*started)
+        if not isinstance(r, spec.Basic.Ack):
+            raise BrokerError(f"rabbitmq refused a message: {r!r}")
 
     async def publish(self, items: list[tuple[str, str, bytes, spec.Basic.Properties]]) -> None:
         """Publish and wait for every confirm (pipelined: one round trip)."""

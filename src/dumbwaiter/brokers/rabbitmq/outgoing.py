@@ -152,20 +152,35 @@ async def publish(
 ) -> Any:
     """A confirmed publish, as ``ch.basic_publish(..., wait=False)``: the
     confirmation frame RabbitMQ answered with (``Basic.Ack`` or ``Basic.Nack``)."""
+    confirmation = await start(ch, exchange, routing_key, body, props)
+    if confirmation is None:
+        return await ch.basic_publish(
+            body, exchange=exchange, routing_key=routing_key, properties=props, wait=False
+        )
+    return await confirmed(ch, confirmation)
+
+
+async def start(
+    ch: aiormq.Channel, exchange: str, routing_key: str, body: bytes, props: _P
+) -> asyncio.Future[Any] | None:
+    """The first half of ``publish``: the frames queued for aiormq's writer
+    task, the pending confirmation returned (await it with ``confirmed``);
+    None when ``frames`` does not write this publish (the caller uses
+    ``basic_publish``).  It does not give up the event loop unless another
+    publish holds the channel's lock, so a caller that yields once next
+    lets the writer put the frames on the socket before it goes on."""
     try:
         if not ch.publisher_confirms or not props.message_id or not _looks_right(ch):
             raise Unfit("not a confirmed publish with a message id")
         payload = frames(ch.number, ch.max_content_size, exchange, routing_key, body, props)
     except Unfit:
-        return await ch.basic_publish(
-            body, exchange=exchange, routing_key=routing_key, properties=props, wait=False
-        )
+        return None
     message_id = props.message_id
     async with ch._raise_on_channel_close():
         async with ch.lock:
             ch.delivery_tag += 1
             tag = ch.delivery_tag
-            confirmation = ch.create_future()
+            confirmation: asyncio.Future[Any] = ch.create_future()
             ch.confirmations[tag] = confirmation
             ch.message_id_delivery_tag[message_id] = tag
             try:
@@ -180,6 +195,13 @@ async def publish(
                 raise
 
             confirmation.add_done_callback(_forgetter(ch, message_id, tag))
+    return confirmation
+
+
+async def confirmed(ch: aiormq.Channel, confirmation: asyncio.Future[Any]) -> Any:
+    """The confirmation frame of a ``start``ed publish, the channel's close
+    raised as aiormq's ``basic_publish`` raises it."""
+    async with ch._raise_on_channel_close():
         return await confirmation
 
 
