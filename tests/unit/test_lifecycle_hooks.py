@@ -193,8 +193,8 @@ async def test_a_middleware_narrowed_to_a_header_hears_only_of_jobs_that_carry_i
     """``only_with_header``: the lifecycle hooks of such a middleware run for
     the jobs whose message has the header, succeeded or dead, and for no
     other; an unnarrowed one still hears of every job."""
-    tenant: list[tuple[str, object]] = []
-    every: list[object] = []
+    tenant: list[tuple[str, str | None]] = []
+    every: list[int] = []
 
     class TenantAudit(dw.Middleware):
         only_with_header = "tenant"
