@@ -112,26 +112,29 @@ class Attempt:
     ) -> str:
         """One attempt through the middleware; the outcome's kind."""
         mw = self.app.middleware
+        used = mw.used
         result: Any = None
         try:
-            if mw.has("before_process"):
+            if "before_process" in used:
                 mw.call("before_process", ctx)
-            if mw.has("around_process"):
+            if "around_process" in used:
                 result = await mw.around(ctx, lambda: self._call(task, args, kwargs, ctx))
             else:
                 result = await self._call(task, args, kwargs, ctx)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # every failure is recorded
-            if mw.has("after_process"):
+            if "after_process" in used:
                 mw.call("after_process", ctx, None, exc)
             return self._failed(d, ctx, task, exc)
         ctx.state["result"] = result
-        try:
-            await self._after_success(ctx)
-        except Exception as exc:
-            return self._failed(d, ctx, task, exc)
-        if mw.has("after_process"):
+        # a plain job (no workflow, batch or checkpoint) has nothing to set off
+        if mw.runs("after_success", ctx.message) or "checkpointed" in ctx.state:
+            try:
+                await self._after_success(ctx)
+            except Exception as exc:
+                return self._failed(d, ctx, task, exc)
+        if "after_process" in used:
             mw.call("after_process", ctx, result, None)
         d.result = result_record(result, task, d.started_at)
         if task.keep_result is not None:
@@ -179,9 +182,7 @@ class Attempt:
         job again, and each of these is idempotent): the ``after_success``
         hooks (the next workflow step, the batch's progress), then
         forgetting the job's checkpoint."""
-        mw = self.app.middleware
-        if mw.has("after_success"):
-            await mw.after_success(ctx)
+        await self.app.middleware.after_success(ctx)
         if ctx.state.get("checkpointed"):
             await self.broker.kv_delete([keys.checkpoint(ctx.message.id)])
 

@@ -114,7 +114,7 @@ class Cancels:
     """A worker's side: which of its jobs were asked to stop.
 
     ``poll`` (each heartbeat) reads every request; the worker's own jobs
-    among them are remembered and their contexts flagged.  ``outcome`` turns
+    among them are remembered and their contexts flagged.  ``end`` turns
     such a job's failure (or its being given back) into a cancellation."""
 
     requested: set[str] = field(default_factory=set)
@@ -146,13 +146,14 @@ class Cancels:
         if job_id in self.requested:
             ctx._request_cancel()
 
-    def outcome(self, job_id: str, kind: str, success: str, cancel: str) -> str:
-        """The job ended as ``kind``: ``cancel`` if it was asked to stop and
-        did not succeed."""
-        self.contexts.pop(job_id, None)
+    def end(self, job_id: str, kind: str, success: str, cancel: str) -> tuple[str, Context | None]:
+        """The job ended as ``kind``: forget its context (returned with the
+        kind), and make the kind ``cancel`` if it was asked to stop and did
+        not succeed."""
+        ctx = self.contexts.pop(job_id, None)
         if job_id in self.requested:
             self.requested.discard(job_id)
             if kind != success:
-                return cancel
+                return cancel, ctx
             self.answered.append(job_id)
-        return kind
+        return kind, ctx

@@ -4,8 +4,8 @@ lifecycle hooks any middleware has (``after_success``, ``on_dead``,
 after the user's middleware (innermost): a step's successor is enqueued
 before any user ``after_success`` runs.
 
-Each hook returns the coroutine to await only for a job of its kind, so a
-plain job pays no coroutine for either.
+Each says the header of its jobs (``only_with_header``): the worker calls
+their hooks only for a job that carries it, so a plain job pays for neither.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ class WorkflowSteps(Middleware):
     enqueues what comes next (before its ack); a step that died leaves its
     waiters the ``wf:ID:dead`` hint."""
 
-    def after_success(self, ctx: Context) -> Awaitable[None] | None:
-        if "wf" not in ctx.message.headers:
-            return None
+    only_with_header = "wf"
+
+    def after_success(self, ctx: Context) -> Awaitable[None]:
         return advance(ctx.app, ctx.message, ctx.state.get("result"))
 
     def on_dead(self, ctx: Context | None, error: ErrorRecord) -> Awaitable[None] | None:
-        if ctx is None or "wf" not in ctx.message.headers:
+        if ctx is None:
             return None
         return mark_dead(ctx.app, [ctx.message])
 
@@ -41,17 +41,15 @@ class WorkflowSteps(Middleware):
 class BatchShards(Middleware):
     """Counts each shard of a batch as it ends (see ``dumbwaiter.batch``)."""
 
-    def after_success(self, ctx: Context) -> Awaitable[None] | None:
-        if "batch" not in ctx.message.headers:
-            return None
+    only_with_header = "batch"
+
+    def after_success(self, ctx: Context) -> Awaitable[None]:
         return shard_done(ctx.app, ctx.message, ok=True)
 
     def on_dead(self, ctx: Context | None, error: ErrorRecord) -> Awaitable[None] | None:
-        if ctx is None or "batch" not in ctx.message.headers:
+        if ctx is None:
             return None
         return shard_done(ctx.app, ctx.message, ok=False)
 
-    def on_cancelled(self, ctx: Context) -> Awaitable[None] | None:
-        if "batch" not in ctx.message.headers:
-            return None
+    def on_cancelled(self, ctx: Context) -> Awaitable[None]:
         return shard_done(ctx.app, ctx.message, ok=False)

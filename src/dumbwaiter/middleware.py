@@ -44,6 +44,11 @@ class Middleware:
 
     #: extra keyword options this middleware lets ``@app.task`` accept
     task_options: ClassVar[frozenset[str]] = frozenset()
+    #: when set, this middleware's job lifecycle hooks (``after_success``,
+    #: ``on_dead``, ``on_cancelled``) run only for jobs whose message carries
+    #: this header: the app's workflow and batch middleware say so, and a
+    #: plain job's attempt then calls neither (``MiddlewareStack.runs``)
+    only_with_header: ClassVar[str | None] = None
 
     def before_enqueue(self, message: Message) -> None:
         """A message is about to be sent (headers may still be changed)."""
@@ -111,6 +116,9 @@ class Middleware:
         """A worker stopped (after its last ack)."""
 
 
+#: the hooks ``Middleware.only_with_header`` narrows
+_LIFECYCLE = ("after_success", "on_dead", "on_cancelled")
+
 _HOOKS = (
     "before_enqueue",
     "after_enqueue",
@@ -157,12 +165,32 @@ class MiddlewareStack:
         #: whether any middleware has an enqueue hook: without one, a single
         #: enqueue skips the hook plumbing altogether (``Task.enqueue``)
         self.enqueue_hooks = bool(self._by_hook["before_enqueue"] or self._by_hook["after_enqueue"])
+        #: the hooks some middleware overrides; the worker tests it on every
+        #: attempt (``"before_process" in stack.used``), where ``has`` is a call
+        self.used = frozenset(hook for hook, ms in self._by_hook.items() if ms)
+        #: per lifecycle hook: whether a middleware runs it for every job, and
+        #: the headers that narrow the others (``runs``)
+        self._always = {
+            h: any(m.only_with_header is None for m in self._by_hook[h]) for h in _LIFECYCLE
+        }
+        self._headers = {
+            h: frozenset(m.only_with_header for m in self._by_hook[h] if m.only_with_header)
+            for h in _LIFECYCLE
+        }
 
     def plus(self, *middleware: Middleware) -> MiddlewareStack:
         return MiddlewareStack([*self.middleware, *middleware], self.builtin)
 
     def has(self, hook: str) -> bool:
-        return bool(self._by_hook[hook])
+        return hook in self.used
+
+    def runs(self, hook: str, message: Message | None) -> bool:
+        """Whether a lifecycle ``hook`` has a middleware to run for a job of
+        ``message`` (None: its body did not decode): one that takes every job,
+        or one whose ``only_with_header`` the message carries."""
+        if self._always[hook]:
+            return True
+        return message is not None and not self._headers[hook].isdisjoint(message.headers)
 
     def call(self, hook: str, *args: Any) -> None:
         """Run a plain hook on every middleware that overrides it (after_* reversed)."""
@@ -172,12 +200,16 @@ class MiddlewareStack:
             except Exception as exc:
                 self._failed(m, hook, exc)
 
-    async def acall(self, hook: str, *args: Any) -> None:
-        """``call`` for a hook that may be written ``async def`` (``on_dead``,
-        ``on_cancelled``): awaited where it is."""
+    async def acall(self, hook: str, ctx: Context | None, *args: Any) -> None:
+        """``call`` for a lifecycle hook that may be written ``async def``
+        (``on_dead``, ``on_cancelled``): awaited where it is; a middleware
+        with ``only_with_header`` only for a job that carries the header."""
+        message = ctx.message if ctx is not None else None
         for m in self._ordered[hook]:
+            if not _applies(m, message):
+                continue
             try:
-                done = getattr(m, hook)(*args)
+                done = getattr(m, hook)(ctx, *args)
                 if done is not None and inspect.isawaitable(done):
                     await done
             except Exception as exc:
@@ -198,8 +230,11 @@ class MiddlewareStack:
         log.error("middleware %s.%s failed", type(m).__name__, hook, exc_info=exc)
 
     async def after_success(self, ctx: Context) -> None:
-        """Await every ``after_success``, innermost first; an exception fails the attempt."""
+        """Await every ``after_success`` (of those ``only_with_header`` lets
+        run), innermost first; an exception fails the attempt."""
         for m in self._ordered["after_success"]:
+            if not _applies(m, ctx.message):
+                continue
             done = m.after_success(ctx)
             if done is not None:  # an async def's coroutine
                 await done
@@ -210,6 +245,12 @@ class MiddlewareStack:
         for m in reversed(self._by_hook["around_process"]):
             call = _wrap(m, ctx, call)
         return await call()
+
+
+def _applies(m: Middleware, message: Message | None) -> bool:
+    """Whether ``m``'s lifecycle hooks run for a job of ``message``."""
+    header = m.only_with_header
+    return header is None or (message is not None and header in message.headers)
 
 
 def _wrap(m: Middleware, ctx: Context, call_next: CallNext) -> CallNext:

@@ -5,8 +5,8 @@ reach the broker.
 The ``Settler`` writes them in batches (group commit): while one batch of
 acks is written, the next collects, so a busy worker makes few broker calls
 and an idle one adds no delay.  Before an event's ack it marks the event
-handled in the broker-side inbox (``inbox_key``), so a redelivery after a
-crash between the two is recognised as a duplicate.
+handled in the broker-side inbox (``inbox_key``, worked out at fetch), so a
+redelivery after a crash between the two is recognised as a duplicate.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from . import keys
 from .cancel import CANCEL_PREFIX
 from .errors import SerializationError
-from .message import ErrorRecord, check_json, dumps
+from .message import ErrorRecord, check_json
 from .ports import Runtime
 
 if TYPE_CHECKING:
@@ -75,13 +77,13 @@ def result_record(result: Any, task: Task[..., Any] | Subscription, started: flo
     (``value``) when the task keeps results (``JobInfo.outcome``)."""
     timing = {"started": started, "finished": time.time()}
     if task.keep_result is None:
-        return dumps(timing)
+        return orjson.dumps(timing)
     try:
         check_json(result, f"the result of {task.name}()")
     except SerializationError as exc:
         log.error("%s; it is not stored", exc)
-        return dumps({"error": str(exc), **timing})
-    return dumps({"value": result, **timing})
+        return orjson.dumps({"error": str(exc), **timing})
+    return orjson.dumps({"value": result, **timing})
 
 
 class Settler:
@@ -155,7 +157,7 @@ class Settler:
     async def _mark_inbox(self, batch: list[Delivery]) -> None:
         """Record handled events before their ack: if we die between the two,
         the redelivery is recognised as a duplicate."""
-        marks = {k: b"1" for d in batch if not d.duplicate and (k := inbox_key(d)) is not None}
+        marks = {k: b"1" for d in batch if (k := d.inbox) is not None and not d.duplicate}
         if marks:
             await self.broker.kv_set(marks, ttl=self.app.event_retention)
 

@@ -261,7 +261,11 @@ class Worker(Attempt):
     async def _check_inbox(self, ds: list[Delivery]) -> None:
         """Mark event deliveries this group already handled (the broker-side
         inbox), so a redelivered or replayed duplicate is acked, not run."""
-        keys = {k: d for d in ds if (k := inbox_key(d)) is not None}
+        keys: dict[str, Delivery] = {}
+        for d in ds:
+            k = d.inbox = inbox_key(d)
+            if k is not None:
+                keys[k] = d
         if not keys:
             return
         try:
@@ -412,7 +416,7 @@ class Worker(Attempt):
         if held:
             self._buffer = deque(d for d in self._buffer if d.id not in asked)
             for d in held:
-                kind = self._cancels.outcome(d.id, REQUEUE, ACK, CANCEL)
+                kind = self._cancels.end(d.id, REQUEUE, ACK, CANCEL)[0]
                 if kind == CANCEL:
                     await self._cancelled(d, None)
                 self._settler.add(kind, d)
@@ -508,15 +512,14 @@ class Worker(Attempt):
 
     async def _process(self, d: Delivery) -> None:
         started = time.monotonic()
-        ctx: Context | None = None
         try:
             kind = await self._execute(d)
-            ctx = self._cancels.contexts.get(d.id)  # the handler's, if it got that far
         except asyncio.CancelledError:
             kind = REQUEUE  # only shutdown cancels jobs: give them back uncharged
         finally:
             self._tasks.pop(d.id, None)
-        kind = self._cancels.outcome(d.id, kind, ACK, CANCEL)
+        # ctx: the handler's, if it got that far
+        kind, ctx = self._cancels.end(d.id, kind, ACK, CANCEL)
         took = time.monotonic() - started
         self._job_time += (took - self._job_time) * 0.1
         queue = d.queue or (d.message.queue if d.message is not None else "")
@@ -588,7 +591,7 @@ class Worker(Attempt):
         """``on_cancelled`` for a job stopped on request (``ctx``: its handler's,
         None for one fetched and not started)."""
         mw = self.app.middleware
-        if d.message is None or not mw.has("on_cancelled"):
+        if d.message is None or not mw.runs("on_cancelled", d.message):
             return
         if ctx is None:
             ctx = Context(message=d.message, app=self.app, worker_id=self.id)

@@ -189,6 +189,44 @@ async def test_an_after_success_written_as_a_plain_def_still_runs() -> None:
     assert seen == [1]
 
 
+async def test_a_middleware_narrowed_to_a_header_hears_only_of_jobs_that_carry_it() -> None:
+    """``only_with_header``: the lifecycle hooks of such a middleware run for
+    the jobs whose message has the header, succeeded or dead, and for no
+    other; an unnarrowed one still hears of every job."""
+    tenant: list[tuple[str, str | None]] = []
+    every: list[int] = []
+
+    class TenantAudit(dw.Middleware):
+        only_with_header = "tenant"
+
+        async def after_success(self, ctx: dw.Context) -> None:
+            tenant.append(("ok", ctx.message.headers.get("tenant")))
+
+        async def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
+            assert ctx is not None
+            tenant.append(("dead", ctx.message.headers.get("tenant")))
+
+    class Every(dw.Middleware):
+        def after_success(self, ctx: dw.Context) -> None:
+            every.append(ctx.state["result"])
+
+    app = dw.App("memory://", middleware=[TenantAudit(), Every()])
+
+    @app.task(retry=dw.Retry.never())
+    def work(n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return n
+
+    await work.aenqueue(1)
+    await work.options(headers={"tenant": "acme"}).aenqueue(2)
+    await work.options(headers={"tenant": "initech"}).aenqueue(-1)
+    await work.aenqueue(-2)
+    await drain(app)
+    assert sorted(tenant) == [("dead", "initech"), ("ok", "acme")]
+    assert sorted(every) == [1, 2]
+
+
 async def test_a_shard_the_rescuer_buried_fails_its_batch() -> None:
     """A batch hears of a shard whose worker was lost on its last attempt (the
     rescuer's dead letter reaches the batch's ``on_dead``), so it finishes."""

@@ -74,6 +74,9 @@ class Delivery:
     decode_error: str | None = None
     #: the worker found this event already handled by its group (inbox): ack only
     duplicate: bool = False
+    #: the event's broker-side inbox entry, which its ack marks (the worker
+    #: works it out once, at fetch: ``settle.inbox_key``; None for a task)
+    inbox: str | None = None
     #: (key, holder) concurrency slots the worker holds for this job
     holds: list[tuple[str, str]] = field(default_factory=list)
     #: when the worker started it (the time its rate permit is stamped with)

@@ -272,15 +272,19 @@ class Transport(Broker):
             return
         now = await self.conn.now()
         retention = self.retention
+        # what most jobs of a batch share, worked out once: their expiry and
+        # the server clock's offset (a compact record's start is the server's)
+        expires = repr(now + retention)
+        offset = self.conn.clock.offset()
         args: list[Arg] = [repr(now)]
         for d in ds:
-            keep = max(retention, d.result_ttl or 0.0) if d.result is not None else retention
+            ttl = d.result_ttl
             args += (
                 d.id,
                 d.token,
-                repr(now + keep),
+                repr(now + max(retention, ttl)) if ttl and d.result is not None else expires,
                 d.result if d.result is not None else b"",
-                repr(self.conn.clock.to_server(d.started_at) if d.started_at else now)
+                (repr(d.started_at + offset) if d.started_at else repr(now))
                 if compacts(d)
                 else b"",
             )
