@@ -97,6 +97,12 @@ async def test_steps_run_once_and_replays_return_their_checkpoints(app: dw.App) 
     assert (await app.broker.stats()) and all(s.dead == 0 for s in await app.broker.stats())
 
 
+#: how far ahead of ``now()`` the replay test sleeps until: past by the time
+#: ``sleep_until`` is reached (a loaded machine, a slow checkpoint write),
+#: the sleep ends no segment and nothing replays
+SLEEP_AHEAD = timedelta(seconds=0.5)
+
+
 async def test_now_and_uuid_replay_their_first_values_across_a_sleep_until(
     app: dw.App,
 ) -> None:
@@ -109,14 +115,14 @@ async def test_now_and_uuid_replay_their_first_values_across_a_sleep_until(
     def stamped(ctx: dw.WorkflowContext) -> list[str]:
         now, uid = ctx.now(), ctx.uuid()
         seen["sync"].append((now, uid))
-        ctx.sleep_until("later", now + timedelta(seconds=0.05))
+        ctx.sleep_until("later", now + SLEEP_AHEAD)
         return [now.isoformat(), uid]
 
     @app.workflow
     async def astamped(ctx: dw.AsyncWorkflowContext) -> list[str]:
         now, uid = await ctx.now(), await ctx.uuid()
         seen["async"].append((now, uid))
-        await ctx.sleep_until("later", (now + timedelta(seconds=0.05)).timestamp())
+        await ctx.sleep_until("later", (now + SLEEP_AHEAD).timestamp())
         return [now.isoformat(), uid]
 
     runs = {"sync": await stamped.aenqueue(), "async": await astamped.aenqueue()}
