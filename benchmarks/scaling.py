@@ -20,6 +20,9 @@ namespace filled beforehand (not timed):
   NATS: a durable JetStream pull consumer, ``fetch(C)``, run each, ``ack``
   (nats-py).
 
+``--modes "dw x1" "dw x2" "dw x1 2c"`` adds one process with ``2C`` slots:
+what a second process adds beyond more jobs in flight.
+
 The order alternates by round (``dw x1, dw x2, bare x1, bare x2``, then
 reversed) because the machine is shared and its load moves; the figures are
 medians over rounds (min-max) and each round's ratio x2 / x1.
@@ -68,6 +71,9 @@ SERVERS = {
 LOCK = "/tmp/dw-bench.lock"
 DONE = Path(os.environ.get("DW_SCALING_DONE", f"/tmp/{TAG}-done.log"))
 MODES = ("dw x1", "dw x2", "bare x1", "bare x2")
+#: one process with the slots of two (``-c`` doubled): what x2 adds beyond
+#: more jobs in flight (``--modes "dw x1" "dw x2" "dw x1 2c"``)
+EXTRA_MODES = ("dw x1 2c",)
 PG_CONNECTIONS = 10
 
 
@@ -366,6 +372,8 @@ def machine() -> tuple[float, float]:
 def drain(kind: str, mode: str, n: int, c: int) -> dict[str, float]:
     """One drain of ``n`` jobs in ``mode``: rate and CPU per job."""
     procs = 2 if mode.endswith("x2") else 1
+    if mode.endswith("2c"):
+        c *= 2
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
@@ -487,7 +495,7 @@ def main() -> None:
     p.add_argument("-n", type=int, default=20_000)
     p.add_argument("-c", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES])
     p.add_argument("--json", type=Path)
     p.add_argument("--bare-worker", choices=list(SERVERS), help=argparse.SUPPRESS)
     args = p.parse_args()
