@@ -106,20 +106,28 @@ class Link:
         if self.closed:
             return
         self.closed = True
-        stops: list[Callable[[], Awaitable[None]]] = []
+        # Readers (and the relay, which sends through the producer) first,
+        # then the producer and the admin client; each group at once, so a
+        # consumer slow to leave its group (a loaded machine) does not use up
+        # an ending loop's time (``KEEPER_CLOSE``) before the rest were even
+        # asked to close, leaving their sockets to be collected unclosed.
+        first: list[Callable[[], Awaitable[None]]] = []
         if self.relay is not None:
-            stops.append(self.relay.stop)
-        stops += [r.stop for r in self.readers.values()]
+            first.append(self.relay.stop)
+        first += [r.stop for r in self.readers.values()]
+        then: list[Callable[[], Awaitable[None]]] = []
         if self._producer is not None:
-            stops.append(self._producer.stop)
+            then.append(self._producer.stop)
         if self._admin is not None:
-            stops.append(self._admin.close)
+            then.append(self._admin.close)
         self.relay, self.readers, self._producer, self._admin = None, {}, None, None
-        for stop in stops:
-            try:
-                await stop()
-            except Exception as exc:  # closing: nothing more to do with it
-                log.debug("kafka: closing a client failed: %r", exc)
+        for group in (first, then):
+            results = await asyncio.gather(*(stop() for stop in group), return_exceptions=True)
+            for exc in results:
+                if isinstance(exc, Exception):  # closing: nothing more to do with it
+                    log.debug("kafka: closing a client failed: %r", exc)
+                elif isinstance(exc, BaseException):
+                    raise exc
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             await keeper.aclose()
@@ -154,7 +162,7 @@ async def _keep(link: Link) -> AsyncGenerator[None, None]:
 
 
 #: seconds an ending loop gives its clients to close (``_keep``)
-KEEPER_CLOSE = 2.0
+KEEPER_CLOSE = 10.0
 
 #: the settings an admin client accepts (it takes no producer or consumer ones)
 _ADMIN_KEYS = frozenset(
@@ -174,5 +182,8 @@ _ADMIN_KEYS = frozenset(
 
 
 def abandon(link: Link) -> None:
-    """A loop that closed took the clients' sockets with it: nothing to do."""
+    """Let go of a link whose loop has closed.  Its keeper (``_keep``) closed
+    the clients as the loop shut down; one that did not close within
+    ``KEEPER_CLOSE`` keeps its sockets until they are collected: without a
+    running loop nothing can close them cleanly."""
     link.readers, link.relay = {}, None
