@@ -1870,3 +1870,43 @@ async def test_a_reconcile_leaves_a_lane_that_holds_messages_alone(
     await broker.enqueue([job() for _ in range(3)])
     assert await broker.rescue() == 0
     assert await _ready_copies(broker) == 3
+
+
+async def test_a_job_leased_while_a_heartbeat_writes_still_comes_back_from_a_hung_worker(
+    make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat writes the worker's whole lease map, made from a copy taken
+    before its write went out. A fetch that leased a job meanwhile was left
+    out of the map the heartbeat wrote; had the worker then hung (its
+    connection alive, so RabbitMQ redelivers nothing), no rescuer would ever
+    see that job's lease run out, and it waited for the process to die."""
+    worker, rescuer, other = make(), make(), make()
+    for b in (worker, rescuer, other):
+        await b.open()
+    first, second = job(), job()
+    await rescuer.enqueue([first])
+    [held] = await worker.fetch(["default"], 1, 30.0, 0, "w-hangs")
+    await rescuer.enqueue([second])
+    leased: list[Any] = []
+    real_update = worker.state.kv_update
+
+    async def a_fetch_while_the_heartbeat_writes(keys: Any, decide: Any) -> Any:
+        if not leased:
+            # the heartbeat's write is about to go out: a fetch comes first
+            leased.append(None)
+            leased[:] = await worker.fetch(["default"], 1, 0.5, 0, "w-hangs")
+        return await real_update(keys, decide)
+
+    monkeypatch.setattr(worker.state, "kv_update", a_fetch_while_the_heartbeat_writes)
+    assert await worker.extend([held], 30.0) == []
+    [d] = leased
+    assert d.id == second.id
+    # the worker hangs from here on: the rescuer must find the short lease
+    assert await eventually(rescuer.rescue, lambda r: r > 0) == 1
+    [again] = await other.fetch(["default"], 1, 30.0, 10.0, "w-other")
+    assert again.id == second.id and again.message is not None
+    assert again.message.attempt == 2
+    await other.ack([again])
+    await worker.ack([held])
+    info = await rescuer.get(first.id)
+    assert info is not None and info.state is State.SUCCEEDED

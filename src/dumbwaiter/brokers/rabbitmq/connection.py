@@ -30,6 +30,7 @@ import weakref
 from collections import deque
 from typing import Any, ClassVar
 
+import orjson
 from pamqp import commands as spec
 
 from ...errors import BrokerConfigError, BrokerError, StateStoreConflict
@@ -106,6 +107,10 @@ class RabbitMQConnection(StateDelegation):
         )
         #: jobs this broker object leased: id -> (token, lease_until)
         self._leases_held: dict[str, tuple[int, float]] = {}
+        #: how many leases fetches have added to ``_leases_held``: a write of
+        #: the lease map made from an older copy of it (``extend``) sees that
+        #: it may have left one out
+        self._leases_added = 0
         #: the records of those jobs as this broker last wrote them
         self._leased_records: dict[str, Record] = {}
         #: jobs a fetch dead-lettered (their worker died on the last attempt),
@@ -130,6 +135,11 @@ class RabbitMQConnection(StateDelegation):
         if self.clock.due:
             await self.clock.try_sync(self._store_time)
         return self.clock.now()
+
+    def _lease_map(self, now: float) -> bytes:
+        """This broker's lease map as the state store keeps it (the rescuer
+        reads every worker's: ``_rescue_leases``)."""
+        return orjson.dumps({"at": now, "held": self._leases_held})
 
     async def _store_time(self) -> float:
         """The state store's server clock: the records' lease ends and run

@@ -324,6 +324,7 @@ class RabbitMQOutcomes(RabbitMQLedger):
             planned[k.job + d.id] = (stamp_of(rec), new.dump())
             renewed[k.job + d.id] = (d, new)
         lease_key = k.lease + self.instance
+        added = self._leases_added
         held = dict(self._leases_held)
 
         def decide(got: dict[str, bytes]) -> tuple[dict[str, bytes], set[str]]:
@@ -342,13 +343,21 @@ class RabbitMQOutcomes(RabbitMQLedger):
         for key, (d, rec) in renewed.items():
             if key in won:
                 d.lease_until = rec.lease_until
-                self._leases_held[d.id] = (rec.token, rec.lease_until)
-                self._leased_records[d.id] = rec
+                # only a lease still held as it was: an ack that came while
+                # the write was out has forgotten it, a new fetch replaced it
+                if self._leases_held.get(d.id, (None,))[0] == rec.token:
+                    self._leases_held[d.id] = (rec.token, rec.lease_until)
+                    self._leased_records[d.id] = rec
         lost = [d for d in ds if d.message is not None and k.job + d.id not in won]
         for d in lost:
             if self._leases_held.get(d.id, (None,))[0] == getattr(d.token, "record", None):
                 self._leases_held.pop(d.id, None)
                 self._leased_records.pop(d.id, None)
+        if self._leases_added != added:
+            # a fetch leased jobs while the write was out, and the map just
+            # written came from the copy taken before it: without them, a
+            # rescuer would not see those leases expire if this worker hung
+            await self.state.kv_set({lease_key: self._lease_map(now)})
         return lost
 
     async def rescue(self) -> Rescued:

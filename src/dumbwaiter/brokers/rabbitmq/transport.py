@@ -283,6 +283,7 @@ class RabbitMQTransport(RabbitMQLedger):
                 drop.append(raw.tag)
                 continue
             self._leases_held[did] = (rec.token, rec.lease_until)
+            self._leases_added += 1
             self._leased_records[did] = rec
             out.append(
                 Delivery(
@@ -437,9 +438,6 @@ class RabbitMQTransport(RabbitMQLedger):
                 if b.queue == queue and topo.topic_matches(b.pattern, event_type):
                     return b
         return Binding(event_type, queue)
-
-    def _lease_map(self, now: float) -> bytes:
-        return orjson.dumps({"at": now, "held": self._leases_held})
 
 
 def _wait_for_record(link: AmqpLink, raw: Raw, now: float) -> None:
