@@ -1910,3 +1910,75 @@ async def test_a_job_leased_while_a_heartbeat_writes_still_comes_back_from_a_hun
     await worker.ack([held])
     info = await rescuer.get(first.id)
     assert info is not None and info.state is State.SUCCEEDED
+
+
+async def test_a_confirm_lost_on_the_usual_enqueue_sends_again_and_the_job_runs_once(
+    broker: RabbitMQBroker, make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual enqueue (a lane this connection published to) puts its copy
+    on the wire, then waits for the confirm; the connection fails before the
+    confirm comes, though RabbitMQ took the copy. The call sends the copy
+    again and returns the id: two copies of one enqueue, and the job still
+    runs once, with its own arguments."""
+    first = job()
+    await broker.enqueue([first])  # the lane is now one this connection published to
+    link = broker._links.get()
+    real_confirm = link.confirm_one
+    lost: list[Any] = []
+
+    async def confirmed_then_lost(started: Any) -> None:
+        await real_confirm(started)  # the copy is in the queue for sure
+        if not lost:
+            lost.append(started)
+            raise ConnectionError("connection lost before the confirm")
+
+    monkeypatch.setattr(link, "confirm_one", confirmed_then_lost)
+    m = job(args=[7])
+    assert await broker.enqueue([m]) == [m.id]
+    assert lost, "the enqueue did not take the usual path"
+    worker = make()
+    await worker.open()
+    got: list[Any] = []
+    while len(got) < 2:
+        more = await worker.fetch(["default"], 10, 30.0, 10.0, "w")
+        assert more, f"only {len(got)} of 2 jobs came"
+        got += more
+    assert sorted(d.id for d in got) == sorted([first.id, m.id])
+    [d] = [d for d in got if d.id == m.id]
+    assert d.message is not None and d.message.args == [7]
+    await worker.ack(got)
+    # the second copy of ``m`` is stale: nothing more runs
+    assert await worker.fetch(["default"], 10, 30.0, 1.0, "w") == []
+    info = await broker.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.message.attempt == 1
+
+
+async def test_a_usual_enqueue_whose_start_fails_is_sent_the_other_way(
+    broker: RabbitMQBroker, make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual enqueue's first step fails before anything went out (the
+    connection broke): the call sends the copy through the general path and
+    returns the id, and the job runs once."""
+    await broker.enqueue([job()])
+    link = broker._links.get()
+    failed: list[Any] = []
+
+    async def broken(item: Any) -> Any:
+        failed.append(item)
+        raise ConnectionError("the socket broke")
+
+    monkeypatch.setattr(link, "start_one", broken)
+    m = job(args=[8])
+    assert await broker.enqueue([m]) == [m.id]
+    assert failed, "the enqueue did not take the usual path"
+    worker = make()
+    await worker.open()
+    got: list[Any] = []
+    while len(got) < 2:
+        more = await worker.fetch(["default"], 10, 30.0, 10.0, "w")
+        assert more, f"only {len(got)} of 2 jobs came"
+        got += more
+    [d] = [d for d in got if d.id == m.id]
+    assert d.message is not None and d.message.args == [8]
+    await worker.ack(got)
+    assert await worker.fetch(["default"], 10, 30.0, 1.0, "w") == []
