@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import inspect
 import os
@@ -45,6 +46,10 @@ AMQP = os.environ.get("DW_ENQ_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 STATE = "/tmp/dwenq-state.db"
 BARE_QUEUE = "dw-enq-bare"
 PIKA_QUEUE = "dw-enq-pika"
+FLOOR_QUEUE = "dw-enq-floor"
+FLOOR_DB = "/tmp/dwenq-floor.db"
+#: about the size of a no-op job's record in the state store
+RECORD = b"r" * 480
 
 
 async def _bare(ch: aiormq.abc.AbstractChannel, n: int) -> tuple[float, float]:
@@ -53,6 +58,41 @@ async def _bare(ch: aiormq.abc.AbstractChannel, n: int) -> tuple[float, float]:
     for _ in range(n):
         await ch.basic_publish(b"x" * 300, routing_key=BARE_QUEUE, properties=props)
     return n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
+
+
+async def _floor(ch: aiormq.abc.AbstractChannel, n: int) -> tuple[float, float]:
+    """The floor of an enqueue that keeps a record: the bare confirmed publish
+    with, while it is confirmed, the record's write as the SQLite state store
+    makes it (one ``BEGIN IMMEDIATE`` / upsert of ``RECORD`` bytes / ``COMMIT``
+    on a WAL file at ``synchronous=NORMAL``, on the loop's thread)."""
+    import sqlite3
+
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(FLOOR_DB + suffix)
+    db = sqlite3.connect(FLOOR_DB, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, expires REAL)")
+    props = spec.Basic.Properties(delivery_mode=2)
+    loop = asyncio.get_running_loop()
+    cpu, t = time.thread_time(), time.perf_counter()
+    for i in range(n):
+        confirm = loop.create_task(
+            ch.basic_publish(b"x" * 300, routing_key=FLOOR_QUEUE, properties=props)
+        )
+        await asyncio.sleep(0)  # the frames go out before the write holds the loop
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(
+            "INSERT INTO kv (key, value, expires) VALUES (?,?,NULL) ON CONFLICT (key)"
+            " DO UPDATE SET value=excluded.value WHERE kv.expires <= 0",
+            (f"job:{i}", RECORD),
+        )
+        db.execute("COMMIT")
+        await confirm
+    rate, per_call = n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
+    db.close()
+    return rate, per_call
 
 
 async def _pika(ex: Any, n: int) -> float:
@@ -155,6 +195,7 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
     try:
         ch = await conn.channel(publisher_confirms=True)
         await ch.queue_declare(BARE_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        await ch.queue_declare(FLOOR_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
         pch = await pika.channel(publisher_confirms=True)
         await pch.declare_queue(PIKA_QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
         lane = broker.names.lane("default", topo.lane_of(0))  # where noop's jobs go
@@ -168,11 +209,15 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
 
         of_aiormq: list[float] = []
         of_pika: list[float] = []
+        of_floor: list[float] = []
+        floor_of_aiormq: list[float] = []
         for rep in range(1, reps + 1):
             await empty(PIKA_QUEUE)
             pika1 = await _pika(pch.default_exchange, n)
             await empty(BARE_QUEUE)
             bare, bare_cpu = await _bare(ch, n)
+            await empty(FLOOR_QUEUE)
+            floor, floor_cpu = await _floor(ch, n)
             await empty(lane)
             adds.clear()
             sends.clear()
@@ -187,17 +232,26 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
                 prof.dump_stats(str(profile))
                 pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             rate, dw_cpu = n / (time.perf_counter() - t), (time.thread_time() - cpu) / n
+            await empty(FLOOR_QUEUE)
+            floor2, floor_cpu2 = await _floor(ch, n)
             await empty(BARE_QUEUE)
             bare2, bare_cpu2 = await _bare(ch, n)
             await empty(PIKA_QUEUE)
             pika2 = await _pika(pch.default_exchange, n)
             anchor = (bare + bare2) / 2
             pika_anchor = (pika1 + pika2) / 2
+            floor_anchor = (floor + floor2) / 2
+            of_floor.append(rate / floor_anchor)
+            floor_of_aiormq.append(floor_anchor / anchor)
             of_aiormq.append(rate / anchor)
             of_pika.append(rate / pika_anchor)
             print(
                 f"rep {rep}: bare aiormq {bare:,.0f}/{bare2:,.0f}/s, aio-pika "
-                f"{pika1:,.0f}/{pika2:,.0f}/s, aenqueue {rate:,.0f}/s ({rate / anchor:.2f} of "
+                f"{pika1:,.0f}/{pika2:,.0f}/s, floor {floor:,.0f}/{floor2:,.0f}/s "
+                f"({floor_anchor / anchor:.2f} of aiormq, loop CPU "
+                f"{(floor_cpu + floor_cpu2) / 2 * 1e6:.0f} us), "
+                f"aenqueue {rate:,.0f}/s ({rate / floor_anchor:.2f} of the floor, "
+                f"{rate / anchor:.2f} of "
                 f"aiormq, {rate / pika_anchor:.2f} of aio-pika); loop CPU per call "
                 f"{dw_cpu * 1e6:.0f} us (bare {(bare_cpu + bare_cpu2) / 2 * 1e6:.0f}); "
                 f"kv_add p50 {statistics.median(adds) * 1e6:.0f} us, "
@@ -205,9 +259,12 @@ async def main(n: int, reps: int, profile: str | None = None) -> None:
             )
         print(
             f"median of {reps}: {statistics.median(of_aiormq):.2f} of bare aiormq, "
+            f"{statistics.median(of_floor):.2f} of the floor (the floor "
+            f"{statistics.median(floor_of_aiormq):.2f} of bare aiormq), "
             f"{statistics.median(of_pika):.2f} of bare aio-pika"
         )
         await ch.queue_delete(BARE_QUEUE)
+        await ch.queue_delete(FLOOR_QUEUE)
         await ch.queue_delete(PIKA_QUEUE)
         await delete_topology(ch, broker)
     finally:
