@@ -105,11 +105,8 @@ class Claim(Moves):
         """Decode the pointers and send the claims of those that need no
         look at their record first: a compare-and-set that creates a fresh
         job's record, or rewrites it on the sequence its pointer names.  The
-        holder list goes right behind the claims, in the same socket write:
-        the server stores and answers the claims first (the job starts on
-        that answer), and a process that dies sends both or neither; a
-        connection lost between them leaves the job listed here, so the list
-        is written again (``Holder.write_again``).  A body that is not an envelope takes the slow
+        holder list goes first (a crash in between lists a job that is not
+        running: harmless).  A body that is not an envelope takes the slow
         way, whose record keeps it (``_claim_slow``)."""
         now = self.clock.now()
         until = now + lease
@@ -131,6 +128,8 @@ class Claim(Moves):
                 except MessageDecodeError as exc:
                     p.undecodable(str(exc))
             slow.append(p)
+        if fast or slow:
+            link.holder.write()
         js = self.n.js
         batch = link.wire.batch(
             [
@@ -146,8 +145,6 @@ class Claim(Moves):
                 for p, env, _ in fast
             ]
         )
-        if fast or slow:
-            link.holder.write()
         link.wire.write_now()
         return fast, slow, batch, now, until
 
