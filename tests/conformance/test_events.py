@@ -118,6 +118,28 @@ async def test_binding_declared_again_takes_its_new_attempts(broker: Broker) -> 
     assert d.message is not None and d.message.max_attempts == 9
 
 
+async def test_a_group_bound_by_another_process_gets_the_next_event(
+    make_broker: Callable[[], Broker],
+) -> None:
+    """The bindings are shared state: a producer that already published
+    (and may keep what it read) must not miss a group another process bound
+    before its next publish, nor the group after that."""
+    producer, other = make_broker(), make_broker()
+    await producer.open()
+    await other.open()
+    await producer.declare(["group:a"], [Binding("order.created", "group:a")])
+    assert await producer.publish([event()]) == 1
+    await other.declare(["group:b"], [Binding("order.created", "group:b", 5)])
+    second, third = event(n=2), event(n=3)
+    assert await producer.publish([second]) == 2
+    assert await producer.publish([third]) == 2
+    got = await fetch_all(other, "group:b")
+    assert sorted(d.message.headers["event_id"] for d in got if d.message) == sorted(
+        [second.id, third.id]
+    )
+    assert {d.message.max_attempts for d in got if d.message} == {5}
+
+
 async def test_one_key_s_events_are_ordered_as_capabilities_ordered_keys_says(
     make_broker: Callable[[], Broker],
 ) -> None:

@@ -108,6 +108,9 @@ class Core(Broker):
         #: jobs this process dead-lettered for a lost lease (at a claim or a
         #: rescue), for the next ``rescue`` to report
         self._found_dead: deque[DeadLetter] = deque(maxlen=FOUND_DEAD_LIMIT)
+        #: the event bindings table as this process last read it, with the
+        #: sequence it was stored at (``Enqueue.publish``); None: read it first
+        self._bindings: tuple[int, dict[str, dict[str, int]]] | None = None
 
     def __repr__(self) -> str:
         return f"<NatsBroker {self.n.ns}>"

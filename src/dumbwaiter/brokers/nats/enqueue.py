@@ -23,15 +23,21 @@ from .pointers import (
 )
 from .protocol import (
     JetStreamError,
+    Reply,
     Unavailable,
     headers,
     pub_ack,
 )
-from .store import is_conflict
+from .store import is_conflict, stored
 
 log = logging.getLogger("dumbwaiter.nats")
 #: publishes handed to the socket at a time by a bulk enqueue
 SEND_CHUNK = 512
+
+
+def _retrieved(fut: asyncio.Future[Reply]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class Enqueue(Index):
@@ -51,6 +57,7 @@ class Enqueue(Index):
                 return table
 
             await self._merge_config(link, b"bind", merge)
+            self._bindings = None  # the next publish reads them first
         n = self.n
         for q in queues:  # the consumers only: a producer that declares never pulls
             await link.consumer(n.consumer(q, 0), n.pointer(q, 0), self.settings.ack_wait)
@@ -251,17 +258,55 @@ class Enqueue(Index):
         raise BrokerError(f"nats: the key {m.key!r} kept changing hands; gave up")
 
     async def publish(self, msgs: Iterable[Message]) -> int:
+        """Deliveries for the bound groups, then the events, in one round
+        trip where it can (``_publish_one_trip``), else one step after the
+        other (``_publish_in_steps``)."""
         events = self._encode(msgs)
         if not events:
             return 0
         link = await self._link()
-        table: dict[str, dict[str, int]] = await self._config(link, b"bind") or {}
-        deliveries: list[tuple[Message, bytes]] = []
+        known = self._bindings
+        if known is not None:
+            deliveries = self._deliveries(events, known[1])
+            now = self.clock.now()
+            if all(self._due_known(link, d, now) for d, _ in deliveries):
+                try:
+                    return await self._publish_one_trip(link, events, deliveries, known[0])
+                except Unavailable:
+                    pass  # (every write here is idempotent: the steps retry them)
+        return await self._publish_in_steps(link, events)
+
+    @staticmethod
+    def _deliveries(
+        events: list[tuple[Message, bytes]], table: dict[str, dict[str, int]]
+    ) -> list[tuple[Message, bytes]]:
+        out: list[tuple[Message, bytes]] = []
         for m, _ in events:
             for queue, attempts in sorted(table.get(m.name, {}).items()):
-                b = Binding(m.name, queue, attempts)
-                d = delivery_of(m, b, delivery_id(m.id, queue))
-                deliveries.append((d, encode_checked(d, None)))
+                d = delivery_of(m, Binding(m.name, queue, attempts), delivery_id(m.id, queue))
+                out.append((d, encode_checked(d, None)))
+        return out
+
+    def _due_known(self, link: LoopLink, m: Message, now: float) -> bool:
+        """A delivery ``_store_one`` would store: a known queue, due now."""
+        return m.queue in link.queues and (m.eta is None or self.clock.to_server(m.eta) <= now)
+
+    def _read_bindings(self, r: Reply) -> tuple[int, dict[str, dict[str, int]]]:
+        """The bindings table of a direct get's reply, kept as the process'
+        copy with the sequence it was stored at."""
+        cur = stored(r)
+        table = orjson.loads(cur.data) if cur is not None and cur.data else None
+        known = (cur.seq if cur is not None else 0, table or {})
+        self._bindings = known
+        return known
+
+    async def _publish_in_steps(self, link: LoopLink, events: list[tuple[Message, bytes]]) -> int:
+        """Read the bindings, store the deliveries (retried while NATS is
+        unreachable), then publish the events: three round trips."""
+        _, table = self._read_bindings(
+            await link.wire.call(self.n.direct(self.n.kv, self.n.c + b"bind"), b"")
+        )
+        deliveries = self._deliveries(events, table)
         made = await self._store_jobs(deliveries) if deliveries else []
         futs = [
             link.wire.request(self.n.event_subject(m.name), body, headers((b"Nats-Msg-Id", m.id)))
@@ -272,6 +317,66 @@ class Enqueue(Index):
                 raise r
             pub_ack(r, "event")
         return sum(1 for _, new in made if new)
+
+    async def _publish_one_trip(
+        self,
+        link: LoopLink,
+        events: list[tuple[Message, bytes]],
+        deliveries: list[tuple[Message, bytes]],
+        seq: int,
+    ) -> int:
+        """One pipelined round trip: a read of the bindings table, the
+        deliveries for the groups this process knows of (the same publishes
+        as ``_store_one``'s), then the events.
+
+        The table is shared state every host must agree on, so the copy
+        only saves the wait for it, never the read: the read is sent with
+        the writes, after ``publish`` was called, so it sees every binding
+        whose ``declare`` returned before (by any process); if it shows a
+        group the copy did not have, that group's deliveries are stored
+        before this returns (a second round trip, once per change).  A
+        group's ``max_attempts`` changed by another process reaches the
+        deliveries of that group from the next ``publish`` on: a delivery
+        sent with the old one keeps it (its id is taken)."""
+        wire = link.wire
+        read = wire.request(self.n.direct(self.n.kv, self.n.c + b"bind"), b"")
+        items: list[tuple[bytes, bytes, bytes | None]] = []
+        subjects = link.subjects
+        for d, body in deliveries:
+            subject = subjects.get((d.queue, d.priority))
+            if subject is None:
+                subject = subjects[(d.queue, d.priority)] = self.n.pointer(d.queue, d.priority)
+                if d.priority:
+                    link.level_seen(d.queue, d.priority)
+            mid = d.id.encode()
+            hdr = b"NATS/1.0\r\nNats-Msg-Id: %s\r\nDw-Id: %s\r\nDw-G: 0\r\n\r\n" % (mid, mid)
+            items.append((subject, body, hdr))
+        for m, body in events:
+            items.append((self.n.event_subject(m.name), body, headers((b"Nats-Msg-Id", m.id))))
+        batch = wire.batch(items)
+        await wire.flush()
+        try:
+            replies = await batch.wait()
+            got = await read
+        except BaseException:
+            read.add_done_callback(_retrieved)  # (failed with the batch: no warning)
+            raise
+        now_seq, table = self._read_bindings(got)
+        made = 0
+        for r in replies[: len(deliveries)]:
+            made += not pub_ack(r, "pointer").duplicate
+        for r in replies[len(deliveries) :]:
+            pub_ack(r, "event")
+        if now_seq != seq:
+            sent = {(d.name, d.queue) for d, _ in deliveries}
+            late = [
+                (d, body)
+                for d, body in self._deliveries(events, table)
+                if (d.name, d.queue) not in sent
+            ]
+            if late:
+                made += sum(1 for _, new in await self._store_jobs(late) if new)
+        return made
 
     async def list_events(
         self,
