@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
+import pytest
+
+from dumbwaiter.brokers import perloop
 from dumbwaiter.brokers.perloop import PerLoop
 
 
@@ -88,3 +92,58 @@ def test_current_makes_nothing() -> None:
     assert asyncio.run(peek()) is None
     assert reg.current() is None  # no loop at all
     assert len(reg) == 0
+
+
+def _on_another_loop(reg: PerLoop[Client]) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    other = asyncio.new_event_loop()
+    t = threading.Thread(target=other.run_forever, daemon=True)
+    t.start()
+
+    async def use() -> None:
+        reg.get()
+
+    asyncio.run_coroutine_threadsafe(use(), other).result(5)
+    return other, t
+
+
+def _stop(other: asyncio.AbstractEventLoop, t: threading.Thread) -> None:
+    other.call_soon_threadsafe(other.stop)
+    t.join(5)
+    other.close()
+
+
+def test_a_client_that_fails_to_close_on_its_loop_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def broken(c: Client) -> None:
+        raise ConnectionError("the socket was gone")
+
+    reg: PerLoop[Client] = PerLoop(Client, broken, lambda c: None)
+    other, t = _on_another_loop(reg)
+    with caplog.at_level(logging.ERROR, "dumbwaiter.broker"):
+        asyncio.run(reg.close())  # returns: the failure is the other loop's
+    _stop(other, t)
+    [rec] = [r for r in caplog.records if "closing a client" in r.getMessage()]
+    assert rec.exc_info is not None and isinstance(rec.exc_info[1], ConnectionError)
+    assert len(reg) == 0
+
+
+def test_close_stops_waiting_for_a_slow_loop_and_says_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(perloop, "CLOSE_ELSEWHERE", 0.05)
+    release = asyncio.Event()  # waited for on the other loop only
+    closed = threading.Event()
+
+    async def slow(c: Client) -> None:
+        await release.wait()
+        closed.set()
+
+    reg: PerLoop[Client] = PerLoop(Client, slow, lambda c: None)
+    other, t = _on_another_loop(reg)
+    with caplog.at_level(logging.WARNING, "dumbwaiter.broker"):
+        asyncio.run(reg.close())
+    other.call_soon_threadsafe(release.set)
+    assert closed.wait(5)  # its own loop still closed it
+    _stop(other, t)
+    assert any("not closed after" in r.getMessage() for r in caplog.records)

@@ -21,12 +21,15 @@ wrong, so they live here once:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger("dumbwaiter.broker")
 
 #: seconds ``close`` waits for another thread's loop to close its client
 CLOSE_ELSEWHERE = 10.0
@@ -105,10 +108,23 @@ class PerLoop(Generic[T]):
                 cf = asyncio.run_coroutine_threadsafe(self._close_one(client), loop)
                 elsewhere.append(asyncio.wrap_future(cf))
         if elsewhere:
-            await asyncio.wait(elsewhere, timeout=CLOSE_ELSEWHERE)
+            _, late = await asyncio.wait(elsewhere, timeout=CLOSE_ELSEWHERE)
+            if late:
+                # their loops go on closing them; a failure then is logged
+                log.warning(
+                    "%d client(s) of other event loops were not closed after %.0f s;"
+                    " not waiting for them",
+                    len(late),
+                    CLOSE_ELSEWHERE,
+                )
 
     async def _close_one(self, client: T) -> None:
-        await self._aclose(client)
+        """Close ``client`` on its own loop; a failure is logged there, not
+        left in a future no one reads (nothing else can be done with it)."""
+        try:
+            await self._aclose(client)
+        except Exception:
+            log.exception("closing a client on its event loop failed")
 
     def _forget_parent(self) -> None:
         """In a forked child: the parent's clients are not ours to close."""
