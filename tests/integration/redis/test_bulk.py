@@ -613,3 +613,24 @@ async def test_a_small_batch_hands_its_first_jobs_to_an_idle_worker(
     finally:
         await waiter.close()
         await producer.close()
+
+
+async def test_single_and_bulk_enqueues_share_one_oldest_first_order(
+    redis_server: RedisServer,
+) -> None:
+    # a one-job enqueue's ready member is built by the producer
+    # (enqueue_one.lua), a batch's by enqueue.lua: both must sort together,
+    # oldest first within a priority, and priority first, both ways
+    broker = from_url(redis_server.url())
+    try:
+        first = msg(args=["one-1"])
+        batch = [msg(args=[f"many-{i}"]) for i in range(3)]
+        last = msg(args=["one-2"])
+        urgent = msg(args=["urgent"], priority=5)
+        late = msg(args=["late"], priority=-1)
+        for group in ([first], batch, [last], [late], [urgent]):
+            broker.enqueue_sync(group)
+        got = [d.message.args[0] for d in await fetch_all(broker) if d.message]
+        assert got == ["urgent", "one-1", "many-0", "many-1", "many-2", "one-2", "late"]
+    finally:
+        await broker.close()

@@ -31,6 +31,7 @@ call continues as a plan (``Enqueue.after_failure``), which retries it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Coroutine, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -455,11 +456,15 @@ def single(
     now = conn.clock.now()
     snow = repr(now)
     eta = None if m.eta is None else conn.clock.to_server(m.eta)
+    args: list[Arg]
     if eta is not None and eta > now:
-        sched, ra = b"1", repr(eta)
+        args = [snow, m.queue, m.name, m.priority, repr(eta), m.max_attempts, m.id, body]
     else:
-        sched, ra = b"0", snow
-    args: list[Arg] = [snow, m.queue, m.name, m.priority, ra, sched, m.max_attempts, m.id, body]
+        # ready now: the ready set's score and member as _core.lua's
+        # ready_score and member would make them (the same double, floored)
+        member = f"{math.floor(now * 1000000):016d}{m.id}"
+        pr, id = m.priority, m.id
+        args = [snow, m.queue, m.name, pr, snow, m.max_attempts, id, body, -pr, member]
     return m, conn.lua.enqueue_one, args
 
 

@@ -4,15 +4,18 @@
 -- fewer calls (each call a script makes costs the server more than the
 -- command itself): no tables, and a job handed to an idle worker is written
 -- once, leased, instead of stored ready and then leased.
--- ARGV: now, queue, name, priority, run_at, scheduled ('1'/'0'),
--- max_attempts, id, body.
+-- ARGV: now, queue, name, priority, run_at, max_attempts, id, body, then for
+-- a job ready now (run_at is now) its ready-set score and member, built by
+-- the caller as member and ready_score in _core.lua make them (Lua's number
+-- formatting is dear on the server; docs/benchmarks-redis.md, issue 25).  A
+-- run_at other than now is a job scheduled for later.
 -- Returns an empty list, as enqueue.lua does when every job has its own id;
 -- a job already stored under this id (a producer sending again after a lost
 -- reply) is left as it is, unless a bulk enqueue only staged it: then this
 -- enqueue stores it as its own, now (see claim_staged in _lib.lua; the same
 -- lines here, as this script includes only _core).
 local now, q, name, pr, ra, ma, id, body = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
-  ARGV[7], ARGV[8], ARGV[9]
+  ARGV[6], ARGV[7], ARGV[8]
 local jk = jkey(id)
 local st = redis.call('HGET', jk, 'st') -- one call, as EXISTS was: a stored job has a state
 if st then
@@ -26,7 +29,7 @@ if st then
 end
 redis.call('ZADD', P .. ':ids', '0', id)
 redis.call('SADD', P .. ':queues', q)
-if ARGV[6] == '1' then
+if ra ~= now then
   local sk = P .. ':sched:' .. q
   local first = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
   redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
@@ -54,6 +57,6 @@ if wid then
 else
   redis.call('HSET', jk, 'body', body, 'q', q, 'n', name, 'pr', pr, 'ma', ma, 'ra', ra,
     'u', now, 'st', 'ready')
-  redis.call('ZADD', P .. ':ready:' .. q, ready_score(pr), member(ra, id))
+  redis.call('ZADD', P .. ':ready:' .. q, ARGV[9], ARGV[10])
 end
 return {}
