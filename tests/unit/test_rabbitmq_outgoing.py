@@ -61,3 +61,15 @@ def test_other_properties_are_aiormqs(props: _P) -> None:
 def test_a_name_too_long_is_aiormqs() -> None:
     with pytest.raises(outgoing.Unfit):
         outgoing.frames(1, 1000, "", "q" * 256, b"x", _P(message_id="m"))
+
+
+def test_kept_encodings_are_per_channel_exchange_and_key() -> None:
+    props = _P(content_type="text/plain", delivery_mode=2, message_id="m", headers={"dw-v": 1})
+    for args in [
+        (1, 1000, "", "dw.default.0", b"a", props),
+        (2, 1000, "", "dw.default.0", b"a", props),  # another channel
+        (1, 1000, "dw.delays.l9", "dw.default.0", b"a", props),  # another exchange
+        (1, 1000, "", "dw.default.1", b"a", props),  # another lane
+        (1, 1000, "", "dw.default.0", b"a", props),  # the first again
+    ]:
+        assert outgoing.frames(*args) == _aiormqs(*args)

@@ -46,15 +46,19 @@ async def test_kv_add_takes_over_an_expired_entry_and_keeps_a_live_one(tmp_path:
         await b.close()
 
 
+@pytest.mark.parametrize("call", ["kv_set", "kv_add"])
 async def test_quick_writes_have_the_broker_thread_checkpoint_the_wal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
 ) -> None:
     monkeypatch.setattr(sqlite_connection, "QUICK_CHECKPOINT", 55)
     b = SQLiteBroker(f"sqlite:///{tmp_path}/q.db")
     await b.open()
     try:
         for i in range(110):
-            await b.kv_set({f"k{i}": b"x" * 100})
+            if call == "kv_add":  # one statement, no transaction around it
+                assert await b.kv_add(f"k{i}", b"x" * 100)
+            else:
+                await b.kv_set({f"k{i}": b"x" * 100})
         # the 110th write sent a checkpoint, after every write: wait for it
         await b._run(lambda: None)
         await b.kv_set({"last": b"x"})  # a WAL copied back whole starts over here

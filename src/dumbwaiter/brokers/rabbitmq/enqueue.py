@@ -154,13 +154,7 @@ class RabbitMQEnqueue(RabbitMQLedger):
         """
         due = max(now, self.clock.to_server(m.eta)) if m.eta is not None else now
         enq = os.urandom(8).hex()
-        rec = Record(
-            msg=m,
-            state=State.SCHEDULED if due > now else State.READY,
-            run_at=due,
-            updated_at=now,
-            enq=enq,
-        )
+        record = new_record(raw, State.SCHEDULED if due > now else State.READY, due, now, enq)
         key = self.keys.job + m.id
         copy = self._copy(m, 0, due, raw, enq)
         link = self._links.get()
@@ -174,7 +168,7 @@ class RabbitMQEnqueue(RabbitMQLedger):
             # written while RabbitMQ (a quorum queue: its log's commit)
             # confirms the copy, so it normally commits long before the
             # copy is handed out
-            add = asyncio.ensure_future(_after_send(self.state.kv_add, key, rec.dump()))
+            add = asyncio.ensure_future(_after_send(self.state.kv_add, key, record))
             try:
                 await self._send([copy], True)
             except BaseException as exc:
@@ -185,14 +179,15 @@ class RabbitMQEnqueue(RabbitMQLedger):
         # frames wait for aiormq's writer task, which one turn of the loop
         # puts on the socket; then the record is written here, without a
         # task, while RabbitMQ confirms the copy.
-        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        failed: BaseException | None = None
+        ours = False
         try:
             await asyncio.sleep(0)
-            written.set_result(await self.state.kv_add(key, rec.dump()))
+            ours = await self.state.kv_add(key, record)
         except BaseException as exc:
-            written.set_exception(exc)
+            failed = exc
             if not isinstance(exc, Exception):  # cancelled: the outcome is unknown
-                return await self._unsent(m, key, written, exc)
+                return await self._unsent(m, key, _outcome(ours, failed), exc)
         try:
             try:
                 await link.confirm_one(started)
@@ -201,8 +196,9 @@ class RabbitMQEnqueue(RabbitMQLedger):
                 await self._failed(link, "publish", exc)
                 await self._send([copy], True)
         except BaseException as exc:
-            return await self._unsent(m, key, written, exc)
-        await written  # raises if the record could not be written (see above)
+            return await self._unsent(m, key, _outcome(ours, failed), exc)
+        if failed is not None:
+            raise failed  # the record could not be written (see above)
         return m.id
 
     async def _unsent(
@@ -334,6 +330,33 @@ class RabbitMQEnqueue(RabbitMQLedger):
             )
         ]
         return events_page(logged, since, until, cursor, limit)
+
+
+def new_record(raw: bytes, state: State, run_at: float, now: float, enq: str) -> bytes:
+    """``Record(msg, state, run_at=run_at, updated_at=now, enq=enq).dump()``
+    of a new job whose envelope ``encode_checked`` made ``raw``: those bytes
+    are the record's ``"m"`` as they are, not ``msg`` encoded a second time."""
+    rest = orjson.dumps(
+        {
+            "s": state.value,
+            "v": 0,
+            "t": 0,
+            "r": run_at,
+            "u": now,
+            "w": None,
+            "l": 0.0,
+            "p": 0,
+            "e": enq,
+        }
+    )
+    return b'{"m":' + raw + b"," + rest[1:]
+
+
+async def _outcome(ours: bool, failed: BaseException | None) -> bool:
+    """A record's write that is over, as ``_unsent`` awaits it."""
+    if failed is not None:
+        raise failed
+    return ours
 
 
 async def _after_send(write: Callable[..., Awaitable[T]], *args: Any) -> T:

@@ -377,9 +377,26 @@ class AmqpLink:
         return None if confirmation is None else (ch, confirmation)
 
     async def confirm_one(self, started: Started) -> None:
-        """Wait for a ``start_one`` copy's confirm, as ``publish`` does."""
-        async with asyncio.timeout(deadline.remaining(CONFIRM_TIMEOUT)):
-            r = await outgoing.confirmed(*started)
+        """Wait for a ``start_one`` copy's confirm, as ``publish`` does, and
+        as long (``TimeoutError`` past it).
+
+        The wait's end is a timer that cancels the pending confirmation
+        (as the timeout of ``publish`` does, through the task it cancels):
+        that alone, without ``asyncio.timeout``'s context around the wait,
+        is the usual call's share.  A cancelled confirmation in a task that
+        nobody cancelled is the timer's."""
+        ch, confirmation = started
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(deadline.remaining(CONFIRM_TIMEOUT), confirmation.cancel)
+        try:
+            r = await outgoing.confirmed(ch, confirmation)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if confirmation.cancelled() and task is not None and not task.cancelling():
+                raise TimeoutError from exc
+            raise
+        finally:
+            timer.cancel()
         if not isinstance(r, spec.Basic.Ack):
             raise BrokerError(f"rabbitmq refused a message: {r!r}")
 

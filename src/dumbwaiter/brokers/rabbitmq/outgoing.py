@@ -24,6 +24,7 @@ untouched.  The link uses it only while the hook is on
 from __future__ import annotations
 
 import asyncio
+import operator
 import struct
 from typing import Any
 
@@ -59,6 +60,19 @@ class Unfit(Exception):
     """A publish ``frames`` does not write: aiormq's ``basic_publish`` does."""
 
 
+#: the other properties as one tuple (one C call reads them all), and theirs
+#: when unset: a copy whose tuple differs is aiormq's to write
+_others = operator.attrgetter(*_OTHERS)
+_UNSET = tuple(_DEFAULTS[name] for name in _OTHERS)
+#: encodings kept between publishes, each dropped whole past ``_KEEP``
+#: entries: a name's short string (header keys, content types), and a
+#: whole ``Basic.Publish`` frame by channel, exchange and routing key (a
+#: lane's is the same on every enqueue to it; the delay cascade's keys vary)
+_KEEP = 512
+_shorts: dict[str, bytes] = {}
+_methods: dict[tuple[int, str, str], bytes] = {}
+
+
 def _short(value: str) -> bytes:
     raw = value.encode()
     if len(raw) > 255:
@@ -66,13 +80,42 @@ def _short(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
+def _name(value: str) -> bytes:
+    """``_short`` of a name that recurs (kept in ``_shorts``)."""
+    raw = _shorts.get(value)
+    if raw is None:
+        raw = _short(value)
+        if len(_shorts) >= _KEEP:
+            _shorts.clear()
+        _shorts[value] = raw
+    return raw
+
+
+def _method(channel: int, exchange: str, routing_key: str) -> bytes:
+    """The ``Basic.Publish`` frame, frame header and end included."""
+    key = (channel, exchange, routing_key)
+    raw = _methods.get(key)
+    if raw is None:
+        method = (
+            _PUBLISH.pack(spec.Basic.Publish.index, 0)
+            + _short(exchange)
+            + _short(routing_key)
+            + b"\x00"  # mandatory, immediate: off
+        )
+        raw = _FRAME.pack(FRAME_METHOD, channel, len(method)) + method + _END
+        if len(_methods) >= _KEEP:
+            _methods.clear()
+        _methods[key] = raw
+    return raw
+
+
 def _table(table: dict[str, Any]) -> bytes:
     """A field table as pamqp's ``encode.field_table`` writes it, for
     strings and integers (the smallest integer type that holds the value)."""
     parts: list[bytes] = []
     for key, value in sorted(table.items()):  # pamqp writes the keys sorted
-        parts.append(_short(key))
-        if isinstance(value, str):
+        parts.append(_name(key))
+        if type(value) is str:
             raw = value.encode()
             parts += (b"S", _LONG.pack(len(raw)), raw)
         elif type(value) is int:
@@ -93,19 +136,14 @@ def frames(
 ) -> bytes:
     """``Basic.Publish``, its content header and body frames, as the bytes
     aiormq's ``ChannelFrame.marshall`` of pamqp's frames would be."""
-    for name in _OTHERS:
-        if getattr(props, name, None) != _DEFAULTS[name]:
-            raise Unfit(f"the property {name}")
-    method = (
-        _PUBLISH.pack(spec.Basic.Publish.index, 0)
-        + _short(exchange)
-        + _short(routing_key)
-        + b"\x00"  # mandatory, immediate: off
-    )
+    if _others(props) != _UNSET:
+        for name in _OTHERS:  # which one, for the reason
+            if getattr(props, name, None) != _DEFAULTS[name]:
+                raise Unfit(f"the property {name}")
     flags, fields = 0, []
     if props.content_type is not None:
         flags |= _CONTENT_TYPE
-        fields.append(_short(props.content_type))
+        fields.append(_name(props.content_type))
     if props.headers is not None:
         flags |= _HEADERS
         fields.append(_table(props.headers))
@@ -117,34 +155,44 @@ def frames(
         fields.append(_short(props.message_id))
     header = _HEADER.pack(spec.Basic.frame_id, 0, len(body), flags) + b"".join(fields)
     out = [
-        _FRAME.pack(FRAME_METHOD, channel, len(method)),
-        method,
-        _END,
+        _method(channel, exchange, routing_key),
         _FRAME.pack(FRAME_HEADER, channel, len(header)),
         header,
         _END,
     ]
-    for start in range(0, len(body), max_body):
-        chunk = body[start : start + max_body]
-        out += (_FRAME.pack(FRAME_BODY, channel, len(chunk)), chunk, _END)
+    if len(body) <= max_body:
+        if body:
+            out += (_FRAME.pack(FRAME_BODY, channel, len(body)), body, _END)
+    else:
+        for start in range(0, len(body), max_body):
+            chunk = body[start : start + max_body]
+            out += (_FRAME.pack(FRAME_BODY, channel, len(chunk)), chunk, _END)
     return b"".join(out)
 
 
+#: what ``publish`` uses of an aiormq channel
+_USED = (
+    "lock",
+    "delivery_tag",
+    "confirmations",
+    "message_id_delivery_tag",
+    "write_queue",
+    "create_future",
+    "max_content_size",
+    "number",
+    "_raise_on_channel_close",
+)
+#: ``_looks_right`` by channel class: what a channel has is its aiormq
+#: version's, the same for every channel of that class
+_checked: dict[type, bool] = {}
+
+
 def _looks_right(ch: Any) -> bool:
-    return all(
-        hasattr(ch, name)
-        for name in (
-            "lock",
-            "delivery_tag",
-            "confirmations",
-            "message_id_delivery_tag",
-            "write_queue",
-            "create_future",
-            "max_content_size",
-            "number",
-            "_raise_on_channel_close",
-        )
-    )
+    """Whether ``ch`` has what ``publish`` uses (looked at once a class)."""
+    fits = _checked.get(type(ch))
+    if fits is None:
+        fits = _checked[type(ch)] = all(hasattr(ch, name) for name in _USED)
+    return fits
 
 
 async def publish(

@@ -240,6 +240,32 @@ class SQLiteConnection(Broker):
             return await self._run(self._wtx, fn)
         return await self._run(lambda: fn(self._worker_conn()))
 
+    def _quick_statement(self, sql: str, params: tuple[Any, ...]) -> int | None:
+        """One write statement run alone in autocommit on the caller's
+        thread: its row count, or None when it must go the ``_quick`` way
+        (no quick connection yet, a batch's size, the write lock taken).
+
+        A statement outside a transaction is one by itself: SQLite takes
+        the write lock for it as ``BEGIN IMMEDIATE`` would (a busy lock
+        fails it before anything is written; the quick connection does not
+        wait) and commits it when it ends, or rolls it back whole.  So a
+        single upsert needs neither the ``BEGIN IMMEDIATE`` nor the
+        ``COMMIT`` statement, two of ``_quick``'s three round trips into
+        sqlite3."""
+        conn = self._quick_conn()
+        if conn is None:
+            return None
+        try:
+            cur = conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in _BUSY:
+                raise
+            return None
+        rows = cur.rowcount
+        cur.close()
+        self._quick_wrote()
+        return rows
+
     def _quick_wrote(self) -> None:
         self._quick_writes += 1
         if self._quick_writes % QUICK_CHECKPOINT == 0 and self._executor is not None:

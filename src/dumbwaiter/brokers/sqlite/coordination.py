@@ -20,6 +20,13 @@ from .connection import SQLiteConnection
 
 T = TypeVar("T")
 
+#: ``kv_add``: the entry, unless a live one holds the key
+_KV_ADD = (
+    "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
+    " DO UPDATE SET value=excluded.value, expires=excluded.expires"
+    " WHERE dw_kv.expires <= ?"
+)
+
 
 class SQLiteCoordination(SQLiteConnection):
     """Locks, the key-value store and flow control (rate limits, slots)."""
@@ -138,15 +145,18 @@ class SQLiteCoordination(SQLiteConnection):
         return await self._quick(run, len(keys))
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
+        # one statement (an expired entry is taken over in place), so on the
+        # caller's thread it needs no transaction around it (_quick_statement)
+        now = time.time()
+        rows = self._quick_statement(
+            _KV_ADD, (key, bytes(value), None if ttl is None else now + ttl, now)
+        )
+        if rows is not None:
+            return rows == 1
+
         def run(c: sqlite3.Connection) -> bool:
-            # one statement: an expired entry is taken over in place
             now = time.time()
-            cur = c.execute(
-                "INSERT INTO dw_kv (key, value, expires) VALUES (?,?,?) ON CONFLICT (key)"
-                " DO UPDATE SET value=excluded.value, expires=excluded.expires"
-                " WHERE dw_kv.expires <= ?",
-                (key, bytes(value), None if ttl is None else now + ttl, now),
-            )
+            cur = c.execute(_KV_ADD, (key, bytes(value), None if ttl is None else now + ttl, now))
             return cur.rowcount == 1
 
         return await self._quick(run)
