@@ -14,9 +14,8 @@ import orjson
 import pytest
 
 from dumbwaiter.brokers.rabbitmq import link as link_mod
-from dumbwaiter.brokers.rabbitmq.enqueue import new_record
 from dumbwaiter.brokers.rabbitmq.link import AmqpLink
-from dumbwaiter.brokers.record import Record
+from dumbwaiter.brokers.record import Record, new_record
 from dumbwaiter.message import TASK, Message, encode_checked
 from dumbwaiter.state import State
 
@@ -92,4 +91,5 @@ async def test_an_ack_ends_the_wait() -> None:
     waiting = asyncio.ensure_future(link.confirm_one((cast(Any, _Channel()), confirmation)))
     await asyncio.sleep(0)
     confirmation.set_result(spec.Basic.Ack(delivery_tag=1))
-    assert await waiting is None
+    await waiting  # returns: the copy was confirmed
+    assert waiting.exception() is None

@@ -225,3 +225,25 @@ def delivery_id(event_id: str, queue: str) -> str:
     variant = "89ab"[int(h[3], 16) & 3]
     raw = f"{ms}7{h[:3]}{variant}{h[4:19]}"
     return f"{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+
+
+def new_record(raw: bytes, state: State, run_at: float, now: float, enq: str) -> bytes:
+    """``Record(msg, state, run_at=run_at, updated_at=now, enq=enq).dump()``
+    of a new job whose envelope ``encode_checked`` made ``raw``: those bytes
+    are the record's ``"m"`` as they are, not ``msg`` encoded a second time
+    (a producer's hot path; ``dump`` above is the format, kept in step by
+    tests/unit/test_rabbitmq_producer.py)."""
+    rest = orjson.dumps(
+        {
+            "s": state.value,
+            "v": 0,
+            "t": 0,
+            "r": run_at,
+            "u": now,
+            "w": None,
+            "l": 0.0,
+            "p": 0,
+            "e": enq,
+        }
+    )
+    return b'{"m":' + raw + b"," + rest[1:]

@@ -24,7 +24,7 @@ from pamqp import commands as spec
 from ...errors import BrokerError
 from ...message import TASK, Message, encode_checked, from_dict
 from ...state import State
-from ..record import Record, delivery_id
+from ..record import Record, delivery_id, new_record
 from ..types import Binding, delivery_of, events_page
 from . import topology as topo
 from .connection import SEND_ERRORS
@@ -330,26 +330,6 @@ class RabbitMQEnqueue(RabbitMQLedger):
             )
         ]
         return events_page(logged, since, until, cursor, limit)
-
-
-def new_record(raw: bytes, state: State, run_at: float, now: float, enq: str) -> bytes:
-    """``Record(msg, state, run_at=run_at, updated_at=now, enq=enq).dump()``
-    of a new job whose envelope ``encode_checked`` made ``raw``: those bytes
-    are the record's ``"m"`` as they are, not ``msg`` encoded a second time."""
-    rest = orjson.dumps(
-        {
-            "s": state.value,
-            "v": 0,
-            "t": 0,
-            "r": run_at,
-            "u": now,
-            "w": None,
-            "l": 0.0,
-            "p": 0,
-            "e": enq,
-        }
-    )
-    return b'{"m":' + raw + b"," + rest[1:]
 
 
 async def _outcome(ours: bool, failed: BaseException | None) -> bool:
