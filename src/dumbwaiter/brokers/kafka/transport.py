@@ -23,6 +23,7 @@ job's lease.  The offsets only say how far a partition has been *judged*:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import Sequence
@@ -82,6 +83,16 @@ class Copy:
             return 0
 
 
+#: a buffered copy in the reader's heap, in the order a fetch judges copies
+#: (higher priority, then older, then lower offset; then the order read, so
+#: that two entries never compare their copies): computed once, when read
+Entry = tuple[int, float, int, int, Copy]
+
+
+def entry(c: Copy, seq: int) -> Entry:
+    return (-c.priority, c.ready_at, c.offset, seq, c)
+
+
 def copy_of(rec: ConsumerRecord[Any, Any]) -> Copy:
     return Copy(
         tp=TopicPartition(rec.topic, rec.partition),
@@ -128,7 +139,10 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         )
         self.topics: frozenset[str] = frozenset()
         self.trackers: dict[TopicPartition, Tracker] = {}
-        self.buffer: list[Copy] = []
+        #: copies read and not judged: a heap (``Entry``), so a fetch takes
+        #: the first few without sorting everything read ahead of it
+        self.buffer: list[Entry] = []
+        self._seq = 0
         #: partitions whose leased jobs run here, by job id (``assign.py``)
         self.busy: dict[str, TopicPartition] = {}
         #: what a rebalance took away (told at the join that follows it)
@@ -161,7 +175,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.commit(gone)
         except KafkaError as exc:  # the next owner judges those copies again
             log.info("kafka %s: commit on revoke failed: %r", self.group, exc)
-        self.buffer = [c for c in self.buffer if c.tp not in gone]
+        self.buffer = [e for e in self.buffer if e[4].tp not in gone]
+        heapq.heapify(self.buffer)
         for tp in gone:
             self.trackers.pop(tp, None)
 
@@ -203,7 +218,7 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
                 continue
             for rec in recs:
                 tracker.read(rec.offset)
-                self.buffer.append(copy_of(rec))
+                self._push(copy_of(rec))
                 n += 1
         return n
 
@@ -250,15 +265,20 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             return False
         return True
 
+    def _push(self, c: Copy) -> None:
+        self._seq += 1
+        heapq.heappush(self.buffer, entry(c, self._seq))
+
     def take(self, n: int) -> list[Copy]:
         """The ``n`` copies to judge first: higher priority, then older."""
-        self.buffer.sort(key=lambda c: (-c.priority, c.ready_at, c.offset))
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
+        buf = self.buffer
+        return [heapq.heappop(buf)[4] for _ in range(min(n, len(buf)))]
 
     def give_back(self, copies: Sequence[Copy]) -> None:
         """Copies read and not judged (the fetch had enough): kept for the next."""
-        self.buffer.extend(c for c in copies if c.tp in self.trackers)
+        for c in copies:
+            if c.tp in self.trackers:
+                self._push(c)
 
     def done(self, copies: Sequence[Copy]) -> None:
         for c in copies:
@@ -269,13 +289,15 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
     def drop_buffered(self, topics: set[str]) -> None:
         """Forget copies of these topics read but not judged (their queue is
         paused): seek back so they are read again when it resumes."""
-        keep: list[Copy] = []
+        keep: list[Entry] = []
         first: dict[TopicPartition, int] = {}
-        for c in self.buffer:
+        for e in self.buffer:
+            c = e[4]
             if c.tp.topic in topics:
                 first[c.tp] = min(first.get(c.tp, c.offset), c.offset)
             else:
-                keep.append(c)
+                keep.append(e)
+        heapq.heapify(keep)
         self.buffer = keep
         for tp, offset in first.items():
             tracker = self.trackers.get(tp)
