@@ -65,7 +65,7 @@ async def drain(url: str, n: int, profile: Path | None) -> float:
         if profile is not None:
             out = profile / f"kafka-{secrets.token_hex(3)}.txt"
             spy = subprocess.Popen(
-                [str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "--nonblocking", "--format", "raw",
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "--nonblocking", "--format", "raw", "--rate", "400",
                  "-o", str(out), "--pid", str(os.getpid())],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip

@@ -56,8 +56,10 @@ from .transport import JOIN_WAIT, Reader
 
 log = logging.getLogger("dumbwaiter.kafka")
 
-#: copies a fetch judges beyond its limit: events held back behind an earlier
-#: one of their key must not keep the next keys' from being looked at
+#: copies a fetch of events judges beyond its limit: events held back behind
+#: an earlier one of their key must not keep the next keys' from being looked
+#: at (a copy of a job is never held back: a fetch of jobs judges only as
+#: many as it may lease, and reads each record once)
 LOOK_PAST = 64
 
 #: the client library's failures the seam turns into ``BrokerError``
@@ -417,7 +419,8 @@ class KafkaBroker(StateDelegation):
             first = False
             for reader, group_queue in readers:
                 while len(out) < limit and reader.buffer:
-                    copies = reader.take(limit - len(out) + LOOK_PAST)
+                    past = 0 if group_queue is None else LOOK_PAST
+                    copies = reader.take(limit - len(out) + past)
                     got, waiting = await jobs.judge(
                         self, copies, group_queue, lease, worker, limit - len(out), topic_queues
                     )
@@ -427,7 +430,7 @@ class KafkaBroker(StateDelegation):
                     out += [d for d, _ in got]
                     reader.give_back(waiting)
                     reader.done([c for c in copies if c not in waiting])
-                    if not got:
+                    if waiting and not got:
                         break  # what is left waits for a key's earlier event
                 await reader.commit()
             if out:
