@@ -45,6 +45,16 @@ def url_of(broker: str, servers: str, prefix: str) -> str:
     return "memory://"
 
 
+def py_spy(out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording this process into ``out`` until it is interrupted."""
+    exe = str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen(
+        [exe, "record", "--threads", "--nonblocking", "--format", "raw", "--rate", "400",
+         "-o", str(out), "--pid", str(os.getpid())],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 async def drain(url: str, n: int, profile: Path | None) -> float:
     """jobs/s of an in-process worker draining ``n`` no-op jobs."""
     app = dw.App(url)
@@ -63,12 +73,7 @@ async def drain(url: str, n: int, profile: Path | None) -> float:
         for i in range(0, n, 1000):
             await noop.aenqueue_many(range(i, min(n, i + 1000)))
         if profile is not None:
-            out = profile / f"kafka-{secrets.token_hex(3)}.txt"
-            spy = subprocess.Popen(
-                [str(Path(sys.executable).parent / "py-spy"), "record", "--threads", "--nonblocking", "--format", "raw", "--rate", "400",
-                 "-o", str(out), "--pid", str(os.getpid())],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            spy = py_spy(profile / f"kafka-{secrets.token_hex(3)}.txt")
         worker = dw.Worker(app, queues=("default",), concurrency=32)
         running = asyncio.create_task(worker.run())
         await asyncio.wait_for(done.wait(), 600)
@@ -104,8 +109,9 @@ def main() -> None:
                 line.append(f"{b} {r:,.0f}/s")
             ratios = ""
             if "kafka" in rates and len(brokers) > 1:
+                k = rates["kafka"][-1]
                 ratios = " | " + ", ".join(
-                    f"kafka/{b} {rates['kafka'][-1] / rates[b][-1]:.2f}" for b in brokers if b != "kafka"
+                    f"kafka/{b} {k / rates[b][-1]:.2f}" for b in brokers if b != "kafka"
                 )
             print(f"rep {rep}: " + ", ".join(line) + ratios, flush=True)
         print(

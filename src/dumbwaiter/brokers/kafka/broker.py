@@ -48,6 +48,7 @@ from . import options as o
 from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
+from .held import Held
 from .names import TIERS, Names, tier_for
 from .produce import BATCH_FROM, send_batched
 from .records import Record
@@ -130,6 +131,8 @@ class KafkaBroker(StateDelegation):
         self._topics = Topics(self.replication)
         #: queues this process has written to the admin's list
         self.known_queues: set[str] = set()
+        #: what this process last wrote to the entries of the jobs it holds
+        self.held = Held()
         #: copies written in the background (``send_soon``)
         self._sending: set[asyncio.Future[None]] = set()
         self.instance = secrets.token_hex(6)
