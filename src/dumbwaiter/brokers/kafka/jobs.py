@@ -234,10 +234,18 @@ async def judge(
     n = b.names
     now = await b.now()
     strangers: dict[str, tuple[Copy, str]] = {}
-    wanted = _parsed(b, copies, group_queue, queues or {}, strangers)
+    qs = queues or {}
+    wanted = _parsed(b, copies, group_queue, qs, strangers)
     if not wanted:
         return [], []
-    keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
+    # the pause of each copy's queue, read with the records: a queue paused
+    # since the fetch looked leases nothing more (its copies wait)
+    pause_of = {c: n.paused + q for c, *_ in wanted if (q := group_queue or qs.get(c.tp.topic))}
+    keys = sorted(
+        {n.job + cid for _, cid, _, _ in wanted}
+        | {lk for *_, lk in wanted if lk}
+        | set(pause_of.values())
+    )
     early: list[Record] = []
     stored: list[dict[str, KvWrite]] = []
 
@@ -250,7 +258,7 @@ async def judge(
         done: set[str] = set()
         held: set[str] = set()  # keys whose earlier copy was taken or waits
         for c, cid, ver, lock in wanted:
-            if (lock is not None and lock in held) or len(taken) >= limit:
+            if (lock is not None and lock in held) or len(taken) >= limit or pause_of.get(c) in got:
                 waiting.append(c)
                 continue
             if cid in done:
@@ -559,9 +567,9 @@ async def reconcile(b: KafkaEngine) -> int:
         now = await b.now()
         old = now - b.stranded
         ids = [
-            r.msg.id
-            for r in map(Record.load, (await b.state.kv_scan(n.job)).values())
-            if r.state in WAITING and r.run_at < old
+            k[len(n.job) :]
+            for k, raw in (await b.state.kv_scan(n.job)).items()
+            if (at := Record.waiting_since(raw)) is not None and at < old
         ]
 
         def change(rec: Record, now: float) -> tuple[float | None, bool] | None:

@@ -50,6 +50,10 @@ CATCH_UP_MAX = 5.0
 #: topics came back), and a commit on revoke that never returns holds the
 #: group's rejoin, and with it every fetch, for ever
 COMMIT_WAIT = 5.0
+#: seconds between the commits of a fetch loop that finds copies every time
+#: (one that finds none, a rebalance and a close commit at once): what a
+#: crash makes the next owner read again, to be judged by the records
+COMMIT_EVERY = 0.5
 
 
 @dataclass(slots=True, eq=False)
@@ -108,18 +112,26 @@ def copy_of(rec: ConsumerRecord[Any, Any]) -> Copy:
 class Tracker:
     """The offsets of one partition read by this consumer (see the module
     docstring): ``pending`` were read and not judged; ``end`` is one past the
-    last read; ``committed`` the last mark committed."""
+    last read; ``committed`` the last mark committed.  ``order`` holds the
+    pending offsets as a heap (with judged ones not yet popped), so the
+    low-water mark of a read-ahead of thousands costs no scan."""
 
     end: int = -1
     committed: int = -1
     pending: set[int] = field(default_factory=set)
+    order: list[int] = field(default_factory=list)
 
     def read(self, offset: int) -> None:
-        self.pending.add(offset)
+        if offset not in self.pending:
+            self.pending.add(offset)
+            heapq.heappush(self.order, offset)  # in order as read: no sifting
         self.end = max(self.end, offset + 1)
 
     def low_water(self) -> int:
-        return min(self.pending) if self.pending else self.end
+        order, pending = self.order, self.pending
+        while order and order[0] not in pending:
+            heapq.heappop(order)
+        return order[0] if order else self.end
 
 
 class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -151,6 +163,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         self._started = False
         #: a fetch is waiting on this reader (tests look: ``until_fetch_waits``)
         self.waiting = False
+        #: when the marks of every partition were last committed (monotonic)
+        self.committed_at = 0.0
 
     # -- what the assignor is told ---------------------------------------------------
 
@@ -303,14 +317,23 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             tracker = self.trackers.get(tp)
             if tracker is not None:
                 tracker.pending = {o for o in tracker.pending if o < offset}
+                tracker.order = sorted(tracker.pending)
                 tracker.end = offset
             try:
                 self.consumer.seek(tp, offset)
             except IllegalStateError:
                 pass
 
+    async def commit_due(self) -> None:
+        """``commit``, unless one was made less than ``COMMIT_EVERY`` ago: a
+        busy fetch loop does not wait for the cluster on every fetch."""
+        if time.monotonic() - self.committed_at >= COMMIT_EVERY:
+            await self.commit()
+
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit each partition's low-water mark where it moved."""
+        if only is None:
+            self.committed_at = time.monotonic()
         offsets: dict[TopicPartition, int] = {}
         for tp, tracker in self.trackers.items():
             if only is not None and tp not in only:
