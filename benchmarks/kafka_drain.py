@@ -10,11 +10,13 @@ Per repetition and broker (the order rotates each repetition): ``n`` jobs
 are enqueued with ``aenqueue_many`` (not timed), then a ``dw.Worker``
 (concurrency 32, the CLI's default) drains them; the rate is ``n`` over
 (last job's end - first job's start), as the peers harness counts W1's
-drain.  Kafka runs on tansu started here (as ``kafka_bench.py``) unless
-``DW_BENCH_KAFKA`` names a cluster; the state store and the Redis broker use
-``DW_BENCH_REDIS`` (default ``redis://127.0.0.1:6379/0``) under a prefix of
-the run's own.  With ``--profile DIR`` the Kafka drains are recorded by
-py-spy (``--threads --nonblocking``, raw format) into DIR.
+drain; beside it, this process' CPU time a job from the worker's start to
+the last job (the group join and the read-ahead included).  Kafka runs on
+tansu started here (as ``kafka_bench.py``) unless ``DW_BENCH_KAFKA`` names
+a cluster; the state store and the Redis broker use ``DW_BENCH_REDIS``
+(default ``redis://127.0.0.1:6379/0``) under a prefix of the run's own.
+With ``--profile DIR`` the Kafka drains are recorded by py-spy
+(``--threads --nonblocking``, raw format) into DIR.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ def py_spy(out: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-async def drain(url: str, n: int, profile: Path | None) -> float:
-    """jobs/s of an in-process worker draining ``n`` no-op jobs."""
+async def drain(url: str, n: int, profile: Path | None) -> tuple[float, float]:
+    """jobs/s of an in-process worker draining ``n`` no-op jobs, and this
+    process' CPU time (user + system) a job over the drain, in µs."""
     app = dw.App(url)
     marks: list[float] = []
     done = asyncio.Event()
@@ -75,11 +78,13 @@ async def drain(url: str, n: int, profile: Path | None) -> float:
         if profile is not None:
             spy = py_spy(profile / f"kafka-{secrets.token_hex(3)}.txt")
         worker = dw.Worker(app, queues=("default",), concurrency=32)
+        cpu = time.process_time()
         running = asyncio.create_task(worker.run())
         await asyncio.wait_for(done.wait(), 600)
+        cpu = time.process_time() - cpu
         worker.stop()
         await running
-        return (n - 1) / (marks[-1] - marks[0])
+        return (n - 1) / (marks[-1] - marks[0]), cpu / n * 1e6
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on an interrupt
@@ -104,9 +109,9 @@ def main() -> None:
             for b in order:
                 prefix = f"kd{secrets.token_hex(3)}"
                 prof = args.profile if b == "kafka" else None
-                r = asyncio.run(drain(url_of(b, servers, prefix), args.n, prof))
+                r, cpu = asyncio.run(drain(url_of(b, servers, prefix), args.n, prof))
                 rates[b].append(r)
-                line.append(f"{b} {r:,.0f}/s")
+                line.append(f"{b} {r:,.0f}/s ({cpu:.0f} µs CPU a job)")
             ratios = ""
             if "kafka" in rates and len(brokers) > 1:
                 k = rates["kafka"][-1]

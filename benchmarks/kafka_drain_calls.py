@@ -64,7 +64,8 @@ def main() -> None:
     count()
     servers, proc = tansu()
     try:
-        rate = asyncio.run(drain(url_of("kafka", servers, f"kc{int(time.time())}"), args.n, None))
+        url = url_of("kafka", servers, f"kc{int(time.time())}")
+        rate, _ = asyncio.run(drain(url, args.n, None))
     finally:
         if proc is not None:
             proc.terminate()
