@@ -144,6 +144,59 @@ async def test_concurrent_transfers_keep_the_sum(make_broker: Callable[[], Broke
     assert {k: int(v) for k, v in got.items()} == expected
 
 
+async def test_update_known_stores_the_decision_on_the_live_values(broker: Broker) -> None:
+    """``kv_update_known``: a caller's belief about the keys is only a
+    guess: where it is right the decision made on it is stored; where it is
+    wrong (a key changed, one believed absent exists, one believed there is
+    gone) what is stored and returned is the decision on the live values."""
+    await broker.kv_set({"kn:a": b"1", "kn:b": b"2"})
+
+    def bump(got: dict[str, bytes]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        return {k: b"%d" % (int(got.get(k, b"0")) + 10) for k in ("kn:a", "kn:b", "kn:c")}, got
+
+    right = {"kn:a": b"1", "kn:b": b"2", "kn:c": None}
+    assert await broker.kv_update_known(["kn:a", "kn:b", "kn:c"], bump, right) == {
+        "kn:a": b"1",
+        "kn:b": b"2",
+    }
+    now = {"kn:a": b"11", "kn:b": b"12", "kn:c": b"10"}
+    assert await broker.kv_get(["kn:a", "kn:b", "kn:c"]) == now
+
+    await broker.kv_set({"kn:b": b"50"})  # changed since the caller wrote it
+    await broker.kv_delete(["kn:c"])
+    await broker.kv_set({"kn:d": b"7"})
+    stale = {"kn:a": b"11", "kn:b": b"12", "kn:c": b"10", "kn:d": None}
+    seen = await broker.kv_update_known(["kn:a", "kn:b", "kn:c", "kn:d"], bump, stale)
+    assert seen == {"kn:a": b"11", "kn:b": b"50", "kn:d": b"7"}
+    assert await broker.kv_get(["kn:a", "kn:b", "kn:c"]) == {
+        "kn:a": b"21",
+        "kn:b": b"60",
+        "kn:c": b"10",
+    }
+    # a decision to write nothing, made on a wrong belief, is made again
+    got = await broker.kv_update_known(["kn:a"], lambda got: ({}, dict(got)), {"kn:a": None})
+    assert got == {"kn:a": b"21"}
+
+
+async def test_concurrent_known_updates_never_lose_one(make_broker: Callable[[], Broker]) -> None:
+    """Updates that all believe the key still holds its first value, from
+    four brokers at once: each but the first is wrong, and each increment
+    is still counted once."""
+    brokers = [make_broker() for _ in range(4)]
+    for b in brokers:
+        await b.open()
+    await brokers[0].kv_set({"kn:n": b"0"})
+
+    def bump(got: dict[str, bytes]) -> tuple[dict[str, bytes], int]:
+        n = int(got.get("kn:n", b"0")) + 1
+        return {"kn:n": str(n).encode()}, n
+
+    seen = await asyncio.gather(
+        *(b.kv_update_known(["kn:n"], bump, {"kn:n": b"0"}) for b in brokers * 10)
+    )
+    assert sorted(seen) == list(range(1, 41))
+
+
 async def test_scan_by_prefix(broker: Broker) -> None:
     await broker.kv_set({"sched:a": b"1", "sched:b": b"2", "other": b"3"})
     assert await broker.kv_scan("sched:") == {"sched:a": b"1", "sched:b": b"2"}

@@ -297,3 +297,14 @@ def test_a_succeeded_record_written_whole_before_still_loads() -> None:
     assert not rec.compact and not info.compact and info.message.args == ["a"]
     assert info.state is State.SUCCEEDED and info.worker == "w-1"
     assert info.outcome()["finished"] == 999.0
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_waiting_since_reads_the_run_time_of_a_waiting_record_only(state: State) -> None:
+    """The reconcile's light read agrees with a full load: the run time of
+    a ready or scheduled record, None for any other state or a compact one."""
+    rec = Record(msg=Message(id="j1", kind="task", name="t", queue="q"), state=state, run_at=42.5)
+    want = 42.5 if state in T.WAITING else None
+    assert Record.waiting_since(rec.dump()) == want
+    rec.compact = True
+    assert Record.waiting_since(rec.dump()) is None

@@ -446,6 +446,23 @@ class Broker(abc.ABC):
             await self.kv_set(items, ttl)
         return out
 
+    async def kv_update_known(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+        known: Mapping[str, bytes | None],
+    ) -> T:
+        """``kv_update``, where the caller believes it knows what ``keys``
+        hold (``known``: a value, or None for an absent key), because it
+        wrote them itself (a worker settling the record it leased).  An
+        engine that compares every key read before it writes (Redis) may
+        decide on ``known`` first and skip its read: a right belief costs
+        one round trip instead of two, a wrong one is caught by the compare,
+        and the update reads and decides again, as ``kv_update`` does.  The
+        result is the same as ``kv_update``'s either way; this default is
+        ``kv_update``."""
+        return await self.kv_update(keys, decide)
+
     async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
         """Add ``member`` to the set ``key`` (idempotent) and return the set's size
         after the add, counting every member added before: the call that adds
@@ -528,6 +545,14 @@ class StateDelegation(Broker):
         decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
     ) -> T:
         return await self.state.kv_update(keys, decide)
+
+    async def kv_update_known(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+        known: Mapping[str, bytes | None],
+    ) -> T:
+        return await self.state.kv_update_known(keys, decide, known)
 
     async def kv_add(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         return await self.state.kv_add(key, value, ttl)

@@ -89,6 +89,15 @@ class Gate(Broker):
         await self._pass()
         return await self.inner.kv_update(keys, decide)
 
+    async def kv_update_known(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+        known: Mapping[str, bytes | None],
+    ) -> T:
+        await self._pass()
+        return await self.inner.kv_update_known(keys, decide, known)
+
     async def kv_sadd(self, key: str, member: str, ttl: float | None = None) -> int:
         await self._pass()
         return await self.inner.kv_sadd(key, member, ttl)

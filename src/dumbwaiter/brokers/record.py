@@ -153,6 +153,15 @@ class Record:
             raw=None if b is None else base64.b64decode(b),
         )
 
+    @staticmethod
+    def waiting_since(raw: bytes) -> float | None:
+        """The run time of a waiting (ready or scheduled) record, else None:
+        read without building its envelope, for scans of every record."""
+        d = orjson.loads(raw)
+        if "c" in d or d["s"] not in _WAITING:
+            return None
+        return float(d["r"])
+
     @classmethod
     def _load_compact(cls, d: dict[str, Any]) -> Record:
         x, g = d.get("x"), d.get("g")

@@ -16,7 +16,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.kafka import KafkaBroker
-from dumbwaiter.brokers.kafka.admin import lag
 from dumbwaiter.brokers.types import Delivery
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import error, until_fetch_waits
@@ -72,15 +71,17 @@ async def test_the_committed_offset_is_the_low_water_mark_of_judged_copies() -> 
         await a.enqueue([quick])
         [held] = await a.fetch(["default"], 1, 60.0, 0)  # the quick one stays buffered
         assert held.id == long_job.id
-        assert [p.committed for p in await lag(a)] == [1]
+        assert [p.committed for p in await a.partition_lag()] == [1]
         [d] = await a.fetch(["default"], 1, 60.0, 0)
         await a.ack([d])
-        assert [(p.end, p.committed) for p in await lag(a)] == [(2, 2)]  # past the long job
+        assert [(p.end, p.committed) for p in await a.partition_lag()] == [
+            (2, 2)
+        ]  # past the long job
         three = [msg() for _ in range(3)]
         await a.enqueue(three)
         [first] = await a.fetch(["default"], 1, 60.0, 0)
         assert first.id == three[0].id
-        assert [p.committed for p in await lag(a)] == [3]  # two read, not judged
+        assert [p.committed for p in await a.partition_lag()] == [3]  # two read, not judged
     finally:
         await a.close()
     b = from_url(u)

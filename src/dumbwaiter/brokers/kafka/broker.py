@@ -48,6 +48,7 @@ from . import options as o
 from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
+from .held import Held
 from .names import TIERS, Names, tier_for
 from .produce import BATCH_FROM, send_batched
 from .records import Record
@@ -56,9 +57,15 @@ from .transport import JOIN_WAIT, Reader
 
 log = logging.getLogger("dumbwaiter.kafka")
 
-#: copies a fetch judges beyond its limit: events held back behind an earlier
-#: one of their key must not keep the next keys' from being looked at
+#: copies a fetch of events judges beyond its limit: events held back behind
+#: an earlier one of their key must not keep the next keys' from being looked
+#: at (a copy of a job is never held back: a fetch of jobs judges only as
+#: many as it may lease, and reads each record once)
 LOOK_PAST = 64
+
+#: seconds a fetch trusts the pauses it read (``KafkaBroker._paused``): a
+#: queue resumed by another process is read from again within this
+PAUSED_EVERY = 1.0
 
 #: the client library's failures the seam turns into ``BrokerError``
 KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
@@ -128,6 +135,8 @@ class KafkaBroker(StateDelegation):
         self._topics = Topics(self.replication)
         #: queues this process has written to the admin's list
         self.known_queues: set[str] = set()
+        #: what this process last wrote to the entries of the jobs it holds
+        self.held = Held()
         #: copies written in the background (``send_soon``)
         self._sending: set[asyncio.Future[None]] = set()
         self.instance = secrets.token_hex(6)
@@ -385,8 +394,8 @@ class KafkaBroker(StateDelegation):
         await self.state.open()  # the admission, before anything is read
         await link.arm()
         await self._topics.check(link)
-        paused = await self.state.kv_get([self.names.paused + q for q in queues])
-        live = [q for q in queues if self.names.paused + q not in paused]
+        paused = await self._paused(link, queues)
+        live = [q for q in queues if q not in paused]
         await self.ensure_queues(queues)
         await self._start_relay(link)
         readers: list[tuple[Reader, str | None]] = []
@@ -416,20 +425,14 @@ class KafkaBroker(StateDelegation):
                     await reader.catch_up()
             first = False
             for reader, group_queue in readers:
-                while len(out) < limit and reader.buffer:
-                    copies = reader.take(limit - len(out) + LOOK_PAST)
-                    got, waiting = await jobs.judge(
-                        self, copies, group_queue, lease, worker, limit - len(out), topic_queues
+                if len(out) < limit:
+                    out += await self._judge(
+                        link, reader, group_queue, limit - len(out), lease, worker, topic_queues
                     )
-                    for d, c in got:
-                        reader.hold(d.id, c.tp)
-                        link.held[d.id] = reader
-                    out += [d for d, _ in got]
-                    reader.give_back(waiting)
-                    reader.done([c for c in copies if c not in waiting])
-                    if not got:
-                        break  # what is left waits for a key's earlier event
-                await reader.commit()
+                if out:
+                    await reader.commit_due()
+                else:  # before it waits: the marks of everything judged
+                    await reader.commit()
             if out:
                 return out
             if time.monotonic() >= deadline:
@@ -445,6 +448,52 @@ class KafkaBroker(StateDelegation):
                     await reader.pull(per)
                 finally:
                     reader.waiting = False
+
+    async def _paused(self, link: Link, queues: Sequence[str]) -> set[str]:
+        """The paused ones of ``queues``, read at most every ``PAUSED_EVERY``
+        seconds: which topics a fetch follows.  That a copy of a paused queue
+        is never leased is the judge's (``jobs.judge`` reads the queue's
+        pause with the records it leases): a pause from another process
+        stops the leases at once, and its topic is let go within this."""
+        now_m = time.monotonic()
+        if now_m - link.paused_at >= PAUSED_EVERY or any(q not in link.paused for q in queues):
+            got = await self.state.kv_get([self.names.paused + q for q in queues])
+            link.paused = {q: self.names.paused + q in got for q in queues}
+            link.paused_at = now_m
+        return {q for q in queues if link.paused[q]}
+
+    def _look_again(self) -> None:
+        """This process paused or resumed a queue: the next fetch reads it."""
+        for _, link in self._links.items():
+            link.paused_at = 0.0
+
+    async def _judge(
+        self,
+        link: Link,
+        reader: Reader,
+        group_queue: str | None,
+        limit: int,
+        lease: float,
+        worker: str,
+        topic_queues: dict[str, str],
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` jobs of the copies ``reader`` holds."""
+        out: list[Delivery] = []
+        past = 0 if group_queue is None else LOOK_PAST
+        while len(out) < limit and reader.buffer:
+            copies = reader.take(limit - len(out) + past)
+            got, waiting = await jobs.judge(
+                self, copies, group_queue, lease, worker, limit - len(out), topic_queues
+            )
+            for d, c in got:
+                reader.hold(d.id, c.tp)
+                link.held[d.id] = reader
+            out += [d for d, _ in got]
+            reader.give_back(waiting)
+            reader.done([c for c in copies if c not in waiting])
+            if waiting and not got:
+                break  # what is left waits for a key's earlier event
+        return out
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -489,6 +538,10 @@ class KafkaBroker(StateDelegation):
         return await admin.stats(self)
 
     async def partition_lag(self) -> list[PartitionLag]:
+        link = self._links.current()
+        if link is not None:  # this process' marks first (a busy fetch commits them later)
+            for reader in list(link.readers.values()):
+                await reader.commit()
         return await admin.lag(self)
 
     async def list_jobs(
@@ -515,9 +568,11 @@ class KafkaBroker(StateDelegation):
 
     async def pause(self, queue: str) -> None:
         await self.state.kv_set({self.names.paused + queue: b"1", self.names.queue + queue: b"1"})
+        self._look_again()
 
     async def resume(self, queue: str) -> None:
         await self.state.kv_delete([self.names.paused + queue])
+        self._look_again()
 
 
 async def _close(link: Link) -> None:

@@ -49,6 +49,10 @@ class Link:
         #: one fetch at a time reads through this loop's consumers (two
         #: workers of one app share them: a consumer reads for one caller)
         self.fetching = asyncio.Lock()
+        #: the paused queues among those a fetch asked for, as last read
+        #: (queue -> paused), and when (monotonic): see ``KafkaBroker._paused``
+        self.paused: dict[str, bool] = {}
+        self.paused_at = 0.0
         self.closed = False
         self._keeper: AsyncGenerator[None, None] | None = None
 

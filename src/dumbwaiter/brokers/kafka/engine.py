@@ -13,6 +13,7 @@ from ...message import Message
 from ..base import Broker
 from ..clock import ServerClock
 from ..types import Binding
+from .held import Held
 from .names import Names
 
 #: copies to write: (topic, key, value, headers)
@@ -35,6 +36,8 @@ class KafkaEngine(Protocol):
     reconcile_at: float
     instance: str
     known_queues: set[str]
+    #: what this process last wrote to the entries of the jobs it holds
+    held: Held
 
     def now(self) -> Awaitable[float]: ...
     def send(self, items: Out) -> Awaitable[None]: ...

@@ -234,21 +234,31 @@ async def judge(
     n = b.names
     now = await b.now()
     strangers: dict[str, tuple[Copy, str]] = {}
-    wanted = _parsed(b, copies, group_queue, queues or {}, strangers)
+    qs = queues or {}
+    wanted = _parsed(b, copies, group_queue, qs, strangers)
     if not wanted:
         return [], []
-    keys = sorted({n.job + cid for _, cid, _, _ in wanted} | {lk for *_, lk in wanted if lk})
+    # the pause of each copy's queue, read with the records: a queue paused
+    # since the fetch looked leases nothing more (its copies wait)
+    pause_of = {c: n.paused + q for c, *_ in wanted if (q := group_queue or qs.get(c.tp.topic))}
+    keys = sorted(
+        {n.job + cid for _, cid, _, _ in wanted}
+        | {lk for *_, lk in wanted if lk}
+        | set(pause_of.values())
+    )
     early: list[Record] = []
+    stored: list[dict[str, KvWrite]] = []
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], tuple[list[Record], list[Copy]]]:
         writes: dict[str, KvWrite] = {}
         taken: list[Record] = []
         waiting: list[Copy] = []
         early.clear()
+        stored[:] = [writes]  # the last decision is the one stored
         done: set[str] = set()
         held: set[str] = set()  # keys whose earlier copy was taken or waits
         for c, cid, ver, lock in wanted:
-            if (lock is not None and lock in held) or len(taken) >= limit:
+            if (lock is not None and lock in held) or len(taken) >= limit or pause_of.get(c) in got:
                 waiting.append(c)
                 continue
             if cid in done:
@@ -282,6 +292,7 @@ async def judge(
         return writes, (taken, waiting)
 
     taken, waiting = await b.state.kv_update(keys, decide)
+    b.held.wrote(stored[-1], {n.job + r.msg.id: r for r in taken})  # decide ran at least once
     if early:
         await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
     read_from = {cid: c for c, cid, _, _ in wanted}
@@ -401,15 +412,21 @@ async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None
     now = await b.now()
     locks = [lk for d in ds if d.message is not None and (lk := lock_of(b, d.message))]
     keys = sorted({n.job + d.id for d in ds} | {n.lease + d.id for d in ds} | set(locks))
+    held = b.held
+    # an ack that keeps a compact record reads only the message's id, name,
+    # queue and attempt (``T.succeed``): the record parsed at the lease
+    # serves; any other change parses the record it writes back
+    reuse = {d.id for d in ds if change is acked and compacts(d)}
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[tuple[Record, bool, bool]]]:
         writes: dict[str, KvWrite] = {}
         out: list[tuple[Record, bool, bool]] = []
         for d in ds:
-            raw = got.get(n.job + d.id)
+            key = n.job + d.id
+            raw = got.get(key)
             if raw is None:
                 continue
-            rec = Record.load(raw)
+            rec = held.record(key, raw) if d.id in reuse else Record.load(raw)
             settled = change(b, rec, d, now)
             if settled is None:  # its lease was lost: the fence
                 continue
@@ -420,7 +437,12 @@ async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None
             out.append((rec, again, dead))
         return writes, out
 
-    changed = await b.state.kv_update(keys, decide)
+    known = held.known(keys)
+    if known is None:
+        changed = await b.state.kv_update(keys, decide)
+    else:  # as this process wrote them: one round trip, unless they changed
+        changed = await b.state.kv_update_known(keys, decide, known)
+    held.forget(keys)
     out = []
     for rec, again, dead in changed:
         if again:
@@ -436,9 +458,12 @@ async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[D
     n = b.names
     now = await b.now()
 
+    stored: list[dict[str, KvWrite]] = []
+
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], list[Delivery]]:
         writes: dict[str, KvWrite] = {}
         lost: list[Delivery] = []
+        stored[:] = [writes]
         for d in ds:
             raw = got.get(n.job + d.id)
             rec = None if raw is None else Record.load(raw)
@@ -449,7 +474,14 @@ async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[D
             writes[n.lease + d.id] = f"{rec.lease_until:.6f}".encode()
         return writes, lost
 
-    lost = await b.state.kv_update([n.job + d.id for d in ds], decide)
+    keys = [n.job + d.id for d in ds]
+    known = b.held.known(keys)
+    if known is None:
+        lost = await b.state.kv_update(keys, decide)
+    else:
+        lost = await b.state.kv_update_known(keys, decide, known)
+    b.held.wrote(stored[-1])
+    b.held.forget([k for d in lost for k in (n.job + d.id, n.lease + d.id)])
     alive = {d.id for d in ds} - {d.id for d in lost}
     for d in ds:
         if d.id in alive:
@@ -535,9 +567,9 @@ async def reconcile(b: KafkaEngine) -> int:
         now = await b.now()
         old = now - b.stranded
         ids = [
-            r.msg.id
-            for r in map(Record.load, (await b.state.kv_scan(n.job)).values())
-            if r.state in WAITING and r.run_at < old
+            k[len(n.job) :]
+            for k, raw in (await b.state.kv_scan(n.job)).items()
+            if (at := Record.waiting_since(raw)) is not None and at < old
         ]
 
         def change(rec: Record, now: float) -> tuple[float | None, bool] | None:

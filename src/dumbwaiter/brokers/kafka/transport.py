@@ -23,6 +23,7 @@ job's lease.  The offsets only say how far a partition has been *judged*:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import Sequence
@@ -49,6 +50,10 @@ CATCH_UP_MAX = 5.0
 #: topics came back), and a commit on revoke that never returns holds the
 #: group's rejoin, and with it every fetch, for ever
 COMMIT_WAIT = 5.0
+#: seconds between the commits of a fetch loop that finds copies every time
+#: (one that finds none, a rebalance and a close commit at once): what a
+#: crash makes the next owner read again, to be judged by the records
+COMMIT_EVERY = 0.5
 
 
 @dataclass(slots=True, eq=False)
@@ -82,6 +87,16 @@ class Copy:
             return 0
 
 
+#: a buffered copy in the reader's heap, in the order a fetch judges copies
+#: (higher priority, then older, then lower offset; then the order read, so
+#: that two entries never compare their copies): computed once, when read
+Entry = tuple[int, float, int, int, Copy]
+
+
+def entry(c: Copy, seq: int) -> Entry:
+    return (-c.priority, c.ready_at, c.offset, seq, c)
+
+
 def copy_of(rec: ConsumerRecord[Any, Any]) -> Copy:
     return Copy(
         tp=TopicPartition(rec.topic, rec.partition),
@@ -97,18 +112,26 @@ def copy_of(rec: ConsumerRecord[Any, Any]) -> Copy:
 class Tracker:
     """The offsets of one partition read by this consumer (see the module
     docstring): ``pending`` were read and not judged; ``end`` is one past the
-    last read; ``committed`` the last mark committed."""
+    last read; ``committed`` the last mark committed.  ``order`` holds the
+    pending offsets as a heap (with judged ones not yet popped), so the
+    low-water mark of a read-ahead of thousands costs no scan."""
 
     end: int = -1
     committed: int = -1
     pending: set[int] = field(default_factory=set)
+    order: list[int] = field(default_factory=list)
 
     def read(self, offset: int) -> None:
-        self.pending.add(offset)
+        if offset not in self.pending:
+            self.pending.add(offset)
+            heapq.heappush(self.order, offset)  # in order as read: no sifting
         self.end = max(self.end, offset + 1)
 
     def low_water(self) -> int:
-        return min(self.pending) if self.pending else self.end
+        order, pending = self.order, self.pending
+        while order and order[0] not in pending:
+            heapq.heappop(order)
+        return order[0] if order else self.end
 
 
 class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -128,7 +151,10 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         )
         self.topics: frozenset[str] = frozenset()
         self.trackers: dict[TopicPartition, Tracker] = {}
-        self.buffer: list[Copy] = []
+        #: copies read and not judged: a heap (``Entry``), so a fetch takes
+        #: the first few without sorting everything read ahead of it
+        self.buffer: list[Entry] = []
+        self._seq = 0
         #: partitions whose leased jobs run here, by job id (``assign.py``)
         self.busy: dict[str, TopicPartition] = {}
         #: what a rebalance took away (told at the join that follows it)
@@ -137,6 +163,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         self._started = False
         #: a fetch is waiting on this reader (tests look: ``until_fetch_waits``)
         self.waiting = False
+        #: when the marks of every partition were last committed (monotonic)
+        self.committed_at = 0.0
 
     # -- what the assignor is told ---------------------------------------------------
 
@@ -161,7 +189,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.commit(gone)
         except KafkaError as exc:  # the next owner judges those copies again
             log.info("kafka %s: commit on revoke failed: %r", self.group, exc)
-        self.buffer = [c for c in self.buffer if c.tp not in gone]
+        self.buffer = [e for e in self.buffer if e[4].tp not in gone]
+        heapq.heapify(self.buffer)
         for tp in gone:
             self.trackers.pop(tp, None)
 
@@ -203,7 +232,7 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
                 continue
             for rec in recs:
                 tracker.read(rec.offset)
-                self.buffer.append(copy_of(rec))
+                self._push(copy_of(rec))
                 n += 1
         return n
 
@@ -250,15 +279,20 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
             return False
         return True
 
+    def _push(self, c: Copy) -> None:
+        self._seq += 1
+        heapq.heappush(self.buffer, entry(c, self._seq))
+
     def take(self, n: int) -> list[Copy]:
         """The ``n`` copies to judge first: higher priority, then older."""
-        self.buffer.sort(key=lambda c: (-c.priority, c.ready_at, c.offset))
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
+        buf = self.buffer
+        return [heapq.heappop(buf)[4] for _ in range(min(n, len(buf)))]
 
     def give_back(self, copies: Sequence[Copy]) -> None:
         """Copies read and not judged (the fetch had enough): kept for the next."""
-        self.buffer.extend(c for c in copies if c.tp in self.trackers)
+        for c in copies:
+            if c.tp in self.trackers:
+                self._push(c)
 
     def done(self, copies: Sequence[Copy]) -> None:
         for c in copies:
@@ -269,26 +303,37 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
     def drop_buffered(self, topics: set[str]) -> None:
         """Forget copies of these topics read but not judged (their queue is
         paused): seek back so they are read again when it resumes."""
-        keep: list[Copy] = []
+        keep: list[Entry] = []
         first: dict[TopicPartition, int] = {}
-        for c in self.buffer:
+        for e in self.buffer:
+            c = e[4]
             if c.tp.topic in topics:
                 first[c.tp] = min(first.get(c.tp, c.offset), c.offset)
             else:
-                keep.append(c)
+                keep.append(e)
+        heapq.heapify(keep)
         self.buffer = keep
         for tp, offset in first.items():
             tracker = self.trackers.get(tp)
             if tracker is not None:
                 tracker.pending = {o for o in tracker.pending if o < offset}
+                tracker.order = sorted(tracker.pending)
                 tracker.end = offset
             try:
                 self.consumer.seek(tp, offset)
             except IllegalStateError:
                 pass
 
+    async def commit_due(self) -> None:
+        """``commit``, unless one was made less than ``COMMIT_EVERY`` ago: a
+        busy fetch loop does not wait for the cluster on every fetch."""
+        if time.monotonic() - self.committed_at >= COMMIT_EVERY:
+            await self.commit()
+
     async def commit(self, only: set[TopicPartition] | None = None) -> None:
         """Commit each partition's low-water mark where it moved."""
+        if only is None:
+            self.committed_at = time.monotonic()
         offsets: dict[TopicPartition, int] = {}
         for tp, tracker in self.trackers.items():
             if only is not None and tp not in only:

@@ -87,12 +87,41 @@ class Coordination(Broker):
         ``kv_set`` stores it (on the server's clock, ``clock.py``, like every kv expiry
         here); a write without one clears any expiry the key had.
         """
+        return await self._update(list(dict.fromkeys(keys)), decide, None)
+
+    async def kv_update_known(
+        self,
+        keys: Sequence[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+        known: Mapping[str, bytes | None],
+    ) -> T:
+        """The first round decides on ``known`` instead of a read: the
+        compare-and-set checks every key against it, as it checks a read,
+        so a wrong belief only costs the read and the round a right one
+        saves."""
         keys = list(dict.fromkeys(keys))
+        if any(k not in known for k in keys):
+            return await self._update(keys, decide, None)
+        first = {k: v for k in keys if (v := known[k]) is not None}
+        return await self._update(keys, decide, first)
+
+    async def _update(
+        self,
+        keys: list[str],
+        decide: Callable[[dict[str, bytes]], tuple[Mapping[str, KvWrite], T]],
+        first: dict[str, bytes] | None,
+    ) -> T:
         delay = 0.001
         for _ in range(KV_UPDATE_ATTEMPTS):
-            got = await self.kv_get(keys)  # one script: a consistent read
+            guessed = first is not None
+            if first is not None:
+                got, first = first, None
+            else:
+                got = await self.kv_get(keys)  # one script: a consistent read
             writes, out = decide(dict(got))
             if not writes:
+                if guessed:  # nothing to compare it by: decide on a read
+                    continue
                 return out
             args: list[Arg] = [repr(await self.conn.now()), len(keys)]
             for k in keys:
@@ -104,6 +133,8 @@ class Coordination(Broker):
                 args += (k, data, "" if ttl is None else repr(at + ttl))
             if int(await self.conn.run(self.lua.kv_cas, args)):
                 return out
+            if guessed:  # the caller's belief was wrong: read at once
+                continue
             # another writer changed a key between our read and our write
             await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
             delay = min(delay * 2, 0.05)
