@@ -7,15 +7,21 @@ fencing token that every later change of that job must present).  An idle
 fetch watches the WAL file (wake.py) and claims again when another process
 commits.  ``rescue`` gives back the jobs of expired leases and prunes
 finished jobs, expired keys and old events.
+
+The claim and the ack count what they moved in ``dw_counts`` themselves,
+once per batch and queue, in their own transaction (schema.sql: the trigger
+that counts every other change skips those two).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,17 +37,39 @@ from .connection import SQLiteConnection
 _LEASE_EXPIRED = f"dumbwaiter.errors.{LeaseExpired.__name__}"
 
 
-#: the ack; a task without ``keep_result`` keeps a compact record (finished.py):
-#: its body shrinks to its task name, its error history goes
-_ACK = (
-    "UPDATE dw_jobs SET state='succeeded', updated_at=?1, result=?2, expires_at=?3,"
-    " lease_until=NULL, token=NULL,"
-    ' body=CASE WHEN ?4 THEN CAST(\'{"c":1,"name":\' || json_quote(name)'
-    " || ',\"key\":' || json_quote(msg_key) || '}' AS BLOB)"
-    " ELSE body END,"
-    " errors=CASE WHEN ?4 THEN NULL ELSE errors END,"
-    " last_error_type=CASE WHEN ?4 THEN NULL ELSE last_error_type END"
-    " WHERE id=?5 AND token=?6 AND state='running'"
+#: rows per ack statement (6 parameters each, under SQLite's 32,766 limit)
+_ACK_CHUNK = 2000
+
+
+@functools.lru_cache(maxsize=64)
+def _ack_sql(n: int) -> str:
+    """The ack of ``n`` jobs: one ``UPDATE ... FROM (VALUES ...)`` whose
+    ``RETURNING`` names the queue of each job it finished, for the counters
+    (the trigger skips running -> succeeded; executemany could not say which
+    queues its rows were in).  A task without ``keep_result`` keeps a compact
+    record (finished.py): its body shrinks to its task name, its error history
+    goes.  One text per batch size, which the connection's statement cache
+    keeps compiled."""
+    values = ",".join(["(?,?,?,?,?,?)"] * n)
+    return (
+        "UPDATE dw_jobs SET state='succeeded', updated_at=v.column1, result=v.column2,"
+        " expires_at=v.column3, lease_until=NULL, token=NULL,"
+        ' body=CASE WHEN v.column4 THEN CAST(\'{"c":1,"name":\' || json_quote(name)'
+        " || ',\"key\":' || json_quote(msg_key) || '}' AS BLOB)"
+        " ELSE body END,"
+        " errors=CASE WHEN v.column4 THEN NULL ELSE errors END,"
+        " last_error_type=CASE WHEN v.column4 THEN NULL ELSE last_error_type END"
+        f" FROM (VALUES {values}) AS v"
+        " WHERE dw_jobs.id=v.column5 AND dw_jobs.token=v.column6 AND dw_jobs.state='running'"
+        " RETURNING queue"
+    )
+
+
+#: a claim or an ack of n jobs of one queue moves n from one counter to the
+#: other (their two transitions are not counted by the trigger: schema.sql)
+_MOVE_COUNT = (
+    "INSERT INTO dw_counts (queue, state, n) VALUES (?1, ?2, -?4), (?1, ?3, ?4)"
+    " ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n"
 )
 
 
@@ -111,7 +139,7 @@ class SQLiteTransport(SQLiteConnection):
             for q in queues:
                 if q in paused:
                     continue
-                rows += c.execute(
+                got = c.execute(
                     "UPDATE dw_jobs SET state='running', attempt=attempt+1, token=?,"
                     " lease_until=?, worker=?, updated_at=? WHERE rowid IN (SELECT rowid"
                     " FROM dw_jobs WHERE state='ready' AND queue=?"
@@ -119,6 +147,9 @@ class SQLiteTransport(SQLiteConnection):
                     " RETURNING id, queue, attempt, body, errors, priority, run_at",
                     (token, until, worker, now, q, limit - len(rows)),
                 ).fetchall()
+                if got:  # counted here, not by the trigger: every row is of queue q
+                    c.execute(_MOVE_COUNT, (q, "ready", "running", len(got)))
+                    rows += got
                 if len(rows) >= limit:
                     break
             next_due = None
@@ -136,8 +167,10 @@ class SQLiteTransport(SQLiteConnection):
 
     def _ack(self, ds: Sequence[Delivery]) -> None:
         now = time.time()
-        rows = [
-            (
+        params = [
+            v
+            for d in ds
+            for v in (
                 now,
                 d.result,
                 now + max(self.retention, d.result_ttl or 0.0),
@@ -145,9 +178,19 @@ class SQLiteTransport(SQLiteConnection):
                 d.id,
                 d.token,
             )
-            for d in ds
         ]
-        self._wtx(lambda c: c.executemany(_ACK, rows))
+
+        def run(c: sqlite3.Connection) -> None:
+            # counted here, per queue, from the rows the ack did finish (a lost
+            # lease finishes none), not by the trigger
+            done: Counter[str] = Counter()
+            for start in range(0, len(ds), _ACK_CHUNK):
+                chunk = params[start * 6 : (start + _ACK_CHUNK) * 6]
+                done.update(q for (q,) in c.execute(_ack_sql(len(chunk) // 6), chunk).fetchall())
+            for q, n in done.items():
+                c.execute(_MOVE_COUNT, (q, "running", "succeeded", n))
+
+        self._wtx(run)
 
     async def retry(self, ds: Sequence[Delivery]) -> None:
         if ds:
