@@ -182,3 +182,40 @@ async def test_a_foreign_record_on_a_queue_topic_is_handed_over_to_be_dead_lette
         assert await b.fetch(["default"], 1, 60.0, 0) == []  # nothing else to run
     finally:
         await b.close()
+
+
+async def test_a_write_of_copies_that_meets_a_restarting_cluster_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restarting cluster answers a produce with errors that say "not
+    now" (tansu's UnknownError while it comes back; a leader moving on a
+    real cluster). The enqueue tries again within its deadline instead of
+    failing the producer's call, and the job runs once even if the first
+    write had landed."""
+    from aiokafka.errors import UnknownError
+
+    u = _kafka(new_prefix())
+    producer, worker = from_url(u), from_url(u)
+    assert isinstance(producer, KafkaBroker)
+    real = producer._send_once
+    failed: list[Any] = []
+
+    async def landed_then_failed(items: Any) -> None:
+        await real(items)  # the copy is in the topic ...
+        if not failed:
+            failed.append(items)
+            raise UnknownError("the server is coming back")  # ... and the answer was lost
+
+    monkeypatch.setattr(producer, "_send_once", landed_then_failed)
+    try:
+        m = msg()
+        assert await producer.enqueue([m]) == [m.id]
+        assert failed, "the write did not fail"
+        [d] = await worker.fetch(["default"], 10, 30.0, 20.0)
+        assert d.id == m.id
+        await worker.ack([d])
+        # the second copy of the same job is judged by its record: dropped
+        assert await worker.fetch(["default"], 10, 30.0, 1.0) == []
+    finally:
+        await worker.close()
+        await producer.close()

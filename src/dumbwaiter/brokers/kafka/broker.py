@@ -34,11 +34,12 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
-from ...errors import BrokerError
+from ...errors import BrokerError, BrokerUnavailable
 from ...message import GROUP_PREFIX, Message, encode, encode_checked
 from .. import failure, identity
 from ..base import Broker, StateDelegation
 from ..clock import ServerClock
+from ..deadline import Backoff
 from ..gate import Gate
 from ..partitions import PartitionLag
 from ..perloop import PerLoop
@@ -107,6 +108,9 @@ class KafkaBroker(StateDelegation):
         self.retention = opts[o.RETENTION]
         #: seconds a due job waits before its copy is written again (``jobs.reconcile``)
         self.stranded = opts[o.STRANDED]
+        #: how long a write of copies tries again while the cluster is away
+        #: (a producer call's own deadline comes first: deadline.py)
+        self.reconnect = opts[o.RECONNECT]
         #: when this process may next look for stranded jobs (``time.monotonic()``)
         self.reconcile_at = 0.0
         self.settings: dict[str, Any] = {
@@ -292,9 +296,32 @@ class KafkaBroker(StateDelegation):
         return [(self.names.dlq_topic(msg.queue), msg.id.encode(), value, headers)]
 
     async def send(self, items: Out) -> None:
-        """Write copies and wait until the cluster acknowledged every one (acks=all)."""
+        """Write copies and wait until the cluster acknowledged every one
+        (acks=all), trying again while the cluster is unreachable or
+        restarting (a producer call until its deadline, anything else for
+        ``reconnect`` seconds).  A copy written twice is judged by its record
+        like any redelivered one: the job runs once."""
         if not items:
             return
+        backoff: Backoff | None = None
+        while True:
+            try:
+                return await self._send_once(items)
+            except KAFKA_ERRORS as exc:
+                if not isinstance(self.failure(exc), BrokerUnavailable):
+                    raise
+                backoff = backoff or Backoff(self.reconnect)
+                pause = backoff.pause()
+                if pause is None:
+                    raise
+                log.info("kafka: writing copies failed (%r); trying again", exc)
+                await asyncio.sleep(pause)
+                try:  # a restarted cluster may have lost the topics made here
+                    await self._topics.check(self.link())
+                except KAFKA_ERRORS:
+                    pass  # still away: the next write says so
+
+    async def _send_once(self, items: Out) -> None:
         topics = {t for t, *_ in items}
         tiers = self.names.tiers
         await self.ensure_topics(t for t in topics if t not in tiers)

@@ -58,6 +58,11 @@ STRANDED = urlopts.seconds(
     "seconds a due job may wait before its copy is written again (a lost copy)",
     positive=True,
 )
+RECONNECT = urlopts.seconds(
+    "reconnect",
+    30.0,
+    "seconds a write of copies keeps trying while the cluster is unreachable",
+)
 SESSION_TIMEOUT = urlopts.seconds(
     "session_timeout",
     10.0,
@@ -76,6 +81,7 @@ OPTIONS = urlopts.Table(
         FETCH_WAIT,
         SESSION_TIMEOUT,
         STRANDED,
+        RECONNECT,
         urlopts.choice(
             "security_protocol",
             "plaintext",
