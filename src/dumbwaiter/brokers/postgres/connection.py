@@ -321,21 +321,37 @@ class PostgresConnection(Broker):
             self._after_fork()
             if self._sync_pool is None:
                 self._reach_sync()
-                pool = ConnectionPool(
-                    self.opts.conninfo,
-                    connection_class=recording(self._pool_connected),
-                    min_size=self.opts.pool_min,
-                    max_size=self.opts.sync_pool_max,
-                    kwargs=self._conn_kwargs(),
-                    check=check_sync,
-                    # a server that stays down fails the call after this long
-                    timeout=self.opts.reconnect,
-                    open=False,
-                    name=f"dumbwaiter-{self.schema}",
-                )
-                pool.open(wait=False)
+                pool = self._new_sync_pool()
+                # Wait for the pool's first connections (the server was just
+                # reached): a first caller that found it empty would make the
+                # pool open one more, and psycopg_pool hands out its idle
+                # connections in turn, so a producer calling from one thread
+                # would then alternate between two server processes, each
+                # woken from a longer sleep, for every call
+                # (docs/benchmarks-postgres.md, issue 25).  Not ready in time:
+                # a pool that connects in the background, as before.
+                try:
+                    pool.wait(max(0.001, deadline.remaining(self.opts.reconnect)))
+                except PoolTimeout:  # wait() closed that pool
+                    pool = self._new_sync_pool()
                 self._sync_pool = pool
             return self._sync_pool
+
+    def _new_sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.opts.conninfo,
+            connection_class=recording(self._pool_connected),
+            min_size=self.opts.pool_min,
+            max_size=self.opts.sync_pool_max,
+            kwargs=self._conn_kwargs(),
+            check=check_sync,
+            # a server that stays down fails the call after this long
+            timeout=self.opts.reconnect,
+            open=False,
+            name=f"dumbwaiter-{self.schema}",
+        )
+        pool.open(wait=False)
+        return pool
 
     def _pool_connected(self, exc: BaseException | None) -> None:
         self._pool_error = exc
