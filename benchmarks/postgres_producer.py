@@ -73,8 +73,16 @@ def variants(dsn: str, schema: str, n: int, bulk: int) -> dict[str, Callable[[],
 
     def body(i: int, job_id: uuid.UUID) -> bytes:
         return orjson.dumps(
-            {"id": str(job_id), "kind": "task", "name": "noop", "queue": "default",
-             "args": [i], "kwargs": {}, "created_at": time.time(), "max_attempts": 3}
+            {
+                "id": str(job_id),
+                "kind": "task",
+                "name": "noop",
+                "queue": "default",
+                "args": [i],
+                "kwargs": {},
+                "created_at": time.time(),
+                "max_attempts": 3,
+            }
         )
 
     anchor_sql = f"INSERT INTO {s}.peers_limits (payload) VALUES (%s)".encode()
@@ -113,7 +121,9 @@ def variants(dsn: str, schema: str, n: int, bulk: int) -> dict[str, Callable[[],
                 cp.set_types(copy_types)
                 for i in range(bulk):
                     job_id = uuid.uuid4()
-                    cp.write_row((job_id, "default", "noop", "task", 0, 3, None, None, body(i, job_id)))
+                    cp.write_row(
+                        (job_id, "default", "noop", "task", 0, 3, None, None, body(i, job_id))
+                    )
             bare.execute("SELECT pg_notify(%s, %s)", (channel, "default"))
         return bulk / (time.perf_counter() - t)
 
@@ -122,7 +132,13 @@ def variants(dsn: str, schema: str, n: int, bulk: int) -> dict[str, Callable[[],
         task.enqueue_many(range(bulk))
         return bulk / (time.perf_counter() - t)
 
-    return {"anchor": anchor, "floor": floor, "enqueue": enqueue, "copy": copy, "bulk": enqueue_many}
+    return {
+        "anchor": anchor,
+        "floor": floor,
+        "enqueue": enqueue,
+        "copy": copy,
+        "bulk": enqueue_many,
+    }
 
 
 def main() -> None:
@@ -161,7 +177,12 @@ def report(rounds: list[dict[str, float]], as_json: bool) -> None:
     names = list(rounds[0])
     med = {k: statistics.median(r[k] for r in rounds) for k in names}
     ratios: dict[str, float] = {}
-    for k, base in (("floor", "anchor"), ("enqueue", "anchor"), ("enqueue", "floor"), ("bulk", "copy")):
+    for k, base in (
+        ("floor", "anchor"),
+        ("enqueue", "anchor"),
+        ("enqueue", "floor"),
+        ("bulk", "copy"),
+    ):
         if k in names and base in names:
             ratios[f"{k}/{base}"] = statistics.median(r[k] / r[base] for r in rounds)
     if as_json:

@@ -311,8 +311,7 @@ class PostgresEnqueue(PostgresConnection):
         backoff: Backoff | None = None
         while True:
             try:
-                with self.borrow() as conn:
-                    return fn(conn)
+                return self.with_sync(fn)
             except psycopg.OperationalError as exc:
                 backoff = backoff or Backoff(self.opts.reconnect)
                 pause = None if refusal(exc) else backoff.pause()
