@@ -14,6 +14,10 @@ round:
              trigger) and the same wake-up (``pg_notify`` of the queue), one
              autocommitted statement on one held connection
     enqueue  ``task.enqueue(i)``, what the harness' W1 times
+
+(the three one-at-a-time variants also print this thread's CPU time per
+call: ``time.thread_time``, which moves less than wall time on a shared
+machine)
     copy     bare psycopg ``COPY`` of ``--bulk`` rows of the same shape into
              ``dw_jobs`` (ids and JSON bodies made in the loop, one NOTIFY),
              one transaction
@@ -43,6 +47,8 @@ import dumbwaiter as dw
 from dumbwaiter.brokers.postgres import PostgresBroker
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
+#: variants that make one call per job: their CPU per call is reported too
+ONE_AT_A_TIME = ("anchor", "floor", "enqueue")
 
 
 async def noop(i: int) -> None:
@@ -164,7 +170,10 @@ def main() -> None:
                 order = list(runs.items()) if r % 2 == 0 else list(reversed(runs.items()))
                 got = {}
                 for name, f in order:
+                    cpu = time.thread_time()
                     got[name] = f()
+                    if name in ONE_AT_A_TIME:  # this thread's CPU per call, microseconds
+                        got[f"{name}_cpu_us"] = (time.thread_time() - cpu) / a.n * 1e6
                     admin.execute(f'TRUNCATE "{schema}".dw_jobs, "{schema}".dw_count_deltas')  # type: ignore[arg-type]
                 rounds.append(got)
         report(rounds, a.json)
@@ -190,8 +199,11 @@ def report(rounds: list[dict[str, float]], as_json: bool) -> None:
         print(json.dumps(out))
         return
     for k in names:
+        if k.endswith("_cpu_us"):
+            continue
         lo, hi = min(r[k] for r in rounds), max(r[k] for r in rounds)
-        print(f"{k:8s} {med[k]:10,.0f}/s  ({lo:,.0f}-{hi:,.0f})")
+        cpu = f"   this thread's CPU {med[k + '_cpu_us']:.0f} µs/call" if k in ONE_AT_A_TIME else ""
+        print(f"{k:8s} {med[k]:10,.0f}/s  ({lo:,.0f}-{hi:,.0f}){cpu}")
     for k, v in ratios.items():
         print(f"{k:16s} {v:.2f}")
 

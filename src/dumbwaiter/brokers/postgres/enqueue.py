@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.rows import tuple_row
 
@@ -581,7 +582,7 @@ def run_plan(conn: SyncConn, plan: Plan[T]) -> T:
         stmt, params = next(plan)
         while True:
             cur = conn.execute(stmt, params)
-            stmt, params = plan.send(cur.fetchall() if cur.description is not None else [])
+            stmt, params = plan.send(cur.fetchall() if _has_rows(cur) else [])
     except StopIteration as done:
         out: T = done.value
         return out
@@ -593,8 +594,17 @@ async def arun_plan(conn: AsyncConn, plan: Plan[T]) -> T:
         stmt, params = next(plan)
         while True:
             cur = await conn.execute(stmt, params)
-            rows = await cur.fetchall() if cur.description is not None else []
+            rows = await cur.fetchall() if _has_rows(cur) else []
             stmt, params = plan.send(rows)
     except StopIteration as done:
         out: T = done.value
         return out
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows (an INSERT without RETURNING does
+    not): read from the result's status, not from ``description``, which
+    builds a column object per column on every call of a one-at-a-time
+    producer."""
+    res = cur.pgresult
+    return res is not None and res.status == pq.ExecStatus.TUPLES_OK
