@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ...errors import BrokerError
@@ -48,6 +48,8 @@ from .queries import Queries
 #: the server's wall clock now (``now()`` is the transaction's start)
 SERVER_TIME = b"SELECT extract(epoch FROM clock_timestamp())::float8"
 
+#: transaction states a connection must not go back to the pool in
+_LEFT_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 T = TypeVar("T")
 
 #: the server's reason for refusing a connection, in libpq's message
@@ -321,21 +323,37 @@ class PostgresConnection(Broker):
             self._after_fork()
             if self._sync_pool is None:
                 self._reach_sync()
-                pool = ConnectionPool(
-                    self.opts.conninfo,
-                    connection_class=recording(self._pool_connected),
-                    min_size=self.opts.pool_min,
-                    max_size=self.opts.sync_pool_max,
-                    kwargs=self._conn_kwargs(),
-                    check=check_sync,
-                    # a server that stays down fails the call after this long
-                    timeout=self.opts.reconnect,
-                    open=False,
-                    name=f"dumbwaiter-{self.schema}",
-                )
-                pool.open(wait=False)
+                pool = self._new_sync_pool()
+                # Wait for the pool's first connections (the server was just
+                # reached): a first caller that found it empty would make the
+                # pool open one more, and psycopg_pool hands out its idle
+                # connections in turn, so a producer calling from one thread
+                # would then alternate between two server processes, each
+                # woken from a longer sleep, for every call
+                # (docs/benchmarks-postgres.md, issue 25).  Not ready in time:
+                # a pool that connects in the background, as before.
+                try:
+                    pool.wait(max(0.001, deadline.remaining(self.opts.reconnect)))
+                except PoolTimeout:  # wait() closed that pool
+                    pool = self._new_sync_pool()
                 self._sync_pool = pool
             return self._sync_pool
+
+    def _new_sync_pool(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.opts.conninfo,
+            connection_class=recording(self._pool_connected),
+            min_size=self.opts.pool_min,
+            max_size=self.opts.sync_pool_max,
+            kwargs=self._conn_kwargs(),
+            check=check_sync,
+            # a server that stays down fails the call after this long
+            timeout=self.opts.reconnect,
+            open=False,
+            name=f"dumbwaiter-{self.schema}",
+        )
+        pool.open(wait=False)
+        return pool
 
     def _pool_connected(self, exc: BaseException | None) -> None:
         self._pool_error = exc
@@ -366,9 +384,37 @@ class PostgresConnection(Broker):
     def borrow(self) -> Iterator[psycopg.Connection[Any]]:
         """A sync producer's connection from the pool, waited for no longer
         than the producer's deadline (or the URL's ``reconnect``)."""
-        timeout = max(0.001, deadline.remaining(self.opts.reconnect))
-        with self._sync().connection(timeout=timeout) as conn:
+        pool = self._sync()
+        conn = pool.getconn(max(0.001, deadline.remaining(self.opts.reconnect)))
+        try:
             yield conn
+        finally:
+            self._return_sync(pool, conn)
+
+    def with_sync(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``fn`` on a connection of ``borrow()``, without the context
+        managers: a one-at-a-time producer makes this call every time, and
+        ``borrow`` in ``ConnectionPool.connection`` (two generators and an
+        autocommit connection's no-op commit) cost it more than the pool's
+        own ``getconn`` and ``putconn`` (docs/benchmarks-postgres.md)."""
+        pool = self._sync()
+        conn = pool.getconn(max(0.001, deadline.remaining(self.opts.reconnect)))
+        try:
+            return fn(conn)
+        finally:
+            self._return_sync(pool, conn)
+
+    @staticmethod
+    def _return_sync(
+        pool: ConnectionPool[psycopg.Connection[Any]], conn: psycopg.Connection[Any]
+    ) -> None:
+        """Back to the pool; a transaction an error left open is rolled back
+        here, quietly (the pool would do it with a warning), and a broken
+        connection is closed by the pool."""
+        if conn.info.transaction_status in _LEFT_OPEN and not conn.broken:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+        pool.putconn(conn)
 
     def open_sync(self) -> None:
         """Open the sync producers' pool now and check the schema (an app's

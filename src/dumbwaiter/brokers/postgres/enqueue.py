@@ -8,8 +8,9 @@
   an idle fetch waiting on its queue (``dw_waiters``) and sent in the
   NOTIFY, so an idle worker starts it without a claim's round trip
   (listen.py, transport.py).
-* **Events**: one transaction per publish logs the new events (a stored id
-  is skipped) and inserts one job per bound queue.
+* **Events**: one statement per publish logs the new events (a stored id
+  is skipped) and inserts one job per bound queue, made here from the
+  bindings as last read and stored only if the database still holds those.
 * **The outbox's fast path** (joined.py): on a caller's connection to this
   very database, the same statements run inside the caller's transaction.
 
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, 
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg.copy import QueuedLibpqWriter
 from psycopg.rows import tuple_row
 
@@ -74,6 +76,9 @@ class PostgresEnqueue(PostgresConnection):
         self._identity: Identity | None = None
         #: callers' psycopg connections: whether each is to this database
         self._joined: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        #: the bindings of each event type published, as last read from the
+        #: database (a hint: every publish checks them there, see _fan_out_plan)
+        self._bound: dict[str, list[tuple[str, str, int]]] = {}
 
     async def declare(self, queues: Sequence[str], bindings: Sequence[Binding] = ()) -> None:
         new = sorted({*queues, *(b.queue for b in bindings)} - self._known_queues)
@@ -311,8 +316,7 @@ class PostgresEnqueue(PostgresConnection):
         backoff: Backoff | None = None
         while True:
             try:
-                with self.borrow() as conn:
-                    return fn(conn)
+                return self.with_sync(fn)
             except psycopg.OperationalError as exc:
                 backoff = backoff or Backoff(self.opts.reconnect)
                 pause = None if refusal(exc) else backoff.pause()
@@ -374,44 +378,53 @@ class PostgresEnqueue(PostgresConnection):
 
     # -- events ------------------------------------------------------------------
     #
-    # One transaction per publish: the new events go to the log (a stored id
-    # is skipped, so a relay that publishes twice delivers once), then one job
-    # per bound queue, inserted like any enqueue (its NOTIFY goes out at commit).
+    # One statement per publish (queries.publish): the new events go to the
+    # log (a stored id is skipped, so a relay that publishes twice delivers
+    # once) and one job per bound queue is stored with them (its NOTIFY goes
+    # out at commit).  The jobs are made here from the bindings this broker
+    # remembers (``_bound``, read from the database on first use of a type);
+    # the statement stores them only if the database holds exactly those
+    # bindings, else nothing, and they are read again and the statement sent
+    # again.  Five round trips (BEGIN, the log, the bindings, the jobs,
+    # COMMIT) became one.
 
     def _events(self, msgs: Iterable[Message]) -> tuple[list[Message], dict[str, Any]]:
         events = list(msgs)
         limit = self.max_message_size
         params = {
-            "id": [m.id for m in events],
-            "type": [m.name for m in events],
-            "body": [encode_checked(m, limit) for m in events],
+            "ev_id": [m.id for m in events],
+            "ev_type": [m.name for m in events],
+            "ev_body": [encode_checked(m, limit) for m in events],
         }
         return events, params
 
+    def _learn(self, types: Sequence[str], bound: Iterable[Any]) -> None:
+        """Remember the bindings read for ``types`` (a type with none too)."""
+        got: dict[str, list[tuple[str, str, int]]] = {t: [] for t in types}
+        for pattern, queue, attempts in bound:
+            got.setdefault(pattern, []).append((pattern, queue, int(attempts)))
+        self._bound.update(got)
+
     def _deliveries(
-        self, events: list[Message], logged: set[str], bound: list[Any]
-    ) -> list[tuple[Any, ...]]:
+        self, events: list[Message], bound: list[tuple[str, str, int]]
+    ) -> tuple[list[tuple[Any, ...]], list[str]]:
+        """One job per event and bound queue, and the event of each."""
         by_type: dict[str, list[Binding]] = {}
         for pattern, queue, attempts in bound:
             by_type.setdefault(pattern, []).append(Binding(pattern, queue, attempts))
-        return [
-            self._row(delivery_of(m, b, uuid7()))
-            for m in events
-            if m.id in logged
-            for b in by_type.get(m.name, ())
-        ]
+        rows, of_event = [], []
+        for m in events:
+            for b in by_type.get(m.name, ()):
+                rows.append(self._row(delivery_of(m, b, uuid7())))
+                of_event.append(m.id)
+        return rows, of_event
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         events, params = self._events(msgs)
         if not events:
             return 0
-
-        async def run(c: psycopg.AsyncConnection[Any]) -> int:
-            async with c.transaction():
-                return await arun_plan(c, self._fan_out_plan(c, events, params))
-
         # an event already in the log is not delivered again: safe to repeat
-        return await self._aretrying(run)
+        return await self._aretrying(lambda c: arun_plan(c, self._fan_out_plan(c, events, params)))
 
     def _fan_out_plan(
         self,
@@ -420,15 +433,39 @@ class PostgresEnqueue(PostgresConnection):
         params: dict[str, Any],
         remember: bool = True,
     ) -> Plan[int]:
-        """Log the new events, then one job per bound queue (in ``c``'s
-        transaction); returns how many jobs that made."""
-        logged = {r[0] for r in (yield self.q.log_events, params)}
-        types = sorted({m.name for m in events if m.id in logged})
-        bound = yield self.q.bindings_of, (types,)
-        rows = self._deliveries(events, logged, bound)
-        if rows:
-            yield from self._insert_plan(c, rows, remember, hand=remember)
-        return len(rows)
+        """Log the new events and store one job per bound queue, in one
+        statement (in ``c``'s transaction if it has one); returns how many
+        jobs that made."""
+        types = sorted({m.name for m in events})
+        if missing := [t for t in types if t not in self._bound]:
+            self._learn(missing, (yield self.q.bindings_of, (missing,)))
+        while True:
+            bound = [b for t in types for b in self._bound.get(t, ())]
+            rows, of_event = self._deliveries(events, bound)
+            new_queues = self._new_queues(rows)
+            if new_queues:
+                yield self.q.add_queues, (new_queues,)
+            p = {**params, "types": types, "channel": self.q.channel}
+            p["b_pattern"] = [b[0] for b in bound]
+            p["b_queue"] = [b[1] for b in bound]
+            p["b_attempts"] = [b[2] for b in bound]
+            hand = len(rows) == 1 and self._statement(c, rows, remember) is self.q.enqueue_hand
+            if hand:
+                stmt = self.q.publish_hand
+                p.update(zip(ROW_FIELDS, rows[0], strict=False))
+            else:
+                stmt = self.q.publish
+                p.update({f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)})
+                p["event"] = of_event
+            [got] = yield stmt, p
+            if got[3]:
+                if hand:
+                    self._offered(rows[0][1], got)
+                if remember:  # not while the caller's transaction may still roll back
+                    self._known_queues.update(new_queues)
+                return int(got[0])
+            # the bindings changed since they were read: read them again
+            self._learn(types, (yield self.q.bindings_of, (types,)))
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         events, params = self._events(msgs)
@@ -436,10 +473,9 @@ class PostgresEnqueue(PostgresConnection):
             return 0
 
         def run(c: psycopg.Connection[Any]) -> int:
-            with c.transaction():
-                if not self._schema_ok:
-                    self._check_schema_sync(c)
-                return run_plan(c, self._fan_out_plan(c, events, params))
+            if not self._schema_ok:
+                self._check_schema_sync(c)
+            return run_plan(c, self._fan_out_plan(c, events, params))
 
         return self._retrying(run)
 
@@ -546,7 +582,7 @@ def run_plan(conn: SyncConn, plan: Plan[T]) -> T:
         stmt, params = next(plan)
         while True:
             cur = conn.execute(stmt, params)
-            stmt, params = plan.send(cur.fetchall() if cur.description is not None else [])
+            stmt, params = plan.send(cur.fetchall() if _has_rows(cur) else [])
     except StopIteration as done:
         out: T = done.value
         return out
@@ -558,8 +594,17 @@ async def arun_plan(conn: AsyncConn, plan: Plan[T]) -> T:
         stmt, params = next(plan)
         while True:
             cur = await conn.execute(stmt, params)
-            rows = await cur.fetchall() if cur.description is not None else []
+            rows = await cur.fetchall() if _has_rows(cur) else []
             stmt, params = plan.send(rows)
     except StopIteration as done:
         out: T = done.value
         return out
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows (an INSERT without RETURNING does
+    not): read from the result's status, not from ``description``, which
+    builds a column object per column on every call of a one-at-a-time
+    producer."""
+    res = cur.pgresult
+    return res is not None and res.status == pq.ExecStatus.TUPLES_OK

@@ -95,31 +95,43 @@ class Queries:
         # same row and NOTIFY as enqueue_one.  The caller's own short
         # transaction only: the waiter stays locked until commit.
         waiters = f"{s}.dw_waiters"
-        self.enqueue_hand = q(
-            f"WITH w AS (SELECT token, worker, lease, channel FROM {waiters}"
-            " WHERE %(queue)s = ANY(queues) AND expires > statement_timestamp()"
-            " AND coalesce(%(eta)s::float8 <= date_part('epoch', now()), true)"
-            f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
-            f" AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'ready' AND queue = %(queue)s)"
-            " LIMIT 1 FOR UPDATE SKIP LOCKED),"
-            f" t AS (DELETE FROM {waiters} x USING w WHERE x.token = w.token"
-            " RETURNING w.token, w.worker, w.lease, w.channel),"
-            f" ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
-            " updated_at, max_attempts, key, msg_key, body, attempt, token, lease_until, worker)"
-            " SELECT %(id)s::uuid, %(queue)s, %(name)s, %(kind)s, CASE WHEN t.token IS NOT NULL"
-            " THEN 'running' WHEN %(eta)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
-            " ELSE 'ready' END, %(priority)s, CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
-            " THEN to_timestamp(%(eta)s::float8) ELSE now() END, now(), %(max_attempts)s,"
-            " %(key)s, %(msg_key)s, %(body)s, CASE WHEN t.token IS NULL THEN 0 ELSE 1 END, t.token,"
-            " now() + make_interval(secs => t.lease), t.worker FROM (SELECT) AS one"
-            " LEFT JOIN t ON true ON CONFLICT DO NOTHING"
-            " RETURNING id::text, queue, state, token, lease_until)"
-            f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')}),"
-            " (SELECT count(pg_notify(t.channel, CASE WHEN i.token IS NULL"
-            " THEN json_build_array(t.token)::text ELSE json_build_array(t.token, i.id,"
-            " i.queue, date_part('epoch', i.lease_until))::text"
-            " || chr(10) || convert_from(%(body)s, 'UTF8') END)) FROM t LEFT JOIN ins i ON true)"
-        )
+
+        def hand(gate: str = "") -> str:
+            """The CTEs w, t, ins and the final SELECT of a handoff; ``gate``
+            (an SQL condition) must hold for the waiter to be taken and the
+            job stored (a publish: its event was logged)."""
+            also = f" AND {gate}" if gate else ""
+            where = f" WHERE {gate}" if gate else ""
+            return (
+                f"w AS (SELECT token, worker, lease, channel FROM {waiters}"
+                " WHERE %(queue)s = ANY(queues) AND expires > statement_timestamp()"
+                " AND coalesce(%(eta)s::float8 <= date_part('epoch', now()), true)"
+                f" AND NOT EXISTS (SELECT 1 FROM {queues} p WHERE p.name = %(queue)s AND p.paused)"
+                f" AND NOT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'ready'"
+                f" AND queue = %(queue)s){also} LIMIT 1 FOR UPDATE SKIP LOCKED),"
+                f" t AS (DELETE FROM {waiters} x USING w WHERE x.token = w.token"
+                " RETURNING w.token, w.worker, w.lease, w.channel),"
+                f" ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
+                " updated_at, max_attempts, key, msg_key, body, attempt, token, lease_until,"
+                " worker) SELECT %(id)s::uuid, %(queue)s, %(name)s, %(kind)s,"
+                " CASE WHEN t.token IS NOT NULL THEN 'running'"
+                " WHEN %(eta)s::float8 > date_part('epoch', now()) THEN 'scheduled'"
+                " ELSE 'ready' END, %(priority)s,"
+                " CASE WHEN %(eta)s::float8 > date_part('epoch', now())"
+                " THEN to_timestamp(%(eta)s::float8) ELSE now() END, now(), %(max_attempts)s,"
+                " %(key)s, %(msg_key)s, %(body)s, CASE WHEN t.token IS NULL THEN 0 ELSE 1 END,"
+                " t.token, now() + make_interval(secs => t.lease), t.worker FROM (SELECT) AS one"
+                f" LEFT JOIN t ON true{where} ON CONFLICT DO NOTHING"
+                " RETURNING id::text, queue, state, token, lease_until)"
+                f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')}),"
+                " (SELECT count(pg_notify(t.channel, CASE WHEN i.token IS NULL"
+                " THEN json_build_array(t.token)::text ELSE json_build_array(t.token, i.id,"
+                " i.queue, date_part('epoch', i.lease_until))::text"
+                " || chr(10) || convert_from(%(body)s, 'UTF8') END))"
+                " FROM t LEFT JOIN ins i ON true)"
+            )
+
+        self.enqueue_hand = q("WITH " + hand())
         # Bulk: ready jobs only (state, run_at and updated_at take their defaults).
         self.copy = q(
             f"COPY {jobs} (id, queue, name, kind, priority, max_attempts, key, msg_key, body)"
@@ -430,12 +442,54 @@ class Queries:
 
         # -- events --------------------------------------------------------
         events, bindings = f"{s}.dw_events", f"{s}.dw_bindings"
-        self.log_events = q(
-            f"INSERT INTO {events} (id, type, body) SELECT * FROM unnest(%(id)s::uuid[],"
-            " %(type)s::text[], %(body)s::bytea[]) ON CONFLICT DO NOTHING RETURNING id::text"
-        )
         self.bindings_of = q(
             f"SELECT pattern, queue, max_attempts FROM {bindings} WHERE pattern = ANY(%s::text[])"
+        )
+        # A publish in one statement (enqueue.py's _fan_out_plan): the
+        # producer sends the events, the bindings of their types it believes
+        # in (``b_*``, its cache) and the jobs those make (one per event and
+        # bound queue, ``event`` naming the event of each).  ``ok``: the
+        # bindings stored for these types, in this statement's snapshot, are
+        # exactly those; only then are the events logged (a stored id is
+        # skipped) and the jobs of the logged ones stored, with their NOTIFY.
+        # Not ok: nothing is written, the producer reads the bindings again
+        # and sends the statement again.  The bindings live in the database,
+        # so a process's stale cache costs one more round trip, never a wrong
+        # delivery.  Rows: jobs stored, queues notified, waiters handed
+        # (publish_hand), ok.
+        expected = "unnest(%(b_pattern)s::text[], %(b_queue)s::text[], %(b_attempts)s::int4[])"
+        stored = (
+            f"SELECT pattern, queue, max_attempts FROM {bindings}"
+            " WHERE pattern = ANY(%(types)s::text[])"
+        )
+        logged = (
+            f"ok AS (SELECT NOT EXISTS (({stored} EXCEPT SELECT * FROM {expected})"
+            f" UNION ALL (SELECT * FROM {expected} EXCEPT {stored})) AS ok),"
+            f" ev AS (INSERT INTO {events} (id, type, body) SELECT * FROM unnest(%(ev_id)s::uuid[],"
+            " %(ev_type)s::text[], %(ev_body)s::bytea[]) WHERE (SELECT ok FROM ok)"
+            " ON CONFLICT DO NOTHING RETURNING id), "
+        )
+        self.publish = q(
+            f"WITH {logged}ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority,"
+            " run_at, updated_at, max_attempts, key, msg_key, body)"
+            " SELECT v.id, v.queue, v.name, v.kind,"
+            " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
+            " v.priority,"
+            " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
+            " now(), v.max_attempts, v.key, v.msg_key, v.body"
+            " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
+            " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
+            " %(msg_key)s::text[], %(body)s::bytea[], %(event)s::uuid[]) WITH ORDINALITY"
+            " AS v(id, queue, name, kind, priority, eta, max_attempts, key, msg_key, body, event,"
+            " ord) WHERE v.event IN (SELECT id FROM ev)"
+            " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
+            f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')}), 0::int8,"
+            " (SELECT ok FROM ok)"
+        )
+        # One event, one bound queue: its job may go straight to a waiter
+        # (enqueue_hand), if the event was logged.
+        self.publish_hand = q(
+            f"WITH {logged}" + hand("EXISTS (SELECT FROM ev)") + ", (SELECT ok FROM ok)"
         )
         self.bind = q(
             f"INSERT INTO {bindings} (pattern, queue, max_attempts) SELECT * FROM"
