@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import cast
 
 import psycopg
 import pytest
@@ -28,7 +29,7 @@ def _deliveries(schema: str) -> list[tuple[str, str, int]]:
         f"SELECT convert_from(body, 'UTF8')::json -> 'headers' ->> 'event_id', queue,"
         f' max_attempts FROM "{schema}".dw_jobs ORDER BY 1, 2'
     )
-    return [(str(e), str(q), int(a)) for e, q, a in rows]
+    return [(str(e), str(q), int(cast(int, a))) for e, q, a in rows]
 
 
 def _logged(schema: str) -> list[str]:
