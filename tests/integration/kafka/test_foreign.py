@@ -11,6 +11,7 @@ id on Kafka: the broker derives one from where the record was read
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,6 +103,9 @@ def test_a_foreign_record_is_a_dead_letter_like_any_other(tmp_path: Path, name: 
         assert _stats(url)["dead"] == 0
     finally:
         app.close()
+        # the known leak (above) is collected here, in the test marked for
+        # it, not in whichever test of this worker the collector next runs in
+        gc.collect()
 
 
 async def test_a_foreign_record_read_twice_is_buried_once(tmp_path: Path) -> None:
