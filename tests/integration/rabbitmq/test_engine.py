@@ -1912,6 +1912,17 @@ async def test_a_job_leased_while_a_heartbeat_writes_still_comes_back_from_a_hun
     assert info is not None and info.state is State.SUCCEEDED
 
 
+async def _both_jobs(worker: RabbitMQBroker) -> list[Any]:
+    """The two jobs a test enqueued, fetched by ``worker`` (opened here)."""
+    await worker.open()
+    got: list[Any] = []
+    while len(got) < 2:
+        more = await worker.fetch(["default"], 10, 30.0, 10.0, "w")
+        assert more, f"only {len(got)} of 2 jobs came"
+        got += more
+    return got
+
+
 async def test_a_confirm_lost_on_the_usual_enqueue_sends_again_and_the_job_runs_once(
     broker: RabbitMQBroker, make: Callable[[], RabbitMQBroker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1937,12 +1948,7 @@ async def test_a_confirm_lost_on_the_usual_enqueue_sends_again_and_the_job_runs_
     assert await broker.enqueue([m]) == [m.id]
     assert lost, "the enqueue did not take the usual path"
     worker = make()
-    await worker.open()
-    got: list[Any] = []
-    while len(got) < 2:
-        more = await worker.fetch(["default"], 10, 30.0, 10.0, "w")
-        assert more, f"only {len(got)} of 2 jobs came"
-        got += more
+    got = await _both_jobs(worker)
     assert sorted(d.id for d in got) == sorted([first.id, m.id])
     [d] = [d for d in got if d.id == m.id]
     assert d.message is not None and d.message.args == [7]
@@ -1972,12 +1978,7 @@ async def test_a_usual_enqueue_whose_start_fails_is_sent_the_other_way(
     assert await broker.enqueue([m]) == [m.id]
     assert failed, "the enqueue did not take the usual path"
     worker = make()
-    await worker.open()
-    got: list[Any] = []
-    while len(got) < 2:
-        more = await worker.fetch(["default"], 10, 30.0, 10.0, "w")
-        assert more, f"only {len(got)} of 2 jobs came"
-        got += more
+    got = await _both_jobs(worker)
     [d] = [d for d in got if d.id == m.id]
     assert d.message is not None and d.message.args == [8]
     await worker.ack(got)
