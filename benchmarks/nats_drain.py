@@ -12,7 +12,6 @@ the checkout the script is in).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -49,17 +48,7 @@ async def _fill(n: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("-n", type=int, default=10_000)
-    p.add_argument("-c", type=int, default=32)
-    p.add_argument("--reps", type=int, default=1)
-    args = p.parse_args()
-    for rep in range(args.reps):
-        r = drain.one(
-            args.n, args.c, None, app_ref="benchmarks.nats_drain:app", reset=_reset, fill=_fill
-        )
-        print(f"rep {rep + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()), flush=True)
-    _reset()
+    drain.main_for("benchmarks.nats_drain:app", _reset, _fill)
 
 
 if __name__ == "__main__":

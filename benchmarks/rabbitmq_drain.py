@@ -214,6 +214,25 @@ def top(path: str, k: int = 40) -> None:
         print(f"{100 * c / total:5.1f}%  {f}")
 
 
+def main_for(
+    app_ref: str, reset: Callable[[], None], fill: Callable[[int], Awaitable[None]]
+) -> None:
+    """The command line of a drain script for another broker
+    (``benchmarks/nats_drain.py``, ``sqlite_drain.py``): ``-n``, ``-c``,
+    ``--reps``, ``--profile``, each repetition on a namespace ``reset`` made
+    empty and ``fill`` filled."""
+    p = argparse.ArgumentParser()
+    p.add_argument("-n", type=int, default=10_000)
+    p.add_argument("-c", type=int, default=32)
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--profile", help="py-spy raw output file")
+    args = p.parse_args()
+    for rep in range(args.reps):
+        r = one(args.n, args.c, args.profile, app_ref=app_ref, reset=reset, fill=fill)
+        print(f"rep {rep + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()), flush=True)
+    reset()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-n", type=int, default=10_000)

@@ -13,7 +13,6 @@ script in each commit's ``git archive``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -48,23 +47,7 @@ async def _fill(n: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("-n", type=int, default=10_000)
-    p.add_argument("-c", type=int, default=32)
-    p.add_argument("--reps", type=int, default=1)
-    p.add_argument("--profile", help="py-spy raw output file")
-    args = p.parse_args()
-    for rep in range(args.reps):
-        r = drain.one(
-            args.n,
-            args.c,
-            args.profile,
-            app_ref="benchmarks.sqlite_drain:app",
-            reset=_reset,
-            fill=_fill,
-        )
-        print(f"rep {rep + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in r.items()), flush=True)
-    _reset()
+    drain.main_for("benchmarks.sqlite_drain:app", _reset, _fill)
 
 
 if __name__ == "__main__":

@@ -56,10 +56,15 @@ def test_a_new_records_bytes_are_record_dumps(msg: Message, state: State) -> Non
 
 
 class _Channel:
-    """What ``outgoing.confirmed`` uses of aiormq's channel."""
+    """What ``outgoing.confirmed`` uses of aiormq's channel; ``waiting`` is
+    set once a confirm's wait has begun."""
+
+    def __init__(self) -> None:
+        self.waiting = asyncio.Event()
 
     @asynccontextmanager
     async def _raise_on_channel_close(self) -> AsyncIterator[None]:
+        self.waiting.set()
         yield
 
 
@@ -75,8 +80,9 @@ async def test_a_confirm_that_never_comes_times_out(monkeypatch: pytest.MonkeyPa
 async def test_a_cancelled_caller_is_cancelled_not_timed_out() -> None:
     confirmation: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     link = object.__new__(AmqpLink)
-    waiting = asyncio.ensure_future(link.confirm_one((cast(Any, _Channel()), confirmation)))
-    await asyncio.sleep(0)  # waiting for the confirmation now
+    ch = _Channel()
+    waiting = asyncio.ensure_future(link.confirm_one((cast(Any, ch), confirmation)))
+    await ch.waiting.wait()  # waiting for the confirmation now
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -88,8 +94,9 @@ async def test_an_ack_ends_the_wait() -> None:
 
     confirmation: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     link = object.__new__(AmqpLink)
-    waiting = asyncio.ensure_future(link.confirm_one((cast(Any, _Channel()), confirmation)))
-    await asyncio.sleep(0)
+    ch = _Channel()
+    waiting = asyncio.ensure_future(link.confirm_one((cast(Any, ch), confirmation)))
+    await ch.waiting.wait()  # waiting for the confirmation now
     confirmation.set_result(spec.Basic.Ack(delivery_tag=1))
     await waiting  # returns: the copy was confirmed
     assert waiting.exception() is None

@@ -45,6 +45,22 @@ def _notify_ready(rows: str) -> str:
     )
 
 
+#: the columns of new job rows and the rows themselves, from one array a
+#: column (an enqueue's and a publish's insert; the caller closes ``unnest``)
+_NEW_ROWS = (
+    " (id, queue, name, kind, state, priority, run_at, updated_at, max_attempts, key, msg_key,"
+    " body)"
+    " SELECT v.id, v.queue, v.name, v.kind,"
+    " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
+    " v.priority,"
+    " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
+    " now(), v.max_attempts, v.key, v.msg_key, v.body"
+    " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
+    " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
+    " %(msg_key)s::text[], %(body)s::bytea[]"
+)
+
+
 class Queries:
     """The broker's statements for schema ``schema`` (rendered as bytes)."""
 
@@ -60,16 +76,7 @@ class Queries:
 
         # -- transport -----------------------------------------------------
         self.enqueue = q(
-            f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority, run_at,"
-            " updated_at, max_attempts, key, msg_key, body)"
-            " SELECT v.id, v.queue, v.name, v.kind,"
-            " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
-            " v.priority,"
-            " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
-            " now(), v.max_attempts, v.key, v.msg_key, v.body"
-            " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
-            " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
-            " %(msg_key)s::text[], %(body)s::bytea[]) WITH ORDINALITY"
+            f"WITH ins AS (INSERT INTO {jobs}{_NEW_ROWS}) WITH ORDINALITY"
             " AS v(id, queue, name, kind, priority, eta, max_attempts, key, msg_key, body, ord)"
             " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
@@ -470,16 +477,8 @@ class Queries:
             " ON CONFLICT DO NOTHING RETURNING id), "
         )
         self.publish = q(
-            f"WITH {logged}ins AS (INSERT INTO {jobs} (id, queue, name, kind, state, priority,"
-            " run_at, updated_at, max_attempts, key, msg_key, body)"
-            " SELECT v.id, v.queue, v.name, v.kind,"
-            " CASE WHEN v.eta > date_part('epoch', now()) THEN 'scheduled' ELSE 'ready' END,"
-            " v.priority,"
-            " CASE WHEN v.eta > date_part('epoch', now()) THEN to_timestamp(v.eta) ELSE now() END,"
-            " now(), v.max_attempts, v.key, v.msg_key, v.body"
-            " FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(name)s::text[], %(kind)s::text[],"
-            " %(priority)s::int4[], %(eta)s::float8[], %(max_attempts)s::int4[], %(key)s::text[],"
-            " %(msg_key)s::text[], %(body)s::bytea[], %(event)s::uuid[]) WITH ORDINALITY"
+            f"WITH {logged}ins AS (INSERT INTO {jobs}{_NEW_ROWS}, %(event)s::uuid[])"
+            " WITH ORDINALITY"
             " AS v(id, queue, name, kind, priority, eta, max_attempts, key, msg_key, body, event,"
             " ord) WHERE v.event IN (SELECT id FROM ev)"
             " ORDER BY v.ord ON CONFLICT DO NOTHING RETURNING queue, state)"
