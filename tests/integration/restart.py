@@ -132,9 +132,31 @@ class _Run:
         assert not self.failures, f"a producer call failed: {self.failures[0]!r}"
         total = self.before | set(self.during)
         assert len(total) == len(self.before) + len(self.during)  # no id returned twice
-        wait_until(lambda: total <= succeeded_ids(self.app), "every job to succeed", 120)
+        try:
+            wait_until(lambda: total <= succeeded_ids(self.app), "every job to succeed", 120)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self._stuck(total)}") from None
         assert self.worker.poll() is None, "the worker must survive (nobody restarted it)"
         assert total <= set(started(self.log))
+
+    def _stuck(self, total: set[str]) -> str:
+        """What the jobs that never succeeded look like: their states and
+        whether the worker started them (a timeout's message)."""
+        missing = sorted(total - succeeded_ids(self.app))
+        ran = set(started(self.log))
+
+        async def go() -> list[str]:
+            try:
+                out = []
+                for i in missing[:10]:
+                    info = await self.app.broker.get(i)
+                    state = "no record" if info is None else info.state.value
+                    out.append(f"{i} {state}{' started' if i in ran else ''}")
+                return out
+            finally:
+                await self.app.broker.close()
+
+        return f"{len(missing)} missing, e.g. {asyncio.run(go())}"
 
     def close(self) -> None:
         self._stop.set()
