@@ -46,6 +46,7 @@ from ..perloop import PerLoop
 from ..types import Binding, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 from . import admin, coordination, jobs
 from . import options as o
+from .belief import WRITTEN
 from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
@@ -258,10 +259,12 @@ class KafkaBroker(StateDelegation):
             ("dw-id", msg.id.encode()),
             ("dw-v", str(ver).encode()),
             ("dw-p", str(msg.priority).encode()),
-            # when it is ready, in microseconds: the order a worker takes
+            # when it is ready (an exact float): the order a worker takes
             # what it has read in (Kafka's own times are milliseconds)
-            ("dw-t", f"{max(run_at, now):.6f}".encode()),
+            ("dw-t", repr(max(run_at, now)).encode()),
         ]
+        if ver == 0:  # a first copy: with its envelope, it says what its record holds
+            headers.append((WRITTEN, repr(now).encode()))
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()
         value = encode(msg) if body is None else body

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
@@ -23,6 +24,7 @@ from ..base import KvWrite, kv_write
 from ..finished import compacts
 from ..types import DeadLetter, Delivery, Rescued, delivery_of
 from . import foreign
+from .belief import Beliefs, believed
 from .engine import KafkaEngine
 from .foreign import foreign_id, origin
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id
@@ -248,6 +250,9 @@ async def judge(
     )
     early: list[Record] = []
     stored: list[dict[str, KvWrite]] = []
+    # first copies of jobs say what their records hold (``belief.py``): one
+    # round trip when they are right, a read and a second try when not
+    beliefs = believed(n, wanted, pause_of.values()) if group_queue is None else Beliefs()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], tuple[list[Record], list[Copy]]]:
         writes: dict[str, KvWrite] = {}
@@ -270,7 +275,8 @@ async def judge(
                 verdict = TAKE if first else DROP
                 rec: Record | None = foreign.buried_record(c, cid, strangers[cid][1], now)
             else:
-                verdict, rec = _verdict(got.get(key), cid, ver, lock, got)
+                parse = partial(beliefs.load, key)
+                verdict, rec = _verdict(got.get(key), cid, ver, lock, got, parse)
             if verdict is not TAKE or rec is None:
                 if lock is not None and verdict in (WAIT, DROP_AND_HOLD):
                     held.add(lock)
@@ -291,7 +297,7 @@ async def judge(
             taken.append(rec)
         return writes, (taken, waiting)
 
-    taken, waiting = await b.state.kv_update(keys, decide)
+    taken, waiting = await beliefs.update(b.state, keys, decide)
     b.held.wrote(stored[-1], {n.job + r.msg.id: r for r in taken})  # decide ran at least once
     if early:
         await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
@@ -318,7 +324,12 @@ TAKE, WAIT, DROP, DROP_AND_HOLD = "take", "wait", "drop", "drop and hold"
 
 
 def _verdict(
-    raw: bytes | None, cid: str, ver: int, lock: str | None, got: dict[str, bytes]
+    raw: bytes | None,
+    cid: str,
+    ver: int,
+    lock: str | None,
+    got: dict[str, bytes],
+    parse: Callable[[bytes], Record] = Record.load,
 ) -> tuple[str, Record | None]:
     """A copy of version ``ver`` against its record ``raw``: take it, wait
     (its key's earlier delivery is not settled: the key is held), drop it
@@ -326,7 +337,7 @@ def _verdict(
     still to run: retried or running, so the key's next waits)."""
     if raw is None:
         return DROP, None
-    rec = Record.load(raw)
+    rec = parse(raw)
     if lock is not None:
         holder = got.get(lock, SETTLED)
         if rec.state in WAITING and holder not in (SETTLED, cid.encode()):
