@@ -31,7 +31,12 @@ of ``getmany`` (``read``), the judge's state-store update (``judge0`` /
 written) and its acknowledgement (``send1``).  Printed: p50 / p99 of each,
 and for ``ours`` the median of each step in ms after the producer's call.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/kafka_w3_steps.py [--n 400] [--reps 2]
+    PYTHONPATH=src .venv/bin/python benchmarks/kafka_w3_steps.py [--n 400] [--reps 2] \
+        [--only bare,floor,ours]
+
+``W3_DEEP=1`` also stamps each Redis script call and offset commit of our
+worker, and prints the most common sequence of them between a job's judge
+and its start.
 
 tansu is started here (as ``kafka_bench.py``) unless ``DW_BENCH_KAFKA``
 names a cluster; Redis at ``DW_BENCH_REDIS`` (default db 1 of the local one).
@@ -226,10 +231,15 @@ def worker(variant: str) -> None:
     if variant == "ours":
         ours_worker(note)
     else:
+        signal.signal(signal.SIGTERM, _interrupt)  # the producer stops every worker so
         try:
             asyncio.run(bare_worker(variant == "floor"))
         except KeyboardInterrupt:
             pass
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if os.environ.get("W3_RUN") and os.environ.get("DW_BENCH_KAFKA"):
@@ -353,7 +363,7 @@ async def w3(variant: str, servers: str, n: int, d: str) -> dict[str, Any]:
             await p.call(k)
         await _started(done, n + 1, 30)
     finally:
-        w.send_signal(signal.SIGINT if variant != "ours" else signal.SIGTERM)
+        w.send_signal(signal.SIGTERM)
         try:
             w.wait(30)
         except subprocess.TimeoutExpired:
