@@ -39,6 +39,7 @@ from ..sql.rows import events_page, is_uuid
 from ..types import Binding, delivery_of
 from .connection import PostgresConnection, refusal
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
+from .pool import akept, kept
 from .rows import NIL_UUID, ROW_FIELDS, CopyRows, merge_ids
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class PostgresEnqueue(PostgresConnection):
                 rows = copied  # stored again below, skipping what is stored
         if not rows:
             return []
-        return await self._aretrying(lambda c: self._ainsert(c, rows, hand=True))
+        return await self._aretrying(lambda c: self._ainsert(akept(c), rows, hand=True))
 
     async def _aretrying(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """``_run(fn)`` again on a fresh connection, with backoff, while the
@@ -309,7 +310,13 @@ class PostgresEnqueue(PostgresConnection):
                 rows = copied
         if not rows:
             return []
-        return self._retrying(lambda c: self._insert(c, rows, hand=True))
+        return self._retrying(lambda c: self._insert(self._own(c), rows, hand=True))
+
+    def _own(self, conn: psycopg.Connection[Any]) -> SyncConn:
+        """A pooled connection's kept cursor (pool.py), the schema checked."""
+        if not self._schema_ok:
+            self._check_schema_sync(conn)
+        return kept(conn)
 
     def _retrying(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``_aretrying`` for sync producers, on the sync pool."""
@@ -424,7 +431,9 @@ class PostgresEnqueue(PostgresConnection):
         if not events:
             return 0
         # an event already in the log is not delivered again: safe to repeat
-        return await self._aretrying(lambda c: arun_plan(c, self._fan_out_plan(c, events, params)))
+        return await self._aretrying(
+            lambda c: arun_plan(akept(c), self._fan_out_plan(c, events, params))
+        )
 
     def _fan_out_plan(
         self,
@@ -475,7 +484,7 @@ class PostgresEnqueue(PostgresConnection):
         def run(c: psycopg.Connection[Any]) -> int:
             if not self._schema_ok:
                 self._check_schema_sync(c)
-            return run_plan(c, self._fan_out_plan(c, events, params))
+            return run_plan(kept(c), self._fan_out_plan(c, events, params))
 
         return self._retrying(run)
 
