@@ -454,18 +454,8 @@ class PostgresEnqueue(PostgresConnection):
             new_queues = self._new_queues(rows)
             if new_queues:
                 yield self.q.add_queues, (new_queues,)
-            p = {**params, "types": types, "channel": self.q.channel}
-            p["b_pattern"] = [b[0] for b in bound]
-            p["b_queue"] = [b[1] for b in bound]
-            p["b_attempts"] = [b[2] for b in bound]
             hand = len(rows) == 1 and self._statement(c, rows, remember) is self.q.enqueue_hand
-            if hand:
-                stmt = self.q.publish_hand
-                p.update(zip(ROW_FIELDS, rows[0], strict=False))
-            else:
-                stmt = self.q.publish
-                p.update({f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)})
-                p["event"] = of_event
+            stmt, p = self._publish_statement(params, types, bound, rows, of_event, hand)
             [got] = yield stmt, p
             if got[3]:
                 if hand:
@@ -475,6 +465,35 @@ class PostgresEnqueue(PostgresConnection):
                 return int(got[0])
             # the bindings changed since they were read: read them again
             self._learn(types, (yield self.q.bindings_of, (types,)))
+
+    def _publish_statement(
+        self,
+        params: dict[str, Any],
+        types: list[str],
+        bound: list[tuple[str, str, int]],
+        rows: list[tuple[Any, ...]],
+        of_event: list[str],
+        hand: bool,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The publish statement and its parameters: one event of a type
+        bound to one queue in scalars (``publish_one``, or ``publish_hand_one``
+        when its job may go to an idle worker), else in arrays."""
+        q = self.q
+        if len(params["ev_id"]) == 1 and len(bound) == 1:
+            p = dict(zip(ROW_FIELDS, rows[0], strict=False))
+            p.update({k: v[0] for k, v in params.items()}, channel=q.channel)
+            p.update(b_pattern=bound[0][0], b_queue=bound[0][1], b_attempts=bound[0][2])
+            return (q.publish_hand_one if hand else q.publish_one), p
+        p = {**params, "types": types, "channel": q.channel}
+        p["b_pattern"] = [b[0] for b in bound]
+        p["b_queue"] = [b[1] for b in bound]
+        p["b_attempts"] = [b[2] for b in bound]
+        if hand:
+            p.update(zip(ROW_FIELDS, rows[0], strict=False))
+            return q.publish_hand, p
+        p.update({f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)})
+        p["event"] = of_event
+        return q.publish, p
 
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         events, params = self._events(msgs)
