@@ -9,12 +9,16 @@ the same key, so a copy lands where ``send`` would put it, and a key's
 copies keep their order), each group filled into as few batches
 (``create_batch``, the producer's batch size) as fit, and each batch handed
 over with ``send_batch``: one coroutine and one future per batch.
+
+``Sending`` is copies handed to the producer and not yet acknowledged: an
+enqueue starts its copies on their way, writes its records meanwhile, and
+waits for the acknowledgement last (``jobs.enqueue``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
@@ -50,3 +54,50 @@ async def send_batched(
                 batch.append(key=key, value=value, timestamp=None, headers=headers)
         futures.append(await producer.send_batch(batch, topic, partition=partition))
     return futures
+
+
+class Sending:
+    """Copies handed to the producer (``futures``: one per record or batch,
+    None when the hand-over failed in a way worth trying again), waited for
+    later.  ``again``: the whole write of ``items`` with its retries, for a
+    hand-over or an acknowledgement that failed as "unavailable" (which
+    ``retriable`` says of an error; any other is raised).  Copies written
+    twice that way are judged by their records: each job runs once."""
+
+    __slots__ = ("again", "futures", "items", "retriable")
+
+    def __init__(
+        self,
+        futures: list[asyncio.Future[object]] | None,
+        items: Sequence[Item],
+        again: Callable[[Sequence[Item]], Awaitable[None]],
+        retriable: Callable[[BaseException], bool],
+    ) -> None:
+        self.futures = futures
+        self.items = items
+        self.again = again
+        self.retriable = retriable
+
+    async def wait(self) -> None:
+        """Until the cluster acknowledged every copy."""
+        if self.futures is not None:
+            try:
+                await asyncio.gather(*self.futures)
+                return
+            except Exception as exc:
+                if not self.retriable(exc):
+                    raise
+        await self.again(self.items)
+
+    def abandon(self) -> None:
+        """Not waited for (the call failed): their outcome is not reported."""
+        for f in self.futures or ():
+            if f.done():
+                _seen(f)
+            else:
+                f.add_done_callback(_seen)
+
+
+def _seen(f: asyncio.Future[object]) -> None:
+    if not f.cancelled():
+        f.exception()  # retrieved: not logged as "never retrieved"
