@@ -26,6 +26,7 @@ from aiokafka.errors import KafkaError
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.kafka import KafkaBroker
+from dumbwaiter.brokers.kafka.jobs import CHUNK
 from dumbwaiter.state import State
 from tests.conformance.conftest import msg
 from tests.conformance.helpers import eventually
@@ -77,20 +78,20 @@ def _hold_records(
     monkeypatch: pytest.MonkeyPatch, producer: KafkaBroker, until: asyncio.Event
 ) -> None:
     """The producer's record writes wait for ``until`` (its copies do not)."""
-    add, update = producer.state.kv_add, producer.state.kv_update
+    add, known = producer.state.kv_add, producer.state.kv_update_known
 
     async def held_add(key: str, value: bytes, ttl: float | None = None) -> bool:
         if key.startswith(producer.names.job):
             await until.wait()
         return await add(key, value, ttl)
 
-    async def held_update(keys: list[str], decide: Decide) -> Any:
+    async def held_update(keys: list[str], decide: Decide, believed: Any) -> Any:
         if any(k.startswith(producer.names.job) for k in keys):
             await until.wait()
-        return await update(keys, decide)
+        return await known(keys, decide, believed)
 
     monkeypatch.setattr(producer.state, "kv_add", held_add)
-    monkeypatch.setattr(producer.state, "kv_update", held_update)
+    monkeypatch.setattr(producer.state, "kv_update_known", held_update)
 
 
 def _fail_records(monkeypatch: pytest.MonkeyPatch, producer: KafkaBroker) -> None:
@@ -99,8 +100,8 @@ def _fail_records(monkeypatch: pytest.MonkeyPatch, producer: KafkaBroker) -> Non
     async def down(*args: Any, **kwargs: Any) -> Any:
         raise dw.BrokerUnavailable("the state store is down")
 
-    monkeypatch.setattr(producer.state, "kv_add", down)
-    monkeypatch.setattr(producer.state, "kv_update", down)
+    for name in ("kv_add", "kv_update", "kv_update_known"):
+        monkeypatch.setattr(producer.state, name, down)
 
 
 async def _judged(b: KafkaBroker) -> int:
@@ -263,6 +264,36 @@ async def test_a_second_enqueue_of_an_id_runs_the_first_once(
         assert [(d.id, d.message.args if d.message else None) for d in got] == [(first.id, [1])]
         await worker.ack(got)
         assert await worker.fetch(["default"], 10, 30.0, 1.0) == []
+    finally:
+        await worker.close()
+        await producer.close()
+
+
+async def test_a_bulk_enqueue_whose_later_chunk_fails_leaves_no_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chunks' records are written while later chunks' copies are sent: a
+    failure in one forgets the records the others wrote, and every copy
+    sent is dropped, none run."""
+    producer, worker = await _pair()
+    try:
+        ms = [msg() for _ in range(2 * CHUNK + 7)]
+        real = producer.state.kv_update_known
+        calls: list[int] = []
+
+        async def second_fails(keys: list[str], decide: Decide, believed: Any) -> Any:
+            calls.append(len(keys))
+            if len(calls) == 2:
+                raise dw.BrokerUnavailable("the state store is down")
+            return await real(keys, decide, believed)
+
+        monkeypatch.setattr(producer.state, "kv_update_known", second_fails)
+        with pytest.raises(dw.BrokerUnavailable, match="state store is down"):
+            await producer.enqueue(ms)
+        assert len(calls) == 3  # the others were written (and then forgotten)
+        assert await worker.state.kv_get([worker.names.job + m.id for m in ms]) == {}
+        worker.record_grace = 0.0
+        assert await worker.fetch(["default"], 500, 30.0, 3.0) == []
     finally:
         await worker.close()
         await producer.close()

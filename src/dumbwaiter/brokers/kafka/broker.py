@@ -51,7 +51,7 @@ from .delay import Relay, tier_headers
 from .engine import Out
 from .held import Held
 from .names import TIERS, Names, tier_for
-from .produce import BATCH_FROM, Item, Sending, send_batched
+from .produce import BATCH_FROM, Item, Sending, send_batched, send_one
 from .records import Record
 from .topics import Topics
 from .transport import JOIN_WAIT, Copy, Reader
@@ -366,10 +366,7 @@ class KafkaBroker(StateDelegation):
         try:
             if len(items) >= BATCH_FROM:
                 return await send_batched(producer, items)
-            return [
-                await producer.send(topic, value, key=key, headers=headers)
-                for topic, key, value, headers in items
-            ]
+            return [await send_one(producer, item) for item in items]
         except KafkaError:
             self._topics.check_soon()
             raise

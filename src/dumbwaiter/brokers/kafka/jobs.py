@@ -19,8 +19,10 @@ newer version, a final state) is dropped when it is read.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from ...errors import BrokerError
@@ -46,10 +48,12 @@ UNIQUE_BLOCKS = {
 }
 #: rounds of a unique key changing hands before an enqueue gives up
 KEY_ROUNDS = 20
-#: jobs of a bulk enqueue whose records are written in one update: a
-#: chunk's copies are sent (after its records) while the next chunk's
-#: records are written
+#: jobs of a bulk enqueue whose records are written in one update, while
+#: the chunk's copies are sent
 CHUNK = 1000
+#: updates of a bulk enqueue's records on their way at once (the next
+#: chunk's copies are made meanwhile)
+RECORDS_ON_THE_WAY = 2
 _AGAIN = "again"
 #: a copy up to this many seconds before its record's time is taken (clocks differ)
 EARLY = 0.05
@@ -83,6 +87,68 @@ async def enqueue(
     n = b.names
     now = await b.now()
     began = time.monotonic()
+    ids, fresh, taken_keys = await _fresh(b, msgs, now)
+    if not fresh:
+        return ids
+    body = (bodies or {}).get
+    sends: list[Sending] = []
+    pending: deque[asyncio.Future[Chunk]] = deque()
+    done: list[Chunk] = []
+    try:
+        unknown = {m.queue for m in fresh} - b.known_queues
+        if unknown:  # the admin's list of queues
+            await b.state.kv_set({n.queue + q: b"1" for q in unknown})
+            b.known_queues |= unknown
+        for i in range(0, len(fresh), CHUNK):
+            part = fresh[i : i + CHUNK]
+            # the copies' time (``dw-t``, what a worker measures the grace
+            # from) is when they are sent, not when the call began
+            at = time.monotonic()
+            sent_at = now + (at - began)
+            out = [c for m in part for c in b.copy_of(m, 0, _due(b, m, now), sent_at, body(m.id))]
+            sends.append(await b.start_send(out))
+            if len(fresh) <= CHUNK:  # one update: no task
+                done.append(await _chunk(b, part, now, at))
+                continue
+            # the next chunk's copies are made while this one's records are
+            # written (a few updates on their way at most)
+            pending.append(asyncio.ensure_future(_chunk(b, part, now, at)))
+            if len(pending) > RECORDS_ON_THE_WAY:
+                done.append(await pending.popleft())
+        while pending:
+            done.append(await pending.popleft())
+        for sending in sends:
+            await sending.wait()
+    except BaseException:
+        # copies still on their way are not waited for: one written anyway
+        # finds no record and is dropped after the grace; record writes
+        # still on their way end first, and what they wrote is forgotten too
+        for sending in sends:
+            sending.abandon()
+        done += [
+            r
+            for r in await asyncio.gather(*pending, return_exceptions=True)
+            if isinstance(r, tuple)
+        ]
+        try:
+            await b.state.kv_delete(
+                [n.job + m.id for mine, _ in done for m in mine] + [n.key + k for k in taken_keys]
+            )
+        except Exception:  # the write's error is the one to report
+            log.warning("kafka: could not forget the records of a failed enqueue", exc_info=True)
+        raise
+    late = [m for mine, slow in done if slow for m in mine]
+    if late:  # a worker may have dropped their first copies: send them again
+        again = await b.now()
+        await b.send([c for m in late for c in b.copy_of(m, 0, _due(b, m, now), again)])
+    return ids
+
+
+async def _fresh(
+    b: KafkaEngine, msgs: list[Message], now: float
+) -> tuple[list[str], list[Message], dict[str, str]]:
+    """The id each message answers, the messages to write (not a repeated
+    id, nor a unique key held by another job) and the unique keys they took."""
     ids: list[str] = []
     fresh: list[Message] = []
     taken_keys: dict[str, str] = {}
@@ -100,47 +166,18 @@ async def enqueue(
         seen.add(m.id)
         fresh.append(m)
         ids.append(m.id)
-    if not fresh:
-        return ids
-    body = (bodies or {}).get
-    written: list[Message] = []
-    late: list[Message] = []
-    sends: list[Sending] = []
-    try:
-        unknown = {m.queue for m in fresh} - b.known_queues
-        if unknown:  # the admin's list of queues
-            await b.state.kv_set({n.queue + q: b"1" for q in unknown})
-            b.known_queues |= unknown
-        for i in range(0, len(fresh), CHUNK):
-            part = fresh[i : i + CHUNK]
-            # the copies' time (``dw-t``, what a worker measures the grace
-            # from) is when they are sent, not when the call began
-            at = time.monotonic()
-            sent_at = now + (at - began)
-            out = [c for m in part for c in b.copy_of(m, 0, _due(b, m, now), sent_at, body(m.id))]
-            sends.append(await b.start_send(out))
-            mine = await _records(b, part, now)
-            written += mine
-            if time.monotonic() - at > b.record_grace / 2:
-                late += mine
-        for sending in sends:
-            await sending.wait()
-    except BaseException:
-        # what is still on its way is not waited for: a copy written anyway
-        # finds no record and is dropped after the grace
-        for sending in sends:
-            sending.abandon()
-        try:
-            await b.state.kv_delete(
-                [n.job + m.id for m in written] + [n.key + k for k in taken_keys]
-            )
-        except Exception:  # the write's error is the one to report
-            log.warning("kafka: could not forget the records of a failed enqueue", exc_info=True)
-        raise
-    if late:  # a worker may have dropped their first copies: send them again
-        again = await b.now()
-        await b.send([c for m in late for c in b.copy_of(m, 0, _due(b, m, now), again)])
-    return ids
+    return ids, fresh, taken_keys
+
+
+#: the records a chunk's update wrote, and whether it ended so late (half the
+#: grace after its copies left) that a worker may have dropped them
+Chunk = tuple[list[Message], bool]
+
+
+async def _chunk(b: KafkaEngine, part: list[Message], now: float, sent: float) -> Chunk:
+    """``_records`` of a chunk whose copies left at ``sent`` (monotonic)."""
+    mine = await _records(b, part, now)
+    return mine, time.monotonic() - sent > b.record_grace / 2
 
 
 async def _records(b: KafkaEngine, msgs: list[Message], now: float) -> list[Message]:
@@ -165,7 +202,10 @@ async def _records(b: KafkaEngine, msgs: list[Message], now: float) -> list[Mess
         writes, maybe = decide({})
         added = await b.state.kv_add(n.job + m.id, bytes(kv_write(writes[n.job + m.id])[0]))
         return maybe if added else []
-    return await b.state.kv_update([n.job + m.id for m in msgs], decide)
+    # a new job's id is almost never there: decide on "absent", which the
+    # compare-and-set checks (a read, and a new decision, only if one was)
+    keys = [n.job + m.id for m in msgs]
+    return await b.state.kv_update_known(keys, decide, dict.fromkeys(keys))
 
 
 def _due(b: KafkaEngine, m: Message, now: float) -> float:
