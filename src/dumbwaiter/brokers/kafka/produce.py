@@ -39,7 +39,8 @@ def partition_of(key: bytes, headers: Sequence[tuple[str, bytes]], parts: Sequen
     client's own partitioner puts it, as any other producer's records of
     that key do.  A copy keyed by its job's own id (its first header,
     ``dw-id``) goes by a CRC-32 of it: no other producer writes that key,
-    and the client's murmur2, pure Python, costs about 5 us a copy."""
+    and the client's murmur2 is pure Python, a large share of a bulk
+    enqueue's time (docs/benchmarks.md, h-kprod)."""
     if headers and headers[0][0] == "dw-id" and headers[0][1] == key:
         return parts[zlib.crc32(key) % len(parts)]
     return int(_partitioner(key, parts, parts))
