@@ -11,8 +11,8 @@ state store is the local Redis (``DW_BENCH_REDIS``, default
 repetition it prints each rate and the ratios the issue asks for
 (enqueue / send_and_wait, bulk / pipelined send, drain / bare getmany), and
 the medians of an enqueue's two steps: the record's ``kv_add`` in the state
-store and the copy's acknowledged produce, which run one after the other
-(``jobs.enqueue``: a copy must not reach a worker before its record).
+store and the copy's acknowledged produce, which an enqueue runs at once
+(``jobs.enqueue``: a copy that reaches a worker first waits for its record).
 
 The drain is in-process (a ``dw.Worker``, concurrency 32, on this loop)
 from the worker's start to the last job's end: its group join is in it

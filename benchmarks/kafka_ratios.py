@@ -12,8 +12,8 @@ repetition and as the median over them:
 * W3 pickup p50 - the bare client's p50, at the same fetch wait (<= 0.5 ms);
 
 and beside each, what the floor (``aiokafka-redis-floor``: a Redis record
-write, then the produce) allows: the floor / the anchor, and dumbwaiter /
-the floor.  Standard library only.
+write while the copy is on its way) allows: the floor / the anchor, and
+dumbwaiter / the floor.  Standard library only.
 """
 
 from __future__ import annotations

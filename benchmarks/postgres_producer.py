@@ -14,17 +14,23 @@ round:
              trigger) and the same wake-up (``pg_notify`` of the queue), one
              autocommitted statement on one held connection
     enqueue  ``task.enqueue(i)``, what the harness' W1 times
+    pgqueuer the peer, as the harness' adapter enqueues (asyncpg, one
+             statement per job, awaited one at a time): a process of the
+             peers venv (``--peers-python``, default /tmp/peers-venv) runs
+             benchmarks/pgqueuer_enqueue.py, its tables installed by ``pgq
+             install`` in a schema of their own; skipped when that venv is
+             missing
 
-(the three one-at-a-time variants also print this thread's CPU time per
-call: ``time.thread_time``, which moves less than wall time on a shared
-machine)
+(the one-at-a-time variants also print this thread's CPU time per call:
+``time.thread_time``, which moves less than wall time on a shared machine;
+pgqueuer's is its own process's thread, measured there)
     copy     bare psycopg ``COPY`` of ``--bulk`` rows of the same shape into
              ``dw_jobs`` (ids and JSON bodies made in the loop, one NOTIFY),
              one transaction
     bulk     ``task.enqueue_many(range(--bulk))`` (the harness' W2)
 
     PYTHONPATH=src flock /tmp/dw-bench.lock python benchmarks/postgres_producer.py \
-        [--rounds 7] [-n 1000] [--bulk 20000] [--only anchor,floor,enqueue]
+        [--rounds 7] [-n 1000] [--bulk 20000] [--only anchor,floor,enqueue,pgqueuer]
 
 A fresh schema is migrated, used and dropped.  ``--json`` prints the rounds.
 """
@@ -32,12 +38,16 @@ A fresh schema is migrated, used and dropped.  ``--json`` prints the rounds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import secrets
 import statistics
+import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -48,7 +58,8 @@ from dumbwaiter.brokers.postgres import PostgresBroker
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 #: variants that make one call per job: their CPU per call is reported too
-ONE_AT_A_TIME = ("anchor", "floor", "enqueue")
+ONE_AT_A_TIME = ("anchor", "floor", "enqueue", "pgqueuer")
+PEERS_PYTHON = "/tmp/peers-venv/bin/python"
 
 
 async def noop(i: int) -> None:
@@ -147,6 +158,43 @@ def variants(dsn: str, schema: str, n: int, bulk: int) -> dict[str, Callable[[],
     }
 
 
+@contextlib.contextmanager
+def pgqueuer(dsn: str, schema: str, n: int, python: str) -> Iterator[Callable[[], float] | None]:
+    """The peer's variant (see the module docstring), or None without its venv."""
+    pgq = Path(python).with_name("pgq")
+    if not pgq.exists():
+        yield None
+        return
+    env = {**os.environ, "PGQUEUER_SCHEMA": schema}
+    subprocess.run([pgq, "--pg-dsn", dsn, "install"], check=True, capture_output=True, env=env)
+    script = Path(__file__).with_name("pgqueuer_enqueue.py")
+    proc = subprocess.Popen(
+        [python, str(script), dsn, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    stdin, stdout = proc.stdin, proc.stdout
+    last_cpu: list[float] = []
+
+    def run() -> float:
+        stdin.write("go\n")
+        stdin.flush()
+        got = json.loads(stdout.readline())
+        last_cpu[:] = [got["cpu_us"]]
+        return float(got["rate"])
+
+    run.cpu_us = last_cpu  # type: ignore[attr-defined]
+    try:
+        yield run
+    finally:
+        stdin.write("quit\n")
+        stdin.close()
+        proc.wait(30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dsn", default=DSN)
@@ -155,31 +203,58 @@ def main() -> None:
     p.add_argument("--bulk", type=int, default=20000, help="rows per bulk call")
     p.add_argument("--only", default="", help="comma-separated variants")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--peers-python", default=PEERS_PYTHON, help="the peers venv's python")
     a = p.parse_args()
     schema = f"dw_prod_bench_{secrets.token_hex(3)}"
     PostgresBroker(f"{a.dsn}?schema={schema}").migrate()
+    peer_schema = f"{schema}_pgq"
+    only = a.only.split(",") if a.only else []
     try:
-        runs = variants(a.dsn, schema, a.n, a.bulk)
-        if a.only:
-            runs = {k: v for k, v in runs.items() if k in a.only.split(",")}
-        for f in runs.values():  # warm up: connections, prepared statements
-            f()
-        rounds: list[dict[str, float]] = []
-        with psycopg.connect(a.dsn, autocommit=True) as admin:
-            for r in range(a.rounds):
-                order = list(runs.items()) if r % 2 == 0 else list(reversed(runs.items()))
-                got = {}
-                for name, f in order:
-                    cpu = time.thread_time()
-                    got[name] = f()
-                    if name in ONE_AT_A_TIME:  # this thread's CPU per call, microseconds
-                        got[f"{name}_cpu_us"] = (time.thread_time() - cpu) / a.n * 1e6
-                    admin.execute(f'TRUNCATE "{schema}".dw_jobs, "{schema}".dw_count_deltas')  # type: ignore[arg-type]
-                rounds.append(got)
+        with pgqueuer(
+            a.dsn, peer_schema, a.n, a.peers_python if not only or "pgqueuer" in only else ""
+        ) as peer:
+            runs = variants(a.dsn, schema, a.n, a.bulk)
+            if peer is not None:
+                runs["pgqueuer"] = peer
+            if only:
+                runs = {k: v for k, v in runs.items() if k in only}
+            for f in runs.values():  # warm up: connections, prepared statements
+                f()
+            rounds = measure(runs, a.dsn, schema, peer_schema, a.rounds, a.n)
         report(rounds, a.json)
     finally:
         with psycopg.connect(a.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')  # type: ignore[arg-type]
+            for s in (schema, peer_schema):
+                admin.execute(f'DROP SCHEMA IF EXISTS "{s}" CASCADE')  # type: ignore[arg-type]
+
+
+def measure(
+    runs: dict[str, Callable[[], float]],
+    dsn: str,
+    schema: str,
+    peer_schema: str,
+    rounds: int,
+    n: int,
+) -> list[dict[str, float]]:
+    """Every variant once a round, the order reversed every other round;
+    the tables emptied after each."""
+    out: list[dict[str, float]] = []
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        for r in range(rounds):
+            order = list(runs.items()) if r % 2 == 0 else list(reversed(runs.items()))
+            got = {}
+            for name, f in order:
+                cpu = time.thread_time()
+                got[name] = f()
+                if name == "pgqueuer":  # measured in its own process
+                    got[f"{name}_cpu_us"] = f.cpu_us[0]  # type: ignore[attr-defined]
+                    admin.execute(f'TRUNCATE "{peer_schema}".pgqueuer')  # type: ignore[arg-type]
+                    continue
+                if name in ONE_AT_A_TIME:  # this thread's CPU per call, microseconds
+                    got[f"{name}_cpu_us"] = (time.thread_time() - cpu) / n * 1e6
+                admin.execute(f'TRUNCATE "{schema}".dw_jobs, "{schema}".dw_count_deltas')  # type: ignore[arg-type]
+            out.append(got)
+    return out
 
 
 def report(rounds: list[dict[str, float]], as_json: bool) -> None:
@@ -190,6 +265,8 @@ def report(rounds: list[dict[str, float]], as_json: bool) -> None:
         ("floor", "anchor"),
         ("enqueue", "anchor"),
         ("enqueue", "floor"),
+        ("pgqueuer", "anchor"),
+        ("enqueue", "pgqueuer"),
         ("bulk", "copy"),
     ):
         if k in names and base in names:

@@ -9,14 +9,18 @@ For each broker, one uvicorn process serves the FastAPI app of
 (so the queues drain as they would in production).  A third process, the
 load client, POSTs orders with httpx over keep-alive connections, closed
 loop, ``--concurrency`` requests in flight, and records each request's
-latency.  Three routes, alternated in rounds (save, dw, bare, save, dw,
+latency.  The routes, alternated in rounds (save, dw, bare, save, dw,
 bare, ...) because the machine is shared and its load moves:
 
 * ``save``: INSERT the order's row through the app's own psycopg pool;
 * ``dw``:   the save, then ``aenqueue`` twice and ``apublish`` once;
 * ``bare``: the save, then the same three writes with the broker's own
   client (redis-py LPUSH x2 + XADD; psycopg INSERT x3, each committed;
-  nats-py JetStream publish x3, each acknowledged).
+  nats-py JetStream publish x3, each acknowledged);
+* ``floor`` (PostgreSQL only): the save, then the writes the dw route must
+  make, with bare psycopg, one statement each: two job rows into the
+  broker's ``dw_jobs`` with their NOTIFY, then the event's log row and its
+  delivery's job row with its NOTIFY (web_endpoint_app.py).
 
 Per route and round: p50, p90, p99 and requests/s at the client, and the
 endpoint's own timings (the save and each of the three calls, median).  The
@@ -50,7 +54,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ROUTES = ("save", "dw", "bare")
+ROUTES = ("save", "dw", "bare", "floor")
+#: routes only some brokers have
+ONLY = {"floor": ("postgres",)}
 #: per route and round, from the load client
 FIGURES = ("p50_ms", "p90_ms", "p99_ms", "rps", "server_cpu_us", "worker_cpu_us")
 BROKERS = {
@@ -130,7 +136,7 @@ async def load(base: str, a: argparse.Namespace) -> dict[str, Any]:
                 got[route]["endpoint_us"] = parts.get("p50_us", [])
             rounds.append(got)
         profiles: dict[str, str] = {}
-        for route in ("dw", "bare") if a.profile else ():
+        for route in [r for r in routes if r != "save"] if a.profile else ():
             await client.post("/profile/start", params={"clock": a.profile_clock})
             await _batch(client, route, a.profile, a.concurrency, "prof")
             profiles[route] = (await client.post("/profile/stop")).json()["tottime"]
@@ -364,11 +370,12 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             [median(list(col)) for col in zip(*parts, strict=True)] if parts else []
         )
         out[route] = fig
-    if "dw" in out and "bare" in out:
-        # a ratio of medians: a round's bare added p50 can be near zero, or below
-        bare = out["bare"]["added_p50_ms"]["median"]
-        dw = out["dw"]["added_p50_ms"]["median"]
-        out["dw_over_bare_added_p50"] = dw / bare if bare > 0 else None
+    # ratios of medians: a round's bare added p50 can be near zero, or below
+    for top, bottom in (("dw", "bare"), ("dw", "floor"), ("floor", "bare")):
+        if top in out and bottom in out:
+            under = out[bottom]["added_p50_ms"]["median"]
+            over = out[top]["added_p50_ms"]["median"]
+            out[f"{top}_over_{bottom}_added_p50"] = over / under if under > 0 else None
     return out
 
 
@@ -408,8 +415,10 @@ def print_table(kind: str, s: dict[str, Any], a: argparse.Namespace) -> None:
         ]
         if cpu:
             print(f"  CPU per request, {route}, us: {', '.join(cpu)}")
-    if s.get("dw_over_bare_added_p50") is not None:
-        print(f"  dw added p50 / bare added p50 (medians): {s['dw_over_bare_added_p50']:.2f}")
+    for top, bottom in (("dw", "bare"), ("dw", "floor"), ("floor", "bare")):
+        ratio = s.get(f"{top}_over_{bottom}_added_p50")
+        if ratio is not None:
+            print(f"  {top} added p50 / {bottom} added p50 (medians): {ratio:.2f}")
 
 
 def machine() -> dict[str, Any]:
@@ -440,6 +449,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         kind = _kind(server)
         tag = f"bw{os.getpid()}x{i}"
         url = broker_url(kind, server, tag)
+        routes = [r for r in a.routes if kind in ONLY.get(r, (kind,))]
         setup(kind, server, url, tag, a.save_dsn)
         try:
             with processes(url, tag, a) as (base, pids):
@@ -448,7 +458,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                     "--rounds", str(a.rounds), "--requests", str(a.requests),
                     "--warmup", str(a.warmup), "--concurrency", str(a.concurrency),
                     "--profile", str(a.profile), "--profile-clock", a.profile_clock,
-                    "--routes", *a.routes,
+                    "--routes", *routes,
                     "--pids", *map(str, pids),
                 ]  # fmt: skip
                 out = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, check=False)

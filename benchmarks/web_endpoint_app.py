@@ -11,6 +11,14 @@ One FastAPI app, three routes that differ only in what follows the save:
   broker's own client, the way a hand-written producer would make them:
   redis-py LPUSH, LPUSH, XADD; psycopg INSERT, INSERT, INSERT, each committed;
   nats-py JetStream publish three times, each acknowledged.
+* ``POST /orders/floor`` (PostgreSQL only): the save, then the writes the dw
+  route must make, with bare psycopg, one autocommitted statement each: a
+  job row into the broker's ``dw_jobs`` (its indexes and count trigger) with
+  the ``pg_notify`` that wakes a worker, twice; then the event's row into
+  ``dw_events`` and its delivery's job row into ``dw_jobs``, with its
+  ``pg_notify``, in one statement.  The bodies are the envelopes dumbwaiter
+  stores (``Task.message``, ``event_message``, ``delivery_of``, ``encode``),
+  so a running worker runs the floor's jobs as it runs the dw route's.
 
 The broker comes from ``DW_BENCH_URL`` (the worker process imports ``app``
 from here with the same variable).  Each route times the save and each of
@@ -31,14 +39,17 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import orjson
 from fastapi import FastAPI
 from pydantic import BaseModel
 
 import dumbwaiter as dw
+from dumbwaiter.brokers.types import delivery_of
 from dumbwaiter.contrib.fastapi import lifespan
+from dumbwaiter.event import event_message
+from dumbwaiter.message import encode, uuid7
 
 URL = os.environ.get("DW_BENCH_URL", "memory://")
 #: the database the save writes to (every variant, every broker)
@@ -111,6 +122,7 @@ class Live:
 
     save_pool: Any = None
     bare: Callable[[Order, int], Awaitable[None]] | None = None
+    floor: Callable[[Order, int], Awaitable[None]] | None = None
     timings = Timings()
     profile: cProfile.Profile | None = None
 
@@ -150,7 +162,48 @@ async def _postgres_bare() -> Callable[[], Awaitable[None]]:
             await conn.execute(sql, (f"q{i}", _body("job" if i < 2 else "event", order)))
 
     Live.bare = one
+    Live.floor = _postgres_floor(pool)
     return pool.close
+
+
+def _postgres_floor(pool: Any) -> Callable[[Order, int], Awaitable[None]]:
+    """The floor route's three statements (see the module docstring), on the
+    bare route's pool; the schema is the broker URL's."""
+    schema = '"' + dict(parse_qsl(urlsplit(URL).query)).get("schema", "public") + '"'
+    channel = "dumbwaiter:" + schema.strip('"')
+    job_sql = (
+        f"WITH ins AS (INSERT INTO {schema}.dw_jobs (id, queue, name, kind, max_attempts,"
+        " msg_key, body) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING queue)"
+        " SELECT pg_notify(%s, queue) FROM ins"
+    ).encode()
+    event_sql = (
+        f"WITH ev AS (INSERT INTO {schema}.dw_events (id, type, body) VALUES (%s, %s, %s)"
+        f" RETURNING id), ins AS (INSERT INTO {schema}.dw_jobs (id, queue, name, kind,"
+        " max_attempts, msg_key, body) SELECT %s, %s, %s, %s, %s, %s, %s FROM ev"
+        " RETURNING queue) SELECT pg_notify(%s, queue) FROM ins"
+    ).encode()
+    [binding] = app.bindings()
+
+    async def one(order: Order, i: int) -> None:
+        if i < 2:
+            task, args = (
+                (send_receipt, (order.id, order.email))
+                if i == 0
+                else (notify_partner, (order.id, order.total_cents))
+            )
+            m = task.message(args, {})
+            sql, params = job_sql, [m.id, m.queue, m.name, m.kind, m.max_attempts, m.key, encode(m)]
+        else:
+            event = BenchOrderCreated(order_id=order.id, total_cents=order.total_cents)
+            ev = event_message(event, None, None)
+            d = delivery_of(ev, binding, uuid7())
+            sql = event_sql
+            params = [ev.id, ev.name, encode(ev), d.id, d.queue, d.name, d.kind]
+            params += [d.max_attempts, d.key, encode(d)]
+        async with pool.connection() as conn:
+            await (await conn.execute(sql, [*params, channel])).fetchall()
+
+    return one
 
 
 async def _nats_bare() -> Callable[[], Awaitable[None]]:
@@ -221,7 +274,7 @@ async def _dw_calls(order: Order, i: int) -> None:
         await app.apublish(BenchOrderCreated(order_id=order.id, total_cents=order.total_cents))
 
 
-ROUTES = ("save", "dw", "bare")
+ROUTES = ("save", "dw", "bare", "floor")
 
 
 @api.post("/orders/{route}", status_code=201)
@@ -232,7 +285,7 @@ async def create_order(route: str, order: Order) -> dict[str, str]:
     t0 = clock()
     await _save(order)
     parts = [clock() - t0]
-    call = _dw_calls if route == "dw" else Live.bare if route == "bare" else None
+    call = {"dw": _dw_calls, "bare": Live.bare, "floor": Live.floor}.get(route)
     if call is not None:
         for i in range(3):
             t = clock()

@@ -9,11 +9,13 @@ and completion log as the libraries.
   ``fetch.max.wait.ms`` as dumbwaiter's default (``kafka_common``): tansu
   answers a waiting fetch only after it.
 * ``aiokafka-redis-floor``: what dumbwaiter's enqueue on a Redis state
-  store cannot go under, the way it must do it: a record write to Redis
-  (``SET NX``, one round trip) and then the acknowledged produce of the
-  copy (a copy must not reach a worker before its record); bulk: every
-  record in one pipelined round trip, then the pipelined sends.  Same
-  worker as the anchor (its W1 drain and W3 are the anchor's again).
+  store cannot go under, the way it does it: the copy handed to the
+  producer, a record write to Redis (``SET NX``, one round trip) while it
+  is on its way, then the copy's acknowledgement (``jobs.enqueue`` writes
+  both at once; a copy that comes first waits for its record in the
+  worker); bulk: every send, every record in one pipelined round trip,
+  then every acknowledgement.  Same worker as the anchor (its W1 drain and
+  W3 are the anchor's again).
 
 The worker process runs ``python -m aiokafka_bare_adapter``.
 """
@@ -97,11 +99,11 @@ class RedisFloorAdapter(BareKafkaAdapter):
 
     name = "aiokafka-redis-floor"
     dists = ("aiokafka", "redis")
-    bulk_api = "one pipelined round trip of SET NX, then the anchor's pipelined sends"
+    bulk_api = "the anchor's sends, one pipelined round trip of SET NX meanwhile, then every ack"
     notes = (
-        "the floor of dumbwaiter's enqueue on a Redis state store: SET NX of a 480-byte record "
-        "(redis.asyncio, db 1), then the anchor's send_and_wait; bulk: all records in one "
-        "pipeline, then the pipelined sends; worker: the anchor's"
+        "the floor of dumbwaiter's enqueue on a Redis state store: the anchor's send, SET NX of "
+        "a 480-byte record (redis.asyncio, db 1) while it is on its way, then its ack; bulk: "
+        "every send, all records in one pipeline meanwhile, then every ack; worker: the anchor's"
     )
 
     def __init__(self) -> None:
@@ -122,15 +124,18 @@ class RedisFloorAdapter(BareKafkaAdapter):
             self._redis = None
 
     async def enqueue_one(self, task: str, i: int) -> None:  # type: ignore[override]
+        sent = await self._producer.send(self._topic, value(task, i), key=str(i).encode())
         await self._redis.set(f"floor:{i}", RECORD, nx=True)
-        await super().enqueue_one(task, i)
+        await sent
 
     async def enqueue_bulk(self, task: str, ids: range) -> None:  # type: ignore[override]
+        p = self._producer
+        futures = [await p.send(self._topic, value(task, i), key=str(i).encode()) for i in ids]
         pipe = self._redis.pipeline(transaction=False)
         for i in ids:
             pipe.set(f"floor:{i}", RECORD, nx=True)
         await pipe.execute()
-        await self._send_all(task, ids)
+        await asyncio.gather(*futures)
 
     def reset(self) -> None:
         super().reset()

@@ -40,12 +40,12 @@ class DumbwaiterKafkaAdapter(AsyncDumbwaiterAdapter):
 
     dists = ("dumbwaiter", "orjson", "aiokafka", "redis", "hiredis")
     bulk_api = (
-        "await task.aenqueue_many(ids) (records 1,000 at a time, one update each; a chunk's copies "
-        "in record batches while the next chunk's records are written)"
+        "await task.aenqueue_many(ids) (records 1,000 at a time, one update each, while the "
+        "chunk's copies are sent in record batches)"
     )
     notes = (
         "Kafka (tansu 0.6, in memory) with a Redis state store (db 1): each enqueue writes the "
-        "job's record (one script call) and then its copy (acks=all); the worker judges the "
+        "job's record (one script call) while its copy is sent (acks=all); the worker judges the "
         "copies it read against their records (one update per fetch), settles each outcome in "
         "the records and commits the low-water mark; topics of 3 partitions, fetch_wait 0.1 s."
     )

@@ -197,16 +197,20 @@ async def test_a_write_of_copies_that_meets_a_restarting_cluster_tries_again(
     u = _kafka(new_prefix())
     producer, worker = from_url(u), from_url(u)
     assert isinstance(producer, KafkaBroker)
-    real = producer._send_once
+    real = producer._hand_over
     failed: list[Any] = []
 
-    async def landed_then_failed(items: Any) -> None:
-        await real(items)  # the copy is in the topic ...
-        if not failed:
-            failed.append(items)
-            raise UnknownError("the server is coming back")  # ... and the answer was lost
+    async def landed_then_failed(items: Any) -> list[asyncio.Future[object]]:
+        futures = await real(items)
+        if failed:
+            return futures
+        failed.append(items)
+        await asyncio.gather(*futures)  # the copy is in the topic ...
+        lost: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        lost.set_exception(UnknownError("the server is coming back"))  # ... and the answer was lost
+        return [lost]
 
-    monkeypatch.setattr(producer, "_send_once", landed_then_failed)
+    monkeypatch.setattr(producer, "_hand_over", landed_then_failed)
     try:
         m = msg()
         assert await producer.enqueue([m]) == [m.id]

@@ -1,9 +1,10 @@
 """A producer killed between a job's record and its copy (issue 18.5 on Kafka).
 
-An enqueue writes the job's record in the state store, then its copy on the
-queue's topic.  A producer SIGKILLed in between (the cluster unreachable, its
-send still trying) leaves a ``ready`` record that no copy will ever bring to
-a worker: listed for ever with a growing lag, as RabbitMQ's were.  The
+An enqueue writes the job's record in the state store while its copy is
+sent to the queue's topic.  A producer SIGKILLed after the record and before
+the copy (the cluster unreachable, its send still trying) leaves a
+``ready`` record that no copy will ever bring to a worker: listed for ever
+with a growing lag, as RabbitMQ's were.  The
 broker's reconcile (``stranded=`` seconds) writes the copy again, so each
 job runs, once, within a bounded time.
 """
@@ -37,11 +38,18 @@ async def main() -> None:
     await b.open()
     await b.declare(["default"])
 
-    async def unreachable(*a, **kw):  # the cluster is down: the send keeps trying
-        print("written", flush=True)  # the records are written before the copies
-        await asyncio.Event().wait()
+    class Unreachable:  # the cluster is down: the copies never leave
+        def abandon(self):
+            pass
 
-    b.send = unreachable
+        async def wait(self):  # the records were written meanwhile
+            print("written", flush=True)
+            await asyncio.Event().wait()
+
+    async def unreachable(items):
+        return Unreachable()
+
+    b.start_send = unreachable
     ms = [Message(id=i, kind=TASK, name="t.job", queue="default", created_at=time.time(),
                   max_attempts=4) for i in sys.argv[2:]]
     await b.enqueue(ms)

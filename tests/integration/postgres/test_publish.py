@@ -69,6 +69,36 @@ def _bindings(schema: str) -> list[tuple[str, str, int]]:
     return [tuple(r) for r in _sql(f'SELECT * FROM "{schema}".dw_bindings')]  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_one_event_with_one_stale_binding_goes_where_the_database_says(
+    make_broker: Make, sync: bool
+) -> None:
+    """One event of a type bound to one queue travels in scalars
+    (queries.publish_one): a remembered binding whose policy changed, or
+    that was replaced by another queue's, is checked there just the same."""
+    publisher, other = make_broker(), make_broker()
+    await other.declare([], [Binding("order.created", "group:a", 3)])
+
+    async def publish() -> str:
+        e = event()
+        made = await (
+            asyncio.to_thread(publisher.publish_sync, [e]) if sync else publisher.publish([e])
+        )
+        assert made == 1
+        return e.id
+
+    first = await publish()
+    await other.declare([], [Binding("order.created", "group:a", 7)])
+    changed = await publish()
+    _sql(f'DELETE FROM "{publisher.schema}".dw_bindings')
+    await other.declare([], [Binding("order.created", "group:c", 2)])
+    replaced = await publish()
+    assert _deliveries(publisher.schema) == sorted(
+        [(first, "group:a", 3), (changed, "group:a", 7), (replaced, "group:c", 2)]
+    )
+    assert _logged(publisher.schema) == sorted([first, changed, replaced])
+
+
 async def test_a_binding_removed_elsewhere_gets_nothing_more(make_broker: Make) -> None:
     publisher, other = make_broker(), make_broker()
     await other.declare(

@@ -4,9 +4,10 @@ can skip reading the record back.
 An enqueue (or a publish, for a delivery to a group) writes a record and
 then its first copy (version 0), from the same envelope and the same two
 times: the run time and the time the record was written.  The copy carries
-the envelope as its value, the run time in ``dw-t`` and, being a first
-copy, the record's time in ``dw-u`` (both as ``repr``: exact floats), so a
-worker that reads it can build the very bytes the record was written with.
+the envelope as its value and, being a first copy, the record's time in
+``dw-u`` and its run time in ``dw-r`` where that differs (both as
+``repr``: exact floats), so a worker that reads it can build the very bytes
+the record was written with.
 The judge decides on those (``kv_update_known``): a right belief leases in
 one round trip instead of a read and a write, and a wrong one (the job was
 cancelled, taken by another worker, already ran: a copy read again after a
@@ -29,21 +30,31 @@ from .names import Names
 from .records import Record
 from .transport import Copy
 
-#: the header of a first copy with the time its record was written
-WRITTEN = "dw-u"
+#: headers of a first copy: the time its record was written, and the
+#: record's run time where it is not that time (an ``eta``)
+WRITTEN, RUN_AT = "dw-u", "dw-r"
 
 T = TypeVar("T")
+
+
+def first_copy_headers(run_at: float, written: float) -> list[tuple[str, bytes]]:
+    """What a first copy carries of the record written at ``written``."""
+    out = [(WRITTEN, repr(written).encode())]
+    if run_at != written:
+        out.append((RUN_AT, repr(run_at).encode()))
+    return out
 
 
 def record_of(c: Copy) -> Record | None:
     """The record a first copy was written after, as its writer stored it;
     None for any other copy (a later version, a foreign record, one without
     the times)."""
-    u, t = c.header(WRITTEN), c.header("dw-t")
-    if u is None or t is None or c.header("dw-v") != "0":
+    u = c.header(WRITTEN)
+    if u is None or c.header("dw-v") != "0":
         return None
     try:
-        written, run_at = float(u), float(t)
+        written = float(u)
+        run_at = float(c.header(RUN_AT) or u)
         msg = from_dict(orjson.loads(c.value))
     except ValueError:  # MessageDecodeError too: the judge reads the record and says why
         return None

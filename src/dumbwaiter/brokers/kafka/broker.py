@@ -46,16 +46,16 @@ from ..perloop import PerLoop
 from ..types import Binding, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 from . import admin, coordination, jobs
 from . import options as o
-from .belief import WRITTEN
+from .belief import first_copy_headers
 from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
 from .held import Held
 from .names import TIERS, Names, tier_for
-from .produce import BATCH_FROM, send_batched
+from .produce import BATCH_FROM, Item, Sending, send_batched, send_one
 from .records import Record
 from .topics import Topics
-from .transport import JOIN_WAIT, Reader
+from .transport import JOIN_WAIT, Copy, Reader
 
 log = logging.getLogger("dumbwaiter.kafka")
 
@@ -68,6 +68,10 @@ LOOK_PAST = 64
 #: seconds a fetch trusts the pauses it read (``KafkaBroker._paused``): a
 #: queue resumed by another process is read from again within this
 PAUSED_EVERY = 1.0
+
+#: the shortest and longest pause before copies read before their records
+#: are judged again (``KafkaBroker._recheck``)
+RECHECK = (0.002, 0.25)
 
 #: the client library's failures the seam turns into ``BrokerError``
 KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
@@ -109,6 +113,9 @@ class KafkaBroker(StateDelegation):
         self.retention = opts[o.RETENTION]
         #: seconds a due job waits before its copy is written again (``jobs.reconcile``)
         self.stranded = opts[o.STRANDED]
+        #: seconds a new job's copy read before its record waits for it
+        #: (``jobs.enqueue`` writes both at once)
+        self.record_grace = jobs.RECORD_GRACE
         #: how long a write of copies tries again while the cluster is away
         #: (a producer call's own deadline comes first: deadline.py)
         self.reconnect = opts[o.RECONNECT]
@@ -250,21 +257,30 @@ class KafkaBroker(StateDelegation):
     # -- sending copies ----------------------------------------------------------------
 
     def copy_of(
-        self, msg: Message, ver: int, run_at: float, now: float, body: bytes | None = None
+        self,
+        msg: Message,
+        ver: int,
+        run_at: float,
+        now: float,
+        body: bytes | None = None,
+        written: float | None = None,
     ) -> Out:
         """The copy of a job at version ``ver``: to its queue's topic, or to a
         delay tier when ``run_at`` is ahead.  ``body``: the envelope, where
-        the caller encoded it already (an enqueue, for its size check)."""
+        the caller encoded it already (an enqueue, for its size check).
+        ``written``: the time of the record a first copy goes with (an
+        enqueue's, a publish's), which the copy then carries, so that it
+        says what its record holds (``belief.py``)."""
         headers = [
             ("dw-id", msg.id.encode()),
             ("dw-v", str(ver).encode()),
             ("dw-p", str(msg.priority).encode()),
-            # when it is ready (an exact float): the order a worker takes
+            # when it is ready, in microseconds: the order a worker takes
             # what it has read in (Kafka's own times are milliseconds)
-            ("dw-t", repr(max(run_at, now)).encode()),
+            ("dw-t", f"{max(run_at, now):.6f}".encode()),
         ]
-        if ver == 0:  # a first copy: with its envelope, it says what its record holds
-            headers.append((WRITTEN, repr(now).encode()))
+        if written is not None:
+            headers += first_copy_headers(run_at, written)
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()
         value = encode(msg) if body is None else body
@@ -325,6 +341,34 @@ class KafkaBroker(StateDelegation):
                     pass  # still away: the next write says so
 
     async def _send_once(self, items: Out) -> None:
+        futures = await self._hand_over(items)
+        try:
+            await asyncio.gather(*futures)
+        except KafkaError:
+            self._topics.check_soon()  # a topic may be gone: the next fetch looks
+            raise
+
+    async def start_send(self, items: Out) -> Sending:
+        """Hand copies to the producer without waiting for the cluster:
+        ``wait()`` on the answer does (trying again as ``send`` does)."""
+        try:
+            futures: list[asyncio.Future[object]] | None = await self._hand_over(items)
+        except KAFKA_ERRORS as exc:
+            if not self._retriable(exc):
+                raise
+            futures = None  # ``wait`` writes them, trying again
+        return Sending(futures, items, self._send_again, self._retriable)
+
+    async def _send_again(self, items: Sequence[Item]) -> None:
+        await self.send(list(items))
+
+    def _retriable(self, exc: BaseException) -> bool:
+        if isinstance(exc, KafkaError):
+            self._topics.check_soon()
+        return isinstance(exc, KAFKA_ERRORS) and isinstance(self.failure(exc), BrokerUnavailable)
+
+    async def _hand_over(self, items: Out) -> list[asyncio.Future[object]]:
+        """Give copies to the producer: a future for each record (or batch)."""
         topics = {t for t, *_ in items}
         tiers = self.names.tiers
         await self.ensure_topics(t for t in topics if t not in tiers)
@@ -333,15 +377,10 @@ class KafkaBroker(StateDelegation):
         producer = await self.link().producer(self._request_size())
         try:
             if len(items) >= BATCH_FROM:
-                futures = await send_batched(producer, items)
-            else:
-                futures = [
-                    await producer.send(topic, value, key=key, headers=headers)
-                    for topic, key, value, headers in items
-                ]
-            await asyncio.gather(*futures)
+                return await send_batched(producer, items)
+            return [await send_one(producer, item) for item in items]
         except KafkaError:
-            self._topics.check_soon()  # a topic may be gone: the next fetch looks
+            self._topics.check_soon()
             raise
 
     def send_soon(self, items: Out) -> None:
@@ -445,8 +484,11 @@ class KafkaBroker(StateDelegation):
         now_m = time.monotonic()
         deadline, join_by = now_m + wait, now_m + max(wait, JOIN_WAIT)
         out: list[Delivery] = []
+        #: copies read before their records (``jobs.enqueue``), judged again soon
+        awaiting: list[Copy] = []
         first = True
         while True:
+            awaiting.clear()
             for reader, _ in readers:
                 # a fetch that waits reads until its deadline anyway; one that
                 # does not must still find what was written before it began
@@ -457,7 +499,14 @@ class KafkaBroker(StateDelegation):
             for reader, group_queue in readers:
                 if len(out) < limit:
                     out += await self._judge(
-                        link, reader, group_queue, limit - len(out), lease, worker, topic_queues
+                        link,
+                        reader,
+                        group_queue,
+                        limit - len(out),
+                        lease,
+                        worker,
+                        topic_queues,
+                        awaiting,
                     )
                 if out:
                     await reader.commit_due()
@@ -472,6 +521,8 @@ class KafkaBroker(StateDelegation):
                 continue
             left = deadline - time.monotonic()
             per = left if len(readers) == 1 else min(left, 0.1)
+            if awaiting:
+                per = min(per, self._recheck(awaiting))
             for reader, _ in readers:
                 reader.waiting = True
                 try:
@@ -506,24 +557,42 @@ class KafkaBroker(StateDelegation):
         lease: float,
         worker: str,
         topic_queues: dict[str, str],
+        awaiting: list[Copy],
     ) -> list[Delivery]:
-        """Lease up to ``limit`` jobs of the copies ``reader`` holds."""
+        """Lease up to ``limit`` jobs of the copies ``reader`` holds.  The
+        copies that wait for their record are set aside, so those behind
+        them are judged, and kept for the next fetch (and in ``awaiting``)."""
         out: list[Delivery] = []
         past = 0 if group_queue is None else LOOK_PAST
+        aside: list[Copy] = []
         while len(out) < limit and reader.buffer:
             copies = reader.take(limit - len(out) + past)
+            unrecorded: list[Copy] = []
             got, waiting = await jobs.judge(
-                self, copies, group_queue, lease, worker, limit - len(out), topic_queues
+                self, copies, group_queue, lease, worker, limit - len(out), topic_queues, unrecorded
             )
             for d, c in got:
                 reader.hold(d.id, c.tp)
                 link.held[d.id] = reader
             out += [d for d, _ in got]
-            reader.give_back(waiting)
+            aside += unrecorded
+            later = set(map(id, unrecorded))
+            held_back = [c for c in waiting if id(c) not in later]
+            reader.give_back(held_back)
             reader.done([c for c in copies if c not in waiting])
-            if waiting and not got:
+            if held_back and not got:
                 break  # what is left waits for a key's earlier event
+        reader.give_back(aside)
+        awaiting += aside
         return out
+
+    def _recheck(self, awaiting: Sequence[Copy]) -> float:
+        """Seconds until copies waiting for their records are judged again:
+        a quarter of the youngest one's age, between ``RECHECK``'s bounds
+        (a record on its way comes within a moment; one that never comes
+        costs a few reads until the grace is over)."""
+        age = self.clock.now() - max(c.ready_at for c in awaiting)
+        return min(RECHECK[1], max(RECHECK[0], age / 4))
 
     # -- outcomes ---------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from ..clock import ServerClock
 from ..types import Binding
 from .held import Held
 from .names import Names
+from .produce import Sending
 
 #: copies to write: (topic, key, value, headers)
 Out = list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]
@@ -33,6 +34,8 @@ class KafkaEngine(Protocol):
     retention: float
     event_retention: float
     stranded: float
+    #: seconds a new job's copy may wait in a worker for its record (``jobs.enqueue``)
+    record_grace: float
     reconcile_at: float
     instance: str
     known_queues: set[str]
@@ -41,9 +44,16 @@ class KafkaEngine(Protocol):
 
     def now(self) -> Awaitable[float]: ...
     def send(self, items: Out) -> Awaitable[None]: ...
+    def start_send(self, items: Out) -> Awaitable[Sending]: ...
     def send_soon(self, items: Out) -> None: ...
     def copy_of(
-        self, msg: Message, ver: int, run_at: float, now: float, body: bytes | None = None
+        self,
+        msg: Message,
+        ver: int,
+        run_at: float,
+        now: float,
+        body: bytes | None = None,
+        written: float | None = None,
     ) -> Out: ...
     def dead_copy(self, msg: Message, raw: bytes | None = None) -> Out: ...
     def bindings(self) -> Awaitable[list[Binding]]: ...

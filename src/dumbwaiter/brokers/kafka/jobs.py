@@ -2,10 +2,19 @@
 
 Each change is one ``kv_update`` of the state store (atomic against every
 other process), decided by a pure function over the records read; the
-copies the change calls for are written to Kafka after it is stored.  A
-record is written before its copy, so a worker never reads a copy whose
-record is still to come; a copy whose record moved on since (a newer
-version, a final state) is dropped when it is read.
+copies the change calls for are written to Kafka after it is stored, so a
+worker never reads a copy of a changed job before its record.
+
+An enqueue is the exception: it writes a new job's record *while* its copy
+is sent (``enqueue``), so it takes the longer of the two, not their sum, and
+a worker may read the copy first.  A copy without a record, of version 0
+and younger than ``record_grace`` (on the state store's clock, from its
+``dw-t``), waits in the worker and is judged again (``judge``); past that
+it is dropped: its enqueue failed (the call raised) or its record is gone.
+A producer whose record write ended later than half the grace sends the
+copy again, so a copy dropped while its record was still on its way never
+loses a job whose enqueue returned.  A copy whose record moved on since (a
+newer version, a final state) is dropped when it is read.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -27,6 +37,7 @@ from . import foreign
 from .belief import Beliefs, believed
 from .engine import KafkaEngine
 from .foreign import foreign_id, origin
+from .produce import Sending
 from .records import SETTLED, SETTLED_TTL, WAITING, Record, delivery_id
 from .transport import Copy
 
@@ -39,13 +50,20 @@ UNIQUE_BLOCKS = {
 }
 #: rounds of a unique key changing hands before an enqueue gives up
 KEY_ROUNDS = 20
-#: jobs of a bulk enqueue whose records are written in one update: a
-#: chunk's copies are sent (after its records) while the next chunk's
-#: records are written
+#: jobs of a bulk enqueue whose records are written in one update, while
+#: the chunk's copies are sent
 CHUNK = 1000
+#: updates of a bulk enqueue's records on their way at once (the next
+#: chunk's copies are made meanwhile)
+RECORDS_ON_THE_WAY = 2
 _AGAIN = "again"
 #: a copy up to this many seconds before its record's time is taken (clocks differ)
 EARLY = 0.05
+#: seconds (on the state store's clock, from the copy's ``dw-t``) a new
+#: job's copy read before its record waits for it in the worker; past that
+#: it is dropped (its enqueue failed, or the record is gone).  Far above a
+#: record write's time, far below anything a user waits for
+RECORD_GRACE = 5.0
 #: the version ``_parsed`` gives a foreign copy (no dw-id: ``foreign.py``)
 FOREIGN = -1
 
@@ -57,11 +75,86 @@ async def enqueue(
     b: KafkaEngine, msgs: list[Message], bodies: Mapping[str, bytes] | None = None
 ) -> list[str]:
     """Write the records of new jobs (a duplicate id or a held unique key
-    answers the id already there), then their copies; nothing of the batch
-    stays if the copies cannot be written.  ``bodies``: the envelopes by id,
-    where the caller encoded them already."""
+    answers the id already there) while their copies are sent; nothing of
+    the batch stays if either cannot be written.  ``bodies``: the envelopes
+    by id, where the caller encoded them already.
+
+    A copy may reach a worker before its record: it waits there (``judge``,
+    ``record_grace``).  A chunk whose record write ended later than half the
+    grace has its copies sent again before the call returns (a worker may
+    have dropped the first ones without their record; a copy twice runs
+    once).  The copy of a duplicate id is sent too (the check is the
+    record's write): it is judged by the record already there, as any copy
+    of that job, so the job still runs once, with its first arguments."""
     n = b.names
     now = await b.now()
+    began = time.monotonic()
+    ids, fresh, taken_keys = await _fresh(b, msgs, now)
+    if not fresh:
+        return ids
+    body = (bodies or {}).get
+    sends: list[Sending] = []
+    pending: deque[asyncio.Future[Chunk]] = deque()
+    done: list[Chunk] = []
+    try:
+        unknown = {m.queue for m in fresh} - b.known_queues
+        if unknown:  # the admin's list of queues
+            await b.state.kv_set({n.queue + q: b"1" for q in unknown})
+            b.known_queues |= unknown
+        for i in range(0, len(fresh), CHUNK):
+            part = fresh[i : i + CHUNK]
+            # the copies' time (``dw-t``, what a worker measures the grace
+            # from) is when they are sent, not when the call began
+            at = time.monotonic()
+            sent_at = now + (at - began)
+            # each says what its record holds (``written``: ``belief.py``)
+            out = [
+                c for m in part for c in b.copy_of(m, 0, _due(b, m, now), sent_at, body(m.id), now)
+            ]
+            sends.append(await b.start_send(out))
+            if len(fresh) <= CHUNK:  # one update: no task
+                done.append(await _chunk(b, part, now, at))
+                continue
+            # the next chunk's copies are made while this one's records are
+            # written (a few updates on their way at most)
+            pending.append(asyncio.ensure_future(_chunk(b, part, now, at)))
+            if len(pending) > RECORDS_ON_THE_WAY:
+                done.append(await pending.popleft())
+        while pending:
+            done.append(await pending.popleft())
+        for sending in sends:
+            await sending.wait()
+    except BaseException:
+        # copies still on their way are not waited for: one written anyway
+        # finds no record and is dropped after the grace; record writes
+        # still on their way end first, and what they wrote is forgotten too
+        for sending in sends:
+            sending.abandon()
+        done += [
+            r
+            for r in await asyncio.gather(*pending, return_exceptions=True)
+            if isinstance(r, tuple)
+        ]
+        try:
+            await b.state.kv_delete(
+                [n.job + m.id for mine, _ in done for m in mine] + [n.key + k for k in taken_keys]
+            )
+        except Exception:  # the write's error is the one to report
+            log.warning("kafka: could not forget the records of a failed enqueue", exc_info=True)
+        raise
+    late = [m for mine, slow in done if slow for m in mine]
+    if late:  # a worker may have dropped their first copies: send them again
+        again = await b.now()
+        out = [c for m in late for c in b.copy_of(m, 0, _due(b, m, now), again, written=now)]
+        await b.send(out)
+    return ids
+
+
+async def _fresh(
+    b: KafkaEngine, msgs: list[Message], now: float
+) -> tuple[list[str], list[Message], dict[str, str]]:
+    """The id each message answers, the messages to write (not a repeated
+    id, nor a unique key held by another job) and the unique keys they took."""
     ids: list[str] = []
     fresh: list[Message] = []
     taken_keys: dict[str, str] = {}
@@ -79,36 +172,18 @@ async def enqueue(
         seen.add(m.id)
         fresh.append(m)
         ids.append(m.id)
-    if not fresh:
-        return ids
+    return ids, fresh, taken_keys
 
-    new: list[Message] = []
-    sends: list[asyncio.Future[None]] = []
-    try:
-        for i in range(0, len(fresh), CHUNK):
-            part = await _records(b, fresh[i : i + CHUNK], now)
-            new += part
-            unknown = {m.queue for m in part} - b.known_queues
-            if unknown:  # the admin's list of queues
-                await b.state.kv_set({n.queue + q: b"1" for q in unknown})
-                b.known_queues |= unknown
-            body = (bodies or {}).get
-            out = [c for m in part for c in b.copy_of(m, 0, _due(b, m, now), now, body(m.id))]
-            if len(fresh) <= CHUNK:
-                await b.send(out)
-            else:  # sent while the next chunk's records are written
-                sends.append(asyncio.ensure_future(b.send(out)))
-        await asyncio.gather(*sends)
-    except BaseException:
-        for f in sends:
-            f.cancel()
-        await asyncio.gather(*sends, return_exceptions=True)
-        try:
-            await b.state.kv_delete([n.job + m.id for m in new] + [n.key + k for k in taken_keys])
-        except Exception:  # the send's error is the one to report
-            pass
-        raise
-    return ids
+
+#: the records a chunk's update wrote, and whether it ended so late (half the
+#: grace after its copies left) that a worker may have dropped them
+Chunk = tuple[list[Message], bool]
+
+
+async def _chunk(b: KafkaEngine, part: list[Message], now: float, sent: float) -> Chunk:
+    """``_records`` of a chunk whose copies left at ``sent`` (monotonic)."""
+    mine = await _records(b, part, now)
+    return mine, time.monotonic() - sent > b.record_grace / 2
 
 
 async def _records(b: KafkaEngine, msgs: list[Message], now: float) -> list[Message]:
@@ -133,7 +208,10 @@ async def _records(b: KafkaEngine, msgs: list[Message], now: float) -> list[Mess
         writes, maybe = decide({})
         added = await b.state.kv_add(n.job + m.id, bytes(kv_write(writes[n.job + m.id])[0]))
         return maybe if added else []
-    return await b.state.kv_update([n.job + m.id for m in msgs], decide)
+    # a new job's id is almost never there: decide on "absent", which the
+    # compare-and-set checks (a read, and a new decision, only if one was)
+    keys = [n.job + m.id for m in msgs]
+    return await b.state.kv_update_known(keys, decide, dict.fromkeys(keys))
 
 
 def _due(b: KafkaEngine, m: Message, now: float) -> float:
@@ -201,7 +279,7 @@ async def publish(b: KafkaEngine, events: list[Message]) -> int:
             records[n.job + dm.id] = Record(msg=dm, state=state, run_at=due, updated_at=now).dump()
             count += 1
             if due > now:  # through a delay tier, to the group's own queue topic
-                out += b.copy_of(dm, 0, due, now)
+                out += b.copy_of(dm, 0, due, now, written=now)
         topic = await b.event_topic(e.name)
         headers = [("dw-id", e.id.encode()), ("dw-at", f"{now:.6f}".encode())]
         if e.key is not None:
@@ -224,6 +302,7 @@ async def judge(
     worker: str,
     limit: int,
     queues: Mapping[str, str] | None = None,
+    unrecorded: list[Copy] | None = None,
 ) -> tuple[list[tuple[Delivery, Copy]], list[Copy]]:
     """Lease up to ``limit`` jobs whose copies are current (see
     ``records.py``) and drop the stale copies.  ``group_queue``: the copies
@@ -232,7 +311,10 @@ async def judge(
     earlier delivery is not settled waits.  Returns the deliveries (with
     the copy each was leased from) and the copies that wait (not judged:
     read again by the next fetch).  ``queues``: the queue of each topic read
-    (a foreign record on one is buried there: ``foreign.py``)."""
+    (a foreign record on one is buried there: ``foreign.py``).
+    ``unrecorded``: filled with those of the waiting copies that wait for
+    their record (a new job's copy read before it: ``enqueue``), which a
+    fetch sets aside and judges again in a moment."""
     n = b.names
     now = await b.now()
     strangers: dict[str, tuple[Copy, str]] = {}
@@ -250,6 +332,8 @@ async def judge(
     )
     early: list[Record] = []
     stored: list[dict[str, KvWrite]] = []
+    awaited: list[Copy] = []
+    grace_from = now - b.record_grace
     # first copies of jobs say what their records hold (``belief.py``): one
     # round trip when they are right, a read and a second try when not
     beliefs = believed(n, wanted, pause_of.values()) if group_queue is None else Beliefs()
@@ -259,6 +343,7 @@ async def judge(
         taken: list[Record] = []
         waiting: list[Copy] = []
         early.clear()
+        awaited.clear()
         stored[:] = [writes]  # the last decision is the one stored
         done: set[str] = set()
         held: set[str] = set()  # keys whose earlier copy was taken or waits
@@ -275,13 +360,15 @@ async def judge(
                 verdict = TAKE if first else DROP
                 rec: Record | None = foreign.buried_record(c, cid, strangers[cid][1], now)
             else:
+                # a new job's copy may come before its record (``enqueue``)
+                young = ver == 0 and group_queue is None and c.ready_at > grace_from
                 parse = partial(beliefs.load, key)
-                verdict, rec = _verdict(got.get(key), cid, ver, lock, got, parse)
+                verdict, rec = _verdict(got.get(key), cid, ver, lock, got, young, parse)
             if verdict is not TAKE or rec is None:
                 if lock is not None and verdict in (WAIT, DROP_AND_HOLD):
                     held.add(lock)
-                if verdict is WAIT:
-                    waiting.append(c)
+                if verdict in (WAIT, AWAIT):
+                    (awaited if verdict is AWAIT else waiting).append(c)
                 continue
             done.add(cid)
             if rec.run_at > now + EARLY:
@@ -295,12 +382,14 @@ async def judge(
                 writes[lock] = (cid.encode(), b.event_retention)
                 held.add(lock)
             taken.append(rec)
-        return writes, (taken, waiting)
+        return writes, (taken, waiting + awaited)
 
     taken, waiting = await beliefs.update(b.state, keys, decide)
     b.held.wrote(stored[-1], {n.job + r.msg.id: r for r in taken})  # decide ran at least once
-    if early:
-        await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
+    if unrecorded is not None:
+        unrecorded += awaited
+    # ahead of their time: back to a delay tier (nothing to send, mostly)
+    await b.send([c for r in early for c in b.copy_of(r.msg, r.ver, r.run_at, now)])
     read_from = {cid: c for c, cid, _, _ in wanted}
     return [
         (
@@ -321,6 +410,8 @@ async def judge(
 
 #: what ``_verdict`` says of a copy of ours
 TAKE, WAIT, DROP, DROP_AND_HOLD = "take", "wait", "drop", "drop and hold"
+#: and of a new job's copy read before its record
+AWAIT = "wait for the record"
 
 
 def _verdict(
@@ -329,14 +420,17 @@ def _verdict(
     ver: int,
     lock: str | None,
     got: dict[str, bytes],
+    young: bool = False,
     parse: Callable[[bytes], Record] = Record.load,
 ) -> tuple[str, Record | None]:
     """A copy of version ``ver`` against its record ``raw``: take it, wait
-    (its key's earlier delivery is not settled: the key is held), drop it
-    (stale, or no record), or drop it and hold its key (the delivery is
-    still to run: retried or running, so the key's next waits)."""
+    (its key's earlier delivery is not settled: the key is held), wait for
+    its record (none yet, and ``young``: a new job's copy within the grace,
+    whose record may be on its way), drop it (stale, or no record), or drop
+    it and hold its key (the delivery is still to run: retried or running,
+    so the key's next waits)."""
     if raw is None:
-        return DROP, None
+        return (AWAIT if young else DROP), None
     rec = parse(raw)
     if lock is not None:
         holder = got.get(lock, SETTLED)

@@ -4,17 +4,21 @@ partition, instead of one ``send`` per copy.
 ``AIOKafkaProducer.send`` is a coroutine and a future per record, and finds
 the record's partition and batch each time; a bulk enqueue of thousands of
 jobs spent more in those calls than in anything else of its own.  Here the
-copies are grouped by partition first (the producer's own partitioner on
-the same key, so a copy lands where ``send`` would put it, and a key's
-copies keep their order), each group filled into as few batches
-(``create_batch``, the producer's batch size) as fit, and each batch handed
-over with ``send_batch``: one coroutine and one future per batch.
+copies are grouped by partition first (``partition_of``: a key's copies
+keep their order), each group filled into as few batches (``create_batch``,
+the producer's batch size) as fit, and each batch handed over with
+``send_batch``: one coroutine and one future per batch.
+
+``Sending`` is copies handed to the producer and not yet acknowledged: an
+enqueue starts its copies on their way, writes its records meanwhile, and
+waits for the acknowledgement last (``jobs.enqueue``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
@@ -26,20 +30,47 @@ BATCH_FROM = 16
 Item = tuple[str, bytes, bytes, list[tuple[str, bytes]]]
 
 
+_partitioner = DefaultPartitioner()
+
+
+def partition_of(key: bytes, headers: Sequence[tuple[str, bytes]], parts: Sequence[int]) -> int:
+    """The partition of a copy, of the sorted ``parts`` of its topic.  A key
+    of the user's (a task's unique key, an event's key) goes where the
+    client's own partitioner puts it, as any other producer's records of
+    that key do.  A copy keyed by its job's own id (its first header,
+    ``dw-id``) goes by a CRC-32 of it: no other producer writes that key,
+    and the client's murmur2 is pure Python, a large share of a bulk
+    enqueue's time (docs/benchmarks.md, h-kprod)."""
+    if headers and headers[0][0] == "dw-id" and headers[0][1] == key:
+        return parts[zlib.crc32(key) % len(parts)]
+    return int(_partitioner(key, parts, parts))
+
+
+async def send_one(producer: AIOKafkaProducer, item: Item) -> asyncio.Future[object]:
+    """Hand one copy to ``producer``; the future resolves when the cluster
+    acknowledged it."""
+    topic, key, value, headers = item
+    parts = sorted(await producer.partitions_for(topic))
+    partition = partition_of(key, headers, parts)
+    sent: asyncio.Future[object] = await producer.send(
+        topic, value, key=key, headers=headers, partition=partition
+    )
+    return sent
+
+
 async def send_batched(
     producer: AIOKafkaProducer, items: Sequence[Item]
 ) -> list[asyncio.Future[object]]:
     """Hand ``items`` (topic, key, value, headers) to ``producer`` in
     batches; the futures resolve when the cluster acknowledged each batch."""
-    partitioner = DefaultPartitioner()
     parts: dict[str, list[int]] = {}
     groups: dict[tuple[str, int], list[Item]] = {}
     for item in items:
-        topic, key = item[0], item[1]
+        topic, key, _, headers = item
         known = parts.get(topic)
         if known is None:
             known = parts[topic] = sorted(await producer.partitions_for(topic))
-        groups.setdefault((topic, partitioner(key, known, known)), []).append(item)
+        groups.setdefault((topic, partition_of(key, headers, known)), []).append(item)
     futures: list[asyncio.Future[object]] = []
     for (topic, partition), group in groups.items():
         batch = producer.create_batch()
@@ -50,3 +81,52 @@ async def send_batched(
                 batch.append(key=key, value=value, timestamp=None, headers=headers)
         futures.append(await producer.send_batch(batch, topic, partition=partition))
     return futures
+
+
+class Sending:
+    """Copies handed to the producer (``futures``: one per record or batch,
+    None when the hand-over failed in a way worth trying again), waited for
+    later.  ``again``: the whole write of ``items`` with its retries, for a
+    hand-over or an acknowledgement that failed as "unavailable" (which
+    ``retriable`` says of an error; any other is raised).  Copies written
+    twice that way are judged by their records: each job runs once."""
+
+    __slots__ = ("again", "futures", "items", "retriable")
+
+    def __init__(
+        self,
+        futures: list[asyncio.Future[object]] | None,
+        items: Sequence[Item],
+        again: Callable[[Sequence[Item]], Awaitable[None]],
+        retriable: Callable[[BaseException], bool],
+    ) -> None:
+        self.futures = futures
+        self.items = items
+        self.again = again
+        self.retriable = retriable
+
+    async def wait(self) -> None:
+        """Until the cluster acknowledged every copy."""
+        if self.futures is not None:
+            try:
+                for f in self.futures:  # all on their way: one wait after another
+                    await f
+                return
+            except Exception as exc:
+                self.abandon()  # the others' outcomes: the write below decides
+                if not self.retriable(exc):
+                    raise
+        await self.again(self.items)
+
+    def abandon(self) -> None:
+        """Not waited for (the call failed): their outcome is not reported."""
+        for f in self.futures or ():
+            if f.done():
+                _seen(f)
+            else:
+                f.add_done_callback(_seen)
+
+
+def _seen(f: asyncio.Future[object]) -> None:
+    if not f.cancelled():
+        f.exception()  # retrieved: not logged as "never retrieved"

@@ -54,6 +54,11 @@ COMMIT_WAIT = 5.0
 #: (one that finds none, a rebalance and a close commit at once): what a
 #: crash makes the next owner read again, to be judged by the records
 COMMIT_EVERY = 0.5
+#: seconds between two looks for partitions whose log ends before this
+#: consumer's position (``Reader.realign``)
+ALIGN_EVERY = 1.0
+#: seconds a look waits for a partition's position (one being reset has none)
+ALIGN_WAIT = 0.05
 
 
 @dataclass(slots=True, eq=False)
@@ -165,6 +170,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         self.waiting = False
         #: when the marks of every partition were last committed (monotonic)
         self.committed_at = 0.0
+        #: when ``realign`` looks next (monotonic)
+        self._align_at = 0.0
 
     # -- what the assignor is told ---------------------------------------------------
 
@@ -234,7 +241,53 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
                 tracker.read(rec.offset)
                 self._push(copy_of(rec))
                 n += 1
+        if time.monotonic() >= self._align_at:
+            await self.realign()
         return n
+
+    async def realign(self) -> list[TopicPartition]:
+        """Read again from its start each partition whose log now ends before
+        this consumer's position (returns them): the cluster lost records it
+        had acknowledged (a server that keeps nothing over a restart, as
+        tansu; an unclean leader election).  Apache Kafka answers a fetch
+        past the end with OFFSET_OUT_OF_RANGE, which the consumer's
+        ``auto_offset_reset`` turns into a read from the start; tansu 0.6
+        answers it with nothing, so the consumer would wait there, for
+        offsets it already read, while every new copy (the reconcile's
+        among them) lands below it.  The copies read from the lost log and
+        not judged are forgotten: their records decide, and the reconcile
+        writes again those still waiting."""
+        self._align_at = time.monotonic() + ALIGN_EVERY
+        c = self.consumer
+        lost: list[TopicPartition] = []
+        for tp in list(self.trackers):
+            try:
+                high = c.highwater(tp)
+                if high is None:
+                    continue
+                position = await asyncio.wait_for(c.position(tp), ALIGN_WAIT)
+            except (IllegalStateError, AssertionError, TimeoutError):
+                continue  # revoked, or still looking up where to start
+            if position > high:
+                lost.append(tp)
+        if not lost:
+            return lost
+        log.warning(
+            "kafka %s: the cluster's log of %s ends before what this consumer read; "
+            "reading it again from its start",
+            self.group,
+            ", ".join(f"{tp.topic}[{tp.partition}]" for tp in lost),
+        )
+        gone = set(lost)
+        self.buffer = [e for e in self.buffer if e[4].tp not in gone]
+        heapq.heapify(self.buffer)
+        for tp in lost:
+            self.trackers[tp] = Tracker()
+        try:
+            await c.seek_to_beginning(*lost)
+        except IllegalStateError:
+            pass  # revoked meanwhile: the next owner starts from the group's mark
+        return lost
 
     async def ensure_joined(self, deadline: float) -> bool:
         """Until the consumer holds its assignment (or ``deadline``, monotonic)."""

@@ -42,7 +42,7 @@ from ..types import Delivery
 from . import migrations
 from .listen import Listener
 from .options import Options, parse_url
-from .pool import LoopPool, check_sync, finish, recording
+from .pool import KeptAsyncConnection, LoopPool, check_sync, finish, recording
 from .queries import Queries
 
 #: the server's wall clock now (``now()`` is the transaction's start)
@@ -168,7 +168,7 @@ class PostgresConnection(Broker):
         return {"connect_timeout": max(2, math.ceil(until - time.monotonic()))}
 
     async def _aconnect(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(
+        conn = await KeptAsyncConnection.connect(
             self.opts.conninfo, **self._conn_kwargs(), **self._connect_timeout()
         )
         if not self._schema_ok:

@@ -39,6 +39,7 @@ from ..sql.rows import events_page, is_uuid
 from ..types import Binding, delivery_of
 from .connection import PostgresConnection, refusal
 from .joined import Identity, adriver, aread_identity, check_in_transaction, driver, read_identity
+from .pool import akept, kept
 from .rows import NIL_UUID, ROW_FIELDS, CopyRows, merge_ids
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class PostgresEnqueue(PostgresConnection):
                 rows = copied  # stored again below, skipping what is stored
         if not rows:
             return []
-        return await self._aretrying(lambda c: self._ainsert(c, rows, hand=True))
+        return await self._aretrying(lambda c: self._ainsert(akept(c), rows, hand=True))
 
     async def _aretrying(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """``_run(fn)`` again on a fresh connection, with backoff, while the
@@ -309,7 +310,13 @@ class PostgresEnqueue(PostgresConnection):
                 rows = copied
         if not rows:
             return []
-        return self._retrying(lambda c: self._insert(c, rows, hand=True))
+        return self._retrying(lambda c: self._insert(self._own(c), rows, hand=True))
+
+    def _own(self, conn: psycopg.Connection[Any]) -> SyncConn:
+        """A pooled connection's kept cursor (pool.py), the schema checked."""
+        if not self._schema_ok:
+            self._check_schema_sync(conn)
+        return kept(conn)
 
     def _retrying(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``_aretrying`` for sync producers, on the sync pool."""
@@ -424,7 +431,9 @@ class PostgresEnqueue(PostgresConnection):
         if not events:
             return 0
         # an event already in the log is not delivered again: safe to repeat
-        return await self._aretrying(lambda c: arun_plan(c, self._fan_out_plan(c, events, params)))
+        return await self._aretrying(
+            lambda c: arun_plan(akept(c), self._fan_out_plan(c, events, params))
+        )
 
     def _fan_out_plan(
         self,
@@ -445,18 +454,8 @@ class PostgresEnqueue(PostgresConnection):
             new_queues = self._new_queues(rows)
             if new_queues:
                 yield self.q.add_queues, (new_queues,)
-            p = {**params, "types": types, "channel": self.q.channel}
-            p["b_pattern"] = [b[0] for b in bound]
-            p["b_queue"] = [b[1] for b in bound]
-            p["b_attempts"] = [b[2] for b in bound]
             hand = len(rows) == 1 and self._statement(c, rows, remember) is self.q.enqueue_hand
-            if hand:
-                stmt = self.q.publish_hand
-                p.update(zip(ROW_FIELDS, rows[0], strict=False))
-            else:
-                stmt = self.q.publish
-                p.update({f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)})
-                p["event"] = of_event
+            stmt, p = self._publish_statement(params, types, bound, rows, of_event, hand)
             [got] = yield stmt, p
             if got[3]:
                 if hand:
@@ -467,6 +466,35 @@ class PostgresEnqueue(PostgresConnection):
             # the bindings changed since they were read: read them again
             self._learn(types, (yield self.q.bindings_of, (types,)))
 
+    def _publish_statement(
+        self,
+        params: dict[str, Any],
+        types: list[str],
+        bound: list[tuple[str, str, int]],
+        rows: list[tuple[Any, ...]],
+        of_event: list[str],
+        hand: bool,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The publish statement and its parameters: one event of a type
+        bound to one queue in scalars (``publish_one``, or ``publish_hand_one``
+        when its job may go to an idle worker), else in arrays."""
+        q = self.q
+        if len(params["ev_id"]) == 1 and len(bound) == 1:
+            p = dict(zip(ROW_FIELDS, rows[0], strict=False))
+            p.update({k: v[0] for k, v in params.items()}, channel=q.channel)
+            p.update(b_pattern=bound[0][0], b_queue=bound[0][1], b_attempts=bound[0][2])
+            return (q.publish_hand_one if hand else q.publish_one), p
+        p = {**params, "types": types, "channel": q.channel}
+        p["b_pattern"] = [b[0] for b in bound]
+        p["b_queue"] = [b[1] for b in bound]
+        p["b_attempts"] = [b[2] for b in bound]
+        if hand:
+            p.update(zip(ROW_FIELDS, rows[0], strict=False))
+            return q.publish_hand, p
+        p.update({f: [r[i] for r in rows] for i, f in enumerate(ROW_FIELDS)})
+        p["event"] = of_event
+        return q.publish, p
+
     def publish_sync(self, msgs: Iterable[Message]) -> int:
         events, params = self._events(msgs)
         if not events:
@@ -475,7 +503,7 @@ class PostgresEnqueue(PostgresConnection):
         def run(c: psycopg.Connection[Any]) -> int:
             if not self._schema_ok:
                 self._check_schema_sync(c)
-            return run_plan(c, self._fan_out_plan(c, events, params))
+            return run_plan(kept(c), self._fan_out_plan(c, events, params))
 
         return self._retrying(run)
 

@@ -24,13 +24,56 @@ import psycopg
 from psycopg import pq
 
 
-def recording(report: Callable[[BaseException | None], None]) -> type[psycopg.Connection[Any]]:
+class KeptConnection(psycopg.Connection[Any]):
+    """A sync connection that keeps one cursor for the broker's own statements.
+
+    ``Connection.execute`` makes a new cursor (and its adapters' map) for
+    every statement; a one-at-a-time producer sends one statement per call,
+    so that cursor was a visible part of the call's CPU.  The kept cursor is
+    used by one caller at a time, as its connection is (the pool lends it to
+    one thread); a statement on it replaces the last one's result."""
+
+    _kept: psycopg.Cursor[Any] | None = None
+
+    def kept(self) -> psycopg.Cursor[Any]:
+        cur = self._kept
+        if cur is None or cur.closed:
+            cur = self._kept = self.cursor()
+        return cur
+
+
+class KeptAsyncConnection(psycopg.AsyncConnection[Any]):
+    """``KeptConnection`` for the async pools (one task at a time holds it)."""
+
+    _kept: psycopg.AsyncCursor[Any] | None = None
+
+    def kept(self) -> psycopg.AsyncCursor[Any]:
+        cur = self._kept
+        if cur is None or cur.closed:
+            cur = self._kept = self.cursor()
+        return cur
+
+
+def kept(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any] | psycopg.Cursor[Any]:
+    """The connection's kept cursor when it has one (the broker's own
+    connections), else the connection itself (a caller's)."""
+    return conn.kept() if isinstance(conn, KeptConnection) else conn
+
+
+def akept(
+    conn: psycopg.AsyncConnection[Any],
+) -> psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]:
+    """``kept`` for async connections."""
+    return conn.kept() if isinstance(conn, KeptAsyncConnection) else conn
+
+
+def recording(report: Callable[[BaseException | None], None]) -> type[KeptConnection]:
     """A connection class (for ``ConnectionPool(connection_class=)``) that
     reports how each connect went to ``report`` (its error, or None): the
     pool connects in its own threads, and a caller that times out waiting
     for it would otherwise learn only "couldn't get a connection", not why."""
 
-    class Recording(psycopg.Connection[Any]):
+    class Recording(KeptConnection):
         @classmethod
         def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
             try:
