@@ -59,18 +59,27 @@ def _met_without_record(
     """An event set when the worker judges a copy of one of ``ids`` and
     reads no record for it."""
     met = asyncio.Event()
-    real = worker.state.kv_update
+    real, real_known = worker.state.kv_update, worker.state.kv_update_known
     keys = {worker.names.job + i for i in ids}
 
-    async def spy(wanted: list[str], decide: Decide) -> Any:
+    def spied(wanted: list[str], decide: Decide) -> Decide:
         def seen(got: dict[str, bytes]) -> tuple[Mapping[str, Any], Any]:
             if any(k in keys and k not in got for k in wanted):
                 met.set()
             return decide(got)
 
-        return await real(wanted, seen)
+        return seen
+
+    async def spy(wanted: list[str], decide: Decide) -> Any:
+        return await real(wanted, spied(wanted, decide))
+
+    # a judge of first copies decides on what they say first (``belief.py``),
+    # then on what it reads when that was wrong
+    async def spy_known(wanted: list[str], decide: Decide, known: Any) -> Any:
+        return await real_known(wanted, spied(wanted, decide), known)
 
     monkeypatch.setattr(worker.state, "kv_update", spy)
+    monkeypatch.setattr(worker.state, "kv_update_known", spy_known)
     return met
 
 

@@ -46,6 +46,7 @@ from ..perloop import PerLoop
 from ..types import Binding, Capabilities, Delivery, JobFilter, JobInfo, Page, QueueStats, Rescued
 from . import admin, coordination, jobs
 from . import options as o
+from .belief import first_copy_headers
 from .connection import Link, abandon
 from .delay import Relay, tier_headers
 from .engine import Out
@@ -256,11 +257,20 @@ class KafkaBroker(StateDelegation):
     # -- sending copies ----------------------------------------------------------------
 
     def copy_of(
-        self, msg: Message, ver: int, run_at: float, now: float, body: bytes | None = None
+        self,
+        msg: Message,
+        ver: int,
+        run_at: float,
+        now: float,
+        body: bytes | None = None,
+        written: float | None = None,
     ) -> Out:
         """The copy of a job at version ``ver``: to its queue's topic, or to a
         delay tier when ``run_at`` is ahead.  ``body``: the envelope, where
-        the caller encoded it already (an enqueue, for its size check)."""
+        the caller encoded it already (an enqueue, for its size check).
+        ``written``: the time of the record a first copy goes with (an
+        enqueue's, a publish's), which the copy then carries, so that it
+        says what its record holds (``belief.py``)."""
         headers = [
             ("dw-id", msg.id.encode()),
             ("dw-v", str(ver).encode()),
@@ -269,6 +279,8 @@ class KafkaBroker(StateDelegation):
             # what it has read in (Kafka's own times are milliseconds)
             ("dw-t", f"{max(run_at, now):.6f}".encode()),
         ]
+        if written is not None:
+            headers += first_copy_headers(run_at, written)
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()
         value = encode(msg) if body is None else body

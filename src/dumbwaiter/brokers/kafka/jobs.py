@@ -24,6 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 from ...errors import BrokerError
 from ...message import GROUP_PREFIX, TASK, Message, encode
@@ -33,6 +34,7 @@ from ..base import KvWrite, kv_write
 from ..finished import compacts
 from ..types import DeadLetter, Delivery, Rescued, delivery_of
 from . import foreign
+from .belief import Beliefs, believed
 from .engine import KafkaEngine
 from .foreign import foreign_id, origin
 from .produce import Sending
@@ -105,7 +107,10 @@ async def enqueue(
             # from) is when they are sent, not when the call began
             at = time.monotonic()
             sent_at = now + (at - began)
-            out = [c for m in part for c in b.copy_of(m, 0, _due(b, m, now), sent_at, body(m.id))]
+            # each says what its record holds (``written``: ``belief.py``)
+            out = [
+                c for m in part for c in b.copy_of(m, 0, _due(b, m, now), sent_at, body(m.id), now)
+            ]
             sends.append(await b.start_send(out))
             if len(fresh) <= CHUNK:  # one update: no task
                 done.append(await _chunk(b, part, now, at))
@@ -140,7 +145,8 @@ async def enqueue(
     late = [m for mine, slow in done if slow for m in mine]
     if late:  # a worker may have dropped their first copies: send them again
         again = await b.now()
-        await b.send([c for m in late for c in b.copy_of(m, 0, _due(b, m, now), again)])
+        out = [c for m in late for c in b.copy_of(m, 0, _due(b, m, now), again, written=now)]
+        await b.send(out)
     return ids
 
 
@@ -273,7 +279,7 @@ async def publish(b: KafkaEngine, events: list[Message]) -> int:
             records[n.job + dm.id] = Record(msg=dm, state=state, run_at=due, updated_at=now).dump()
             count += 1
             if due > now:  # through a delay tier, to the group's own queue topic
-                out += b.copy_of(dm, 0, due, now)
+                out += b.copy_of(dm, 0, due, now, written=now)
         topic = await b.event_topic(e.name)
         headers = [("dw-id", e.id.encode()), ("dw-at", f"{now:.6f}".encode())]
         if e.key is not None:
@@ -328,6 +334,9 @@ async def judge(
     stored: list[dict[str, KvWrite]] = []
     awaited: list[Copy] = []
     grace_from = now - b.record_grace
+    # first copies of jobs say what their records hold (``belief.py``): one
+    # round trip when they are right, a read and a second try when not
+    beliefs = believed(n, wanted, pause_of.values()) if group_queue is None else Beliefs()
 
     def decide(got: dict[str, bytes]) -> tuple[dict[str, KvWrite], tuple[list[Record], list[Copy]]]:
         writes: dict[str, KvWrite] = {}
@@ -353,7 +362,8 @@ async def judge(
             else:
                 # a new job's copy may come before its record (``enqueue``)
                 young = ver == 0 and group_queue is None and c.ready_at > grace_from
-                verdict, rec = _verdict(got.get(key), cid, ver, lock, got, young)
+                parse = partial(beliefs.load, key)
+                verdict, rec = _verdict(got.get(key), cid, ver, lock, got, young, parse)
             if verdict is not TAKE or rec is None:
                 if lock is not None and verdict in (WAIT, DROP_AND_HOLD):
                     held.add(lock)
@@ -374,7 +384,7 @@ async def judge(
             taken.append(rec)
         return writes, (taken, waiting + awaited)
 
-    taken, waiting = await b.state.kv_update(keys, decide)
+    taken, waiting = await beliefs.update(b.state, keys, decide)
     b.held.wrote(stored[-1], {n.job + r.msg.id: r for r in taken})  # decide ran at least once
     if unrecorded is not None:
         unrecorded += awaited
@@ -411,6 +421,7 @@ def _verdict(
     lock: str | None,
     got: dict[str, bytes],
     young: bool = False,
+    parse: Callable[[bytes], Record] = Record.load,
 ) -> tuple[str, Record | None]:
     """A copy of version ``ver`` against its record ``raw``: take it, wait
     (its key's earlier delivery is not settled: the key is held), wait for
@@ -420,7 +431,7 @@ def _verdict(
     so the key's next waits)."""
     if raw is None:
         return (AWAIT if young else DROP), None
-    rec = Record.load(raw)
+    rec = parse(raw)
     if lock is not None:
         holder = got.get(lock, SETTLED)
         if rec.state in WAITING and holder not in (SETTLED, cid.encode()):

@@ -78,7 +78,7 @@ class Copy:
 
     @property
     def ready_at(self) -> float:
-        """When it became ready (``dw-t``, microseconds), else the record's time."""
+        """When it became ready (``dw-t``, seconds), else the record's time."""
         try:
             return float(self.header("dw-t") or self.header("dw-at") or self.timestamp)
         except ValueError:
