@@ -69,6 +69,7 @@ async def test_a_copy_whose_job_changed_since_is_judged_by_its_record() -> None:
         await b.enqueue([twice])
         topic = b.names.queue_topic("default")
         copy = (await _copies(b, topic, 2))[1]
+        assert copy.key is not None
         await b.send([(topic, copy.key, copy.value, list(copy.headers.items()))])
         [d] = await b.fetch(["default"], 1, 60.0, 0)
         assert d.id == twice.id
