@@ -116,11 +116,12 @@ def new_prefix() -> str:
     return f"t{RUN}-{next(_counter)}"
 
 
-def url(prefix: str, state: str, **options: str) -> str:
+def url(prefix: str, state: str, servers: str | None = None, **options: str) -> str:
+    """An app's URL on ``servers`` (``host:port``; default: the test cluster)."""
     query = "&".join(
         f"{k}={quote(v, safe='')}" for k, v in {"prefix": prefix, "state": state, **options}.items()
     )
-    return f"kafka://{bootstrap()}?{query}"
+    return f"kafka://{servers or bootstrap()}?{query}"
 
 
 def kafka_url(tmp_path: Path, state: str | None = None) -> str:

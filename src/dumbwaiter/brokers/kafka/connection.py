@@ -19,9 +19,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -74,7 +74,7 @@ class Link:
                         enable_idempotence=False,
                         max_request_size=max_request_size,
                     )
-                    await _started(p)
+                    await started(p)
                     self._producer = p
         return self._producer
 
@@ -85,7 +85,7 @@ class Link:
                 if self._admin is None:
                     conf = {k: v for k, v in self.config.items() if k in _ADMIN_KEYS}
                     a = AIOKafkaAdminClient(**conf)
-                    await _started(a)
+                    await started(a)
                     self._admin = a
         return self._admin
 
@@ -137,16 +137,50 @@ class Link:
             await keeper.aclose()
 
 
-async def _started(client: AIOKafkaProducer | AIOKafkaAdminClient) -> None:
-    """Start ``client``; if the start fails, close what it opened (aiokafka
-    leaves the connections of a failed start open, to be reported unclosed
-    when they are collected) before the error goes on."""
+#: an aiokafka client: a producer, a consumer or an admin client
+Client: TypeAlias = AIOKafkaProducer | AIOKafkaConsumer | AIOKafkaAdminClient
+
+
+async def started(client: Client) -> None:
+    """Start ``client`` so that a start that does not end well leaves
+    nothing open: if it fails, or the caller is cancelled meanwhile, the
+    client is closed before the error (or the cancellation) goes on.
+
+    aiokafka's bootstrap keeps its first connection in a local variable
+    while it asks that server for the cluster's metadata, and only then
+    hands it to the client (or closes it).  A cancellation there (a
+    worker's stop interrupts its idle fetch, which may be starting the
+    admin client or a consumer; a ``wait_for`` runs out) dropped the
+    connection where the client's own close cannot reach it: the socket was
+    collected unclosed.  So the start runs in a task of its own that a
+    cancelled caller does not cut short: the caller waits for it to end
+    (``START_GRACE`` at most: a start stuck on a server that does not
+    answer is cut short then), closes the client and is cancelled then."""
+    start = asyncio.ensure_future(client.start())
+    start.add_done_callback(_seen)
     try:
-        await client.start()
+        await asyncio.shield(start)
     except BaseException:
-        with contextlib.suppress(Exception):
-            await (client.stop() if isinstance(client, AIOKafkaProducer) else client.close())
+        try:
+            if not start.done():
+                await asyncio.wait([start], timeout=START_GRACE)
+        finally:
+            start.cancel()  # (nothing, when it has ended)
+            with contextlib.suppress(Exception):
+                await (client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop())
         raise
+
+
+def _seen(start: asyncio.Future[None]) -> None:
+    """Read a start's outcome: its failure is the caller's to report (or
+    the caller was cancelled), not the loop's "never retrieved"."""
+    if not start.cancelled():
+        start.exception()
+
+
+#: seconds a caller cancelled during a client's start waits for the start
+#: to end (``started``): on loopback or a LAN a bootstrap takes milliseconds
+START_GRACE = 5.0
 
 
 async def _keep(link: Link) -> AsyncGenerator[None, None]:
