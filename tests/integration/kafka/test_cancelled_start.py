@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.base import Broker
@@ -85,3 +87,57 @@ async def test_a_call_cancelled_while_a_client_starts_leaves_no_connection_open(
         # the admission's clients, the producer, the consumers of the lag,
         # the fetch and the listing: each start was cancelled once
         assert nth > 5
+
+
+async def test_a_close_cancelled_while_a_write_is_in_flight_leaves_no_connection_open(
+    tmp_path: Path,
+) -> None:
+    """A close cut short by a cancellation (a worker cancelled while its
+    broker closes; ``asyncio.wait_for`` around a close) must not leave the
+    connections of a producer whose write is in flight open."""
+    app_url = url(new_prefix(), redis_url(tmp_path), session_timeout="2")
+    first = from_url(app_url)
+    try:
+        await first.declare(["default"])
+        topic = first.names.queue_topic("default")  # type: ignore[attr-defined]
+    finally:
+        await first.close()
+    port = int(bootstrap().rpartition(":")[2])
+    for turns in range(1, CLOSE_TURNS):  # (0: cancelled before it began: nothing ran)
+        before = _open_to(port)
+        broker: Any = from_url(app_url)
+        producer = await broker.link().producer(1024 * 1024)
+        sent = await producer.send(topic, b"in flight")  # its sender connects to the leader
+        closing = asyncio.ensure_future(broker.close())
+        for _ in range(turns):  # the cancellation lands somewhere in the close
+            await asyncio.sleep(0)
+        closing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await closing
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await sent
+        await asyncio.sleep(0)  # a closed transport lets its socket go on the next turn
+        assert _open_to(port) <= before, f"cancelled after {turns} turns of the loop"
+
+
+def _open_to(port: int) -> int:
+    """This process' established TCP connections to 127.0.0.1:``port``."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                mine.add(target[8:-1])
+    count = 0
+    with open("/proc/self/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            remote, state, inode = cols[2], cols[3], cols[9]
+            if state == "01" and int(remote.split(":")[1], 16) == port and inode in mine:
+                count += 1
+    return count
+
+
+#: how many points of a close the cancellation is tried at (one turn of the
+#: loop apart)
+CLOSE_TURNS = 40

@@ -21,7 +21,7 @@ from ..listing import jobs_page
 from ..partitions import PartitionLag
 from ..record import count_states
 from ..types import JobFilter, Page, QueueStats, events_page, stats_rows
-from .connection import started
+from .connection import started, stopped
 from .engine import KafkaEngine
 from .records import Record
 
@@ -143,7 +143,7 @@ async def read_topic(b: KafkaEngine, topic: str) -> list[tuple[float, bytes]]:
                 out += [(_published(rec), rec.value or b"") for rec in recs]
         return out
     finally:
-        await consumer.stop()
+        await stopped(consumer)
 
 
 def _published(rec: Any) -> float:
@@ -188,4 +188,4 @@ async def lag(b: KafkaEngine) -> list[PartitionLag]:
                 out.append(PartitionLag(q, tp.partition, ends[tp], committed or 0))
         return out
     finally:
-        await consumer.stop()
+        await stopped(consumer)

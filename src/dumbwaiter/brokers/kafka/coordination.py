@@ -31,7 +31,7 @@ from ...redact import mask_url
 from .. import from_url
 from ..base import Broker
 from ..identity import Identity
-from .connection import Link, started
+from .connection import Link, started, stopped
 
 #: state stores only one machine can share
 SINGLE_HOST_SCHEMES = ("sqlite", "memory")
@@ -101,7 +101,7 @@ async def _first(config: dict[str, Any], topic: str) -> Identity | None:
                 return Identity.load(rec.value or b"")
         return None
     finally:
-        await consumer.stop()
+        await stopped(consumer)
 
 
 async def forget(link: Link, topic: str) -> bool:
