@@ -23,7 +23,7 @@ import dumbwaiter as dw
 from dumbwaiter.state import State
 from dumbwaiter.testing import drain
 from tests.brokers import BROKERS
-from tests.integration.kafka.server import UNCLOSED_UNDER_LOAD, put_foreign
+from tests.integration.kafka.server import put_foreign
 from tests.integration.test_foreign_bodies import BODIES, _dead_ids, _shown_body, _stats, cli
 
 DECODE_ERROR = "dumbwaiter.errors.MessageDecodeError"
@@ -43,7 +43,6 @@ def run(app: dw.App, coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(go())
 
 
-@UNCLOSED_UNDER_LOAD
 @pytest.mark.parametrize("name", ["garbage-bytes", "json-object", "text"])
 def test_a_foreign_record_is_a_dead_letter_like_any_other(tmp_path: Path, name: str) -> None:
     url = BROKERS["kafka"](tmp_path)
@@ -91,8 +90,10 @@ def test_a_foreign_record_is_a_dead_letter_like_any_other(tmp_path: Path, name: 
         assert _stats(url)["dead"] == 0
     finally:
         app.close()
-        # the known leak (above) is collected here, in the test marked for
-        # it, not in whichever test of this worker the collector next runs in
+        # a connection left open would be collected here, failing this test,
+        # not whichever test of this worker the collector next runs in (a
+        # drain's stop once cut an admin client's start short: a socket left
+        # open under load; test_cancelled_start)
         gc.collect()
 
 

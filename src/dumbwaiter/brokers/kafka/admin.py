@@ -21,6 +21,7 @@ from ..listing import jobs_page
 from ..partitions import PartitionLag
 from ..record import count_states
 from ..types import JobFilter, Page, QueueStats, events_page, stats_rows
+from .connection import started, stopped
 from .engine import KafkaEngine
 from .records import Record
 
@@ -123,8 +124,8 @@ async def read_topic(b: KafkaEngine, topic: str) -> list[tuple[float, bytes]]:
     consumer = AIOKafkaConsumer(
         **b.config, enable_auto_commit=False, fetch_max_wait_ms=50, auto_offset_reset="earliest"
     )
-    try:  # a failed start leaves the client's connections open too: stop it
-        await consumer.start()
+    try:
+        await started(consumer)  # (one cancelled midway leaves nothing open)
         await consumer.topics()  # the cluster's metadata (this consumer follows no topic)
         parts = consumer.partitions_for_topic(topic)
         if not parts:
@@ -142,7 +143,7 @@ async def read_topic(b: KafkaEngine, topic: str) -> list[tuple[float, bytes]]:
                 out += [(_published(rec), rec.value or b"") for rec in recs]
         return out
     finally:
-        await consumer.stop()
+        await stopped(consumer)
 
 
 def _published(rec: Any) -> float:
@@ -171,8 +172,8 @@ async def lag(b: KafkaEngine) -> list[PartitionLag]:
     n = b.names
     queues = sorted(k[len(n.queue) :] for k in await b.state.kv_scan(n.queue))
     consumer = AIOKafkaConsumer(**b.config, group_id=n.jobs_group, enable_auto_commit=False)
-    try:  # a failed start leaves the client's connections open too: stop it
-        await consumer.start()
+    try:
+        await started(consumer)  # (one cancelled midway leaves nothing open)
         await consumer.topics()
         out: list[PartitionLag] = []
         for q in queues:
@@ -187,4 +188,4 @@ async def lag(b: KafkaEngine) -> list[PartitionLag]:
                 out.append(PartitionLag(q, tp.partition, ends[tp], committed or 0))
         return out
     finally:
-        await consumer.stop()
+        await stopped(consumer)

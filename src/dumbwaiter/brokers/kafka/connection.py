@@ -11,6 +11,9 @@ sync caller's drain) would leave the clients' sockets open on a closed
 loop.  So a ``Link`` that started a client keeps an async generator
 suspended on its loop (``arm``): ``asyncio.run`` closes a loop's async
 generators before it closes the loop, and this one closes the clients.
+
+Every aiokafka client of the package starts through ``started``, so that a
+start cut short (a failure, a cancelled caller) leaves no connection open.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 log = logging.getLogger("dumbwaiter.kafka")
+
+T = TypeVar("T")
 
 #: an aiokafka client we start and stop
 _Started = Any
@@ -74,7 +79,7 @@ class Link:
                         enable_idempotence=False,
                         max_request_size=max_request_size,
                     )
-                    await _started(p)
+                    await started(p)
                     self._producer = p
         return self._producer
 
@@ -85,7 +90,7 @@ class Link:
                 if self._admin is None:
                     conf = {k: v for k, v in self.config.items() if k in _ADMIN_KEYS}
                     a = AIOKafkaAdminClient(**conf)
-                    await _started(a)
+                    await started(a)
                     self._admin = a
         return self._admin
 
@@ -107,9 +112,15 @@ class Link:
                 raise for_code(code)(f"create topic {name}: {err[2] if len(err) > 2 else ''}")
 
     async def close(self) -> None:
+        """Close the clients; a caller cancelled meanwhile does not cut the
+        close short (``unhurried``): a producer stopped halfway left the
+        connection its sender was opening for a write in flight."""
         if self.closed:
             return
         self.closed = True
+        await unhurried(self._close(), CLOSE_GRACE)
+
+    async def _close(self) -> None:
         # Readers (and the relay, which sends through the producer) first,
         # then the producer and the admin client; each group at once, so a
         # consumer slow to leave its group (a loaded machine) does not use up
@@ -137,16 +148,75 @@ class Link:
             await keeper.aclose()
 
 
-async def _started(client: AIOKafkaProducer | AIOKafkaAdminClient) -> None:
-    """Start ``client``; if the start fails, close what it opened (aiokafka
-    leaves the connections of a failed start open, to be reported unclosed
-    when they are collected) before the error goes on."""
+#: an aiokafka client: a producer, a consumer or an admin client
+Client: TypeAlias = AIOKafkaProducer | AIOKafkaConsumer | AIOKafkaAdminClient
+
+
+async def started(client: Client) -> None:
+    """Start ``client`` so that a start that does not end well leaves
+    nothing open: if it fails, or the caller is cancelled meanwhile, the
+    client is closed before the error (or the cancellation) goes on.
+
+    aiokafka's bootstrap keeps its first connection in a local variable
+    while it asks that server for the cluster's metadata, and only then
+    hands it to the client (or closes it).  A cancellation there (a
+    worker's stop interrupts its idle fetch, which may be starting the
+    admin client or a consumer; a ``wait_for`` runs out) dropped the
+    connection where the client's own close cannot reach it: the socket was
+    collected unclosed.  So the start is ``unhurried``: a cancelled caller
+    waits for it to end (``START_GRACE`` at most: a start stuck on a server
+    that does not answer is cut short then), closes the client and is
+    cancelled then.  (A loop that ends with a start going, its broker not
+    closed, cancels the start's own task too: ``asyncio.run`` cancels every
+    task.)"""
     try:
-        await client.start()
+        await unhurried(client.start(), START_GRACE)
     except BaseException:
         with contextlib.suppress(Exception):
-            await (client.stop() if isinstance(client, AIOKafkaProducer) else client.close())
+            await stopped(client)
         raise
+
+
+async def stopped(client: Client) -> None:
+    """Stop ``client``; a caller cancelled meanwhile does not cut it short
+    (``unhurried``, ``CLOSE_GRACE``)."""
+    close = client.close() if isinstance(client, AIOKafkaAdminClient) else client.stop()
+    await unhurried(close, CLOSE_GRACE)
+
+
+async def unhurried(aw: Awaitable[T], grace: float) -> T:
+    """Await ``aw`` in a task of its own that a cancelled caller does not
+    cut short: the caller waits for it to end (``grace`` seconds at most;
+    then it is cancelled too) and is cancelled then.  For the starts and
+    closes of clients, which leave sockets open when cut short halfway."""
+    task = asyncio.ensure_future(aw)
+    task.add_done_callback(_seen)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            try:
+                await asyncio.wait([task], timeout=grace)
+            finally:
+                task.cancel()  # (nothing, when it has ended)
+        raise
+
+
+def _seen(task: asyncio.Future[Any]) -> None:
+    """Read a task's outcome: its failure is the caller's to report (or
+    the caller was cancelled), not the loop's "never retrieved"."""
+    if not task.cancelled():
+        task.exception()
+
+
+#: seconds a caller cancelled during a client's start waits for the start
+#: to end (``started``): a bootstrap is a connect and two requests to one
+#: server, so a start still going then waits on a server that does not answer
+START_GRACE = 5.0
+#: seconds a caller cancelled during a close waits for it to end
+#: (``Link.close``, ``stopped``): a consumer leaving its group, a producer
+#: delivering what it was sending
+CLOSE_GRACE = 5.0
 
 
 async def _keep(link: Link) -> AsyncGenerator[None, None]:
@@ -165,7 +235,8 @@ async def _keep(link: Link) -> AsyncGenerator[None, None]:
             log.debug("kafka: clients of an ending loop did not close in time")
 
 
-#: seconds an ending loop gives its clients to close (``_keep``)
+#: seconds an ending loop gives its clients to close (``_keep``; then
+#: ``CLOSE_GRACE`` more: ``Link.close`` is unhurried)
 KEEPER_CLOSE = 10.0
 
 #: the settings an admin client accepts (it takes no producer or consumer ones)

@@ -31,7 +31,7 @@ from ...redact import mask_url
 from .. import from_url
 from ..base import Broker
 from ..identity import Identity
-from .connection import Link
+from .connection import Link, started, stopped
 
 #: state stores only one machine can share
 SINGLE_HOST_SCHEMES = ("sqlite", "memory")
@@ -89,8 +89,8 @@ async def claim(link: Link, topic: str, replication: int, ours: Identity, where:
 async def _first(config: dict[str, Any], topic: str) -> Identity | None:
     """The identity at the lowest offset of ``topic`` (None: not readable)."""
     consumer = AIOKafkaConsumer(**config, enable_auto_commit=False, fetch_max_wait_ms=100)
-    try:  # a failed start leaves the client's connections open too: stop it
-        await consumer.start()
+    try:
+        await started(consumer)  # (one cancelled midway leaves nothing open)
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
@@ -101,7 +101,7 @@ async def _first(config: dict[str, Any], topic: str) -> Identity | None:
                 return Identity.load(rec.value or b"")
         return None
     finally:
-        await consumer.stop()
+        await stopped(consumer)
 
 
 async def forget(link: Link, topic: str) -> bool:

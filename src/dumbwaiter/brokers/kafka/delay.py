@@ -29,6 +29,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from .connection import started
 from .names import TIERS, tier_for
 
 log = logging.getLogger("dumbwaiter.kafka")
@@ -79,7 +80,7 @@ class Relay:
         await self.consumer.stop()
 
     async def _run(self) -> None:
-        await self.consumer.start()
+        await started(self.consumer)  # (stop() cancels it: that leaves nothing open)
         self.consumer.subscribe(topics=sorted(self._topics))
         while not self._stopping:
             try:

@@ -35,6 +35,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from .assign import BusyFirstAssignor
+from .connection import started
 
 log = logging.getLogger("dumbwaiter.kafka")
 
@@ -146,14 +147,8 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, group: str, config: dict[str, Any], settings: dict[str, Any]) -> None:
         self.group = group
         self.fetch_wait = settings.get("fetch_max_wait_ms", 500) / 1000.0
-        self.consumer = AIOKafkaConsumer(
-            **config,
-            **settings,
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            partition_assignment_strategy=(BusyFirstAssignor.for_reader(self.holdings),),
-        )
+        self._settings = {**config, **settings}
+        self.consumer = self._new_consumer()
         self.topics: frozenset[str] = frozenset()
         self.trackers: dict[TopicPartition, Tracker] = {}
         #: copies read and not judged: a heap (``Entry``), so a fetch takes
@@ -172,6 +167,15 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
         self.committed_at = 0.0
         #: when ``realign`` looks next (monotonic)
         self._align_at = 0.0
+
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            **self._settings,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            partition_assignment_strategy=(BusyFirstAssignor.for_reader(self.holdings),),
+        )
 
     # -- what the assignor is told ---------------------------------------------------
 
@@ -212,7 +216,13 @@ class Reader(ConsumerRebalanceListener):  # type: ignore[misc]
     async def follow(self, topics: frozenset[str]) -> None:
         """Read these topics (a change of the set rejoins the group)."""
         if not self._started:
-            await self.consumer.start()
+            try:
+                await started(self.consumer)
+            except BaseException:
+                # (a fetch cancelled meanwhile: ``started`` closed the
+                # consumer; the next follow starts a new one)
+                self.consumer = self._new_consumer()
+                raise
             self._started = True
         if topics != self.topics:
             self.topics = topics
