@@ -84,7 +84,7 @@ async def _drain(
             if forwarded is not None and later:
                 await _bring_forward(app, later, forwarded)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"queues {list(queues)} did not drain in {timeout} s")
+                raise TimeoutError(await _not_drained(app, queues, timeout, worker, waiting))
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.01)
     finally:
@@ -102,6 +102,43 @@ async def _waiting(app: WorkerApp, queues: Sequence[str], scheduled: bool) -> li
         if s.queue in queues
         and (s.ready or s.running or (scheduled and (s.scheduled or s.retrying)))
     ]
+
+
+#: how many unfinished jobs a drain's timeout names
+_NAMED = 10
+
+
+async def _not_drained(
+    app: WorkerApp,
+    queues: Sequence[str],
+    timeout: float,
+    worker: Worker,
+    waiting: list[QueueStats],
+) -> str:
+    """What a timed-out drain says: the counts of each queue still holding
+    work and the first unfinished jobs (name, id, state, attempt, worker),
+    so a test that failed on a stuck job shows which one and where."""
+    counts = "; ".join(
+        f"{s.queue}: {s.ready} ready, {s.running} running, {s.scheduled} scheduled, "
+        f"{s.retrying} retrying"
+        for s in waiting
+    )
+    named: list[str] = []
+    for s in waiting:
+        for state in (State.READY, State.RUNNING, State.SCHEDULED, State.RETRYING):
+            if len(named) >= _NAMED:
+                break
+            page = await app.broker.list_jobs(JobFilter(queue=s.queue, state=state), None, _NAMED)
+            named += [
+                f"{i.message.name} {i.message.id} {i.state} attempt {i.message.attempt}"
+                + (f" on {i.worker}" if i.worker else "")
+                for i in page.items
+            ]
+    return (
+        f"queues {list(queues)} did not drain in {timeout} s "
+        f"(the worker has {worker.inflight} in flight; {counts or 'no queue counts work'})"
+        + (f"; unfinished: {', '.join(named[:_NAMED])}" if named else "")
+    )
 
 
 async def _bring_forward(

@@ -55,6 +55,21 @@ def test_drain_sync_runs_every_job_from_sync_code() -> None:
     app.close()
 
 
+async def test_a_drain_that_times_out_names_the_jobs_left() -> None:
+    app = dw.App("memory://")
+
+    @app.task
+    def later(n: int) -> None: ...
+
+    job = await later.options(delay=3600).aenqueue(7)
+    with pytest.raises(TimeoutError) as raised:
+        await drain(app, timeout=0.05)
+    said = str(raised.value)
+    assert "default: 0 ready, 0 running, 1 scheduled, 0 retrying" in said
+    assert f"later {job.id} scheduled attempt 0" in said
+    await app.aclose()
+
+
 async def test_drain_sync_works_under_a_running_event_loop() -> None:
     app = dw.App("memory://")
 
