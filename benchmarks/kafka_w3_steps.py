@@ -68,21 +68,6 @@ VARIANTS = ("bare", "floor", "ours")
 SCRIPT = os.path.abspath(__file__)
 HERE = os.path.dirname(SCRIPT)
 
-#: the floor's checked write: for each record read (KEYS: record, lease),
-#: lease it if its record is there and no lease is; 1 where it was leased
-CLAIM = """
-local out = {}
-for i = 1, #KEYS, 2 do
-  if redis.call('EXISTS', KEYS[i]) == 1
-      and redis.call('SET', KEYS[i + 1], ARGV[1], 'NX', 'PX', 15000) then
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
-"""
-
 
 def url_of(servers: str, run: str) -> str:
     state = quote(f"{REDIS}?prefix=w3k{run}", safe="")
@@ -132,6 +117,11 @@ async def bare_worker(floor: bool) -> None:
     claim: Any = None
     if floor:
         import redis.asyncio as aioredis
+
+        # the claim floor adapter's checked write, from the module the
+        # harness' Kafka adapters share
+        sys.path.insert(0, os.path.join(HERE, "peers"))
+        from kafka_common import CLAIM
 
         redis = aioredis.Redis.from_url(REDIS)
         claim = redis.register_script(CLAIM)

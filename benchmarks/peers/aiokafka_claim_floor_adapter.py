@@ -24,24 +24,9 @@ import asyncio
 from typing import Any
 
 from aiokafka_bare_adapter import BODIES, RedisFloorAdapter, topic
-from kafka_common import FETCH_WAIT_MS, KAFKA, ensure_topic
+from kafka_common import CLAIM, FETCH_WAIT_MS, KAFKA, ensure_topic
 from peers.adapters.base import Adapter
 from peers.common import REDIS_URL
-
-#: for each pair of KEYS (the record, the lease): lease it if the record is
-#: there and no lease is; 1 where it was leased, 0 where not
-CLAIM = """
-local out = {}
-for i = 1, #KEYS, 2 do
-  if redis.call('EXISTS', KEYS[i]) == 1
-      and redis.call('SET', KEYS[i + 1], ARGV[1], 'NX', 'PX', 15000) then
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
-  end
-end
-return out
-"""
 
 
 class ClaimFloorAdapter(RedisFloorAdapter):

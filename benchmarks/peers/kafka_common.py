@@ -30,6 +30,23 @@ FETCH_WAIT_MS = 100
 #: partitions of the topics we make (dumbwaiter's default ``partitions=3``)
 PARTITIONS = 3
 
+#: the claim floor's checked write (``aiokafka_claim_floor_adapter``, and
+#: ``benchmarks/kafka_w3_steps.py``'s ``floor``): for each pair of KEYS (the
+#: record, the lease), lease it if the record is there and no lease is; 1
+#: where it was leased, 0 where not
+CLAIM = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1
+      and redis.call('SET', KEYS[i + 1], ARGV[1], 'NX', 'PX', 15000) then
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
 
 def run_id() -> str:
     """This run's id (the worker inherits it from the runner)."""

@@ -2,10 +2,12 @@
 chunks): each key's records land in the partition the client's own
 partitioner gives that key (where any other producer's records of the key
 go), in the order they were sent, and a bulk enqueue of more jobs than one
-chunk runs every job once."""
+chunk runs every job once, each copy with the headers of its own job
+(``copy_of`` shares the headers a kind of copy has in common)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,10 +17,15 @@ from aiokafka.partitioner import DefaultPartitioner
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.kafka import KafkaBroker
+from dumbwaiter.brokers.kafka.belief import record_of
 from dumbwaiter.brokers.kafka.jobs import CHUNK
+from dumbwaiter.brokers.kafka.names import tier_for
+from dumbwaiter.brokers.kafka.produce import BATCH_FROM
+from dumbwaiter.brokers.kafka.transport import Copy, copy_of
 from dumbwaiter.testing import drain
 from tests.brokers import BROKERS
 from tests.conformance import test_events  # its ``event``; not its fixtures
+from tests.conformance.conftest import msg
 from tests.integration.kafka.server import bootstrap
 
 KEYS = ("alpha", "beta", "gamma", "delta")
@@ -74,3 +81,45 @@ async def test_a_bulk_enqueue_larger_than_a_chunk_runs_every_job_once(tmp_path: 
         assert sorted(ran) == list(range(n))
     finally:
         await app.aclose()
+
+
+async def test_each_copy_of_a_bulk_enqueue_carries_its_own_jobs_headers(tmp_path: Path) -> None:
+    """Copies of one bulk enqueue share the headers they have in common; a
+    job of another priority or run time in the same call gets its own, and
+    each first copy still rebuilds the record written for its job."""
+    broker = from_url(BROKERS["kafka"](tmp_path))
+    assert isinstance(broker, KafkaBroker)
+    try:
+        eta = time.time() + 60
+        ready = [msg(priority=i % 3, args=[i]) for i in range(2 * BATCH_FROM)]
+        later = [msg(eta=eta, args=[-1]), msg(eta=eta + 0.5, priority=2, args=[-2])]
+        await broker.enqueue(ready[:BATCH_FROM] + later + ready[BATCH_FROM:])
+        got = await _copies(broker, broker.names.queue_topic("default"), len(ready))
+        got += await _copies(broker, broker.names.tier_topic(tier_for(59.0)), len(later))
+        by_id = {c.header("dw-id") or "": c for c in got}
+        assert sorted(by_id) == sorted(m.id for m in ready + later)
+        records = await broker.state.kv_get([broker.names.job + m.id for m in ready + later])
+        for m in ready + later:
+            c = by_id[m.id]
+            assert c.header("dw-p") == str(m.priority)
+            rec = record_of(c)
+            assert rec is not None
+            assert rec.msg.args == m.args
+            assert rec.dump() == records[broker.names.job + m.id]  # its own run time too
+    finally:
+        await broker.close()
+
+
+async def _copies(b: KafkaBroker, topic: str, n: int) -> list[Copy]:
+    """The first ``n`` records of ``topic``, as a worker reads them."""
+    c = AIOKafkaConsumer(topic, **b.config, auto_offset_reset="earliest")
+    await c.start()
+    try:
+        got: list[Copy] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            for recs in (await c.getmany(timeout_ms=500)).values():
+                got += [copy_of(r) for r in recs]
+        return got
+    finally:
+        await c.stop()

@@ -73,6 +73,12 @@ PAUSED_EVERY = 1.0
 #: are judged again (``KafkaBroker._recheck``)
 RECHECK = (0.002, 0.25)
 
+#: kinds of copy (version, priority, times) whose headers ``copy_of`` keeps
+#: to share (a bulk enqueue's chunk is one kind; a settle's, a few)
+_SHAPES = 64
+#: a copy's header
+Header = tuple[str, bytes]
+
 #: the client library's failures the seam turns into ``BrokerError``
 KAFKA_ERRORS: tuple[type[BaseException], ...] = (KafkaError, OSError)
 
@@ -149,6 +155,11 @@ class KafkaBroker(StateDelegation):
         self.known_queues: set[str] = set()
         #: what this process last wrote to the entries of the jobs it holds
         self.held = Held()
+        #: the headers ``copy_of`` gave its last few kinds of copy, shared:
+        #: a bulk enqueue's copies differ in their id only, and a copy a
+        #: bulk enqueue keeps until it is acknowledged is then two objects,
+        #: not six (fewer to make, and fewer for the cyclic GC to walk)
+        self._headers: dict[tuple[int, int, float, float, float | None], tuple[Header, ...]] = {}
         #: copies written in the background (``send_soon``)
         self._sending: set[asyncio.Future[None]] = set()
         self.instance = secrets.token_hex(6)
@@ -271,16 +282,23 @@ class KafkaBroker(StateDelegation):
         ``written``: the time of the record a first copy goes with (an
         enqueue's, a publish's), which the copy then carries, so that it
         says what its record holds (``belief.py``)."""
-        headers = [
-            ("dw-id", msg.id.encode()),
-            ("dw-v", str(ver).encode()),
-            ("dw-p", str(msg.priority).encode()),
-            # when it is ready, in microseconds: the order a worker takes
-            # what it has read in (Kafka's own times are milliseconds)
-            ("dw-t", f"{max(run_at, now):.6f}".encode()),
-        ]
-        if written is not None:
-            headers += first_copy_headers(run_at, written)
+        ready = max(run_at, now)
+        shape = (ver, msg.priority, ready, run_at, written)
+        same = self._headers.get(shape)
+        if same is None:
+            same = (
+                ("dw-v", str(ver).encode()),
+                ("dw-p", str(msg.priority).encode()),
+                # when it is ready, in microseconds: the order a worker takes
+                # what it has read in (Kafka's own times are milliseconds)
+                ("dw-t", f"{ready:.6f}".encode()),
+            )
+            if written is not None:
+                same += tuple(first_copy_headers(run_at, written))
+            if len(self._headers) >= _SHAPES:
+                self._headers.clear()
+            self._headers[shape] = same
+        headers = [("dw-id", msg.id.encode()), *same]
         topic = self.names.queue_topic(msg.queue)
         key = (msg.key or msg.id).encode()
         value = encode(msg) if body is None else body
@@ -400,10 +418,16 @@ class KafkaBroker(StateDelegation):
     # -- enqueue and publish -------------------------------------------------------------
 
     async def enqueue(self, msgs: Iterable[Message]) -> list[str]:
-        batch = [(m, encode_checked(m, self.max_message_size)) for m in msgs]
+        # every envelope encoded (and its size checked) before anything is
+        # stored; kept by id, not in a (message, envelope) pair each: a bulk
+        # enqueue keeps them all until it returns, and each pair would be
+        # one more object for the cyclic GC to walk
+        batch = list(msgs)
         if not batch:
             return []
-        return await jobs.enqueue(self, [m for m, _ in batch], {m.id: e for m, e in batch})
+        limit = self.max_message_size
+        bodies = {m.id: encode_checked(m, limit) for m in batch}
+        return await jobs.enqueue(self, batch, bodies)
 
     async def publish(self, msgs: Iterable[Message]) -> int:
         batch = [m for m in msgs if encode_checked(m, self.max_message_size) is not None]
