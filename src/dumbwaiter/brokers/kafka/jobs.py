@@ -549,12 +549,18 @@ async def settle(b: KafkaEngine, ds: Sequence[Delivery], change: Change) -> None
         changed = await b.state.kv_update_known(keys, decide, known)
     held.forget(keys)
     out = []
+    buried = []
     for rec, again, dead in changed:
         if again:
             out += b.copy_of(rec.msg, rec.ver, rec.run_at, now)
         if dead:
-            out += b.dead_copy(rec.msg, rec.raw)
+            buried += b.dead_copy(rec.msg, rec.raw)
+    # a retry's copy is the job's next run: acknowledged before this returns.
+    # A dead letter's copy is the DLQ topic's view of a record that already
+    # says dead (with its errors; ``dlq ls`` and replay read the records):
+    # the worker does not wait on it, as ``rescue`` does not
     await b.send(out)
+    b.send_soon(buried)
 
 
 async def extend(b: KafkaEngine, ds: Sequence[Delivery], lease: float) -> list[Delivery]:
