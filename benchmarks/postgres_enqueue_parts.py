@@ -53,11 +53,11 @@ def main() -> None:
     dsn = f"postgresql://postgres@127.0.0.1:5432/{a.db}"
     for s in (S, S_NT):
         with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(f"DROP SCHEMA IF EXISTS {s} CASCADE")  # type: ignore[arg-type]
+            c.execute(f"DROP SCHEMA IF EXISTS {s} CASCADE")
         PostgresBroker(f"{dsn}?schema={s}").migrate()
     mon = psycopg.connect(dsn, autocommit=True)
     conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute(f"DROP TRIGGER dw_jobs_count_insert ON {S_NT}.dw_jobs")  # type: ignore[arg-type]
+    conn.execute(f"DROP TRIGGER dw_jobs_count_insert ON {S_NT}.dw_jobs")
     row = conn.execute("SELECT pg_backend_pid()").fetchone()
     assert row is not None
     pid = int(row[0])
@@ -112,9 +112,7 @@ def main() -> None:
             for pr in ps:
                 conn.execute(stmt, pr, prepare=True).fetchall()
             wall = time.perf_counter() - t0
-            got[name].append(
-                ((cpu_ns(pid) - c0) / a.n / 1e3, (lsn() - l0) / a.n, a.n / wall)
-            )
+            got[name].append(((cpu_ns(pid) - c0) / a.n / 1e3, (lsn() - l0) / a.n, a.n / wall))
     print("| variant | server CPU µs/call | WAL B/call | calls/s | ÷ current (calls/s) |")
     print("|---|--:|--:|--:|--:|")
     base = [x[2] for x in got.get("current", [])]
@@ -130,7 +128,7 @@ def main() -> None:
         print(f"| {name} | {cpu:.1f} | {wal:.0f} | {rate:,.0f} | {rel:.3f} |")
     conn.close()
     for s in (S, S_NT):
-        mon.execute(f"DROP SCHEMA {s} CASCADE")  # type: ignore[arg-type]
+        mon.execute(f"DROP SCHEMA {s} CASCADE")
     mon.close()
 
 

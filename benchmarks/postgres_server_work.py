@@ -140,9 +140,7 @@ class Monitor:
         return [int(r[0]) for r in rows]
 
     def lsn(self) -> int:
-        row = self.conn.execute(
-            "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn"
-        ).fetchone()
+        row = self.conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
         assert row is not None
         return int(row[0])
 
@@ -216,6 +214,64 @@ async def noop(i: int) -> None:
     """The harness' task shape: one int argument."""
 
 
+def run_ours(
+    name: str,
+    url: str,
+    n: int,
+    warmup: int,
+    timed: Callable[[Callable[[], None]], None],
+    res: dict[str, float],
+    mon: Monitor,
+    app_name: str,
+) -> None:
+    """``task.enqueue`` (sync, timed by ``timed``) or ``await task.aenqueue``."""
+    import dumbwaiter as dw
+    from dumbwaiter.brokers.postgres import PostgresBroker
+
+    app = dw.App(f"{url}&schema={SCHEMA}")
+    task = app.task(name="noop")(noop)
+    broker = app.broker
+    assert isinstance(broker, PostgresBroker)
+    if name == "enqueue":
+        broker.open_sync()
+        for i in range(warmup):
+            task.enqueue(i)
+
+        def enqueue() -> None:
+            for i in range(n):
+                task.enqueue(i)
+
+        timed(enqueue)
+        app.close()
+    else:
+
+        async def go() -> None:
+            for i in range(warmup):
+                await task.aenqueue(i)
+
+            async def many() -> None:
+                for i in range(n):
+                    await task.aenqueue(i)
+
+            loop = asyncio.get_running_loop()
+            # timed() blocks: run the loop's part in between by hand
+            pids = mon.pids(app_name)
+            lsn0, s0 = mon.lsn(), server_cpu_ns(pids)
+            cpu, t = time.thread_time(), time.perf_counter()
+            await many()
+            res["wall"] = time.perf_counter() - t
+            res["client_us"] = (time.thread_time() - cpu) / n * 1e6
+            res["server_us"] = (server_cpu_ns(pids) - s0) / n / 1e3
+            res["wal_lsn"] = (mon.lsn() - lsn0) / n
+            res["pids"] = len(pids)
+            del loop
+            await app.aclose()
+
+        import uvloop
+
+        uvloop.run(go())
+
+
 def run_variant(
     name: str, db: str, port: int, n: int, warmup: int, mon: Monitor, peers_python: str
 ) -> dict[str, float]:
@@ -252,51 +308,7 @@ def run_variant(
                 conn.commit()
             timed(anchor)
     elif name in ("enqueue", "aenqueue"):
-        import dumbwaiter as dw
-        from dumbwaiter.brokers.postgres import PostgresBroker
-
-        app = dw.App(f"{url}&schema={SCHEMA}")
-        task = app.task(name="noop")(noop)
-        broker = app.broker
-        assert isinstance(broker, PostgresBroker)
-        if name == "enqueue":
-            broker.open_sync()
-            for i in range(warmup):
-                task.enqueue(i)
-
-            def enqueue() -> None:
-                for i in range(n):
-                    task.enqueue(i)
-
-            timed(enqueue)
-            app.close()
-        else:
-
-            async def go() -> None:
-                for i in range(warmup):
-                    await task.aenqueue(i)
-
-                async def many() -> None:
-                    for i in range(n):
-                        await task.aenqueue(i)
-
-                loop = asyncio.get_running_loop()
-                # timed() blocks: run the loop's part in between by hand
-                pids = mon.pids(app_name)
-                lsn0, s0 = mon.lsn(), server_cpu_ns(pids)
-                cpu, t = time.thread_time(), time.perf_counter()
-                await many()
-                res["wall"] = time.perf_counter() - t
-                res["client_us"] = (time.thread_time() - cpu) / n * 1e6
-                res["server_us"] = (server_cpu_ns(pids) - s0) / n / 1e3
-                res["wal_lsn"] = (mon.lsn() - lsn0) / n
-                res["pids"] = len(pids)
-                del loop
-                await app.aclose()
-
-            import uvloop
-
-            uvloop.run(go())
+        run_ours(name, url, n, warmup, timed, res, mon, app_name)
     elif name == "pgqueuer":
         script = Path(__file__).resolve()
         proc = subprocess.Popen(
