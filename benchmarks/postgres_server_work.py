@@ -205,9 +205,7 @@ def pgq_child(dsn_: str, schema: str, n: int, warmup: int, explain: bool) -> Non
         sys.stdin.readline()
         await conn.close()
 
-    import uvloop
-
-    uvloop.run(serve())
+    asyncio.run(serve())  # the harness' producer runs on asyncio's own loop
 
 
 async def noop(i: int) -> None:
@@ -253,8 +251,7 @@ def run_ours(
                 for i in range(n):
                     await task.aenqueue(i)
 
-            loop = asyncio.get_running_loop()
-            # timed() blocks: run the loop's part in between by hand
+            # timed() blocks: the loop's part is timed here the same way
             pids = mon.pids(app_name)
             lsn0, s0 = mon.lsn(), server_cpu_ns(pids)
             cpu, t = time.thread_time(), time.perf_counter()
@@ -264,12 +261,9 @@ def run_ours(
             res["server_us"] = (server_cpu_ns(pids) - s0) / n / 1e3
             res["wal_lsn"] = (mon.lsn() - lsn0) / n
             res["pids"] = len(pids)
-            del loop
             await app.aclose()
 
-        import uvloop
-
-        uvloop.run(go())
+        asyncio.run(go())
 
 
 def run_variant(
