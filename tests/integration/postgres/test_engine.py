@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from dumbwaiter.brokers.postgres import PostgresBroker
+from dumbwaiter.brokers.postgres import enqueue as enqueue_module
 from dumbwaiter.brokers.postgres.broker import COPY_MIN, MAINTENANCE_LOCK
 from dumbwaiter.brokers.postgres.options import parse_url
 from dumbwaiter.errors import BrokerError, InvalidURL, PayloadTooLarge
@@ -265,6 +266,46 @@ async def test_bulk_stores_every_column_as_given(make_broker: Make, path: str) -
         for m in batch
     ]
     assert _stored(broker, ids) == expected
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_one_job_at_a_time_stores_every_column_as_given_and_an_id_once(
+    make_broker: Make, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a ready job alone takes queries.enqueue_ready (positional parameters,
+    # the columns' defaults) once its queue has no idle worker to offer it
+    # to; a job with an eta the general statement
+    monkeypatch.setattr(enqueue_module, "HAND_BACKOFF", 3600.0)
+    broker = make_broker()
+    for q in ("façade", "q-ü", "default"):  # offered, no waiter: no offers for an hour
+        await broker.enqueue([msg(queue=q)])
+    later = time.time() + 3600
+    ms = [
+        msg(name="t.jöb", queue="façade", args=["é", 1], priority=-7, max_attempts=4),
+        msg(queue="q-ü", priority=2_147_483_647, max_attempts=1, key="k:ß:1"),
+        msg(priority=3, eta=later),
+    ]
+    ids = []
+    for m in ms:
+        if path == "sync":
+            ids += broker.enqueue_sync([m])
+            assert broker.enqueue_sync([m]) == [m.id]  # stored already: not again
+        else:
+            ids += await broker.enqueue([m])
+            assert await broker.enqueue([m]) == [m.id]
+    assert ids == [m.id for m in ms]
+    expected = [
+        (m.id, m.queue, m.name, "task", m.priority, m.max_attempts, m.key, encode(m), state)
+        for m, state in zip(ms, ("ready", "ready", "scheduled"), strict=True)
+    ]
+    assert _stored(broker, ids) == expected
+    rows = _sql(
+        f"SELECT msg_key, run_at <= now(), run_at > now() + interval '59 minutes'"
+        f' FROM "{broker.schema}".dw_jobs WHERE id = ANY(%s::uuid[]) ORDER BY id',
+        ids,
+    )
+    assert rows == [(None, True, False), ("k:ß:1", True, False), (None, False, True)]
+    assert sum(s.ready for s in await broker.stats()) == 3 + 2
 
 
 @pytest.mark.parametrize("path", ["sync", "async"])

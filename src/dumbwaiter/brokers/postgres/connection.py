@@ -411,7 +411,7 @@ class PostgresConnection(Broker):
         """Back to the pool; a transaction an error left open is rolled back
         here, quietly (the pool would do it with a warning), and a broken
         connection is closed by the pool."""
-        if conn.info.transaction_status in _LEFT_OPEN and not conn.broken:
+        if conn.pgconn.transaction_status in _LEFT_OPEN and not conn.broken:
             with contextlib.suppress(psycopg.Error):
                 conn.rollback()
         pool.putconn(conn)

@@ -207,17 +207,19 @@ class PostgresEnqueue(PostgresConnection):
         if len(rows) != 1:
             return self.q.enqueue
         r = rows[0]
+        # not offered: a job without an eta takes the lean statement
+        one = self.q.enqueue_ready if r[8] is None else self.q.enqueue_one
         if not hand or (r[8] is not None and r[8] > self.clock.now()):
-            return self.q.enqueue_one
+            return one
         if self._no_waiter and self._no_waiter.get(r[1], 0.0) > time.monotonic():
-            return self.q.enqueue_one
+            return one
         body = r[7]
         if len(body) + 6 * len(r[1]) + HAND_HEADER >= NOTIFY_MAX:
-            return self.q.enqueue_one
+            return one
         if not body.isascii():
             on = conn.connection if isinstance(conn, psycopg.Cursor | psycopg.AsyncCursor) else conn
             if on.info.parameter_status("server_encoding") not in ("UTF8", "SQL_ASCII"):
-                return self.q.enqueue_one
+                return one
         return self.q.enqueue_hand
 
     def _offered(self, queue: str, row: Any) -> None:
@@ -244,7 +246,11 @@ class PostgresEnqueue(PostgresConnection):
         if freeing := self._freeing(rows):
             yield self.q.free_keys, freeing
         stmt = self._statement(conn, rows, hand)
-        got = yield stmt, self._params(rows)
+        if stmt is self.q.enqueue_ready:
+            r = rows[0]
+            got = yield stmt, (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[9], r[7], self.q.channel)
+        else:
+            got = yield stmt, self._params(rows)
         row = got[0] if got else None
         if stmt is self.q.enqueue_hand:
             self._offered(rows[0][1], row)

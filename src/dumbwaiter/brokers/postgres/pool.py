@@ -92,7 +92,9 @@ def looks_closed(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -
     is readable (the server said goodbye, or closed it, while we were idle)."""
     if conn.closed or conn.broken:
         return True
-    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+    # pgconn's status (an int), not conn.info's: ``info`` builds an object
+    # per access, and every checkout of a one-at-a-time producer asks
+    if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
         return True
     try:
         readable, _, _ = select.select([conn.fileno()], [], [], 0)

@@ -91,6 +91,20 @@ class Queries:
             " %(key)s, %(msg_key)s, %(body)s) ON CONFLICT DO NOTHING RETURNING queue, state)"
             f" SELECT (SELECT count(*) FROM ins), ({_notify_ready('ins')})"
         )
+        # One job that is ready now (no eta), the one-at-a-time producer's
+        # usual call: the state, run_at and updated_at take their column
+        # defaults ('ready', now(), now()) instead of two CASEs on the eta,
+        # the parameters are positional (no dict to build and reorder on the
+        # client) and the one inserted row is counted and notified in one
+        # pass over it (docs/benchmarks-postgres.md, "25.1: what the server
+        # does per enqueue").  Parameters: id, queue, name, kind, priority,
+        # max_attempts, key, msg_key, body, channel.
+        self.enqueue_ready = q(
+            f"WITH ins AS (INSERT INTO {jobs} (id, queue, name, kind, priority, max_attempts,"
+            " key, msg_key, body) VALUES (%s::uuid, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT DO NOTHING RETURNING queue)"
+            " SELECT count(*), count(pg_notify(%s, queue)) FROM ins"
+        )
         # The direct handoff (migration 0005): a ready job of a queue that has
         # no ready job (so priority and FIFO order hold) and is not paused
         # goes to a live waiter of that queue, if one is free: the waiter is
