@@ -8,33 +8,16 @@ from __future__ import annotations
 
 import time
 
-from aiokafka import AIOKafkaConsumer
-
 import dumbwaiter as dw
 from dumbwaiter.brokers import from_url
 from dumbwaiter.brokers.kafka import KafkaBroker
 from dumbwaiter.brokers.kafka.belief import record_of
 from dumbwaiter.brokers.kafka.names import tier_for
-from dumbwaiter.brokers.kafka.transport import Copy, copy_of
 from tests.conformance.conftest import msg
+from tests.integration.kafka.copies import first_copies
 from tests.integration.kafka.server import new_prefix, url
 from tests.integration.redis.server import new_prefix as redis_prefix
 from tests.integration.redis.server import url as redis_url
-
-
-async def _copies(b: KafkaBroker, topic: str, n: int) -> list[Copy]:
-    """The first ``n`` records of ``topic``, as a worker reads them."""
-    c = AIOKafkaConsumer(topic, **b.config, auto_offset_reset="earliest")
-    await c.start()
-    try:
-        got: list[Copy] = []
-        deadline = time.monotonic() + 20
-        while len(got) < n and time.monotonic() < deadline:
-            for recs in (await c.getmany(timeout_ms=500)).values():
-                got += [copy_of(r) for r in recs]
-        return got
-    finally:
-        await c.stop()
 
 
 async def test_a_first_copy_rebuilds_the_record_its_enqueue_wrote() -> None:
@@ -45,9 +28,9 @@ async def test_a_first_copy_rebuilds_the_record_its_enqueue_wrote() -> None:
         await b.enqueue([now])
         await b.enqueue([later])
         records = await b.state.kv_get([b.names.job + m.id for m in (now, later)])
-        [ready] = await _copies(b, b.names.queue_topic("default"), 1)
+        [ready] = await first_copies(b, b.names.queue_topic("default"), 1)
         tier = b.names.tier_topic(tier_for(59.0))  # due in a little under 60 s
-        [delayed] = await _copies(b, tier, 1)
+        [delayed] = await first_copies(b, tier, 1)
         for copy, m in ((ready, now), (delayed, later)):
             rec = record_of(copy)
             assert rec is not None
@@ -68,7 +51,7 @@ async def test_a_copy_whose_job_changed_since_is_judged_by_its_record() -> None:
         assert await b.cancel([cancelled.id]) == [cancelled.id]
         await b.enqueue([twice])
         topic = b.names.queue_topic("default")
-        copy = (await _copies(b, topic, 2))[1]
+        copy = (await first_copies(b, topic, 2))[1]
         assert copy.key is not None
         await b.send([(topic, copy.key, copy.value, list(copy.headers.items()))])
         [d] = await b.fetch(["default"], 1, 60.0, 0)

@@ -21,11 +21,11 @@ from dumbwaiter.brokers.kafka.belief import record_of
 from dumbwaiter.brokers.kafka.jobs import CHUNK
 from dumbwaiter.brokers.kafka.names import tier_for
 from dumbwaiter.brokers.kafka.produce import BATCH_FROM
-from dumbwaiter.brokers.kafka.transport import Copy, copy_of
 from dumbwaiter.testing import drain
 from tests.brokers import BROKERS
 from tests.conformance import test_events  # its ``event``; not its fixtures
 from tests.conformance.conftest import msg
+from tests.integration.kafka.copies import first_copies
 from tests.integration.kafka.server import bootstrap
 
 KEYS = ("alpha", "beta", "gamma", "delta")
@@ -94,8 +94,8 @@ async def test_each_copy_of_a_bulk_enqueue_carries_its_own_jobs_headers(tmp_path
         ready = [msg(priority=i % 3, args=[i]) for i in range(2 * BATCH_FROM)]
         later = [msg(eta=eta, args=[-1]), msg(eta=eta + 0.5, priority=2, args=[-2])]
         await broker.enqueue(ready[:BATCH_FROM] + later + ready[BATCH_FROM:])
-        got = await _copies(broker, broker.names.queue_topic("default"), len(ready))
-        got += await _copies(broker, broker.names.tier_topic(tier_for(59.0)), len(later))
+        got = await first_copies(broker, broker.names.queue_topic("default"), len(ready))
+        got += await first_copies(broker, broker.names.tier_topic(tier_for(59.0)), len(later))
         by_id = {c.header("dw-id") or "": c for c in got}
         assert sorted(by_id) == sorted(m.id for m in ready + later)
         records = await broker.state.kv_get([broker.names.job + m.id for m in ready + later])
@@ -108,18 +108,3 @@ async def test_each_copy_of_a_bulk_enqueue_carries_its_own_jobs_headers(tmp_path
             assert rec.dump() == records[broker.names.job + m.id]  # its own run time too
     finally:
         await broker.close()
-
-
-async def _copies(b: KafkaBroker, topic: str, n: int) -> list[Copy]:
-    """The first ``n`` records of ``topic``, as a worker reads them."""
-    c = AIOKafkaConsumer(topic, **b.config, auto_offset_reset="earliest")
-    await c.start()
-    try:
-        got: list[Copy] = []
-        deadline = time.monotonic() + 20
-        while len(got) < n and time.monotonic() < deadline:
-            for recs in (await c.getmany(timeout_ms=500)).values():
-                got += [copy_of(r) for r in recs]
-        return got
-    finally:
-        await c.stop()
