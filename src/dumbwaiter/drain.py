@@ -124,16 +124,20 @@ async def _not_drained(
         for s in waiting
     )
     named: list[str] = []
-    for s in waiting:
-        for state in (State.READY, State.RUNNING, State.SCHEDULED, State.RETRYING):
-            if len(named) >= _NAMED:
-                break
-            page = await app.broker.list_jobs(JobFilter(queue=s.queue, state=state), None, _NAMED)
-            named += [
-                f"{i.message.name} {i.message.id} {i.state} attempt {i.message.attempt}"
-                + (f" on {i.worker}" if i.worker else "")
-                for i in page.items
-            ]
+    try:
+        for s in waiting:
+            for state in (State.READY, State.RUNNING, State.SCHEDULED, State.RETRYING):
+                if len(named) >= _NAMED:
+                    break
+                wanted = JobFilter(queue=s.queue, state=state)
+                page = await app.broker.list_jobs(wanted, None, _NAMED)
+                named += [
+                    f"{i.message.name} {i.message.id} {i.state} attempt {i.message.attempt}"
+                    + (f" on {i.worker}" if i.worker else "")
+                    for i in page.items
+                ]
+    except Exception as exc:  # the timeout is the error to raise, not a listing's
+        named.append(f"(could not list them: {exc!r})")
     return (
         f"queues {list(queues)} did not drain in {timeout} s "
         f"(the worker has {worker.inflight} in flight; {counts or 'no queue counts work'})"
