@@ -609,6 +609,45 @@ async def test_a_job_settled_by_a_process_that_died_before_its_list_is_counted(
     assert info is not None and info.state is State.SUCCEEDED and info.compact is compact
 
 
+@pytest.mark.parametrize("late", ["ack", "retry", "extend"])
+@pytest.mark.parametrize("given_back", ["rescue", "redelivery"])
+async def test_a_job_this_process_claims_again_is_counted_whatever_its_first_claim_does_late(
+    make: Callable[..., NatsBroker], given_back: str, late: str
+) -> None:
+    """A process' first delivery of a job lost its lease (its outcome waited
+    to be written: a worker's settles in their backoff after a network cut),
+    the job was given back (by a rescue, or JetStream delivered its pointer
+    again after AckWait) and the same process claimed it again.  The first
+    delivery's late settle (or heartbeat) is fenced off; it used to take the
+    job out of the process' holder list anyway, the entry the second claim
+    had kept (the list was per job), and the second run's ack then found
+    nothing to count: ``stats`` stayed one success short for good (the
+    partition test's NATS failure, 39 of 40)."""
+    b = make(ack_wait="1")
+    await b.open()
+    m = msg()
+    await b.enqueue([m])
+    [first] = await b.fetch(["default"], 1, 0.2, 0, "w")
+    if given_back == "rescue":
+        await eventually(b.rescue, lambda r: int(r) == 1)  # its lease ran out
+    [second] = await b.fetch(["default"], 1, 60.0, 10.0, "w")
+    assert second.id == m.id and second.message is not None and second.message.attempt == 2
+    if late == "ack":
+        await b.ack([first])
+    elif late == "retry":
+        first.retry_at = time.time()
+        await b.retry([first])
+    else:
+        assert await b.extend([first], 60.0) == [first]  # lost, as the heartbeat reports
+    [st] = await b.stats()
+    assert (st.running, st.succeeded) == (1, 0)  # the second claim is still listed
+    await b.ack([second])
+    info = await b.get(m.id)
+    assert info is not None and info.state is State.SUCCEEDED and info.message.attempt == 2
+    [st] = await b.stats()
+    assert (st.running, st.succeeded, st.ready, st.retrying) == (0, 1, 0, 0)
+
+
 async def test_a_finished_job_a_gone_process_still_lists_is_not_counted_as_running(
     make: Callable[..., NatsBroker],
 ) -> None:

@@ -20,7 +20,7 @@ from ..types import Delivery
 from . import records as R
 from .connection import LoopLink
 from .moves import Moves
-from .pointers import Ptr, lease_error
+from .pointers import Ptr, lease_error, queue_of
 from .protocol import JetStreamError, Reply, Unavailable, pub_ack
 from .puller import Pulled
 from .records import Token
@@ -60,11 +60,13 @@ class Claim(Moves):
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     out = self._claimed(link, fast, await batch.fut, slow, now, until, worker)
+                    self._own(link, out, added, until)
                     await self.requeue(out)
                 self._give_back(link, slow)
                 self._unlist(link, added, {p.id for p in slow})
                 raise
             out = self._claimed(link, fast, results, slow, now, until, worker)
+            self._own(link, out, added, until)
             if slow:
                 task = asyncio.ensure_future(
                     asyncio.gather(*(self._claim_slow(link, p, until, worker) for p in slow))
@@ -74,20 +76,38 @@ class Claim(Moves):
                 except asyncio.CancelledError:
                     with contextlib.suppress(Exception):
                         claimed = [d for d in await task if d is not None]
+                        self._own(link, claimed, added, until)
                         self._unlist(link, added, {p.id for p in slow} - {d.id for d in claimed})
                         await self.requeue(out + claimed)
                     raise
-                out += [d for d in got if d is not None]
+                claimed = [d for d in got if d is not None]
+                self._own(link, claimed, added, until)
+                out += claimed
                 self._unlist(link, added, {p.id for p in slow} - {d.id for d in out})
         except BaseException:
-            link.holder.unsure.update(j for j, e in added.items() if link.holder.run.get(j) is e)
+            run = link.holder.run
+            link.holder.unsure.update(j for j, e in added.items() if run.get(j) is e)
+            link.holder.unsure.update(d.id for d in out if run.get(d.id) is d.token.entry)
             raise
-        if len(added) < len(out):  # a job listed already (a claim's leftover) is now ours
-            for d in out:
-                if d.id not in added:
-                    link.holder.unsure.discard(d.id)
-                    link.holder.extended(d.id, until)
         return out
+
+    def _own(
+        self, link: LoopLink, ds: list[Delivery], added: dict[str, list[Any]], until: float
+    ) -> None:
+        """Give each delivery its holder list entry (``Holder.owned``); a job
+        listed already (by an earlier claim of this process) is listed anew,
+        and the list written."""
+        holder = link.holder
+        anew = False
+        for d in ds:
+            listed = added.get(d.id)
+            tok: Token = d.token
+            tok.entry = holder.owned(d.id, d.queue or queue_of(d), until, listed)
+            anew = anew or tok.entry is not listed
+        if anew:
+            holder.write()
+            with contextlib.suppress(Exception):
+                link.wire.write_now()
 
     def _unlist(self, link: LoopLink, added: dict[str, list[Any]], ids: set[str]) -> None:
         """Take out of the holder list the jobs this claim listed and did not

@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -104,40 +104,65 @@ class Holder:
         self._again: asyncio.TimerHandle | None = None
 
     def running(self, jid: str, queue: str, until: float) -> None:
-        """A claim: [queue, lease until] (the record has the rest).  A job
-        listed already keeps its entry (a live claim of this process, whose
-        pointer JetStream delivered again: the new claim will not win; or a
-        failed claim's leftover); ``added`` collects the entries made, for
-        the claim to take out again what it does not deliver."""
+        """A claim on its way: [queue, lease until] (the record has the rest).
+        A job listed already keeps its entry meanwhile (a live claim of this
+        process, whose pointer JetStream delivered again: the new claim will
+        not win; or a failed claim's leftover); ``added`` collects the entries
+        made, for the claim to take out again what it does not deliver, and
+        to hand to ``owned`` for what it delivers."""
         if jid not in self.run:
             e = self.run[jid] = [queue, until]
             self.added[jid] = e
             self.dirty = True
 
-    def drop(self, entries: dict[str, list[Any]]) -> None:
+    def owned(self, jid: str, queue: str, until: float, listed: list[Any] | None) -> list[Any]:
+        """The entry of a delivery whose claim won (its token keeps it): the
+        one that claim listed (``listed``, from ``added``) if it is still the
+        job's, else a new one in place of whatever the job has.
+
+        A delivery extends, settles and gives up only its own entry
+        (``extended``, ``finished``, ``drop``).  The job may have been listed
+        already by an earlier delivery of this process that lost its lease:
+        its outcome was waiting to be written (a worker's settles in their
+        backoff after a network cut), a rescue gave the job back, and this
+        process claimed it again.  That delivery's late settle is fenced off
+        at the record, and it used to take the job out of this list anyway,
+        by its id, with the entry the new claim had kept: the job no longer
+        showed as running, and its second run's success was never counted."""
+        if listed is not None and self.run.get(jid) is listed:
+            return listed
+        e = self.run[jid] = [queue, until]
+        self.unsure.discard(jid)  # a failed claim's leftover: this claim is the job's now
+        self.dirty = True
+        return e
+
+    def _mine(self, jid: str, entry: list[Any] | None) -> list[Any] | None:
+        """The job's entry if it is ``entry`` (None: whichever it has)."""
+        e = self.run.get(jid)
+        return e if e is not None and (entry is None or e is entry) else None
+
+    def drop(self, entries: Mapping[str, list[Any] | None]) -> None:
         """Take these entries out, each only if it is still the same one (a
-        new claim of the job meanwhile lists it anew)."""
+        new claim of the job meanwhile lists it anew: see ``owned``)."""
         for jid, e in entries.items():
-            if self.run.get(jid) is e:
+            if self._mine(jid, e) is not None:
                 del self.run[jid]
                 self.dirty = True
 
-    def extended(self, jid: str, until: float) -> None:
-        e = self.run.get(jid)
+    def extended(self, jid: str, entry: list[Any] | None, until: float) -> None:
+        e = self._mine(jid, entry)
         if e is not None:
             e[1] = until
             self.dirty = True
 
-    def finished(self, jid: str, queue: str, count: str | None) -> None:
-        """A settle: out of the running jobs and counted in one step, once (a
-        rescue or ``_reconcile_own`` that took the job out counted it)."""
-        if self.run.pop(jid, None) is not None and count == "ok":
-            self.count(queue, 1, 0, self.link.broker.clock.now())
-        self.dirty = True
-
-    def forget(self, ids: set[str]) -> None:
-        for jid in ids:
-            self.run.pop(jid, None)
+    def finished(self, jid: str, entry: list[Any] | None, queue: str, count: str | None) -> None:
+        """A settle: its entry out of the running jobs and counted in one
+        step, once (a rescue or ``_reconcile_own`` that took it out counted
+        it; another delivery's entry is not this settle's to take)."""
+        if self._mine(jid, entry) is not None:
+            del self.run[jid]
+            if count == "ok":
+                self.count(queue, 1, 0, self.link.broker.clock.now())
         self.dirty = True
 
     def count(self, queue: str, ok: int, cx: int, now: float) -> None:

@@ -89,6 +89,9 @@ class Token:
     #: stand-in envelope with the errors so far: every rewrite keeps them
     raw: str | None = None
     env: dict[str, Any] | None = None
+    #: this delivery's entry in its process' holder list (``Holder.owned``);
+    #: None takes whatever entry the job has
+    entry: list[Any] | None = None
 
 
 def claim_of(rec: dict[str, Any], seq: int) -> int:

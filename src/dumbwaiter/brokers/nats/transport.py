@@ -229,9 +229,9 @@ class Transport(Claim, Coordination):
         for d, _, _ in written:
             with contextlib.suppress(Unavailable):
                 link.wire.publish(d.token.reply, b"+ACK")
-            link.holder.finished(d.id, d.queue or queue_of(d), None)
+            link.holder.finished(d.id, d.token.entry, d.queue or queue_of(d), None)
         if lost:
-            link.holder.forget({d.id for d in lost})
+            link.holder.drop({d.id: d.token.entry for d in lost})
         link.holder.write()
         await link.wire.flush()
 
@@ -313,11 +313,11 @@ class Transport(Claim, Coordination):
                     await self._dlq_publish(link, rec, d.id)
                 with contextlib.suppress(Unavailable):
                     link.wire.publish(d.token.reply, b"+ACK")
-                link.holder.finished(d.id, d.queue or queue_of(d), count)
+                link.holder.finished(d.id, d.token.entry, d.queue or queue_of(d), count)
         finally:
             holder.settling -= ids
         if lost:
-            link.holder.forget({d.id for d in lost})
+            link.holder.drop({d.id: d.token.entry for d in lost})
         link.holder.write()
         await link.wire.flush()
         return [d for d, _, _ in written]
@@ -354,10 +354,10 @@ class Transport(Claim, Coordination):
             d.lease_until = until
             with contextlib.suppress(Unavailable):
                 link.wire.publish(d.token.reply, b"+WPI")
-            link.holder.extended(d.id, until)
+            link.holder.extended(d.id, d.token.entry, until)
         lost += gone
         if gone:
-            link.holder.forget({d.id for d in gone})
+            link.holder.drop({d.id: d.token.entry for d in gone})
         link.holder.write()
         await link.wire.flush()
         return lost
