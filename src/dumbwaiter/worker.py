@@ -79,6 +79,10 @@ class Worker(Attempt):
         self.broker = app.broker
         self._inflight: dict[str, Delivery] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: every slot task until it ends: ``_tasks`` lets go of a job's task
+        #: when the job's handler returns, and the slot still awaits its
+        #: settle hooks after that; asyncio holds tasks weakly
+        self._slots: set[asyncio.Task[None]] = set()
         self._slot = asyncio.Event()
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -307,7 +311,9 @@ class Worker(Attempt):
         while self._buffer and len(self._inflight) < limit:
             d = self._buffer.popleft()
             self._inflight[d.id] = d
-            self._tasks[d.id] = asyncio.create_task(self._run_slot(d))
+            slot = self._tasks[d.id] = asyncio.create_task(self._run_slot(d))
+            self._slots.add(slot)
+            slot.add_done_callback(self._slots.discard)
 
     async def _run_slot(self, d: Delivery) -> None:
         """Run ``d``, then buffered jobs one after another while the slot is free.

@@ -5,6 +5,8 @@ workflows and batches do: ``after_success``, ``on_dead`` and
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import dumbwaiter as dw
 from dumbwaiter.cancel import request_cancel
@@ -90,6 +92,42 @@ async def test_on_dead_runs_awaited_before_the_dead_letter_is_stored() -> None:
     await drain(app)
     assert plain == ["no"]  # a plain hook runs too, once
     assert stored == [("no", State.RUNNING)]  # what it records is there before the job is dead
+
+
+async def test_a_hook_awaiting_what_only_it_holds_still_ends_in_a_settle() -> None:
+    """A slot whose ``on_dead`` awaits a future that only the awaiting task
+    keeps alive (a client library that holds its waiters weakly) is not
+    lost to the garbage collector: asyncio holds tasks weakly, and the
+    worker lets go of a job's task in its map when the handler returns.
+    A Kafka batch test's drain timed out that way: a dead shard's slot was
+    collected in its hook, and the job stayed running."""
+    waiters: weakref.WeakSet[asyncio.Future[None]] = weakref.WeakSet()
+    hooked = asyncio.Event()
+
+    class WeakWait(dw.Middleware):
+        async def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
+            f = asyncio.get_running_loop().create_future()
+            waiters.add(f)
+            hooked.set()
+            await f
+
+    app = dw.App("memory://", retry=dw.Retry(attempts=1), middleware=[WeakWait()])
+
+    @app.task
+    def broken() -> None:
+        raise ValueError("no")
+
+    async def wake() -> None:
+        await hooked.wait()
+        gc.collect()
+        for f in list(waiters):
+            f.set_result(None)
+
+    job = await broken.aenqueue()
+    waking = asyncio.ensure_future(wake())
+    await drain(app, timeout=10)
+    await waking
+    assert await job.astatus() is State.DEAD
 
 
 async def test_on_dead_hears_of_a_job_the_rescuer_buried() -> None:
