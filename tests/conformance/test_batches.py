@@ -66,21 +66,7 @@ async def test_a_key_range_travels_as_bounds(app: dw.App) -> None:
     ]
 
 
-async def _drain_or_known_defect(app: dw.App, broker_name: str) -> None:
-    """``drain``; on Kafka, a drain that times out is the open defect of
-    docs/kafka.md (Status: seen in 3 of 5 full-suite runs, never alone),
-    reported as an xfail whose reason is the drain's own message (which jobs
-    were left, in which state, on which worker), so each occurrence says
-    where to look.  Any other failure still fails."""
-    try:
-        await drain(app)
-    except TimeoutError as exc:
-        if broker_name != "kafka":
-            raise
-        pytest.xfail(f"open defect (docs/kafka.md, Status): {exc}")
-
-
-async def test_resume_after_partial_failure(app: dw.App, broker_name: str) -> None:
+async def test_resume_after_partial_failure(app: dw.App) -> None:
     broken = {"on": True}
     runs: list[int] = []
     outcomes: list[str] = []
@@ -101,7 +87,7 @@ async def test_resume_after_partial_failure(app: dw.App, broker_name: str) -> No
 
     items = list(range(60))
     b = await app.abatch(settle, items, chunk_size=10, on_complete=done.s(), on_failure=failed.s())
-    await _drain_or_known_defect(app, broker_name)
+    await drain(app)
     p = await b.aprogress()
     assert (p["done"], p["failed"], p["state"]) == (4, 2, "failed")
     assert outcomes == ["failed 2"]
@@ -109,7 +95,7 @@ async def test_resume_after_partial_failure(app: dw.App, broker_name: str) -> No
 
     broken["on"] = False
     again = await app.abatch(settle, items, chunk_size=10, on_complete=done.s(), batch_id=b.id)
-    await _drain_or_known_defect(app, broker_name)
+    await drain(app)
     assert sorted(runs) == [0, 10, 20, 20, 30, 40, 40, 50]  # only the two failed shards again
     p = await again.aprogress()
     assert (p["done"], p["failed"], p["state"]) == (6, 0, "complete")

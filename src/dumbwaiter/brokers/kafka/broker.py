@@ -52,7 +52,7 @@ from .delay import Relay, tier_headers
 from .engine import Out
 from .held import Held
 from .names import TIERS, Names, tier_for
-from .produce import BATCH_FROM, Item, Sending, send_batched, send_one
+from .produce import BATCH_FROM, Item, Sending, in_view, send_batched, send_one
 from .records import Record
 from .topics import Topics
 from .transport import JOIN_WAIT, Copy, Reader
@@ -393,6 +393,7 @@ class KafkaBroker(StateDelegation):
         if topics & tiers:
             await self.ensure_topics(tiers, 1)
         producer = await self.link().producer(self._request_size())
+        await in_view(producer, topics, self._remake)
         try:
             if len(items) >= BATCH_FROM:
                 return await send_batched(producer, items)
@@ -400,6 +401,11 @@ class KafkaBroker(StateDelegation):
         except KafkaError:
             self._topics.check_soon()
             raise
+
+    async def _remake(self) -> None:
+        """Make again the topics the cluster lost (a copy's topic it did not list)."""
+        self._topics.check_soon()
+        await self._topics.check(self.link())
 
     def send_soon(self, items: Out) -> None:
         """``send`` in a task of its own, for copies nobody waits for (the
@@ -465,7 +471,7 @@ class KafkaBroker(StateDelegation):
             auto_offset_reset="earliest",
         )
         producer = await link.producer(self._request_size())
-        link.relay = Relay(consumer, producer, self.names.tier_topic, self.clock.now)
+        link.relay = Relay(consumer, producer, self.names.tier_topic, self.clock.now, self._remake)
         link.relay.start()
 
     async def fetch(

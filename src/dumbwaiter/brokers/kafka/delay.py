@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -31,6 +31,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from .connection import started
 from .names import TIERS, tier_for
+from .produce import in_view
 
 log = logging.getLogger("dumbwaiter.kafka")
 
@@ -55,12 +56,15 @@ class Relay:
         producer: AIOKafkaProducer,
         tier_topic: Callable[[int], str],
         clock: Callable[[], float] = time.time,
+        remake: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.consumer = consumer
         self.producer = producer
         self.tier_topic = tier_topic
         #: the state store's time (``clock.py``): the due times were written on it
         self.clock = clock
+        #: makes again the topics a restarted cluster lost (``produce.in_view``)
+        self.remake = remake
         self._topics = {tier_topic(i): i for i in range(len(TIERS))}
         self._paused: dict[TopicPartition, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -137,6 +141,7 @@ class Relay:
                 topic, out = to, [(k, v) for k, v in headers if k not in (TO, DUE)]
             else:
                 topic, out = self.tier_topic(tier_for(due - now)), headers
+            await in_view(self.producer, (topic,), self.remake)
             sent.append(await self.producer.send(topic, rec.value, key=rec.key, headers=out))
             last = rec.offset
         if sent:

@@ -12,13 +12,15 @@ the producer's batch size) as fit, and each batch handed over with
 ``Sending`` is copies handed to the producer and not yet acknowledged: an
 enqueue starts its copies on their way, writes its records meanwhile, and
 waits for the acknowledgement last (``jobs.enqueue``).
+
+``in_view`` keeps the producer's view of the cluster whole: see there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
@@ -44,6 +46,50 @@ def partition_of(key: bytes, headers: Sequence[tuple[str, bytes]], parts: Sequen
     if headers and headers[0][0] == "dw-id" and headers[0][1] == key:
         return parts[zlib.crc32(key) % len(parts)]
     return int(_partitioner(key, parts, parts))
+
+
+#: looks at the cluster's topics before a copy goes to one the producer
+#: does not know (a topic just made reaches every broker's metadata a
+#: moment after its creation returns)
+VIEW_TRIES = 5
+VIEW_PAUSE = 0.2
+
+
+async def in_view(
+    producer: AIOKafkaProducer,
+    topics: Iterable[str],
+    remake: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Make the producer know ``topics`` before a copy goes to them, keeping
+    its client asking the cluster for *every* topic.
+
+    aiokafka's producer starts out asking for every topic, and answers a
+    send to a topic it already knows without adding that topic to the ones
+    it asks for.  The first send to a topic it does not know makes that
+    topic the only one it asks for (``AIOKafkaClient.add_topic``), and the
+    next answer forgets every other topic: a copy handed over in that moment
+    waits for its partition's leader until the request times out, and an
+    enqueue inside a worker (a batch's callback) waited 40 s.  Asking for
+    every topic again (``set_topics(())``) until the new one is in the
+    answer never narrows the view; and it never names a topic, which a
+    cluster that creates topics on demand (tansu, Kafka with
+    ``auto.create.topics.enable``) would create with its own partition
+    count.  ``remake`` makes again the topics the cluster lost (the broker's
+    ``Topics.check``): a topic still missing after one look is one a
+    restarted server forgot, made again here with the partitions it was
+    made with."""
+    cluster = producer.client.cluster
+    missing = [t for t in topics if cluster.partitions_for_topic(t) is None]
+    for attempt in range(VIEW_TRIES):
+        if not missing:
+            return
+        if attempt:
+            if attempt == 1 and remake is not None:
+                await remake()
+            await asyncio.sleep(VIEW_PAUSE)
+        await producer.client.set_topics(())
+        missing = [t for t in missing if cluster.partitions_for_topic(t) is None]
+    # still unknown: the send asks for it by name (aiokafka's own way)
 
 
 async def send_one(producer: AIOKafkaProducer, item: Item) -> asyncio.Future[object]:
