@@ -103,6 +103,12 @@ def params(name: str, q: Queries) -> Any:
     )
     if name == "ready":
         return (str(job), "default", "noop", "task", 0, 3, None, None, body, q.channel)
+    return enqueue_params(q, job, body)
+
+
+def enqueue_params(q: Queries, job: uuid.UUID, body: bytes) -> dict[str, Any]:
+    """The named parameters of ``queries.enqueue`` for one ready no-op job
+    (``postgres_server_work.py`` measures the server's side of the same)."""
     return {
         "id": str(job),
         "queue": "default",

@@ -373,21 +373,12 @@ def explain(db: str, peers_python: str) -> None:
 
     q = Queries(SCHEMA)
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.postgres_enqueue_parts import enqueue_params
+
     def params() -> dict[str, Any]:
         job = uuid.uuid4()
-        return {
-            "id": str(job),
-            "queue": "default",
-            "name": "noop",
-            "kind": "task",
-            "eta": None,
-            "priority": 0,
-            "max_attempts": 3,
-            "key": None,
-            "msg_key": None,
-            "body": b'{"id":"' + str(job).encode() + b'","args":[1],"kwargs":{}}',
-            "channel": q.channel,
-        }
+        return enqueue_params(q, job, b'{"id":"' + str(job).encode() + b'","args":[1],"kwargs":{}}')
 
     with psycopg.connect(dsn(db, PORT, "work-explain"), autocommit=True) as c:
         for _ in range(20):  # warm: the last one is printed
