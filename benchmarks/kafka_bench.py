@@ -31,6 +31,8 @@ import socket
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -68,6 +70,19 @@ def tansu() -> tuple[str, subprocess.Popen[bytes] | None]:
         except OSError:
             time.sleep(0.05)  # a process starting: nothing to wait on
     return f"127.0.0.1:{port}", proc
+
+
+@contextmanager
+def running_tansu(wanted: bool = True) -> Iterator[str]:
+    """``tansu()`` (when ``wanted``; else no cluster: ""), the tansu of our
+    own stopped on the way out."""
+    servers, proc = tansu() if wanted else ("", None)
+    try:
+        yield servers
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
 
 
 async def bare(servers: str, n: int) -> tuple[float, float, float]:
@@ -165,8 +180,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
-    servers, proc = tansu()
-    try:
+    with running_tansu() as servers:
         for rep in range(args.reps):
             one, piped, bare_drain = asyncio.run(bare(servers, args.n))
             e1, eb, dr, kv_ms, send_ms = asyncio.run(ours(servers, args.n))
@@ -178,10 +192,6 @@ def main() -> None:
                 f"record kv_add {kv_ms:.2f} ms, produce {send_ms:.2f} ms",
                 flush=True,
             )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def us_per_job(rec: dict[str, object]) -> float:
 
 def ab(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
-    from kafka_bench import tansu
+    from kafka_bench import running_tansu
 
     base = Path(tempfile.mkdtemp(prefix="kbulk-base-"))
     archive = subprocess.run(
@@ -136,11 +136,10 @@ def ab(args: argparse.Namespace) -> None:
         check=True, capture_output=True, text=True,
     ).stdout.strip()  # fmt: skip
     print(f"base {args.base} ({base_rev}), this checkout (HEAD {this_rev}, working tree)")
-    servers, proc = tansu()
     out = base / "raw.jsonl"
     rates: dict[str, list[float]] = {k: [] for k in TURNS}
     cpus: dict[str, list[float]] = {k: [] for k in TURNS}
-    try:
+    with running_tansu() as servers:
         for rnd in range(args.rounds):
             order = TURNS[rnd % 4 :] + TURNS[: rnd % 4]
             got = {}
@@ -165,10 +164,6 @@ def ab(args: argparse.Namespace) -> None:
                 f"| load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
 
     def ratios(a: str, b: str) -> str:
         xs = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
@@ -238,15 +233,10 @@ def main() -> None:
         ab(args)
         return
     sys.path.insert(0, str(HERE))
-    from kafka_bench import tansu
+    from kafka_bench import running_tansu
 
-    servers, proc = tansu()
-    try:
+    with running_tansu() as servers:
         asyncio.run(profile(servers, args.n))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
 
 
 if __name__ == "__main__":

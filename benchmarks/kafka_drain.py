@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from kafka_bench import REDIS, tansu
+from kafka_bench import REDIS, running_tansu
 
 import dumbwaiter as dw
 
@@ -100,9 +100,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path)
     args = ap.parse_args()
     brokers = args.brokers.split(",")
-    servers, proc = tansu() if "kafka" in brokers else ("", None)
     rates: dict[str, list[float]] = {b: [] for b in brokers}
-    try:
+    with running_tansu("kafka" in brokers) as servers:
         for rep in range(args.reps):
             order = brokers[rep % len(brokers) :] + brokers[: rep % len(brokers)]
             line = []
@@ -123,10 +122,6 @@ def main() -> None:
             "median: " + ", ".join(f"{b} {statistics.median(v):,.0f}/s" for b, v in rates.items()),
             flush=True,
         )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from kafka_bench import tansu
+from kafka_bench import running_tansu
 from kafka_drain import drain, url_of
 
 from dumbwaiter.brokers.kafka import jobs, transport
@@ -62,14 +62,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=10000)
     args = ap.parse_args()
     count()
-    servers, proc = tansu()
-    try:
+    with running_tansu() as servers:
         url = url_of("kafka", servers, f"kc{int(time.time())}")
         rate, _ = asyncio.run(drain(url, args.n, None))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
     print(f"drain {rate:,.0f}/s ({args.n} jobs)")
     for k, v in sorted(calls.items()):
         print(f"{k}: {v} ({v / args.n:.4f} a job)")

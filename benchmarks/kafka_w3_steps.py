@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import quote
 
@@ -442,16 +443,15 @@ def _deep(r: dict[str, Any], steps: dict[str, dict[str, float]]) -> None:
         print(f"    deep ({count} jobs): " + ", ".join(shown))
 
 
-def tansu() -> tuple[str, subprocess.Popen[bytes] | None]:
+def running_tansu() -> AbstractContextManager[str]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kafka_bench import tansu as start
+    from kafka_bench import running_tansu as running
 
-    return start()
+    return running()
 
 
 async def produce(n: int, reps: int, variants: list[str]) -> None:
-    servers, proc = tansu()
-    try:
+    with running_tansu() as servers:
         with tempfile.TemporaryDirectory() as d:
             for rep in range(reps):
                 order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
@@ -463,10 +463,6 @@ async def produce(n: int, reps: int, variants: list[str]) -> None:
                     )
                     print(head)
                     print("    " + "  ".join(f"{k} {x:.2f}" for k, x in s.items()), flush=True)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
 
 
 def main() -> None:
