@@ -94,6 +94,8 @@ class Worker(Attempt):
         self._batch = 1
         self._round = 0
         self._fetching: asyncio.Future[list[Delivery]] | None = None
+        #: the rescue pass under way: the stop lets it end (``_rescue``)
+        self._rescuing: asyncio.Task[None] | None = None
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
         self._fetch_time = 0.0
         self.counts = {"succeeded": 0, "retried": 0, "dead": 0, "requeued": 0, "duplicates": 0}
@@ -189,6 +191,7 @@ class Worker(Attempt):
             for s in services[1:]:
                 s.cancel()
             await asyncio.gather(*services[1:], return_exceptions=True)
+            await self._end_rescue()
             await self._settler.close()
             await asyncio.gather(services[0], return_exceptions=True)
             with contextlib.suppress(Exception):
@@ -456,6 +459,31 @@ class Worker(Attempt):
         return out
 
     async def _rescue(self) -> None:
+        """One rescue pass, shielded from the stop that cancels the side
+        services: once the broker has buried a job in it, only this pass
+        can report it (``on_dead``, the log line), and nothing would call
+        the hooks for it again; ``_end_rescue`` waits for it."""
+        self._rescuing = asyncio.ensure_future(self._rescue_pass())
+        await asyncio.shield(self._rescuing)
+
+    async def _end_rescue(self) -> None:
+        """At stop, after the side services are cancelled: let a rescue
+        pass under way end, within the grace period (an immediate stop
+        does not wait), so the jobs it buried are reported."""
+        task = self._rescuing
+        if task is None or task.done():
+            return
+        stop = asyncio.ensure_future(self._stopped.wait())
+        await asyncio.wait(
+            {task, stop}, timeout=self.config.grace, return_when=asyncio.FIRST_COMPLETED
+        )
+        stop.cancel()
+        task.cancel()
+        [ended] = await asyncio.gather(task, return_exceptions=True)
+        if isinstance(ended, Exception):
+            log.error("the last rescue pass failed: %r", ended)
+
+    async def _rescue_pass(self) -> None:
         rescued = await self.broker.rescue()
         n = int(rescued)
         if n:

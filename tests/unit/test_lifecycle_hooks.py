@@ -9,6 +9,7 @@ import gc
 import weakref
 
 import dumbwaiter as dw
+from dumbwaiter.brokers.types import Rescued
 from dumbwaiter.cancel import request_cancel
 from dumbwaiter.message import ErrorRecord
 from dumbwaiter.state import State
@@ -263,6 +264,41 @@ async def test_a_middleware_narrowed_to_a_header_hears_only_of_jobs_that_carry_i
     await drain(app)
     assert sorted(tenant) == [("dead", "initech"), ("ok", "acme")]
     assert sorted(every) == [1, 2]
+
+
+async def test_a_worker_stopping_while_its_rescuer_buries_a_job_still_reports_it() -> None:
+    """The stop comes while a rescue pass is under way (the broker has
+    buried a job, and has more to do in that pass: RabbitMQ's reconcile,
+    say): the worker lets the pass end, so ``on_dead`` hears of the job;
+    nothing else would ever report it."""
+    seen: list[str] = []
+
+    class Alert(dw.Middleware):
+        def on_dead(self, ctx: dw.Context | None, error: ErrorRecord) -> None:
+            seen.append(error.type)
+
+    app = dw.App("memory://", middleware=[Alert()])
+
+    @app.task(retry=False)
+    def lost() -> None:
+        raise AssertionError("never runs: its only attempt was lost")
+
+    await lost.aenqueue()
+    [_] = await app.broker.fetch(["default"], 1, 0.05, 0, "w-dead")  # taken, never settled
+    w = dw.Worker(app, rescue_interval=0.05, fetch_wait=0.05)
+    rescue = app.broker.rescue
+
+    async def slow_rescue() -> Rescued:
+        done = await rescue()
+        if done.dead:  # buried: the worker stops before this pass ends
+            w.stop()
+            [heartbeat] = [t for t in asyncio.all_tasks() if t.get_name() == "heartbeat"]
+            await asyncio.wait({heartbeat})  # the stop has cancelled the side services
+        return done
+
+    app.broker.rescue = slow_rescue  # type: ignore[method-assign]
+    await asyncio.wait_for(w.run(), 30)
+    assert seen == ["dumbwaiter.errors.LeaseExpired"]
 
 
 async def test_a_shard_the_rescuer_buried_fails_its_batch() -> None:
