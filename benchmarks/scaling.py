@@ -505,13 +505,17 @@ def main() -> None:
     p.add_argument("-n", type=int, default=20_000)
     p.add_argument("-c", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES])
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES, *BASE_MODES]
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--base", type=Path, help="a checkout whose src/ the base modes run")
     p.add_argument("--bare-worker", choices=list(SERVERS), help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.base is not None:
-        args.modes += [m for m in BASE_MODES if m not in args.modes]
+    if args.base is None and set(args.modes) & set(BASE_MODES):
+        p.error("the base modes need --base DIR")
+    if args.base is not None and not set(args.modes) & set(BASE_MODES):
+        args.modes += list(BASE_MODES)
     if args.bare_worker:
         # every job's line is written with write(2): nothing is left to flush
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

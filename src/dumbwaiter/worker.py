@@ -97,6 +97,9 @@ class Worker(Attempt):
         self._fetches: set[asyncio.Future[list[Delivery]]] = set()
         #: the jobs those fetches may bring: room the claim loops reserved
         self._claiming = 0
+        self._loops = 1  # the claim loops running (``_fetch_loop``)
+        self._dry = True  # the last claim found nothing: the others wait
+        self._idle_loops = 0  # claim loops waiting for room (``_slot``)
         #: the rescue pass under way: the stop lets it end (``_rescue``)
         self._rescuing: asyncio.Task[None] | None = None
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
@@ -230,12 +233,13 @@ class Worker(Attempt):
         sent while the first is on its way keeps the slots fed when that
         round trip is long because the server is busy (serving another
         process, say).  The loops share one bound: together they never
-        claim more than the free slots and the prefetch."""
+        claim more than the free slots and the prefetch, each at most its
+        share of it, so one claim lands while another is on its way."""
         cfg = self.config
         # Fetch in batches: with work in flight, wait until a quarter of the
         # slots are free, so a busy worker makes few large claims.
         self._batch = max(1, min(cfg.concurrency // 4, 32))
-        loops = max(1, self.broker.capabilities.concurrent_fetches)
+        loops = self._loops = max(1, self.broker.capabilities.concurrent_fetches)
         if loops == 1:
             await self._claim_loop()
             return
@@ -254,10 +258,19 @@ class Worker(Attempt):
         backoff = 0.05
         while not self._stopping:
             held = len(self._inflight) + len(self._buffer) + self._stuck
-            room = cfg.concurrency + self._prefetch() - held - self._claiming
-            if room <= 0 or ((held or self._claiming) and room < batch):
+            room = self._room()
+            # the queues ran dry: one claim waits on the broker, not one a loop
+            if (
+                room <= 0
+                or ((held or self._claiming) and room < batch)
+                or (self._claiming and self._dry)
+            ):
                 self._slot.clear()
-                await self._slot.wait()
+                self._idle_loops += 1
+                try:
+                    await self._slot.wait()
+                finally:
+                    self._idle_loops -= 1
                 continue
             started = time.monotonic()
             # Start each fetch at the next queue, so a busy queue cannot starve
@@ -286,6 +299,7 @@ class Worker(Attempt):
                 self._claiming -= room
                 self._slot.set()  # what this claim did not bring is room for another
             backoff = 0.05
+            self._dry = not ds
             if self.stopping:  # stop() came while we waited: give the batch back
                 await self.broker.requeue(ds)
                 break
@@ -314,6 +328,15 @@ class Worker(Attempt):
             return
         for k in seen:
             keys[k].duplicate = True
+
+    def _room(self) -> int:
+        """How many jobs a claim may ask for now: the slots and the prefetch,
+        less what the worker holds and what its claims under way may bring;
+        each claim loop at most its share of that bound, so one claim lands
+        while another is still on its way."""
+        most = self.config.concurrency + self._prefetch()
+        held = len(self._inflight) + len(self._buffer) + self._stuck
+        return min(most - held - self._claiming, max(self._batch, most // self._loops))
 
     def _prefetch(self) -> int:
         """How many jobs to hold beyond the free slots.
@@ -375,7 +398,14 @@ class Worker(Attempt):
             self._inflight[d.id] = d
             self._tasks[d.id] = me
             self._fill()  # more slots may be free (a stuck thread returned)
-            self._slot.set()
+            if self._room() >= self._batch:  # a claim is due
+                self._slot.set()
+                if self._loops > 1 and self._idle_loops:
+                    # let a claim loop send it before this job runs, so it
+                    # is on its way while the buffer's jobs run (a slot whose
+                    # jobs do not wait runs the whole buffer first, and the
+                    # claim would leave only once the slots are empty)
+                    await asyncio.sleep(0)
         self._slot.set()
 
     async def _drain(self) -> None:
