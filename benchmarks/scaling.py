@@ -21,7 +21,9 @@ namespace filled beforehand (not timed):
   (nats-py).
 
 ``--modes "dw x1" "dw x2" "dw x1 2c"`` adds one process with ``2C`` slots:
-what a second process adds beyond more jobs in flight.
+what a second process adds beyond more jobs in flight.  ``--base DIR`` adds
+``base x1`` and ``base x2``: the same worker run from another checkout's
+``DIR/src`` (an earlier commit), so a change is judged against it in one run.
 
 The order alternates by round (``dw x1, dw x2, bare x1, bare x2``, then
 reversed) because the machine is shared and its load moves; the figures are
@@ -74,6 +76,8 @@ MODES = ("dw x1", "dw x2", "bare x1", "bare x2")
 #: one process with the slots of two (``-c`` doubled): what x2 adds beyond
 #: more jobs in flight (``--modes "dw x1" "dw x2" "dw x1 2c"``)
 EXTRA_MODES = ("dw x1 2c",)
+#: the worker of another checkout (``--base``)
+BASE_MODES = ("base x1", "base x2")
 PG_CONNECTIONS = 10
 
 
@@ -369,20 +373,23 @@ def machine() -> tuple[float, float]:
     return (sum(f) - idle) / _TICK, sum(f) / _TICK
 
 
-def drain(kind: str, mode: str, n: int, c: int) -> dict[str, float]:
-    """One drain of ``n`` jobs in ``mode``: rate and CPU per job."""
+def drain(kind: str, mode: str, n: int, c: int, base: Path | None = None) -> dict[str, float]:
+    """One drain of ``n`` jobs in ``mode``: rate and CPU per job (``base``
+    modes run the worker from ``base/src``)."""
     procs = 2 if mode.endswith("x2") else 1
     if mode.endswith("2c"):
         c *= 2
+    ours = mode.startswith(("dw", "base"))
+    src = (base if mode.startswith("base") and base is not None else ROOT) / "src"
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONPATH=os.pathsep.join([str(src), str(ROOT)]),
         DW_SCALING_URL=dw_url(kind),
         DW_SCALING_DONE=str(DONE),
     )
     with bench_lock():
         reset(kind)
-        if mode.startswith("dw"):
+        if ours:
             asyncio.run(_fill_dw(kind, n))
         else:
             asyncio.run(_fill_bare(kind, n))
@@ -391,7 +398,7 @@ def drain(kind: str, mode: str, n: int, c: int) -> dict[str, float]:
         b0, tb = server_cpu(kind), time.monotonic()
         time.sleep(0.5)
         background = (server_cpu(kind) - b0) / (time.monotonic() - tb)
-        if mode.startswith("dw"):
+        if ours:
             cmd = [sys.executable, "-m", "dumbwaiter", "worker", "--app", "benchmarks.scaling:app"]
             cmd += ["-q", "default", "-c", str(c), "--processes", str(procs)]
             cmd += ["--log-level", "WARNING"]
@@ -473,11 +480,14 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]]) -> None:
                 f"| {_med([100 * b for b in col['machine_busy']])} "
                 f"| {statistics.median(col['load']):.1f} |"
             )
-    print("\n| broker | dw x2 / x1, each round | median | bare x2 / x1, each round | median |")
-    print("|---|---|--:|---|--:|")
+    print(
+        "\n| broker | dw x2 / x1, each round | median | base x2 / x1, each round | median "
+        "| bare x2 / x1, each round | median |"
+    )
+    print("|---|---|--:|---|--:|---|--:|")
     for kind, modes in results.items():
         cells = []
-        for who in ("dw", "bare"):
+        for who in ("dw", "base", "bare"):
             if f"{who} x1" not in modes or f"{who} x2" not in modes:
                 cells += ["", ""]
                 continue
@@ -495,10 +505,17 @@ def main() -> None:
     p.add_argument("-n", type=int, default=20_000)
     p.add_argument("-c", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES])
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES, *BASE_MODES]
+    )
     p.add_argument("--json", type=Path)
+    p.add_argument("--base", type=Path, help="a checkout whose src/ the base modes run")
     p.add_argument("--bare-worker", choices=list(SERVERS), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.base is None and set(args.modes) & set(BASE_MODES):
+        p.error("the base modes need --base DIR")
+    if args.base is not None and not set(args.modes) & set(BASE_MODES):
+        args.modes += list(BASE_MODES)
     if args.bare_worker:
         # every job's line is written with write(2): nothing is left to flush
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -512,7 +529,7 @@ def main() -> None:
             for kind in args.brokers:
                 order = list(args.modes) if rnd % 2 == 0 else list(reversed(args.modes))
                 for mode in order:
-                    r = drain(kind, mode, args.n, args.c)
+                    r = drain(kind, mode, args.n, args.c, args.base)
                     results[kind][mode].append(r)
                     print(
                         f"round {rnd + 1} {kind} {mode}: "

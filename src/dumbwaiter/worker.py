@@ -93,7 +93,13 @@ class Worker(Attempt):
         self._buffer: deque[Delivery] = deque()  # fetched, not started (prefetch)
         self._batch = 1
         self._round = 0
-        self._fetching: asyncio.Future[list[Delivery]] | None = None
+        #: the fetches in flight (``stop()`` cancels the idle ones)
+        self._fetches: set[asyncio.Future[list[Delivery]]] = set()
+        #: the jobs those fetches may bring: room the claim loops reserved
+        self._claiming = 0
+        self._loops = 1  # the claim loops running (``_fetch_loop``)
+        self._dry = True  # the last claim found nothing: the others wait
+        self._idle_loops = 0  # claim loops waiting for room (``_slot``)
         #: the rescue pass under way: the stop lets it end (``_rescue``)
         self._rescuing: asyncio.Task[None] | None = None
         self._job_time = 0.0  # moving averages (seconds) that size the prefetch
@@ -130,8 +136,8 @@ class Worker(Attempt):
         self._stopping = True
         self._immediate = self._immediate or immediate
         self._slot.set()
-        if self._fetching is not None and not self._fetching.done():
-            self._fetching.cancel()
+        for f in self._fetches:
+            f.cancel()
         if immediate:
             self._stopped.set()
 
@@ -221,17 +227,50 @@ class Worker(Attempt):
         return False
 
     async def _fetch_loop(self) -> None:
+        """Claim jobs until ``stop()``: as many claim loops as the broker
+        allows fetches in flight (``Capabilities.concurrent_fetches``).  With
+        one, a busy worker waits a round trip between claims; a second claim
+        sent while the first is on its way keeps the slots fed when that
+        round trip is long because the server is busy (serving another
+        process, say).  The loops share one bound: together they never
+        claim more than the free slots and the prefetch, each at most its
+        share of it, so one claim lands while another is on its way."""
         cfg = self.config
         # Fetch in batches: with work in flight, wait until a quarter of the
         # slots are free, so a busy worker makes few large claims.
-        batch = self._batch = max(1, min(cfg.concurrency // 4, 32))
+        self._batch = max(1, min(cfg.concurrency // 4, 32))
+        loops = self._loops = max(1, self.broker.capabilities.concurrent_fetches)
+        if loops == 1:
+            await self._claim_loop()
+            return
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i in range(loops):
+                    group.create_task(self._claim_loop(), name=f"dumbwaiter-claim-{i}")
+        except BaseExceptionGroup as failed:
+            # the first loop's error, as one loop would raise it (the group
+            # cancelled the others because of it)
+            raise failed.exceptions[0] from None
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        batch = self._batch
         backoff = 0.05
         while not self._stopping:
             held = len(self._inflight) + len(self._buffer) + self._stuck
-            room = cfg.concurrency + self._prefetch() - held
-            if room <= 0 or (held and room < batch):
+            room = self._room()
+            # the queues ran dry: one claim waits on the broker, not one a loop
+            if (
+                room <= 0
+                or ((held or self._claiming) and room < batch)
+                or (self._claiming and self._dry)
+            ):
                 self._slot.clear()
-                await self._slot.wait()
+                self._idle_loops += 1
+                try:
+                    await self._slot.wait()
+                finally:
+                    self._idle_loops -= 1
                 continue
             started = time.monotonic()
             # Start each fetch at the next queue, so a busy queue cannot starve
@@ -239,13 +278,15 @@ class Worker(Attempt):
             k = self._round % len(self.queues)
             self._round += 1
             queues = self.queues[k:] + self.queues[:k]
-            self._fetching = asyncio.ensure_future(
+            fetching = asyncio.ensure_future(
                 self.broker.fetch(queues, room, cfg.lease, cfg.fetch_wait, self.id)
             )
+            self._fetches.add(fetching)
+            self._claiming += room
             try:
-                ds = await self._fetching
+                ds = await fetching
             except asyncio.CancelledError:
-                if self._fetching.cancelled() and self.stopping:
+                if fetching.cancelled() and self.stopping:
                     break  # stop() interrupted an idle fetch; nothing was leased
                 raise
             except Exception:
@@ -253,7 +294,12 @@ class Worker(Attempt):
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            finally:
+                self._fetches.discard(fetching)
+                self._claiming -= room
+                self._slot.set()  # what this claim did not bring is room for another
             backoff = 0.05
+            self._dry = not ds
             if self.stopping:  # stop() came while we waited: give the batch back
                 await self.broker.requeue(ds)
                 break
@@ -282,6 +328,15 @@ class Worker(Attempt):
             return
         for k in seen:
             keys[k].duplicate = True
+
+    def _room(self) -> int:
+        """How many jobs a claim may ask for now: the slots and the prefetch,
+        less what the worker holds and what its claims under way may bring;
+        each claim loop at most its share of that bound, so one claim lands
+        while another is still on its way."""
+        most = self.config.concurrency + self._prefetch()
+        held = len(self._inflight) + len(self._buffer) + self._stuck
+        return min(most - held - self._claiming, max(self._batch, most // self._loops))
 
     def _prefetch(self) -> int:
         """How many jobs to hold beyond the free slots.
@@ -343,7 +398,14 @@ class Worker(Attempt):
             self._inflight[d.id] = d
             self._tasks[d.id] = me
             self._fill()  # more slots may be free (a stuck thread returned)
-            self._slot.set()
+            if self._room() >= self._batch:  # a claim is due
+                self._slot.set()
+                if self._loops > 1 and self._idle_loops:
+                    # let a claim loop send it before this job runs, so it
+                    # is on its way while the buffer's jobs run (a slot whose
+                    # jobs do not wait runs the whole buffer first, and the
+                    # claim would leave only once the slots are empty)
+                    await asyncio.sleep(0)
         self._slot.set()
 
     async def _drain(self) -> None:

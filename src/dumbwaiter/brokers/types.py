@@ -54,6 +54,10 @@ class Capabilities:
     #: take a lock per queue around the count (brokers/capacity.py): the
     #: bound holds as well, at a round trip or three more per enqueue
     native_capacity: bool = False
+    #: fetches a worker may keep in flight at once: ``fetch`` is safe to call
+    #: again before the last call returned, and a second claim sent during
+    #: the first's round trip pays off (the worker runs one claim loop each)
+    concurrent_fetches: int = 1
 
 
 @dataclass(slots=True)

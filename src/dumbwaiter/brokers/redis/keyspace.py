@@ -33,6 +33,7 @@ class Keyspace(RedisCapacity, Transport, Admin, Coordination):
         limits=True,
         events=True,
         native_capacity=True,
+        concurrent_fetches=2,
     )
     client_errors: ClassVar[tuple[type[BaseException], ...]] = (RedisError, OSError)
 
