@@ -28,7 +28,19 @@ _sep = "&" if "?" in PG_DSN else "?"
 POSTGRES_URL = f"{PG_DSN}{_sep}schema={SCHEMA}&application_name=dumbwaiter-bench"
 #: dw_waiters too (migration 0005): a wait left by the last run's worker must
 #: not be handed a job of this one
-TABLES = ("dw_jobs", "dw_queues", "dw_locks", "dw_kv", "dw_events", "dw_bindings", "dw_waiters")
+#: what a reset empties: the jobs with their counters (a TRUNCATE fires no
+#: row trigger, so ``dw_counts`` would keep counting the rows it removed)
+TABLES = (
+    "dw_jobs",
+    "dw_counts",
+    "dw_count_deltas",
+    "dw_queues",
+    "dw_locks",
+    "dw_kv",
+    "dw_events",
+    "dw_bindings",
+    "dw_waiters",
+)
 
 # Creating an App opens no connection until first use.
 postgres_app, POSTGRES_TASKS = _app(POSTGRES_URL)
