@@ -398,9 +398,9 @@ class Worker(Attempt):
             self._inflight[d.id] = d
             self._tasks[d.id] = me
             self._fill()  # more slots may be free (a stuck thread returned)
-            if self._room() >= self._batch:  # a claim is due
+            if self._idle_loops and self._room() >= self._batch:  # a claim is due
                 self._slot.set()
-                if self._loops > 1 and self._idle_loops:
+                if self._loops > 1:
                     # let a claim loop send it before this job runs, so it
                     # is on its way while the buffer's jobs run (a slot whose
                     # jobs do not wait runs the whole buffer first, and the
