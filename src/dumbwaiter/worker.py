@@ -257,8 +257,8 @@ class Worker(Attempt):
         batch = self._batch
         backoff = 0.05
         while not self._stopping:
-            held = len(self._inflight) + len(self._buffer) + self._stuck
-            room = self._room()
+            held = self._held()
+            room = self._room(held)
             # the queues ran dry: one claim waits on the broker, not one a loop
             if (
                 room <= 0
@@ -329,13 +329,17 @@ class Worker(Attempt):
         for k in seen:
             keys[k].duplicate = True
 
-    def _room(self) -> int:
+    def _held(self) -> int:
+        """The jobs this worker holds: running, buffered, and the slots of
+        stuck threads."""
+        return len(self._inflight) + len(self._buffer) + self._stuck
+
+    def _room(self, held: int) -> int:
         """How many jobs a claim may ask for now: the slots and the prefetch,
-        less what the worker holds and what its claims under way may bring;
-        each claim loop at most its share of that bound, so one claim lands
-        while another is still on its way."""
+        less what the worker holds (``held``) and what its claims under way
+        may bring; each claim loop at most its share of that bound, so one
+        claim lands while another is still on its way."""
         most = self.config.concurrency + self._prefetch()
-        held = len(self._inflight) + len(self._buffer) + self._stuck
         return min(most - held - self._claiming, max(self._batch, most // self._loops))
 
     def _prefetch(self) -> int:
@@ -398,7 +402,7 @@ class Worker(Attempt):
             self._inflight[d.id] = d
             self._tasks[d.id] = me
             self._fill()  # more slots may be free (a stuck thread returned)
-            if self._idle_loops and self._room() >= self._batch:  # a claim is due
+            if self._idle_loops and self._room(self._held()) >= self._batch:  # a claim is due
                 self._slot.set()
                 if self._loops > 1:
                     # let a claim loop send it before this job runs, so it
@@ -417,12 +421,8 @@ class Worker(Attempt):
                 len(self._tasks),
             )
             waiter = asyncio.ensure_future(asyncio.wait(list(self._tasks.values())))
-            stop = asyncio.ensure_future(self._stopped.wait())
-            await asyncio.wait(
-                {waiter, stop}, timeout=self.config.grace, return_when=asyncio.FIRST_COMPLETED
-            )
+            await self._within_grace(waiter)
             waiter.cancel()
-            stop.cancel()
         buffered = list(self._buffer)
         self._buffer.clear()
         for d in buffered:
@@ -528,6 +528,15 @@ class Worker(Attempt):
         self._rescuing = asyncio.ensure_future(self._rescue_pass())
         await asyncio.shield(self._rescuing)
 
+    async def _within_grace(self, fut: asyncio.Future[Any]) -> None:
+        """Wait for ``fut`` within the grace period, or until an immediate
+        stop; ``fut`` is left running (the caller cancels what it must)."""
+        stop = asyncio.ensure_future(self._stopped.wait())
+        await asyncio.wait(
+            {fut, stop}, timeout=self.config.grace, return_when=asyncio.FIRST_COMPLETED
+        )
+        stop.cancel()
+
     async def _end_rescue(self) -> None:
         """At stop, after the side services are cancelled: let a rescue
         pass under way end, within the grace period (an immediate stop
@@ -535,11 +544,7 @@ class Worker(Attempt):
         task = self._rescuing
         if task is None or task.done():
             return
-        stop = asyncio.ensure_future(self._stopped.wait())
-        await asyncio.wait(
-            {task, stop}, timeout=self.config.grace, return_when=asyncio.FIRST_COMPLETED
-        )
-        stop.cancel()
+        await self._within_grace(task)
         task.cancel()
         [ended] = await asyncio.gather(task, return_exceptions=True)
         if isinstance(ended, Exception):
